@@ -1,0 +1,163 @@
+"""`gpucheck run`, `gpucheck list`, `gpucheck schema`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..app import RunRequest, UsageError, execute, parse_gpu_list
+
+
+def gpus_option(f):
+    return click.option("--gpus", "gpus_text", metavar="LIST",
+                        help="GPU indices to test, e.g. 0,3 or 0-3 (default: all).")(f)
+
+
+def parse_duration(text: str | None) -> float | None:
+    """'90', '90s', '5m', '2h', '1h30m' -> seconds."""
+    if text is None:
+        return None
+    import re
+
+    s = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        v = float(s)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", s)
+        if not parts or "".join(n + u for n, u in parts) != s.replace(" ", ""):
+            raise click.BadParameter(f"bad duration {text!r} (want e.g. 30s, 5m, 1h)")
+        mult = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+        v = sum(float(n) * mult[u] for n, u in parts)
+    if v <= 0:
+        raise click.BadParameter(f"duration must be positive, got {text!r}")
+    return v
+
+
+def common_run_options(f):
+    """Options shared by `run` and the per-check commands (burn, ...)."""
+    opts = [
+        click.option("--json", "as_json", is_flag=True, help="Print the verdict JSON alone on stdout."),
+        click.option("--output", "-o", metavar="FILE", help="Also write the verdict JSON to FILE (atomically)."),
+        click.option("--prom", metavar="FILE", help="Write Prometheus textfile-collector metrics to FILE."),
+        click.option("--strict", is_flag=True, default=None, help="Treat warn as unhealthy (exit 1)."),
+        click.option("--on-error", type=click.Choice(["pass", "fail"]), default=None,
+                     help="Exit code for could-not-judge: pass -> 3 (default), fail -> 1 (fail-closed)."),
+        click.option("--config", "config_path", metavar="FILE", help="TOML config (default /etc/gpucheck/config.toml)."),
+        click.option("--snapshot", "snapshot_path", metavar="FILE",
+                     help="Judge a recorded telemetry snapshot instead of live NVML."),
+        click.option("--state-dir", metavar="DIR", help="State directory (history, cursors)."),
+        click.option("--no-history", is_flag=True, help="Do not read or append the verdict history."),
+        click.option("--timeout", "timeout_text", metavar="DURATION",
+                     help="Whole-run time limit (e.g. 15s); past it the verdict is partial, exit 3."),
+        click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+                     help="Where compute checks run; cpu runs them with small sizes on CPU workers."),
+        click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
+                     help="CPU workers standing in for GPUs with --device cpu."),
+        click.option("--inject", "injections", multiple=True, metavar="SPEC",
+                     help="Fault injection for tests/demos, e.g. bitflip:gpu=1 (shown in the verdict)."),
+        gpus_option,
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, strict, on_error,
+                  config_path, snapshot_path, state_dir, no_history, timeout_text, device, workers,
+                  injections, options=None) -> RunRequest:
+    try:
+        gpus = parse_gpu_list(gpus_text)
+    except UsageError as e:
+        raise click.BadParameter(str(e).removeprefix("--gpus: "), param_hint="--gpus") from None
+    return RunRequest(
+        level=level,
+        check_patterns=[c for spec in checks for c in spec.split(",") if c.strip()],
+        skip_patterns=[c for spec in skips for c in spec.split(",") if c.strip()],
+        gpus=gpus,
+        device=device,
+        workers=workers,
+        injections=list(injections),
+        options=dict(options or {}),
+        json=as_json,
+        output=output,
+        prom=prom,
+        strict=strict,
+        on_error=on_error,
+        config_path=config_path,
+        snapshot_path=snapshot_path,
+        state_dir=state_dir,
+        timeout_s=parse_duration(timeout_text),
+        history=not no_history,
+    )
+
+
+@click.command("run")
+@click.option("--level", "-l", metavar="LEVEL",
+              help="1|2|3|4 or quick|standard|extended|burn-in (default 1, or the config's run.level).")
+@click.option("--check", "-c", "checks", multiple=True, metavar="ID",
+              help="Run only these checks (ids or globs like 'burn.*'; repeatable or comma-separated).")
+@click.option("--skip", "skips", multiple=True, metavar="ID", help="Skip these checks.")
+@common_run_options
+def run_command(level, checks, skips, **kw) -> int:
+    """Run the checks of a level and print a verdict."""
+    req = build_request(level=level, checks=checks, skips=skips, **kw)
+    return execute(req)
+
+
+@click.command("list")
+@click.option("--level", "-l", metavar="LEVEL", help="Only checks that run at this level.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
+@click.option("--defaults", is_flag=True, help="Also show each check's thresholds and their defaults.")
+def list_command(level, as_json, defaults) -> int:
+    """Show every check: id, level, needs, time budget, what it detects."""
+    from ..check import Level
+    from ..registry import all_checks
+
+    checks = all_checks()
+    if level is not None:
+        try:
+            lv = Level.parse(level)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--level") from None
+        checks = [c for c in checks if c.spec.level <= lv]
+    rows = [
+        {
+            "id": c.id,
+            "level": int(c.spec.level),
+            "level_name": c.spec.level.label,
+            "needs": [n.value for n in c.spec.needs],
+            "budget_s": c.spec.budget_s,
+            "title": c.spec.title,
+            "detects": c.spec.detects,
+            "defaults": c.spec.defaults,
+            "injects": list(c.spec.injects),
+        }
+        for c in checks
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    for col in ("id", "level", "needs", "budget", "detects"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["id"], f"{r['level']} {r['level_name']}", ", ".join(r["needs"]) or "-",
+                      f"{r['budget_s']:g} s", r["detects"] or r["title"])
+        if defaults and r["defaults"]:
+            table.add_row("", "", "", "", "  " + ", ".join(f"{k}={v}" for k, v in r["defaults"].items()))
+    Console(file=sys.stdout, highlight=False).print(table)
+    return 0
+
+
+@click.command("schema")
+def schema_command() -> int:
+    """Print the verdict JSON Schema."""
+    from ..verdict import SCHEMA
+
+    click.echo(json.dumps(SCHEMA, indent=2))
+    return 0

@@ -1,0 +1,69 @@
+"""Where checks come from. The core imports no check at import time: modules are listed by name
+and imported on demand (`gpucheck list`, `gpucheck run`). Each module exposes `CHECKS`, a list of
+`gpucheck.check.Check`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+from typing import Iterable
+
+from .check import Check, Level
+
+CHECK_MODULES: tuple[str, ...] = (
+    "gpucheck.tests_suite.inventory",
+    "gpucheck.tests_suite.ecc",
+    "gpucheck.tests_suite.memory_remap",
+    "gpucheck.tests_suite.clocks",
+    "gpucheck.tests_suite.pcie",
+    "gpucheck.tests_suite.nvlink",
+    "gpucheck.tests_suite.recovery_action",
+)
+
+
+class SelectionError(ValueError):
+    pass
+
+
+def all_checks(modules: Iterable[str] = CHECK_MODULES) -> list[Check]:
+    checks: list[Check] = []
+    seen: set[str] = set()
+    for name in modules:
+        mod = importlib.import_module(name)
+        for c in getattr(mod, "CHECKS"):
+            if c.id in seen:
+                raise RuntimeError(f"duplicate check id {c.id!r} in {name}")
+            seen.add(c.id)
+            checks.append(c)
+    return sorted(checks, key=lambda c: (c.spec.level, c.id))
+
+
+def _match(patterns: Iterable[str], checks: list[Check], what: str) -> set[str]:
+    ids = [c.id for c in checks]
+    chosen: set[str] = set()
+    for p in patterns:
+        hits = [i for i in ids if i == p or fnmatch.fnmatchcase(i, p)]
+        if not hits:
+            raise SelectionError(f"unknown check id {p!r} in {what} (see `gpucheck list`)")
+        chosen.update(hits)
+    return chosen
+
+
+def select(
+    checks: list[Check],
+    level: Level,
+    include: Iterable[str] = (),
+    skip: Iterable[str] = (),
+) -> list[Check]:
+    """Checks of levels <= `level`, or exactly those named by `include` (ids or globs, any
+    level), minus `skip`. Unknown ids are a SelectionError."""
+    include = [p for p in include if p]
+    skip = [p for p in skip if p]
+    skipped = _match(skip, checks, "--skip")
+    if include:
+        wanted = _match(include, checks, "--check")
+        chosen = [c for c in checks if c.id in wanted]
+    else:
+        chosen = [c for c in checks if c.spec.level <= level]
+    return [c for c in chosen if c.id not in skipped]

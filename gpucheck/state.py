@@ -1,0 +1,129 @@
+"""The state directory: verdict history (JSON lines) and small cursors.
+
+/var/lib/gpucheck as root, $XDG_STATE_HOME/gpucheck (default ~/.local/state/gpucheck) otherwise,
+or --state-dir. Every write is atomic: history lines are appended with one write() on an O_APPEND
+descriptor under an exclusive lock (a reader never sees half a line); cursors and other files are
+written to a temporary file and renamed into place.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+HISTORY_FILE = "history.jsonl"
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/gpucheck")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "gpucheck"
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` through a temporary file in the same folder and a rename.
+
+    Raises OSError when the folder is not writable; nothing half-written is left behind.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class State:
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def ensure(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
+
+    # -- history -------------------------------------------------------------------------------
+    @property
+    def history_path(self) -> Path:
+        return self.root / HISTORY_FILE
+
+    def append_history(self, verdict: dict[str, Any]) -> None:
+        self.ensure()
+        line = (json.dumps(verdict, separators=(",", ":"), sort_keys=True) + "\n").encode()
+        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            view = memoryview(line)
+            while view:  # one write() in practice; loop only on a short write
+                n = os.write(fd, view)
+                view = view[n:]
+        finally:
+            os.close(fd)
+
+    def iter_history(self) -> Iterator[dict[str, Any]]:
+        """Verdicts in the history, oldest first; torn or foreign lines are skipped."""
+        try:
+            f = open(self.history_path, "rb")
+        except FileNotFoundError:
+            return
+        with f:
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    continue
+                try:
+                    doc = json.loads(raw)
+                except ValueError:
+                    continue
+                if isinstance(doc, dict) and doc.get("schema") == "gpucheck.verdict":
+                    yield doc
+
+    def last_verdict(self, predicate=None) -> dict[str, Any] | None:
+        last = None
+        for doc in self.iter_history():
+            if predicate is None or predicate(doc):
+                last = doc
+        return last
+
+    def previous_metrics(self, check_id: str, subject_key: str, value: str) -> tuple[dict[str, Any], str] | None:
+        """Metrics of the latest result of `check_id` whose metric `subject_key` equals `value`.
+
+        Returns (metrics name->value, verdict time) or None. Used for counter deltas (NVLink
+        replays, PCIe replays) keyed by a stable id such as the GPU UUID.
+        """
+        found = None
+        for doc in self.iter_history():
+            for r in doc.get("results", []):
+                if r.get("check") != check_id:
+                    continue
+                m = r.get("metrics", {})
+                if m.get(subject_key, {}).get("value") == value:
+                    found = ({k: v.get("value") for k, v in m.items()}, doc.get("time"))
+        return found
+
+    # -- cursors -------------------------------------------------------------------------------
+    def _cursor_path(self, name: str) -> Path:
+        if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            raise ValueError(f"bad cursor name {name!r}")
+        return self.root / f"cursor-{name}.json"
+
+    def read_cursor(self, name: str) -> Any:
+        try:
+            return json.loads(self._cursor_path(name).read_text(encoding="utf-8"))
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def write_cursor(self, name: str, value: Any) -> None:
+        self.ensure()
+        atomic_write_text(self._cursor_path(name), json.dumps(value))
