@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 HISTORY_FILE = "history.jsonl"
+# The history rotates to history.jsonl.1 (one older generation kept) past this size, so that a
+# prolog that appends on every job never fills the disk.
+HISTORY_MAX_BYTES = 32 * 1024 * 1024
 
 
 def default_state_dir() -> Path:
@@ -48,8 +51,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str, mode: int = 0o644
 
 
 class State:
-    def __init__(self, root: str | os.PathLike[str]):
+    def __init__(self, root: str | os.PathLike[str], history_max_bytes: int = HISTORY_MAX_BYTES):
         self.root = Path(root)
+        self.history_max_bytes = history_max_bytes
 
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -65,6 +69,24 @@ class State:
         fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_size + len(line) > self.history_max_bytes and os.fstat(fd).st_size > 0:
+                # Rotate under the lock: whoever holds it renames, then appends to a fresh file.
+                # A writer that opened the old file before the rename and waits on its lock
+                # re-checks below that its descriptor still is the live file.
+                os.replace(self.history_path, self.rotated_path)
+                os.close(fd)
+                fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            while True:
+                try:
+                    live = os.stat(self.history_path).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    live = False
+                if live:
+                    break
+                os.close(fd)
+                fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX)
             view = memoryview(line)
             while view:  # one write() in practice; loop only on a short write
                 n = os.write(fd, view)
@@ -72,22 +94,28 @@ class State:
         finally:
             os.close(fd)
 
+    @property
+    def rotated_path(self) -> Path:
+        return self.root / (HISTORY_FILE + ".1")
+
     def iter_history(self) -> Iterator[dict[str, Any]]:
-        """Verdicts in the history, oldest first; torn or foreign lines are skipped."""
-        try:
-            f = open(self.history_path, "rb")
-        except FileNotFoundError:
-            return
-        with f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    continue
-                try:
-                    doc = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict) and doc.get("schema") == "gpucheck.verdict":
-                    yield doc
+        """Verdicts in the history (the rotated generation first), oldest first; torn or foreign
+        lines are skipped."""
+        for path in (self.rotated_path, self.history_path):
+            try:
+                f = open(path, "rb")
+            except (FileNotFoundError, IsADirectoryError, PermissionError):
+                continue
+            with f:
+                for raw in f:
+                    if not raw.endswith(b"\n"):
+                        continue
+                    try:
+                        doc = json.loads(raw)
+                    except ValueError:
+                        continue
+                    if isinstance(doc, dict) and doc.get("schema") == "gpucheck.verdict":
+                        yield doc
 
     def last_verdict(self, predicate=None) -> dict[str, Any] | None:
         last = None

@@ -1,0 +1,5 @@
+"""`python -m gpucheck ...`"""
+
+from .cli.main import entry
+
+entry()

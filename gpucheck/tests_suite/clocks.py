@@ -1,0 +1,110 @@
+"""clocks: clock-event (throttle) reasons and thermal headroom at the time of the snapshot.
+
+HW slowdown, HW thermal slowdown and HW power brake cut the clocks by half or more: a GPU under
+them is not fit for a job (bad cooling, an asserted external power brake, power fast-trigger). SW
+thermal slowdown means the GPU is already hot enough for the driver to pull clocks back: warn. A
+GPU whose temperature is within `thermal_margin_c` of its slowdown threshold before a job has
+even started is heading for the same: warn. One snapshot is one instant (NVML documents that HW
+slowdown may also be reported briefly around P-state changes); the burn-in checks sample under
+load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..result import Action, Result, Status, Threshold, judge
+from ..telemetry.throttle import is_set, reason_names
+from . import apply_read_failures, get, gpu_state_result, selected_gpus_or_skip
+
+ID = "clocks"
+
+DEFAULTS = {
+    "thermal_margin_c": 10,  # warn when the GPU is less than this far below its slowdown temperature
+}
+
+_HW = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+
+def _flag(mask: int | None, name: str) -> int | None:
+    v = is_set(mask, name)
+    return None if v is None else int(v)
+
+
+def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+    bad = gpu_state_result(ID, g)
+    if bad is not None:
+        return bad
+    idx = g.get("index")
+    mask = get(g, "clocks", "throttle_reasons")
+    temp = get(g, "temperature", "gpu_c")
+    slowdown = get(g, "temperature", "slowdown_c")
+    headroom = None if temp is None or slowdown is None else slowdown - temp
+    metrics: dict[str, Any] = {
+        "uuid": g.get("uuid"),
+        "throttle_reasons": mask,
+        "throttle_reason_names": None if mask is None else ",".join(reason_names(mask)) or "none",
+        "hw_slowdown": _flag(mask, "hw_slowdown"),
+        "hw_thermal_slowdown": _flag(mask, "hw_thermal_slowdown"),
+        "hw_power_brake_slowdown": _flag(mask, "hw_power_brake_slowdown"),
+        "sw_thermal_slowdown": _flag(mask, "sw_thermal_slowdown"),
+        "temperature_c": temp,
+        "slowdown_temperature_c": slowdown,
+        "thermal_headroom_c": headroom,
+        "sm_clock_mhz": get(g, "clocks", "sm_mhz"),
+        "sm_max_clock_mhz": get(g, "clocks", "sm_max_mhz"),
+        "power_w": get(g, "power", "usage_w"),
+    }
+    thresholds = [
+        Threshold("hw_slowdown", ">", 0, Status.FAIL),
+        Threshold("hw_thermal_slowdown", ">", 0, Status.FAIL),
+        Threshold("hw_power_brake_slowdown", ">", 0, Status.FAIL),
+        Threshold("sw_thermal_slowdown", ">", 0, Status.WARN),
+        Threshold("thermal_headroom_c", "<", p["thermal_margin_c"], Status.WARN, "C"),
+    ]
+    if mask is None and headroom is None:
+        r = Result(ID, Status.SKIP, f"GPU {idx}: neither clock-event reasons nor temperature thresholds are "
+                   "supported on this GPU/driver", gpu=idx, metrics=metrics, thresholds=thresholds)
+        return apply_read_failures(r, g, core=("clocks.throttle_reasons", "temperature.gpu_c"))
+    r = judge(
+        ID,
+        thresholds,
+        metrics,
+        gpu=idx,
+        units={"temperature_c": "C", "slowdown_temperature_c": "C", "thermal_headroom_c": "C",
+               "sm_clock_mhz": "MHz", "sm_max_clock_mhz": "MHz", "power_w": "W"},
+        ok_summary=(f"GPU {idx}: no HW slowdown; {temp} C, {headroom} C below slowdown"
+                    if headroom is not None else f"GPU {idx}: no HW slowdown (temperature thresholds not reported)"),
+        causes={
+            "hw_slowdown": "HW slowdown active (clocks cut by half or more)",
+            "hw_thermal_slowdown": "HW thermal slowdown active",
+            "hw_power_brake_slowdown": "HW power brake active (external power brake asserted)",
+            "sw_thermal_slowdown": "SW thermal slowdown active",
+            "thermal_headroom_c": f"temperature close to the slowdown threshold ({temp} C, slowdown at {slowdown} C)",
+        },
+        actions={k: Action.INVESTIGATE for k in (*_HW, "sw_thermal_slowdown", "thermal_headroom_c")},
+    )
+    if mask is None:
+        r.evidence.append("clock-event reasons not supported on this GPU/driver: throttling not judged")
+    return apply_read_failures(r, g, core=("clocks.throttle_reasons",), other=("temperature", "clocks", "power"))
+
+
+@define(
+    ID,
+    title="Clock-event reasons (HW slowdown, thermal, power brake) and thermal headroom",
+    level=Level.QUICK,
+    needs=(Need.NVML,),
+    budget_s=5.0,
+    detects="GPUs held in HW slowdown / power brake, overheating before a job starts",
+    defaults=DEFAULTS,
+)
+def clocks(ctx: Context) -> list[Result]:
+    gpus, skip = selected_gpus_or_skip(ID, ctx)
+    if skip:
+        return skip
+    p = ctx.params(ID, DEFAULTS)
+    return [_gpu(g, p) for g in gpus]
+
+
+CHECKS = [clocks]

@@ -1,0 +1,115 @@
+"""ecc: ECC error counters of every GPU (HBM/DRAM and on-chip SRAM).
+
+Volatile counters cover the time since the driver last loaded (or the GPU was reset); aggregate
+counters cover the GPU's life (InfoROM). An uncorrectable (double-bit) error in the volatile
+counters means this GPU hit one since its last reset: the memory behind it is retired/remapped at
+the next reset, so the GPU should be reset before it takes work (Xid 48/94/95). SRAM
+uncorrectable errors are judged separately (NVIDIA's RMA policy for SRAM is the driver's
+"threshold exceeded" flag).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..result import Action, Result, Status, Threshold, judge
+from . import apply_read_failures, get, gpu_state_result, selected_gpus_or_skip
+
+ID = "ecc"
+
+DEFAULTS = {
+    "volatile_uncorrected_fail": 0,  # fail when volatile uncorrected (DBE) > this
+    "aggregate_uncorrected_warn": 0,  # warn when lifetime uncorrected > this
+    "sram_volatile_uncorrected_fail": 0,  # fail when volatile SRAM uncorrected > this
+    "sram_aggregate_uncorrected_warn": 0,  # warn when lifetime SRAM uncorrected > this
+    "corrected_volatile_warn": 1000,  # warn when corrected (SBE) since driver load > this
+    "corrected_aggregate_warn": 10000,  # warn when lifetime corrected > this
+}
+
+_FIELDS = (
+    "volatile_uncorrected",
+    "aggregate_uncorrected",
+    "sram_volatile_uncorrected",
+    "sram_aggregate_uncorrected",
+    "volatile_corrected",
+    "aggregate_corrected",
+)
+
+
+def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+    bad = gpu_state_result(ID, g)
+    if bad is not None:
+        return bad
+    idx = g.get("index")
+    e = g.get("ecc_errors") or {}
+    metrics: dict[str, Any] = {"uuid": g.get("uuid")}
+    metrics.update({k: e.get(k) for k in _FIELDS})
+    thr = e.get("sram_threshold_exceeded")
+    metrics["sram_threshold_exceeded"] = None if thr is None else int(bool(thr))
+    ecc_on = get(g, "ecc_mode", "current")
+    if ecc_on is False:
+        r = Result(ID, Status.SKIP, f"GPU {idx}: ECC is disabled, no ECC counters (judged by the inventory check)",
+                   gpu=idx, metrics=metrics)
+        return r
+    thresholds = [
+        Threshold("volatile_uncorrected", ">", p["volatile_uncorrected_fail"], Status.FAIL, "count"),
+        Threshold("sram_volatile_uncorrected", ">", p["sram_volatile_uncorrected_fail"], Status.FAIL, "count"),
+        Threshold("sram_threshold_exceeded", ">", 0, Status.FAIL),
+        Threshold("aggregate_uncorrected", ">", p["aggregate_uncorrected_warn"], Status.WARN, "count"),
+        Threshold("sram_aggregate_uncorrected", ">", p["sram_aggregate_uncorrected_warn"], Status.WARN, "count"),
+        Threshold("volatile_corrected", ">", p["corrected_volatile_warn"], Status.WARN, "count"),
+        Threshold("aggregate_corrected", ">", p["corrected_aggregate_warn"], Status.WARN, "count"),
+    ]
+    if all(metrics[k] is None for k in _FIELDS) and metrics["sram_threshold_exceeded"] is None:
+        r = Result(ID, Status.SKIP, f"GPU {idx}: ECC counters not supported on this GPU/driver", gpu=idx,
+                   metrics=metrics, thresholds=thresholds)
+        return apply_read_failures(r, g, core=("ecc_errors.volatile_uncorrected",), other=("ecc_errors",))
+    r = judge(
+        ID,
+        thresholds,
+        metrics,
+        gpu=idx,
+        units={k: "count" for k in _FIELDS},
+        ok_summary=(f"GPU {idx}: no uncorrectable ECC errors (corrected: {metrics['volatile_corrected']} "
+                    f"since driver load, {metrics['aggregate_corrected']} lifetime)"),
+        causes={
+            "volatile_uncorrected": "uncorrectable (double-bit) ECC errors since the last reset",
+            "sram_volatile_uncorrected": "uncorrectable SRAM ECC errors since the last reset",
+            "sram_threshold_exceeded": "SRAM error threshold exceeded (NVIDIA RMA criterion)",
+            "aggregate_uncorrected": "uncorrectable ECC errors in the GPU's lifetime",
+            "sram_aggregate_uncorrected": "uncorrectable SRAM ECC errors in the GPU's lifetime",
+            "volatile_corrected": "many corrected ECC errors since driver load",
+            "aggregate_corrected": "many corrected ECC errors in the GPU's lifetime",
+        },
+        actions={
+            "volatile_uncorrected": Action.RESET_GPU,
+            "sram_volatile_uncorrected": Action.RESET_GPU,
+            "sram_threshold_exceeded": Action.RMA,
+            "aggregate_uncorrected": Action.INVESTIGATE,
+            "sram_aggregate_uncorrected": Action.INVESTIGATE,
+            "volatile_corrected": Action.INVESTIGATE,
+            "aggregate_corrected": Action.INVESTIGATE,
+        },
+    )
+    return apply_read_failures(r, g, core=("ecc_errors.volatile_uncorrected",), other=("ecc_errors",))
+
+
+@define(
+    ID,
+    title="ECC error counters: uncorrectable DRAM/SRAM errors, corrected-error volume",
+    level=Level.QUICK,
+    needs=(Need.NVML,),
+    budget_s=5.0,
+    detects="HBM/SRAM uncorrectable errors (Xid 48/94/95), SRAM RMA threshold, heavy corrected-error rates",
+    defaults=DEFAULTS,
+)
+def ecc(ctx: Context) -> list[Result]:
+    gpus, skip = selected_gpus_or_skip(ID, ctx)
+    if skip:
+        return skip
+    p = ctx.params(ID, DEFAULTS)
+    return [_gpu(g, p) for g in gpus]
+
+
+CHECKS = [ecc]

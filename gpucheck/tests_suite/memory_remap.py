@@ -1,0 +1,150 @@
+"""memory-remap: HBM row remapping (Ampere and later) and page retirement (earlier GPUs).
+
+Ampere+: a pending remap means a row is marked bad and is swapped for a spare only at the next GPU
+reset (reset before new work); a remap failure means a bank ran out of spare rows (NVIDIA's RMA
+policy); each GPU has 512 spare rows for remapping, so 512 uncorrectable remaps means the spares
+are used up.
+Before Ampere: pages pending retirement take effect at the next reset; DCGM treats 60 retired
+pages as the RMA limit (DCGM_LIMIT_MAX_RETIRED_PAGES, 63 in newer DCGM) and 15 as its soft limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..result import Action, Result, Status, Threshold, judge
+from . import apply_read_failures, get, gpu_state_result, selected_gpus_or_skip
+
+ID = "memory-remap"
+ARCH_AMPERE = 7  # nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_AMPERE
+_ARCH_IDS = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
+             "hopper": 9, "blackwell": 10}
+
+DEFAULTS = {
+    "uncorrectable_remaps_warn": 512,  # warn when rows remapped for uncorrectable errors >= this
+    "retired_pages_warn": 15,  # pre-Ampere: warn when retired pages (SBE + DBE) >= this
+    "retired_pages_fail": 60,  # pre-Ampere: fail (rma) when retired pages >= this
+}
+
+
+def _arch_id(g: dict[str, Any]) -> int | None:
+    a = g.get("architecture_id")
+    if isinstance(a, int) and not isinstance(a, bool):
+        return a
+    name = g.get("architecture")
+    return _ARCH_IDS.get(str(name).lower()) if name else None
+
+
+def _remap(g: dict[str, Any], p: dict[str, Any]) -> Result:
+    idx = g.get("index")
+    rr = g.get("remapped_rows") or {}
+    metrics: dict[str, Any] = {
+        "uuid": g.get("uuid"),
+        "architecture": g.get("architecture"),
+        "remapped_correctable": rr.get("correctable"),
+        "remapped_uncorrectable": rr.get("uncorrectable"),
+        "remap_pending": None if rr.get("pending") is None else int(bool(rr.get("pending"))),
+        "remap_failure": None if rr.get("failure") is None else int(bool(rr.get("failure"))),
+    }
+    thresholds = [
+        Threshold("remap_failure", ">", 0, Status.FAIL),
+        Threshold("remap_pending", ">", 0, Status.FAIL),
+        Threshold("remapped_uncorrectable", ">=", p["uncorrectable_remaps_warn"], Status.WARN, "rows"),
+    ]
+    if all(metrics[k] is None for k in ("remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure")):
+        r = Result(ID, Status.SKIP, f"GPU {idx}: remapped rows not supported (MIG with active instances, or driver)",
+                   gpu=idx, metrics=metrics, thresholds=thresholds)
+        return apply_read_failures(r, g, core=("remapped_rows",))
+    r = judge(
+        ID,
+        thresholds,
+        metrics,
+        gpu=idx,
+        units={"remapped_correctable": "rows", "remapped_uncorrectable": "rows"},
+        ok_summary=(f"GPU {idx}: no remap pending or failed ({metrics['remapped_correctable']} correctable, "
+                    f"{metrics['remapped_uncorrectable']} uncorrectable rows remapped)"),
+        causes={
+            "remap_failure": "row remapping failed (a bank has no spare rows left)",
+            "remap_pending": "row remap pending: takes effect at the next GPU reset",
+            "remapped_uncorrectable": "spare rows used up by uncorrectable-error remaps",
+        },
+        actions={
+            "remap_failure": Action.RMA,
+            "remap_pending": Action.RESET_GPU,
+            "remapped_uncorrectable": Action.INVESTIGATE,
+        },
+    )
+    return apply_read_failures(r, g, core=("remapped_rows",))
+
+
+def _retired(g: dict[str, Any], p: dict[str, Any]) -> Result:
+    idx = g.get("index")
+    rp = g.get("retired_pages") or {}
+    sbe, dbe = rp.get("single_bit"), rp.get("double_bit")
+    total = None if sbe is None and dbe is None else (sbe or 0) + (dbe or 0)
+    metrics: dict[str, Any] = {
+        "uuid": g.get("uuid"),
+        "architecture": g.get("architecture"),
+        "retired_pages_sbe": sbe,
+        "retired_pages_dbe": dbe,
+        "retired_pages": total,
+        "retired_pages_pending": None if rp.get("pending") is None else int(bool(rp.get("pending"))),
+    }
+    thresholds = [
+        Threshold("retired_pages_pending", ">", 0, Status.FAIL),
+        Threshold("retired_pages", ">=", p["retired_pages_fail"], Status.FAIL, "pages"),
+        Threshold("retired_pages", ">=", p["retired_pages_warn"], Status.WARN, "pages"),
+    ]
+    if total is None and metrics["retired_pages_pending"] is None:
+        r = Result(ID, Status.SKIP, f"GPU {idx}: retired pages not supported on this GPU/driver", gpu=idx,
+                   metrics=metrics, thresholds=thresholds)
+        return apply_read_failures(r, g, core=("retired_pages",))
+    r = judge(
+        ID,
+        thresholds,
+        metrics,
+        gpu=idx,
+        units={"retired_pages_sbe": "pages", "retired_pages_dbe": "pages", "retired_pages": "pages"},
+        ok_summary=f"GPU {idx}: {total} retired pages, none pending",
+        causes={
+            "retired_pages_pending": "page retirement pending: takes effect at the next GPU reset",
+            "retired_pages": "many retired pages",
+        },
+        actions={"retired_pages_pending": Action.RESET_GPU, "retired_pages": Action.RMA},
+    )
+    if r.status == Status.WARN:
+        r.action = Action.INVESTIGATE  # the soft limit asks for a look, the hard one for an RMA
+    return apply_read_failures(r, g, core=("retired_pages",))
+
+
+def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+    bad = gpu_state_result(ID, g)
+    if bad is not None:
+        return bad
+    arch = _arch_id(g)
+    if arch is not None and arch < ARCH_AMPERE:
+        return _retired(g, p)
+    if arch is None and all(v is None for v in (get(g, "remapped_rows") or {}).values()):
+        return _retired(g, p)  # architecture unknown and no row remapper: judge what the GPU keeps
+    return _remap(g, p)
+
+
+@define(
+    ID,
+    title="HBM row remapping (Ampere+) and retired pages (pre-Ampere): pending, failed, exhausted",
+    level=Level.QUICK,
+    needs=(Need.NVML,),
+    budget_s=5.0,
+    detects="pending row remaps / page retirements (reset needed), remap failure and retired-page RMA limits",
+    defaults=DEFAULTS,
+)
+def memory_remap(ctx: Context) -> list[Result]:
+    gpus, skip = selected_gpus_or_skip(ID, ctx)
+    if skip:
+        return skip
+    p = ctx.params(ID, DEFAULTS)
+    return [_gpu(g, p) for g in gpus]
+
+
+CHECKS = [memory_remap]

@@ -1,0 +1,84 @@
+"""recovery-action: the driver's own verdict on what a GPU needs after an error.
+
+NVML field 230, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t), set by the
+driver after uncorrectable errors (NVIDIA GPU memory error management, "Recovery action flag"):
+
+  0 NONE             no action: the GPU can be used by starting a new process      -> pass
+  1 GPU_RESET        reset the GPU (nvidia-smi -r) before new work                 -> fail, reset-gpu
+  2 NODE_REBOOT      the OS may be inconsistent: reboot the node                   -> fail, reboot
+  3 DRAIN_P2P        stop peer-to-peer traffic to this GPU                         -> fail, drain
+  4 DRAIN_AND_RESET  drain peer-to-peer traffic, then reset the GPU                -> fail, drain
+  5 RECOVER_IMEX_DOMAIN  recover the IMEX (multi-node NVLink) domain               -> fail, drain
+  6 BUS_RESET        reset the GPU's PCIe bus                                      -> fail, reset-gpu
+  7 SYSTEM_REBOOT    reboot the system                                             -> fail, reboot
+
+Drivers that predate the field report it as not supported: that is
+a pass saying so, with the value recorded as None (never read as "none needed").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..result import Action, Result, Status, Threshold
+from . import apply_read_failures, gpu_state_result, selected_gpus_or_skip
+
+ID = "recovery-action"
+
+# value -> (name, gpucheck action, what to tell the operator)
+ACTIONS: dict[int, tuple[str, Action, str]] = {
+    1: ("gpu_reset", Action.RESET_GPU, "the driver asks for a GPU reset"),
+    2: ("node_reboot", Action.REBOOT, "the driver asks for a node reboot"),
+    3: ("drain_p2p", Action.DRAIN, "the driver asks to drain peer-to-peer traffic"),
+    4: ("drain_and_reset", Action.DRAIN, "the driver asks to drain peer-to-peer traffic, then reset the GPU"),
+    5: ("recover_imex_domain", Action.DRAIN, "the driver asks to recover the IMEX domain"),
+    6: ("bus_reset", Action.RESET_GPU, "the driver asks for a PCIe bus reset of the GPU"),
+    7: ("system_reboot", Action.REBOOT, "the driver asks for a system reboot"),
+}
+
+
+def _gpu(g: dict[str, Any]) -> Result:
+    bad = gpu_state_result(ID, g)
+    if bad is not None:
+        return bad
+    idx = g.get("index")
+    value = g.get("recovery_action")
+    thr = Threshold("recovery_action", "!=", 0, Status.FAIL)
+    r = Result(ID, Status.PASS, "", gpu=idx, thresholds=[thr])
+    r.metric("uuid", g.get("uuid"))
+    r.metric("recovery_action", value)
+    if value is None:
+        r.metric("recovery_action_name", None)
+        r.summary = f"GPU {idx}: recovery action not supported by this driver"
+        return apply_read_failures(r, g, core=("recovery_action",))
+    value = int(value)
+    if value == 0:
+        r.metric("recovery_action_name", "none")
+        r.summary = f"GPU {idx}: no recovery action pending"
+        return r
+    name, action, text = ACTIONS.get(value, (f"unknown_{value}", Action.INVESTIGATE,
+                                             f"the driver reports recovery action {value}, unknown to gpucheck"))
+    r.metric("recovery_action_name", name)
+    r.status, r.action = Status.FAIL, action
+    r.summary = f"GPU {idx}: {text} (NVML recovery action {name})"
+    return r
+
+
+@define(
+    ID,
+    title="Driver-reported GPU recovery action (NVML field 230)",
+    level=Level.QUICK,
+    needs=(Need.NVML,),
+    budget_s=5.0,
+    detects="GPUs the driver itself wants reset, drained or the node rebooted after an error",
+    defaults={},
+)
+def recovery_action(ctx: Context) -> list[Result]:
+    gpus, skip = selected_gpus_or_skip(ID, ctx)
+    if skip:
+        return skip
+    return [_gpu(g) for g in gpus]
+
+
+CHECKS = [recovery_action]
