@@ -368,7 +368,7 @@ def test_collect_snapshot_of_a_fake_node(monkeypatch, tmp_path):
         ("ecc", "gpu1", Status.FAIL, Action.RESET_GPU),
         ("recovery-action", "gpu1", Status.FAIL, Action.RESET_GPU),
         ("memory-remap", "gpu1", Status.SKIP, Action.NONE),
-        ("nvlink", "gpu1/nvlink2", Status.WARN, Action.INVESTIGATE),
+        ("nvlink", "gpu1", Status.WARN, Action.INVESTIGATE),
     }
 
 
