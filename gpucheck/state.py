@@ -124,21 +124,37 @@ class State:
                 last = doc
         return last
 
-    def previous_metrics(self, check_id: str, subject_key: str, value: str) -> tuple[dict[str, Any], str] | None:
-        """Metrics of the latest result of `check_id` whose metric `subject_key` equals `value`.
+    def latest_metrics_by(self, check_id: str, key: str) -> dict[Any, tuple[dict[str, Any], Any]]:
+        """For every value of metric `key` (a GPU UUID, say) among the history's results of
+        `check_id`: (the metrics name->value of the latest such result, its verdict's time).
 
-        Returns (metrics name->value, verdict time) or None. Used for counter deltas (NVLink
-        replays, PCIe replays) keyed by a stable id such as the GPU UUID.
+        One pass over the history, for counter deltas (NVLink, PCIe replays) keyed by a stable id.
+        An unreadable history gives what was read so far.
         """
-        found = None
-        for doc in self.iter_history():
-            for r in doc.get("results", []):
-                if r.get("check") != check_id:
-                    continue
-                m = r.get("metrics", {})
-                if m.get(subject_key, {}).get("value") == value:
-                    found = ({k: v.get("value") for k, v in m.items()}, doc.get("time"))
+        found: dict[Any, tuple[dict[str, Any], Any]] = {}
+        try:
+            for doc in self.iter_history():
+                for r in doc.get("results", []):
+                    if not isinstance(r, dict) or r.get("check") != check_id:
+                        continue
+                    m = r.get("metrics", {})
+                    if not isinstance(m, dict):
+                        continue
+                    kv = m.get(key, {})
+                    val = kv.get("value") if isinstance(kv, dict) else None
+                    if val is None or isinstance(val, (dict, list)):
+                        continue
+                    found[val] = (
+                        {k: (v.get("value") if isinstance(v, dict) else None) for k, v in m.items()},
+                        doc.get("time"),
+                    )
+        except OSError:
+            pass
         return found
+
+    def previous_metrics(self, check_id: str, key: str, value: Any) -> tuple[dict[str, Any], Any] | None:
+        """The latest result of `check_id` whose metric `key` equals `value` (see latest_metrics_by)."""
+        return self.latest_metrics_by(check_id, key).get(value)
 
     # -- cursors -------------------------------------------------------------------------------
     def _cursor_path(self, name: str) -> Path:

@@ -106,28 +106,8 @@ def get(d: dict[str, Any] | None, *path: str) -> Any:
 
 
 def latest_metrics_by(ctx: Context, check_id: str, key: str) -> dict[Any, tuple[dict[str, Any], Any]]:
-    """For every value of metric `key` among the history's results of `check_id`: the metrics of
-    the latest such result and its verdict's time. One pass over the history (the per-subject
-    equivalent of State.previous_metrics, which would re-read the file once per GPU or link)."""
-    if ctx.state is None:
-        return {}
-    found: dict[Any, tuple[dict[str, Any], Any]] = {}
-    try:
-        for doc in ctx.state.iter_history():
-            for r in doc.get("results", []):
-                if not isinstance(r, dict) or r.get("check") != check_id:
-                    continue
-                m = r.get("metrics", {})
-                if not isinstance(m, dict):
-                    continue
-                kv = m.get(key, {})
-                val = kv.get("value") if isinstance(kv, dict) else None
-                if val is None:
-                    continue
-                found[val] = ({k: (v.get("value") if isinstance(v, dict) else None) for k, v in m.items()}, doc.get("time"))
-    except OSError:
-        return found
-    return found
+    """State.latest_metrics_by, or nothing when the run keeps no history."""
+    return ctx.state.latest_metrics_by(check_id, key) if ctx.state is not None else {}
 
 
 def snapshot_time(ctx: Context) -> float | None:
