@@ -132,17 +132,21 @@ def prepare(req: RunRequest) -> Prepared:
         config = load_config(req.config_path)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    catalog = all_checks()
-    try:
-        config.validate_checks(c.spec for c in catalog)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
-
     level_text = req.level if req.level is not None else config.run.get("level", 1)
     try:
         level = Level.parse(level_text)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # Import only the check modules this run can use, unless names must be resolved against the
+    # whole catalog (explicit --check/--skip patterns, [checks.*] tables in the config).
+    skips = [*req.skip_patterns, *config.run.get("skip", [])]
+    whole = bool(req.check_patterns or skips or config.checks)
+    catalog = all_checks(max_level=None if whole else int(level))
+    try:
+        config.validate_checks(c.spec for c in catalog)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
     strict = bool(config.run.get("strict", False)) if req.strict is None else req.strict
     on_error = req.on_error or config.run.get("on_error", "pass")
     if on_error not in ("pass", "fail"):
@@ -156,7 +160,7 @@ def prepare(req: RunRequest) -> Prepared:
         raise UsageError("--workers must be at least 1")
 
     try:
-        checks = select(catalog, level, req.check_patterns, [*req.skip_patterns, *config.run.get("skip", [])])
+        checks = select(catalog, level, req.check_patterns, skips)
     except SelectionError as e:
         raise UsageError(str(e)) from None
     if not checks:
@@ -232,8 +236,18 @@ def prepare(req: RunRequest) -> Prepared:
                     req.snapshot_path, injections)
 
 
-def execute(req: RunRequest, *, progress: Callable[[str, str, dict[str, Any]], None] | None = None) -> int:
-    """Run the pipeline; print the table (or JSON); write outputs; return the exit code."""
+def execute(
+    req: RunRequest,
+    *,
+    progress: Callable[[str, str, dict[str, Any]], None] | None = None,
+    display_factory: Callable[[], Any] | None = None,
+) -> int:
+    """Run the pipeline; print the table (or JSON); write outputs; return the exit code.
+
+    On a terminal (and not --json) a live display shows progress: `display_factory()` builds it
+    (an object with started(check), progress(check_id, subject, info), finished(run), close()),
+    by default a one-line status (gpucheck.output.LiveStatus).
+    """
     from .runner import run_checks
 
     try:
@@ -244,9 +258,9 @@ def execute(req: RunRequest, *, progress: Callable[[str, str, dict[str, Any]], N
 
     display = None
     if not req.json and sys.stdout.isatty():
-        from .output import LiveStatus
-
-        display = LiveStatus()
+        if display_factory is None:
+            from .output import LiveStatus as display_factory
+        display = display_factory()
         prep.ctx.progress = progress or display.progress
     elif progress is not None:
         prep.ctx.progress = progress

@@ -12,6 +12,7 @@ _ORDER = {"fail": 0, "error": 1, "warn": 2, "pass": 3, "skip": 4}
 
 def print_verdict(verdict: dict[str, Any], file=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(file=file or sys.stdout, highlight=False, soft_wrap=False)
@@ -34,9 +35,9 @@ def print_verdict(verdict: dict[str, Any], file=None) -> None:
             summary += f"  [injected: {', '.join(r['injected'])}]"
         table.add_row(
             f"[{_STYLE[r['status']]}]{r['status'].upper()}[/]",
-            gpu,
-            r["check"],
-            summary,
+            escape(gpu),
+            escape(r["check"]),
+            escape(summary),
             r["action"] if r["action"] != "none" else "",
         )
     console.print(table)
@@ -44,7 +45,7 @@ def print_verdict(verdict: dict[str, Any], file=None) -> None:
     counts = ", ".join(f"{c[s]} {s}" for s in ("fail", "error", "warn", "pass", "skip") if c[s])
     status = verdict["status"]
     line = (
-        f"[bold]{verdict['host']}[/]: [{_STYLE[status]}]{status.upper()}[/]"
+        f"[bold]{escape(verdict['host'])}[/]: [{_STYLE[status]}]{status.upper()}[/]"
         f" (level {verdict['level']} {verdict['level_name']}, {verdict['duration_s']:.1f} s; {counts})"
     )
     if verdict["action"] != "none":
@@ -53,7 +54,7 @@ def print_verdict(verdict: dict[str, Any], file=None) -> None:
         line += f"  [magenta]partial: {verdict['interrupted']}[/]"
     if verdict["source"]["kind"] == "snapshot":
         syn = " (synthetic)" if verdict["source"]["synthetic"] else ""
-        line += f"  from snapshot {verdict['source']['path']}{syn}"
+        line += f"  from snapshot {escape(str(verdict['source']['path']))}{syn}"
     console.print(line)
     console.print(f"exit code {verdict['exit_code']}", style="dim")
 

@@ -16,23 +16,20 @@ def gpus_option(f):
 
 
 def parse_duration(text: str | None) -> float | None:
-    """'90', '90s', '5m', '2h', '1h30m' -> seconds."""
+    """A duration option ('90', '30s', '5m', '1h30m') -> seconds; click.BadParameter otherwise."""
     if text is None:
         return None
-    import re
+    from ..durations import parse_duration as parse
 
-    s = text.strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", s):
-        v = float(s)
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", s)
-        if not parts or "".join(n + u for n, u in parts) != s.replace(" ", ""):
-            raise click.BadParameter(f"bad duration {text!r} (want e.g. 30s, 5m, 1h)")
-        mult = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-        v = sum(float(n) * mult[u] for n, u in parts)
-    if v <= 0:
-        raise click.BadParameter(f"duration must be positive, got {text!r}")
-    return v
+    try:
+        return parse(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def duration_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """click callback form of parse_duration (the error names the option)."""
+    return parse_duration(value)
 
 
 def common_run_options(f):

@@ -1,0 +1,1 @@
+"""Data tables (per-SKU performance, ...): plain data, no logic beyond lookups."""

@@ -1,0 +1,28 @@
+"""Durations on the command line and in configs: '30s', '5m', '1h30m', '2.5m', '250ms', '90'."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|sec|s|m|h|d)?", re.IGNORECASE)
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds; ValueError with a one-line message for anything else or a non-positive value."""
+    s = str(text).strip().lower()
+    if not s:
+        raise ValueError("empty duration")
+    total, pos = 0.0, 0
+    for m in _PART.finditer(s):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+        pos = m.end()
+        while pos < len(s) and s[pos] == " ":
+            pos += 1
+    if pos != len(s):
+        raise ValueError(f"bad duration {text!r} (want e.g. 30s, 5m, 1h or seconds)")
+    if total <= 0:
+        raise ValueError(f"duration must be positive, not {text!r}")
+    return total

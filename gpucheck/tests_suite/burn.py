@@ -1,0 +1,493 @@
+"""burn.gemm: GEMMs on every GPU at once, verified, compared with the SKU and with the peers.
+
+One worker process per GPU (gpucheck.workers.pool), all loaded together, runs
+gpucheck.compute.gemm.burn_worker for the burn's duration; the parent samples NVML meanwhile
+(gpucheck.workers.sampler). Per GPU one result:
+
+- fail "silent data corruption" when a result differed bitwise between two runs of the same
+  operands, or from the float64 reference beyond the dtype's rounding bound (dtype, set,
+  iteration and the size of the error in the summary and evidence);
+- fail "hang" when the worker stopped answering (killed), fail with the error text when it
+  crashed (CUDA error, killed by the OOM killer);
+- warn / fail "slow GPU" when its median TFLOP/s is below the SKU floor (a fraction of the
+  datasheet dense rate, gpucheck.data.sku) or more than peer_warn_fraction / peer_fail_fraction
+  below the node median; throttling or low clocks seen by the sampler are named as the likely
+  cause;
+- error when gpucheck could not judge (no CUDA in torch, out of GPU memory, interrupted before
+  any result).
+
+`--device cpu --workers N` runs the same code on CPU workers standing in for GPUs (small
+matrices): that is how the whole model is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
+from ..data.sku import Sku, lookup
+from ..result import Action, Result, Status, Threshold, judge
+
+CHECK_ID = "burn.gemm"
+
+DEFAULTS: dict[str, Any] = {
+    # Length and dtypes by level (level 2: a short burn; 3 and 4: longer, every dtype).
+    "duration_s_level2": 30.0,
+    "duration_s_level3": 300.0,
+    "duration_s_level4": 3600.0,
+    "dtypes_level2": ["bf16"],
+    "dtypes_level3": list(DTYPES),
+    "dtypes_level4": list(DTYPES),
+    "size": 8192,  # n of the n x n operands on a GPU
+    "cpu_size": 256,  # ... on CPU workers
+    "repeats": 16,  # GEMMs per operand set; the first and the last are compared bitwise
+    "window_s": 1.0,  # throughput window
+    "ref_rows": 8,  # rows compared with the float64 reference
+    "ref_every_s": 1.0,  # at most one reference check per this many seconds
+    "seed": 0,
+    "sku_warn_fraction": 0.5,  # warn below this fraction of the SKU's dense peak
+    "sku_fail_fraction": 0.3,  # fail below this fraction
+    "sku_min_size": 4096,  # smaller GEMMs do not reach the dense rate: no SKU floor
+    "peer_warn_fraction": 0.08,  # warn when this far below the node median
+    "peer_fail_fraction": 0.25,  # fail when this far below
+    # A worker silent this long is hung. Workers report once per operand set, so this must exceed
+    # the time of `repeats` GEMMs (bf16 8192 on an H100: ~25 ms; fp64 32768: ~20 s).
+    "heartbeat_timeout_s": 30.0,
+    "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init
+    "sample_interval_s": 1.0,  # NVML sampling period
+}
+
+_LEVEL_KEYS = (2, 3, 4)
+
+
+def _params(ctx: Context) -> dict[str, Any]:
+    return ctx.params(CHECK_ID, DEFAULTS)
+
+
+def _level(ctx: Context) -> int:
+    return max(_LEVEL_KEYS[0], min(_LEVEL_KEYS[-1], int(ctx.level)))
+
+
+def burn_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
+    p = p or _params(ctx)
+    d = ctx.options.get("duration_s")
+    return float(d) if d is not None else float(p[f"duration_s_level{_level(ctx)}"])
+
+
+def _budget(ctx: Context) -> float:
+    p = _params(ctx)
+    return burn_duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
+
+
+def _device(ctx: Context) -> str:
+    return "cpu" if ctx.device == "cpu" else "cuda"
+
+
+def _targets(ctx: Context, device: str) -> tuple[list[dict[str, Any]], list[Result]]:
+    """The GPUs (or CPU workers) to burn, and results for the ones that cannot be burned."""
+    wanted = set(ctx.gpus) if ctx.gpus is not None else None
+    if device == "cpu":
+        ids = [i for i in range(ctx.workers) if wanted is None or i in wanted]
+        return [{"gpu": i, "visible": None, "name": None} for i in ids], []
+    skipped: list[Result] = []
+    if ctx.snapshot is not None:
+        targets = []
+        for e in sorted(ctx.selected_gpu_entries(), key=lambda e: int(e.get("index", 0))):
+            idx = int(e["index"])
+            state = e.get("state", "ok")
+            if state != "ok":
+                skipped.append(Result(CHECK_ID, Status.SKIP, f"not burned: GPU state is {state} "
+                                      "(the inventory check judges it)", gpu=idx))
+                continue
+            targets.append({"gpu": idx, "visible": e.get("uuid") or str(idx), "name": e.get("name")})
+        return targets, skipped
+    import torch  # noqa: PLC0415 - no snapshot (a direct caller): ask torch, in this process
+
+    ids = [i for i in range(torch.cuda.device_count()) if wanted is None or i in wanted]
+    return [{"gpu": i, "visible": None, "name": None} for i in ids], []
+
+
+def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], str | None]:
+    """Worker args for the injections that target `gpu`, their texts, and a usage problem."""
+    args: dict[str, Any] = {}
+    texts: list[str] = []
+    for inj in ctx.injections:
+        if inj.kind not in ("bitflip", "slow", "hang") or not inj.targets_gpu(gpu):
+            continue
+        texts.append(str(inj))
+        try:
+            if inj.kind == "bitflip":
+                args["bitflip"] = {k: (None if inj.get(k) is None else int(inj.get(k)))
+                                   for k in ("bit", "row", "col")}
+                args["bitflip"]["set"] = int(inj.get("set", 1))
+            elif inj.kind == "slow":
+                f = float(inj.get("factor", 0.5))
+                if not 0.0 < f <= 1.0:
+                    return args, texts, f"--inject {inj}: factor must be in (0, 1], not {f}"
+                args["slow"] = f
+            else:
+                args["hang_after_s"] = float(inj.get("after", 1.0))
+        except (TypeError, ValueError) as e:
+            return args, texts, f"--inject {inj}: {e}"
+    return args, texts, None
+
+
+@define(
+    CHECK_ID,
+    title="Burn-in GEMMs on every GPU at once: bitwise repeats, float64 reference, SKU and peer throughput",
+    level=Level.STANDARD,
+    needs=(Need.TORCH, Need.GPU),
+    budget_fn=_budget,
+    detects="silent data corruption in GEMMs, slow (throttled, degraded) GPUs, GPUs that hang or crash under load",
+    defaults=DEFAULTS,
+    injects=("bitflip", "slow", "hang"),
+)
+def burn_gemm(ctx: Context) -> list[Result]:
+    from ..workers.pool import WorkerJob, run_workers
+    from ..workers.sampler import Sampler
+
+    p = _params(ctx)
+    device = _device(ctx)
+    duration = burn_duration(ctx, p)
+    notes: list[str] = []
+    if ctx.deadline is not None:
+        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - 10.0
+        if left < duration:
+            duration = max(1.0, left)
+            notes.append(f"burn shortened to {duration:.0f} s to fit the run's timeout")
+    try:
+        dtypes = parse_dtypes(ctx.options.get("dtypes") or p[f"dtypes_level{_level(ctx)}"])
+    except DtypeError as e:
+        return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
+    size = int(ctx.options.get("size") or (p["cpu_size"] if device == "cpu" else p["size"]))
+
+    targets, results = _targets(ctx, device)
+    if not targets:
+        if results:
+            return results
+        return [Result(CHECK_ID, Status.SKIP, "no GPU selected to burn")]
+
+    jobs: list[WorkerJob] = []
+    injected: dict[int, list[str]] = {}
+    for t in targets:
+        g = t["gpu"]
+        inj_args, texts, problem = _injection_args(ctx, g)
+        injected[g] = texts
+        if problem:
+            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
+            continue
+        args = {
+            "duration_s": duration, "dtypes": dtypes, "size": size, "repeats": p["repeats"],
+            "window_s": p["window_s"], "ref_rows": p["ref_rows"], "ref_every_s": p["ref_every_s"],
+            "seed": p["seed"], **inj_args,
+        }
+        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
+                              visible_device=t["visible"] if device == "cuda" else None))
+    if not jobs:
+        return results
+
+    sample_fn = ctx.options.get("sample_fn")
+    sampler = None
+    if device == "cuda" or sample_fn is not None:
+        sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]),
+                          sample_fn=sample_fn, xid_fn=ctx.options.get("xid_fn"))
+
+    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
+        merged = dict(info)
+        latest = sampler.latest(job.gpu) if sampler is not None and job.gpu is not None else None
+        if latest:
+            for key in ("temperature_c", "sm_clock_mhz", "power_w"):
+                if latest.get(key) is not None:
+                    merged[key] = latest[key]
+        ctx.report(CHECK_ID, f"gpu{job.gpu}", merged)
+
+    t0 = time.monotonic()
+    outcomes = run_workers(
+        "gpucheck.compute.gemm:burn_worker",
+        jobs,
+        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
+        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
+        startup_timeout_s=float(p["startup_timeout_s"]),
+        cancel=ctx.cancel,
+        on_progress=on_progress,
+        sampler=sampler,
+        # A cancelled burn returns within 4 s, inside the runner's 5 s CANCEL_GRACE_S.
+        stop_grace_s=1.5,
+        term_grace_s=1.0,
+        kill_wait_s=1.5,
+    )
+    elapsed = time.monotonic() - t0
+    names = {t["gpu"]: t["name"] for t in targets}
+    results.extend(_judge(ctx, p, device, duration, jobs, outcomes, sampler, names, injected, notes, elapsed))
+    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# judging
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _describe_event(ev: dict[str, Any]) -> str:
+    where = f"{ev['dtype']} set {ev['set']} iteration {ev['iteration']} ({ev['distribution']} operands)"
+    if ev["kind"] == "repeat":
+        return (f"{where}: {ev['elements']} element(s) differ bitwise between two runs of the same "
+                f"operands, max error {_fmt(ev['max_abs_error'])} (relative {_fmt(ev['max_rel_error'])}), "
+                f"first at {tuple(ev['first'])}, odd one out: {ev['odd_one_out']}")
+    return (f"{where}: {ev['elements']} element(s) off the float64 reference, max error "
+            f"{_fmt(ev['max_abs_error'])} ({_fmt(ev['normalized_error'])} of |A|.|B|, tolerance "
+            f"{_fmt(ev['tolerance'])}), at {tuple(ev['first'])}: got {_fmt(ev['got'])}, "
+            f"expected {_fmt(ev['expected'])}")
+
+
+def _telemetry(sampler: Any, gpu: int, device: str) -> dict[str, Any]:
+    from ..workers.sampler import summarize
+
+    if sampler is None:
+        s = summarize([], note="no NVML telemetry: CPU workers stand in for GPUs" if device == "cpu"
+                      else "no NVML telemetry")
+        return s
+    s = sampler.summary(gpu)
+    if sampler.xid_note:
+        s["xid_note"] = sampler.xid_note
+    return s
+
+
+def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str]) -> str:
+    """Why a GPU is slow, from its telemetry: slowdown reasons its peers do not all share (a
+    power cap every GPU hits under a GEMM burn explains nothing), and a low SM clock."""
+    if not tel["samples"]:
+        return " (no NVML telemetry to name a cause)"
+    parts = []
+    reasons = [r for r in tel["slowdown_reasons"] if r not in common] or []
+    if reasons:
+        t = tel["temperature_max_c"]
+        parts.append("/".join(reasons) + " during the burn" + (f" (max {t:.0f} C)" if t is not None else ""))
+    clock = tel["sm_clock_median_mhz"]
+    if clock is not None and node_clock and clock < 0.95 * node_clock:
+        parts.append(f"SM clock median {clock:.0f} MHz vs {node_clock:.0f} MHz on the node")
+    if parts:
+        return "; likely cause: " + ", ".join(parts)
+    if tel["slowdown_reasons"]:
+        return f"; {'/'.join(tel['slowdown_reasons'])} seen, as on the other GPUs"
+    return "; no clock throttling seen"
+
+
+def _judge(ctx: Context, p: dict[str, Any], device: str, duration: float, jobs: list[Any],
+           outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
+           injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
+    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+
+    tel = {j.gpu: _telemetry(sampler, j.gpu, device) for j in jobs}
+    data: dict[int, dict[str, Any]] = {}
+    for j in jobs:
+        oc = outcomes.get(j.worker_id)
+        if oc is not None and oc.result is not None and not oc.result.get("setup_error"):
+            data[j.gpu] = oc.result
+    # Node medians: throughput per dtype, SM clock.
+    per_dtype: dict[str, list[float]] = {}
+    for d in data.values():
+        for dt, r in d.get("dtypes", {}).items():
+            if r.get("tflops") is not None:
+                per_dtype.setdefault(dt, []).append(float(r["tflops"]))
+    medians = {dt: statistics.median(v) for dt, v in per_dtype.items() if len(v) >= 2}
+    clocks = [t["sm_clock_median_mhz"] for g, t in tel.items() if g in data and t["sm_clock_median_mhz"]]
+    node_clock = statistics.median(clocks) if len(clocks) >= 2 else None
+
+    def common_reasons(gpu: int) -> set[str]:
+        """Slowdown reasons every other sampled GPU showed too."""
+        others = [set(t["slowdown_reasons"]) for g, t in tel.items() if g != gpu and t["samples"]]
+        return set.intersection(*others) if others else set()
+
+    out: list[Result] = []
+    for j in jobs:
+        g = j.gpu
+        oc = outcomes.get(j.worker_id)
+        t = tel[g]
+        inj = injected.get(g, [])
+        if oc is None:  # cannot happen: run_workers answers for every job
+            out.append(Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=g, injected=inj))
+            continue
+        partial = (oc.progress or {}) if oc.result is None else {}
+        if oc.kind == HUNG:
+            r = Result(CHECK_ID, Status.FAIL,
+                       f"hang: the burn worker stopped answering and was killed ({oc.error}); "
+                       "a GPU that hangs a kernel is unhealthy",
+                       gpu=g, action=Action.RESET_GPU, injected=inj)
+            _partial_metrics(r, partial)
+        elif oc.kind == CRASHED:
+            err = oc.error or "unknown error"
+            cuda = "cuda" in err.lower() or "cublas" in err.lower()
+            r = Result(CHECK_ID, Status.FAIL, f"burn worker crashed: {err}", gpu=g,
+                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=inj)
+            if oc.traceback:
+                r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
+            _partial_metrics(r, partial)
+        elif oc.result is not None and oc.result.get("setup_error"):
+            r = Result(CHECK_ID, Status.ERROR, f"could not burn: {oc.result['setup_error']}", gpu=g, injected=inj)
+        elif oc.result is None:
+            why = ("interrupted before the worker returned" if oc.kind == CANCELLED
+                   else f"the worker overran its time budget ({oc.error})")
+            r = Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=g, injected=inj)
+            _partial_metrics(r, partial)
+        else:
+            r = _judge_data(p, device, g, oc.result, names.get(g), medians, t, node_clock, len(jobs), inj,
+                            common_reasons(g))
+            if oc.kind in (CANCELLED, OVER_BUDGET):
+                stopped = oc.result.get("stopped") or oc.kind
+                if r.status == Status.SKIP:  # stopped before anything was measured
+                    r.status = Status.ERROR
+                    r.summary = f"not finished: stopped ({stopped}) before any measurement"
+                r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
+                                  f"of {duration:.0f} s: results are partial")
+        _add_telemetry(r, t)
+        if device == "cpu":
+            r.evidence.append(f"CPU worker {g} standing in for a GPU")
+        r.evidence.extend(notes)
+        r.duration_s = elapsed
+        out.append(r)
+    return out
+
+
+def _partial_metrics(r: Result, progress: dict[str, Any]) -> None:
+    if progress.get("dtype") and progress.get("tflops") is not None:
+        r.metric(f"tflops_{progress['dtype']}", round(float(progress["tflops"]), 4), "TFLOP/s")
+    if progress.get("iterations") is not None:
+        r.metric("iterations", int(progress["iterations"]), "count")
+    if progress:
+        r.evidence.append("last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                        for k, v in progress.items()))
+
+
+def _add_telemetry(r: Result, t: dict[str, Any]) -> None:
+    for key, unit in (("sm_clock_min_mhz", "MHz"), ("sm_clock_median_mhz", "MHz"), ("sm_clock_max_mhz", "MHz"),
+                      ("temperature_max_c", "C"), ("power_mean_w", "W")):
+        if t["samples"]:
+            r.metric(key, t[key], unit)
+    if t["samples"]:
+        r.evidence.append(f"telemetry: {t['samples']} samples; throttle reasons seen: "
+                          + (", ".join(t["throttle_reasons"]) or "none"))
+        if t["errors"]:
+            r.evidence.append("NVML errors while sampling: " + ", ".join(t["errors"]))
+    elif t.get("note"):
+        r.evidence.append(t["note"])
+    if t.get("xid_note"):
+        r.evidence.append(t["xid_note"])
+
+
+def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_name: str | None,
+                medians: dict[str, float], tel: dict[str, Any], node_clock: float | None,
+                n_workers: int, inj: list[str], common: set[str]) -> Result:
+    dev_info = d.get("device", {})
+    name = dev_info.get("name") or snap_name
+    sku: Sku | None = lookup(name) if device == "cuda" else None
+    size = int(d.get("config", {}).get("size", 0))
+    metrics: dict[str, Any] = {}
+    units: dict[str, str] = {}
+    thresholds: list[Threshold] = []
+    causes: dict[str, str] = {}
+    evidence: list[str] = []
+    likely = _likely_cause(tel, node_clock, common)
+    warn_f, fail_f = float(p["sku_warn_fraction"]), float(p["sku_fail_fraction"])
+    pw, pf = 100.0 * float(p["peer_warn_fraction"]), 100.0 * float(p["peer_fail_fraction"])
+    ok_parts: list[str] = []
+    checks_repeat = checks_ref = 0
+    for dt, r in d.get("dtypes", {}).items():
+        tf = r.get("tflops")
+        checks_repeat += int(r.get("repeat_checks", 0))
+        checks_ref += int(r.get("reference_checks", 0))
+        metrics[f"tflops_{dt}"] = None if tf is None else round(float(tf), 4)
+        units[f"tflops_{dt}"] = "TFLOP/s"
+        metrics[f"iterations_{dt}"] = int(r.get("iterations", 0))
+        units[f"iterations_{dt}"] = "count"
+        metrics[f"repeat_checks_{dt}"] = int(r.get("repeat_checks", 0))
+        units[f"repeat_checks_{dt}"] = "count"
+        metrics[f"reference_checks_{dt}"] = int(r.get("reference_checks", 0))
+        units[f"reference_checks_{dt}"] = "count"
+        metrics[f"reference_max_error_{dt}"] = float(r.get("reference_max_error", 0.0))
+        evidence.append(f"{dt}: {r.get('sets', 0)} operand sets x {r.get('repeats')} GEMMs of {size}x{size} "
+                        f"in {r.get('seconds', 0):.1f} s; {r.get('reference_elements', 0)} elements compared "
+                        f"with float64, max |C-ref|/(|A|.|B|) {_fmt(float(r.get('reference_max_error', 0.0)))} "
+                        f"(tolerance {_fmt(float(r.get('reference_tolerance', 0.0)))})")
+        if tf is None:
+            continue
+        part = f"{dt} {_fmt(float(tf))} TFLOP/s"
+        peak = sku.peak(dt) if sku is not None else None
+        if peak and size >= int(p["sku_min_size"]):
+            key = f"tflops_{dt}"
+            thresholds.append(Threshold(key, "<", round(peak * warn_f, 1), Status.WARN, "TFLOP/s"))
+            thresholds.append(Threshold(key, "<", round(peak * fail_f, 1), Status.FAIL, "TFLOP/s"))
+            causes[key] = f"slow GPU: {dt} below the {sku.name} floor ({warn_f:g} of {peak:g} dense TFLOP/s){likely}"
+            metrics[f"peak_fraction_{dt}"] = round(float(tf) / peak, 3)
+            part += f" ({float(tf) / peak:.2f} of the {sku.name} dense peak)"
+        elif peak:
+            evidence.append(f"{dt}: no SKU floor at size {size} (below sku_min_size {p['sku_min_size']})")
+        if dt in medians:
+            med = medians[dt]
+            deficit = max(0.0, (med - float(tf)) / med * 100.0) if med > 0 else 0.0
+            key = f"peer_deficit_{dt}"
+            metrics[key] = round(deficit, 1)
+            units[key] = "%"
+            thresholds.append(Threshold(key, ">", pw, Status.WARN, "%"))
+            thresholds.append(Threshold(key, ">", pf, Status.FAIL, "%"))
+            causes[key] = (f"slow GPU: {dt} {deficit:.0f}% below the node median of {_fmt(med)} TFLOP/s{likely}")
+        ok_parts.append(part)
+    n_sdc = int(d.get("sdc_count", 0))
+    metrics["sdc_events"] = n_sdc
+    units["sdc_events"] = "count"
+    thresholds.append(Threshold("sdc_events", ">", 0, Status.FAIL, "count"))
+    events = d.get("sdc", [])
+    if events:
+        more = f"; {n_sdc - 1} more event(s)" if n_sdc > 1 else ""
+        causes["sdc_events"] = f"silent data corruption: {_describe_event(events[0])}{more}"
+        evidence.extend("SDC " + _describe_event(ev) for ev in events)
+    if tel["samples"]:
+        metrics["xid_events"] = len(tel["xid"])
+        units["xid_events"] = "count"
+        thresholds.append(Threshold("xid_events", ">", 0, Status.WARN, "count"))
+        if tel["xid"]:
+            causes["xid_events"] = f"Xid {', '.join(map(str, tel['xid']))} during the burn (see the xid check)"
+
+    if not ok_parts:
+        skipped = d.get("skipped", {})
+        why = "; ".join(f"{dt}: {w}" for dt, w in skipped.items()) or "nothing was measured"
+        # Out of GPU memory is "could not judge"; dtypes this GPU cannot run are a plain skip.
+        status = Status.ERROR if d.get("allocation_errors") else Status.SKIP
+        res = Result(CHECK_ID, status, f"no dtype burned: {why}", gpu=g, injected=inj)
+        res.metrics.update(metrics)
+        res.units.update(units)
+        return res
+
+    ok = ", ".join(ok_parts) + f"; {checks_repeat} bitwise repeat and {checks_ref} float64 reference checks clean"
+    if n_workers < 2:
+        ok += "; no peers to compare"
+    elif not medians:
+        ok += "; no peer result to compare with"
+    if device == "cuda" and sku is None:
+        ok += f"; SKU {name!r} not in the table: judged by peers only"
+    for dt, why in d.get("skipped", {}).items():
+        ok += f"; {dt} skipped: {why}"
+    res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes,
+                actions={**{k: Action.DRAIN for k in metrics}, "xid_events": Action.INVESTIGATE})
+    if res.status == Status.WARN:
+        res.action = Action.INVESTIGATE
+    if device == "cuda":
+        evidence.insert(0, f"device {name!r}" + (f": SKU {sku.name} ({sku.source})" if sku else
+                                                 ": not in the SKU table, judged by peers only"))
+    for dt, why in d.get("skipped", {}).items():
+        evidence.append(f"{dt} skipped: {why}")
+    evidence.extend(d.get("notes", []))
+    evidence.extend(f"injected {x}" for x in d.get("injected", []))
+    if any(x.startswith("bitflip") for x in inj) and not d.get("injected"):
+        evidence.append("the bitflip injection did not fire: the burn ended before its operand set")
+    res.evidence = evidence
+    res.injected = list(inj)
+    return res
+
+
+CHECKS = [burn_gemm]
