@@ -440,7 +440,8 @@ def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_
     n_sdc = int(d.get("sdc_count", 0))
     metrics["sdc_events"] = n_sdc
     units["sdc_events"] = "count"
-    thresholds.append(Threshold("sdc_events", ">", 0, Status.FAIL, "count"))
+    # First: when a GPU both computes wrongly and is slow, the summary names the corruption first.
+    thresholds.insert(0, Threshold("sdc_events", ">", 0, Status.FAIL, "count"))
     events = d.get("sdc", [])
     if events:
         more = f"; {n_sdc - 1} more event(s)" if n_sdc > 1 else ""
