@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import re
 
-_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|min|sec|s|m|h|d)?", re.IGNORECASE)
+_UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0,
+          "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0,
+          "w": 604800.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|mins|min|secs|sec|s|m|hrs|hr|h|days|day|d|w)?", re.IGNORECASE)
 
 
-def parse_duration(text: str | float | int) -> float:
-    """Seconds; ValueError with a one-line message for anything else or a non-positive value."""
+def parse_duration(text: str | float | int, *, require_unit: bool = False) -> float:
+    """Seconds; ValueError with a one-line message for anything else or a non-positive value.
+
+    require_unit: every number needs a unit (where a bare number means something else, such as
+    an epoch timestamp in `--since`)."""
     s = str(text).strip().lower()
     if not s:
         raise ValueError("empty duration")
     total, pos = 0.0, 0
     for m in _PART.finditer(s):
-        if m.start() != pos:
+        if m.start() != pos or (require_unit and not m.group(2)):
             break
         total += float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
         pos = m.end()

@@ -1,0 +1,352 @@
+"""Events -> Results (pure: no I/O, no clock).
+
+Per GPU (or per unmapped PCI address, or per NVSwitch):
+
+- any critical event in the window       -> fail, with the strongest action of those events
+- any warning-class event                 -> warn, with its action
+- the same application-class Xid more than `repeat_limit` times on one GPU -> warn "investigate"
+- application-class and informational events alone -> pass (shown as evidence)
+
+Plus one node-level result that says what was read and which window was judged (and warns on
+Xid-like lines that match no known form). An unreadable log is an `error`, never a `pass`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from ..result import Action, Result, Status, Threshold, strongest_action
+from . import catalog
+from .mapping import GpuInfo, GpuMap
+from .parse import SXidEvent, Unrecognised, XidEvent
+from .timeparse import iso_utc
+
+_SEV_RANK = {"critical": 0, "warning": 1, "app": 2, "info": 3}
+
+DEFAULT_PARAMS: dict[str, Any] = {
+    "since": "last-pass",
+    "source": "auto",
+    "files": [],
+    "repeat_limit": 2,
+    "ignore_xids": [],
+    "unrecognised_warn": True,
+    "max_evidence_lines": 20,
+    "read_timeout_s": 8.0,
+}
+
+
+@dataclass(frozen=True)
+class Classification:
+    severity: str  # critical, warning, app, info
+    action: str  # an Action value
+    name: str  # NVIDIA's mnemonic, or "unknown Xid N"
+    description: str
+    bucket: str  # NVIDIA's immediate-action bucket
+    note: str = ""
+    known: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"severity": self.severity, "action": self.action, "name": self.name,
+                "description": self.description, "bucket": self.bucket, "note": self.note,
+                "known": self.known}
+
+
+def classify(ev: XidEvent, ignore: Iterable[int] = ()) -> Classification:
+    """What one Xid event means on its own (see `classify_all` for the rules between events)."""
+    e = catalog.lookup(ev.xid)
+    sev, act, note = e.severity, e.action, e.note
+    if ev.xid in catalog.NVLINK5_XIDS and ev.nvlink and ev.nvlink.get("fatal") is False:
+        sev, act = catalog.NVLINK5_NONFATAL
+        link = ev.nvlink.get("link")
+        note = f"non-fatal {ev.nvlink.get('unit') or 'NVLink'} event" + (f" on link {link}" if link is not None else "")
+    elif ev.xid in catalog.NVLINK5_XIDS and ev.nvlink:
+        link = ev.nvlink.get("link")
+        note = f"fatal {ev.nvlink.get('unit') or 'NVLink'} event" + (f" on link {link}" if link is not None else "")
+    if ev.xid == 154:
+        rec = ev.recovery or {}
+        label = (rec.get("to_label") or "").strip().lower()
+        verdict = catalog.RECOVERY_ACTIONS.get(label)
+        if verdict is None and isinstance(rec.get("to_code"), int):
+            verdict = catalog.RECOVERY_ACTIONS.get(catalog.RECOVERY_CODES.get(rec["to_code"], ""))
+        if verdict is not None:
+            sev, act = verdict
+            note = f"the driver's recovery action is now {rec.get('to_label') or hex(rec.get('to_code', 0))}"
+        else:
+            sev, act = "warning", "investigate"
+            note = "recovery action not readable from the message"
+    if ev.implied:
+        note = (note + "; " if note else "") + "bus loss reported without an Xid number (implied Xid 79)"
+    if ev.xid in set(ignore):
+        sev, act = "info", "none"
+        note = "ignored by configuration (ignore_xids)"
+    return Classification(sev, act, e.mnemonic, e.description, e.bucket, note, e.known)
+
+
+def subject_key(ev: XidEvent | SXidEvent, gpu_map: GpuMap) -> tuple[str, Any]:
+    g = gpu_map.lookup(ev.pci_bus_id)
+    if g is not None and g.index is not None:
+        return ("gpu", g.index)
+    return ("pci", ev.pci_bus_id or "unknown")
+
+
+def classify_all(events: list[XidEvent], gpu_map: GpuMap, ignore: Iterable[int] = ()) -> dict[int, Classification]:
+    """id(event) -> classification, with the co-occurrence rules of the catalog applied per GPU
+    (Xid 48 with 63/64 on the same GPU: drain and reset)."""
+    ignore = set(ignore)
+    out = {id(ev): classify(ev, ignore) for ev in events}
+    by_subject: dict[tuple[str, Any], list[XidEvent]] = defaultdict(list)
+    for ev in events:
+        by_subject[subject_key(ev, gpu_map)].append(ev)
+    for evs in by_subject.values():
+        present = {ev.xid for ev in evs}
+        for rule in catalog.CO_OCCURRENCE:
+            xid, others = rule["xid"], rule["with"]
+            if xid in present and present & others and xid not in ignore:  # type: ignore[operator]
+                for ev in evs:
+                    if ev.xid == xid:
+                        c = out[id(ev)]
+                        out[id(ev)] = Classification(c.severity, str(rule["action"]), c.name, c.description,
+                                                     c.bucket, str(rule["note"]), c.known)
+    return out
+
+
+def classify_sxid(ev: SXidEvent) -> tuple[str, str]:
+    if ev.fatal is True:
+        return catalog.SXID_FATAL
+    if ev.fatal is False:
+        return catalog.SXID_NONFATAL
+    return catalog.SXID_UNKNOWN
+
+
+# -- results ------------------------------------------------------------------------------------
+
+def _status(sev_counts: dict[str, int], repeated: bool) -> Status:
+    if sev_counts.get("critical"):
+        return Status.FAIL
+    if sev_counts.get("warning") or repeated:
+        return Status.WARN
+    return Status.PASS
+
+
+def _evidence(lines: list[str], limit: int) -> list[str]:
+    if len(lines) <= limit:
+        return lines
+    return lines[:limit] + [f"... and {len(lines) - limit} more line(s)"]
+
+
+def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls: dict[int, Classification],
+                      info: GpuInfo | None, limit: int, max_lines: int) -> Result:
+    sev_counts: Counter[str] = Counter(cls[id(e)].severity for e in evs)
+    app_counts: Counter[int] = Counter(e.xid for e in evs if cls[id(e)].severity == "app")
+    app_repeat_max = max(app_counts.values(), default=0)
+    repeated = {x: n for x, n in app_counts.items() if n > limit}
+    status = _status(sev_counts, bool(repeated))
+
+    # One summary part per Xid number, most severe first.
+    per_xid: dict[int, list[XidEvent]] = defaultdict(list)
+    for e in evs:
+        per_xid[e.xid].append(e)
+
+    def rank(x: int) -> tuple[int, float]:
+        worst = min(_SEV_RANK[cls[id(e)].severity] for e in per_xid[x])
+        first = min((e.time for e in per_xid[x] if e.time is not None), default=0.0)
+        return worst, first
+
+    parts = []
+    for x in sorted(per_xid, key=rank):
+        group = per_xid[x]
+        c = cls[id(group[-1])]
+        worst = min((cls[id(e)] for e in group), key=lambda k: _SEV_RANK[k.severity])
+        last = max((e.time for e in group if e.time is not None), default=None)
+        when = f", last {iso_utc(last)}" if last is not None else ""
+        label = c.description if c.description and c.description != "Unused" else c.name
+        if worst.severity in ("critical", "warning"):
+            extra = f": {worst.action}" + (f" ({worst.note})" if worst.note else "")
+        elif worst.severity == "app":
+            extra = (f": repeats more than {limit} times on one GPU, investigate" if x in repeated
+                     else ": application-class (restart-app)")
+        else:
+            extra = ": informational"
+        parts.append(f"Xid {x} {label} x{len(group)}{when}{extra}")
+    if status == Status.PASS:
+        summary = "no hardware fault: " + "; ".join(parts)
+    else:
+        summary = "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more Xid kinds" if len(parts) > 4 else "")
+
+    if status == Status.FAIL:
+        action = strongest_action(Action(cls[id(e)].action) for e in evs if cls[id(e)].severity == "critical")
+    elif status == Status.WARN:
+        acts = [Action(cls[id(e)].action) for e in evs if cls[id(e)].severity == "warning"]
+        if repeated:
+            acts.append(Action.INVESTIGATE)
+        action = strongest_action(acts)
+    else:
+        action = Action.NONE
+
+    ordered = sorted(evs, key=lambda e: (_SEV_RANK[cls[id(e)].severity], e.seq))
+    lines: list[str] = []
+    ident = [f"PCI {info.pci_bus_id if info else evs[0].pci_bus_id}"]
+    if info is not None and info.uuid:
+        ident.append(info.uuid)
+    if info is not None and info.serial:
+        ident.append(f"serial {info.serial}")
+    lines.append(", ".join(ident))
+    for e in ordered:
+        lines.append(e.raw)
+        lines.extend(e.related)
+    gpu = key[1] if key[0] == "gpu" else None
+    prefix = f"GPU {gpu}: " if gpu is not None else f"PCI {key[1]} (no GPU index known): "
+    r = Result(
+        check=check,
+        status=status,
+        summary=prefix + summary,
+        gpu=gpu,
+        subject=None if gpu is not None else f"pci:{key[1]}",
+        action=action,
+        evidence=_evidence(lines, max_lines),
+        thresholds=[
+            Threshold("critical_events", ">", 0, Status.FAIL, "count"),
+            Threshold("warning_events", ">", 0, Status.WARN, "count"),
+            Threshold("app_repeat_max", ">", limit, Status.WARN, "count"),
+        ],
+    )
+    r.metric("events", len(evs), "count")
+    r.metric("critical_events", sev_counts.get("critical", 0), "count")
+    r.metric("warning_events", sev_counts.get("warning", 0), "count")
+    r.metric("app_events", sev_counts.get("app", 0), "count")
+    r.metric("app_repeat_max", app_repeat_max, "count")
+    r.metric("info_events", sev_counts.get("info", 0), "count")
+    r.metric("pci_bus_id", info.pci_bus_id if info else evs[0].pci_bus_id)
+    r.metric("uuid", info.uuid if info else None)
+    return r
+
+
+def _sxid_group_result(check: str, bus: str, evs: list[SXidEvent], limit: int, max_lines: int) -> Result:
+    fatal = [e for e in evs if e.fatal is True]
+    unknown = [e for e in evs if e.fatal is None]
+    nonfatal = Counter(e.sxid for e in evs if e.fatal is False)
+    repeated = {x: n for x, n in nonfatal.items() if n > limit}
+    if fatal:
+        status, action = Status.FAIL, Action(catalog.SXID_FATAL[1])
+    elif unknown or repeated:
+        status, action = Status.WARN, Action.INVESTIGATE
+    else:
+        status, action = Status.PASS, Action.NONE
+    parts = []
+    for e in fatal[:3]:
+        parts.append(f"fatal SXid {e.sxid} ({e.text or 'no detail'}): reset the baseboard's GPUs and "
+                     "NVSwitches (reboot)")
+    if len(fatal) > 3:
+        parts.append(f"and {len(fatal) - 3} more fatal SXids")
+    for x, n in sorted(repeated.items()):
+        parts.append(f"non-fatal SXid {x} x{n}, more than {limit}: investigate")
+    if unknown:
+        parts.append(f"{len(unknown)} SXid report(s) of unknown fatality: investigate")
+    if not parts:
+        parts.append("non-fatal only: " + ", ".join(f"SXid {x} x{n}" for x, n in sorted(nonfatal.items())))
+    switches = sorted({e.switch for e in evs if e.switch is not None})
+    lines = [f"NVSwitch PCI {bus}" + (f" (nvidia-nvswitch{switches[0]})" if len(switches) == 1 else "")]
+    for e in sorted(evs, key=lambda e: (e.fatal is not True, e.seq)):
+        lines.extend(e.raw)
+    r = Result(
+        check=check, status=status, summary="; ".join(parts), subject=f"nvswitch:{bus}", action=action,
+        evidence=_evidence(lines, max_lines),
+        thresholds=[Threshold("fatal_sxids", ">", 0, Status.FAIL, "count"),
+                    Threshold("nonfatal_repeat_max", ">", limit, Status.WARN, "count")],
+    )
+    r.metric("sxid_events", len(evs), "count")
+    r.metric("fatal_sxids", len(fatal), "count")
+    r.metric("nonfatal_repeat_max", max(nonfatal.values(), default=0), "count")
+    return r
+
+
+def error_result(check: str, why: str, attempts: Iterable[Any] = ()) -> Result:
+    return Result(check, Status.ERROR, why,
+                  evidence=[f"tried {a}" for a in attempts] + [
+                      "no Xid verdict: an unread log is not a healthy log"])
+
+
+def judge(
+    *,
+    check: str,
+    events: list[XidEvent],
+    sxid_events: list[SXidEvent],
+    unrecognised: list[Unrecognised],
+    gpu_map: GpuMap,
+    params: dict[str, Any],
+    read_summary: str,
+    window_label: str,
+    notes: Iterable[str] = (),
+    selection: Iterable[int] | None = None,
+    inventory: Iterable[GpuInfo] = (),
+    classes: dict[int, Classification] | None = None,
+) -> list[Result]:
+    """All results of the xid check for events that were read successfully."""
+    limit = int(params.get("repeat_limit", DEFAULT_PARAMS["repeat_limit"]))
+    max_lines = int(params.get("max_evidence_lines", DEFAULT_PARAMS["max_evidence_lines"]))
+    ignore = [int(x) for x in params.get("ignore_xids", []) or []]
+    sel = set(selection) if selection is not None else None
+    cls = classes if classes is not None else classify_all(events, gpu_map, ignore)
+
+    groups: dict[tuple[str, Any], list[XidEvent]] = defaultdict(list)
+    excluded = 0
+    for ev in events:
+        key = subject_key(ev, gpu_map)
+        if sel is not None and key[0] == "gpu" and key[1] not in sel:
+            excluded += 1
+            continue
+        groups[key].append(ev)
+    sx_groups: dict[str, list[SXidEvent]] = defaultdict(list)
+    for sx in sxid_events:
+        sx_groups[sx.pci_bus_id or "unknown"].append(sx)
+
+    results: list[Result] = []
+    # Node result: what was read, the window, what could not be recognised.
+    n_x = sum(len(v) for v in groups.values())
+    if n_x or sxid_events:
+        head = f"{n_x} Xid event(s), {len(sxid_events)} SXid event(s) {window_label}"
+    else:
+        head = f"no Xid or SXid events {window_label}"
+    summary = f"{head} (read {read_summary})"
+    node_ev = [n for n in notes if n]
+    if excluded:
+        node_ev.append(f"{excluded} Xid event(s) on GPUs outside the selection were not judged")
+    node_status, node_action = Status.PASS, Action.NONE
+    if unrecognised:
+        summary += f"; {len(unrecognised)} Xid-like line(s) match no known form"
+        node_ev.extend(f"unrecognised: {u.raw}" for u in unrecognised)
+        if params.get("unrecognised_warn", True):
+            node_status, node_action = Status.WARN, Action.INVESTIGATE
+    node = Result(check, node_status, summary, action=node_action, evidence=_evidence(node_ev, max_lines),
+                  thresholds=[Threshold("unrecognised_lines", ">", 0,
+                                        Status.WARN if params.get("unrecognised_warn", True) else Status.PASS,
+                                        "count")])
+    node.metric("xid_events", n_x, "count")
+    node.metric("sxid_events", len(sxid_events), "count")
+    node.metric("unrecognised_lines", len(unrecognised), "count")
+    results.append(node)
+
+    def order(k: tuple[str, Any]) -> tuple[int, str]:
+        return (0, f"{k[1]:06d}") if k[0] == "gpu" else (1, str(k[1]))
+
+    seen_gpus = set()
+    for key in sorted(groups, key=order):
+        evs = groups[key]
+        info = gpu_map.lookup(evs[0].pci_bus_id)
+        results.append(_xid_group_result(check, key, evs, cls, info, limit, max_lines))
+        if key[0] == "gpu":
+            seen_gpus.add(key[1])
+    for g in inventory:
+        if g.index is None or g.index in seen_gpus or (sel is not None and g.index not in sel):
+            continue
+        r = Result(check, Status.PASS, f"GPU {g.index}: no Xid events {window_label}", gpu=g.index)
+        r.metric("events", 0, "count")
+        r.metric("pci_bus_id", g.pci_bus_id)
+        r.metric("uuid", g.uuid)
+        results.append(r)
+    results[1:] = sorted(results[1:], key=lambda r: (r.gpu is None, r.gpu or 0, r.subject or ""))
+    for bus in sorted(sx_groups):
+        results.append(_sxid_group_result(check, bus, sx_groups[bus], limit, max_lines))
+    return results

@@ -1,0 +1,178 @@
+"""The pipeline shared by the `xid` check, `gpucheck xid` and the benchmark:
+window (--since) -> read -> parse -> keep what is in the window.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .parse import ParseResult, Parser, SXidEvent, Unrecognised, XidEvent
+from .sources import DEFAULT_PATHS, Chunk, LogPaths, ReadResult, read_kernel_log
+from .timeparse import iso_utc, parse_duration, parse_timestamp, validate_since
+
+LAST_PASS_CURSOR = "last-pass"
+
+
+@dataclass
+class Window:
+    since: str  # what was asked: boot, all, last-pass, 2h, a timestamp
+    start: float | None  # epoch; None = everything the source holds
+    label: str  # for people: "since boot (2024-05-18T07:00:00Z)"
+    note: str | None = None  # e.g. "no last-pass cursor: judging everything since boot"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"since": self.since, "start": iso_utc(self.start), "start_epoch": self.start,
+                "label": self.label, "note": self.note}
+
+
+def cursor_epoch(cursor: Any) -> float | None:
+    """The time of a last-pass cursor ({"time": ISO, "epoch": float}), or None."""
+    if not isinstance(cursor, dict):
+        return None
+    ep = cursor.get("epoch")
+    if isinstance(ep, (int, float)) and not isinstance(ep, bool):
+        return float(ep)
+    t = cursor.get("time")
+    return parse_timestamp(t) if isinstance(t, str) else None
+
+
+def resolve_window(since: str, *, now: float, boot_time: float | None, state: Any = None) -> Window:
+    """Turn a --since value into a window start. Raises ValueError for a bad value."""
+    s = validate_since(since)
+    if s == "all":
+        return Window("all", None, "in everything read")
+    if s == "last-pass":
+        if state is None:
+            w = resolve_window("boot", now=now, boot_time=boot_time)
+            w.since = "last-pass"
+            w.note = "no state directory: no last-pass cursor, judging everything " + w.label
+            return w
+        try:
+            cur = state.read_cursor(LAST_PASS_CURSOR)
+        except (OSError, ValueError) as e:
+            cur = None
+            why = f"cannot read the last-pass cursor ({e})"
+        else:
+            why = f"no last-pass cursor in {getattr(state, 'root', 'the state directory')}"
+        ep = cursor_epoch(cur)
+        if ep is None:
+            w = resolve_window("boot", now=now, boot_time=boot_time)
+            w.since = "last-pass"
+            w.note = f"{why}: judging everything {w.label}"
+            return w
+        return Window("last-pass", ep, f"since the last passing run ({iso_utc(ep)})")
+    if s == "boot":
+        if boot_time is None:
+            return Window("boot", None, "since boot", "boot time unknown: judging everything read")
+        return Window("boot", boot_time, f"since boot ({iso_utc(boot_time)})")
+    d = parse_duration(s)
+    if d is not None:
+        return Window(s, now - d, f"in the last {s} (since {iso_utc(now - d)})")
+    t = parse_timestamp(s)
+    assert t is not None  # validate_since accepted it
+    return Window(s, t, f"since {iso_utc(t)}")
+
+
+@dataclass
+class Scan:
+    read: ReadResult
+    window: Window
+    parsed: ParseResult = field(default_factory=ParseResult)
+    events: list[XidEvent] = field(default_factory=list)
+    sxid_events: list[SXidEvent] = field(default_factory=list)
+    unrecognised: list[Unrecognised] = field(default_factory=list)
+    before_window: int = 0  # events read but older than the window
+    untimed: int = 0  # events without a time (kept: they cannot be placed outside the window)
+
+    @property
+    def ok(self) -> bool:
+        return self.read.ok
+
+
+def _in(t: float | None, start: float | None) -> bool:
+    return start is None or t is None or t >= start
+
+
+def parse_read(read: ReadResult) -> ParseResult:
+    p = Parser()
+    for chunk in read.chunks:
+        for line in chunk.lines:
+            p.feed(line, boot_time=chunk.boot_time, ref_time=chunk.ref_time)
+    return p.result
+
+
+def scan_read(read: ReadResult, window: Window) -> Scan:
+    """Parse what was read and keep what falls in the window."""
+    sc = Scan(read=read, window=window)
+    if not read.ok:
+        return sc
+    sc.parsed = parse_read(read)
+    start = window.start
+    for ev in sc.parsed.events:
+        if _in(ev.time, start):
+            sc.events.append(ev)
+            if ev.time is None:
+                sc.untimed += 1
+        else:
+            sc.before_window += 1
+    for sx in sc.parsed.sxid_events:
+        if _in(sx.time, start):
+            sc.sxid_events.append(sx)
+            if sx.time is None:
+                sc.untimed += 1
+        else:
+            sc.before_window += 1
+    sc.unrecognised = [u for u in sc.parsed.unrecognised if _in(u.time, start)]
+    return sc
+
+
+def scan(
+    *,
+    source: str = "auto",
+    files: list[str] | None = None,
+    boot: int = 0,
+    since: str = "boot",
+    now: float | None = None,
+    state: Any = None,
+    paths: LogPaths = DEFAULT_PATHS,
+    timeout_s: float = 8.0,
+    stdin: Any = None,
+    boot_time: float | None = None,
+) -> Scan:
+    """Read the kernel log and return the events in the window. Raises ValueError for a bad
+    `since` or `source` (usage errors); an unreadable log is `Scan.ok == False`, never an
+    exception."""
+    from .sources import read_boot_time
+
+    now = time.time() if now is None else now
+    if boot_time is None:
+        boot_time = read_boot_time(paths.proc_stat)
+    window = resolve_window(since, now=now, boot_time=boot_time, state=state)
+    read = read_kernel_log(source, files=files, boot=boot, since=window.start, paths=paths,
+                           timeout_s=timeout_s, stdin=stdin, boot_time=boot_time)
+    return scan_read(read, window)
+
+
+def read_from_snapshot(kernel_log: dict[str, Any], captured_at: float | None) -> ReadResult:
+    """A ReadResult from a snapshot's recorded kernel log ({"source", "lines", "error", "boot_time"})."""
+    from .sources import Attempt
+
+    src = str(kernel_log.get("source") or "snapshot")
+    res = ReadResult(boot_time=kernel_log.get("boot_time"))
+    err = kernel_log.get("error")
+    lines = kernel_log.get("lines")
+    if err or not isinstance(lines, list):
+        res.attempts.append(Attempt(f"snapshot:{src}", "recorded kernel log", False,
+                                    str(err or "the recorded kernel log has no lines")))
+        return res
+    res.attempts.append(Attempt(f"snapshot:{src}", "recorded kernel log", True))
+    res.source = f"snapshot:{src}"
+    res.chunks.append(Chunk(f"snapshot:{src}", [str(x) for x in lines],
+                            boot_time=kernel_log.get("boot_time"), ref_time=captured_at))
+    res.records = kernel_log.get("records") if isinstance(kernel_log.get("records"), int) else None
+    res.bytes_read = sum(len(x) + 1 for x in res.chunks[0].lines)
+    for n in kernel_log.get("notes") or []:
+        res.notes.append(str(n))
+    return res

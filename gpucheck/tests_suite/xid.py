@@ -1,0 +1,118 @@
+"""xid: Xid and SXid errors in the kernel log (level 1, the Slurm prolog's main detector).
+
+Reads the kernel log (auto: /dev/kmsg, then journalctl -k, dmesg, /var/log files), keeps the
+events of the window (default `last-pass`: everything since the last passing run, so a prolog
+fails for new errors and not for ones already handled; `ctx.options["xid_since"]`, set by the
+Slurm epilog to the job's start, wins), maps them to GPUs and judges them with the catalog in
+gpucheck.kernlog.catalog. See docs/xid.md.
+
+When `gpucheck run` replays a recorded snapshot, the live kernel log belongs to another machine:
+the snapshot's own `kernel_log` is judged instead, or the check is skipped saying so.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..kernlog import judge as J
+from ..kernlog.mapping import GpuInfo, from_announcements, from_snapshot
+from ..kernlog.scan import Window, read_from_snapshot, resolve_window, scan, scan_read
+from ..pci import short_bus_id
+from ..result import Result, Status
+
+ID = "xid"
+DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)
+
+
+def _inventory(ctx: Context) -> list[GpuInfo]:
+    out = []
+    for g in ctx.selected_gpu_entries():
+        bus = short_bus_id(str(g.get("pci_bus_id") or ""))
+        if bus is not None and isinstance(g.get("index"), int):
+            out.append(GpuInfo(bus, g["index"], g.get("uuid"), g.get("serial"), g.get("name")))
+    return out
+
+
+def _snapshot_epoch(snap: dict[str, Any]) -> float | None:
+    from ..kernlog.timeparse import parse_timestamp
+
+    v = snap.get("captured_at")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return parse_timestamp(v) if isinstance(v, str) else None
+
+
+def run(ctx: Context) -> list[Result]:
+    params = ctx.params(ID, DEFAULTS)
+    since = ctx.options.get("xid_since")
+    since = str(since) if since not in (None, "") else str(params.get("since", "last-pass"))
+    snapshot = ctx.snapshot or {}
+
+    try:
+        if ctx.options.get("snapshot_path"):
+            kl = snapshot.get("kernel_log")
+            if not isinstance(kl, dict):
+                return [Result(ID, Status.SKIP, "snapshot has no kernel log")]
+            captured = _snapshot_epoch(snapshot)
+            kl_boot = kl.get("boot_time") if isinstance(kl.get("boot_time"), (int, float)) else None
+            read = read_from_snapshot(kl, captured)
+            note = None
+            if since == "last-pass":
+                # The cursor on this machine says nothing about the recorded one.
+                since = "boot"
+                note = "replayed snapshot: no last-pass cursor for the recorded machine, judging its whole boot"
+            window = resolve_window(since, now=captured or time.time(), boot_time=kl_boot)
+            if note:
+                window.note = note
+            sc = scan_read(read, window)
+        else:
+            files = [str(f) for f in params.get("files") or []]
+            sc = scan(source=str(params.get("source", "auto")), files=files or None, since=since,
+                      state=ctx.state, timeout_s=float(params.get("read_timeout_s", 8.0)))
+    except ValueError as e:
+        return [Result(ID, Status.ERROR, f"bad xid setting: {e}",
+                       evidence=[f"since={since!r}", f"source={params.get('source')!r}"])]
+
+    if not sc.ok:
+        return [J.error_result(ID, sc.read.error or "cannot read the kernel log", sc.read.attempts)]
+
+    gpu_map = from_snapshot(ctx.snapshot).merged_with(from_announcements(sc.parsed.announcements))
+    return J.judge(
+        check=ID,
+        events=sc.events,
+        sxid_events=sc.sxid_events,
+        unrecognised=sc.unrecognised,
+        gpu_map=gpu_map,
+        params=params,
+        read_summary=sc.read.describe(),
+        window_label=sc.window.label,
+        notes=_notes(sc.window, sc),
+        selection=ctx.gpus,
+        inventory=_inventory(ctx),
+    )
+
+
+def _notes(window: Window, sc: Any) -> list[str]:
+    notes = [window.note] if window.note else []
+    notes.extend(sc.read.notes)
+    notes.extend(f"tried {a} first" for a in sc.read.attempts if not a.ok)
+    if sc.before_window:
+        notes.append(f"{sc.before_window} older event(s) in the log are before the window and not judged")
+    if sc.untimed:
+        notes.append(f"{sc.untimed} event(s) have no time and were judged as inside the window")
+    return notes
+
+
+CHECK = define(
+    ID,
+    title="Xid / SXid errors in the kernel log",
+    level=Level.QUICK,
+    needs=(Need.KERNEL_LOG,),
+    budget_s=15.0,
+    detects="GPU fell off the bus, double-bit ECC, GSP timeouts, NVLink and NVSwitch faults (Xid/SXid)",
+    defaults=DEFAULTS,
+)(run)
+
+CHECKS = [CHECK]
