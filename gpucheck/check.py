@@ -191,7 +191,12 @@ def missing_need(need: Need, ctx: Context) -> str | None:
             return "no telemetry was read"
         return None  # NVML failures are judged by the checks themselves (inventory says why)
     if need is Need.TORCH:
-        return None if importlib.util.find_spec("torch") else "PyTorch not installed (pip install 'gpucheck[torch]')"
+        spec = importlib.util.find_spec("torch")
+        if spec is None:
+            return "PyTorch not installed (pip install 'gpucheck[torch]')"
+        if ctx.device != "cpu" and not _torch_has_cuda(spec):
+            return "PyTorch is a CPU-only build (no libtorch_cuda); install a CUDA build, or use --device cpu"
+        return None
     if need is Need.CUPY:
         return None if importlib.util.find_spec("cupy") else "CuPy not installed (pip install 'gpucheck[cupy]')"
     if need is Need.ROOT:
@@ -199,6 +204,8 @@ def missing_need(need: Need, ctx: Context) -> str | None:
     if need is Need.GPU:
         if ctx.device == "cpu":
             return None
+        if ctx.options.get("snapshot_path"):
+            return "judging a recorded snapshot (--snapshot): compute checks need this node's live GPUs"
         if _gpu_count(ctx) == 0:
             return "no usable GPU (use --device cpu to run the compute checks on the CPU)"
         return None
@@ -208,6 +215,20 @@ def missing_need(need: Need, ctx: Context) -> str | None:
     if need is Need.PEERS:
         return None if ctx.options.get("peers") else "needs peer nodes (use gpucheck nccl pairs / sweep)"
     return None
+
+
+def _torch_has_cuda(spec) -> bool:
+    """Whether the installed torch is a CUDA build, without importing it (a level-1 run must not
+    pay for torch): CUDA builds ship libtorch_cuda next to libtorch."""
+    for root in spec.submodule_search_locations or []:
+        lib = os.path.join(root, "lib")
+        try:
+            names = os.listdir(lib)
+        except OSError:
+            continue
+        if any(n.startswith("libtorch_cuda") for n in names):
+            return True
+    return False
 
 
 def _gpu_count(ctx: Context) -> int:

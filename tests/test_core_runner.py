@@ -143,3 +143,30 @@ def test_whole_run_timeout_is_partial():
 def test_skip_without_reason_is_refused():
     with pytest.raises(ValueError):
         Result("x", Status.SKIP, "")
+
+
+def test_torch_need_knows_cpu_only_builds(monkeypatch, tmp_path):
+    import importlib.util
+    from types import SimpleNamespace
+
+    from gpucheck.check import missing_need
+
+    (tmp_path / "lib").mkdir()
+    fake = SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: fake if name == "torch" else None)
+    assert "CPU-only build" in missing_need(Need.TORCH, Context(device="auto"))
+    assert missing_need(Need.TORCH, Context(device="cpu")) is None
+    (tmp_path / "lib" / "libtorch_cuda.so").write_bytes(b"")
+    assert missing_need(Need.TORCH, Context(device="cuda")) is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert "not installed" in missing_need(Need.TORCH, Context(device="cpu"))
+
+
+def test_snapshot_replay_never_computes_on_this_machine():
+    from gpucheck.check import missing_need
+
+    snap = {"gpus": [{"index": 0, "state": "ok"}]}
+    assert missing_need(Need.GPU, Context(snapshot=snap)) is None
+    why = missing_need(Need.GPU, Context(snapshot=snap, options={"snapshot_path": "/x.json"}))
+    assert "recorded snapshot" in why
+    assert missing_need(Need.GPU, Context(snapshot=snap, device="cpu", options={"snapshot_path": "/x.json"})) is None
