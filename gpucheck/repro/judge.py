@@ -1,0 +1,364 @@
+"""From the workers' digests to per-GPU results (the check) and to a record decision (`repro
+record`). Pure: plain data in, Results or records out; no torch, no processes.
+
+Per GPU, in this order of strength:
+
+- fail, drain: "silent data corruption suspected in <workload>: digest differs from the reference
+  for <fingerprint>" when a reference for the GPU's fingerprint holds that workload;
+- fail, drain: "... differs from the node majority (k of n GPUs agree)" for workloads without a
+  reference, among the node's GPUs of the same fingerprint;
+- fail, investigate: "non-deterministic: two runs of <workload> on this GPU differ";
+- warn, investigate: "no majority for <workload>" when the node's GPUs split evenly (or with no
+  group above half), so that no GPU can be named;
+- pass, saying what it was compared with: the reference, the other GPUs, or (one GPU and no
+  reference) only itself, with the fingerprint to record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..result import Action, Result, Status, strongest_action, worst_status
+from . import majority as mj
+from .fingerprint import canonical, closest, describe, fingerprint_key, short_key
+from .store import entries
+
+SHORT = 16  # hex characters of a digest shown in metrics
+
+
+@dataclass
+class GpuRun:
+    """One GPU's usable worker result."""
+
+    gpu: int
+    key: str
+    fingerprint: dict[str, Any]
+    run1: dict[str, dict[str, Any]]
+    run2: dict[str, dict[str, Any]]
+    asked: list[str]
+    seconds: float
+    injected_at: list[str] = field(default_factory=list)
+    stopped: str | None = None
+
+    @property
+    def complete(self) -> list[str]:
+        """Workloads that finished in both runs, in order."""
+        return [w for w in self.asked if w in self.run1 and w in self.run2]
+
+    @property
+    def incomplete(self) -> list[str]:
+        return [w for w in self.asked if w not in self.complete]
+
+    def digest(self, w: str) -> str:
+        return self.run1[w]["digest"]
+
+    @property
+    def nondeterministic(self) -> list[str]:
+        return [w for w in self.complete if self.run1[w]["digest"] != self.run2[w]["digest"]]
+
+
+def _differing_parts(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return [k for k in a if a.get(k) != b.get(k)] + [k for k in b if k not in a]
+
+
+def _parts_note(a: dict[str, Any], b: dict[str, Any]) -> str:
+    diff = _differing_parts(a.get("parts", {}), b.get("parts", {}))
+    total = max(len(a.get("parts", {})), len(b.get("parts", {})))
+    if not diff:
+        return "no single output differs (the digests' manifests differ)"
+    shown = ", ".join(diff[:6]) + (f", ... ({len(diff) - 6} more)" if len(diff) > 6 else "")
+    return f"{len(diff)} of {total} output(s) differ: {shown}"
+
+
+def usable(check_id: str, gpu: int, outcome: Any, injected: list[str]) -> tuple[GpuRun | None, Result | None]:
+    """A GpuRun for a worker that returned digests, or the Result saying why it did not."""
+    from ..workers.pool import CANCELLED, CRASHED, HUNG
+
+    if outcome is None:
+        return None, Result(check_id, Status.ERROR, "no outcome from the worker pool", gpu=gpu, injected=injected)
+    data = outcome.result
+    if outcome.kind == HUNG:
+        return None, Result(check_id, Status.FAIL,
+                            f"hang: the reproducibility worker stopped answering and was killed ({outcome.error}); "
+                            "a GPU that hangs a kernel is unhealthy", gpu=gpu, action=Action.RESET_GPU,
+                            injected=injected)
+    if outcome.kind == CRASHED:
+        err = outcome.error or "unknown error"
+        if err.startswith("WorkloadError"):
+            r = Result(check_id, Status.ERROR, f"could not run the workloads: {err}", gpu=gpu, injected=injected)
+        else:
+            cuda = "cuda" in err.lower() or "cublas" in err.lower()
+            r = Result(check_id, Status.FAIL, f"reproducibility worker crashed: {err}", gpu=gpu,
+                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=injected)
+        if outcome.traceback:
+            r.evidence.extend(outcome.traceback.strip().splitlines()[-12:])
+        return None, r
+    if data is not None and data.get("setup_error"):
+        return None, Result(check_id, Status.ERROR, f"could not run the workloads: {data['setup_error']}",
+                            gpu=gpu, injected=injected)
+    if data is None or "runs" not in data:
+        why = ("interrupted before the worker returned" if outcome.kind == CANCELLED
+               else f"the worker overran its time budget ({outcome.error})")
+        return None, Result(check_id, Status.ERROR, f"not finished: {why}", gpu=gpu, injected=injected)
+    run = GpuRun(gpu=gpu, key=data["key"], fingerprint=data["fingerprint"], run1=data["runs"][0],
+                 run2=data["runs"][1], asked=list(data["workloads"]), seconds=float(data.get("seconds", 0.0)),
+                 injected_at=list(data.get("injected", [])), stopped=data.get("stopped"))
+    if not run.complete:
+        return None, Result(check_id, Status.ERROR,
+                            f"not finished: stopped ({run.stopped or outcome.kind}) before any workload ran twice",
+                            gpu=gpu, injected=injected)
+    return run, None
+
+
+@dataclass
+class _Finding:
+    status: Status
+    action: Action
+    text: str
+    evidence: list[str] = field(default_factory=list)
+
+
+def judge_node(check_id: str, outcomes: dict[int, Any], *, refs: dict[str, Any] | None, ref_source: str,
+               injected: dict[int, list[str]] | None = None, not_run: dict[str, str] | None = None) -> list[Result]:
+    """Per-GPU results (and a node result carrying the digest set for fleet comparison).
+
+    outcomes: GPU index -> WorkerOutcome of gpucheck.repro.worker:repro_worker.
+    refs: the loaded reference file, or None (no file). ref_source: where it came from, said in
+    the evidence. not_run: workloads this device does not run, and why."""
+    injected = injected or {}
+    results: list[Result] = []
+    runs: dict[int, GpuRun] = {}
+    for g in sorted(outcomes):
+        run, res = usable(check_id, g, outcomes[g], injected.get(g, []))
+        if res is not None:
+            results.append(res)
+        if run is not None:
+            runs[g] = run
+    by_key: dict[str, list[int]] = {}
+    for g, run in runs.items():
+        by_key.setdefault(run.key, []).append(g)
+    stored = entries(refs)
+
+    for key, members in by_key.items():
+        entry = stored.get(key)
+        ref_digests: dict[str, str] = entry["digests"] if entry else {}
+        workloads = [w for w in runs[members[0]].asked if any(w in runs[g].complete for g in members)]
+        findings: dict[int, list[_Finding]] = {g: [] for g in members}
+        vs_ref: dict[int, list[str]] = {g: [] for g in members}
+        vs_peers: dict[int, list[str]] = {g: [] for g in members}
+        self_only: dict[int, list[str]] = {g: [] for g in members}
+        nondet_everywhere = set()
+        for w in workloads:
+            ran = [g for g in members if w in runs[g].complete]
+            if len(ran) > 1 and all(w in runs[g].nondeterministic for g in ran):
+                nondet_everywhere.add(w)
+        for w in workloads:
+            have = [g for g in members if w in runs[g].complete]
+            for g in have:
+                r = runs[g]
+                if w in r.nondeterministic:
+                    where = (" (on every GPU of this node: likely the software stack, not this GPU)"
+                             if w in nondet_everywhere else "")
+                    findings[g].append(_Finding(
+                        Status.FAIL, Action.INVESTIGATE, f"non-deterministic: two runs of {w} on this GPU differ{where}",
+                        [f"{w}: run 1 {r.run1[w]['digest']}, run 2 {r.run2[w]['digest']}; "
+                         + _parts_note(r.run1[w], r.run2[w])]))
+            if w in ref_digests:
+                ref = ref_digests[w]
+                for g in have:
+                    r = runs[g]
+                    bad = [i + 1 for i, run in enumerate((r.run1, r.run2)) if run[w]["digest"] != ref]
+                    vs_ref[g].append(w)
+                    if bad:
+                        got = r.run1[w]["digest"] if 1 in bad else r.run2[w]["digest"]
+                        findings[g].append(_Finding(
+                            Status.FAIL, Action.DRAIN,
+                            f"silent data corruption suspected in {w}: digest differs from the reference for "
+                            f"fingerprint {short_key(key)}",
+                            [f"{w}: this GPU {got} (run {', '.join(map(str, bad))}), reference {ref} "
+                             f"(recorded on {entry.get('host')} at {entry.get('recorded_at')})"]))
+                continue
+            v = mj.vote({g: runs[g].digest(w) for g in have})
+            if v["status"] == mj.SINGLE:
+                for g in have:
+                    self_only[g].append(w)
+            elif v["status"] == mj.AGREE:
+                for g in have:
+                    vs_peers[g].append(w)
+            elif v["status"] == mj.MAJORITY:
+                peer = next(g for g in have if runs[g].digest(w) == v["majority"])
+                for g in have:
+                    vs_peers[g].append(w)
+                    if g in v["outliers"]:
+                        findings[g].append(_Finding(
+                            Status.FAIL, Action.DRAIN,
+                            f"silent data corruption suspected in {w}: digest differs from the node majority "
+                            f"({v['agree']} of {v['of']} GPUs agree)",
+                            [f"{w}: this GPU {runs[g].digest(w)}, majority {v['majority']} (GPUs "
+                             f"{', '.join(map(str, v['groups'][v['majority']]))}); "
+                             + _parts_note(runs[g].run1[w], runs[peer].run1[w])]))
+            else:
+                sizes = " vs ".join(str(len(x)) for x in v["groups"].values())
+                split = "; ".join(f"{d[:SHORT]} on GPU(s) {', '.join(map(str, gs))}" for d, gs in v["groups"].items())
+                for g in have:
+                    vs_peers[g].append(w)
+                    findings[g].append(_Finding(
+                        Status.WARN, Action.INVESTIGATE,
+                        f"no majority for {w}: the {v['of']} GPUs with this fingerprint give {len(v['groups'])} "
+                        f"different digests ({sizes}); cannot tell which GPU is wrong",
+                        [f"{w}: {split}"]))
+        for g in members:
+            results.append(_gpu_result(check_id, runs[g], findings[g], vs_ref[g], vs_peers[g], self_only[g],
+                                       entry, ref_digests, len(members), refs, ref_source, injected.get(g, []),
+                                       not_run or {}))
+    results.sort(key=lambda r: (r.gpu is None, r.gpu or 0))
+    if runs:
+        results.append(_node_result(check_id, runs, by_key))
+    return results
+
+
+def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list[str], vs_peers: list[str],
+                self_only: list[str], entry: dict[str, Any] | None, ref_digests: dict[str, str], n_same: int,
+                refs: dict[str, Any] | None, ref_source: str, injected: list[str],
+                not_run: dict[str, str]) -> Result:
+    sk = short_key(r.key)
+    coverage = []
+    if vs_ref:
+        coverage.append(f"{', '.join(vs_ref)} compared with the reference for fingerprint {sk}")
+    if vs_peers:
+        coverage.append(f"{', '.join(vs_peers)} compared across the node's {n_same} GPUs of this fingerprint"
+                        + (" (no reference for them)" if entry else ""))
+    if self_only:
+        coverage.append(f"{', '.join(self_only)} compared only between two runs on this GPU")
+    if findings:
+        status = worst_status(f.status for f in findings)
+        action = strongest_action(f.action for f in findings if f.status == status)
+        order = {Status.FAIL: 0, Status.WARN: 1}
+        summary = "; ".join(f.text for f in sorted(findings, key=lambda f: order.get(f.status, 2)))
+    else:
+        status, action = Status.PASS, Action.NONE
+        parts = []
+        if vs_ref:
+            parts.append(f"{', '.join(vs_ref)} bit-identical to the reference for fingerprint {sk}")
+        if vs_peers and not entry:
+            parts.append(f"no reference for fingerprint {sk}; compared {n_same} GPUs with each other (all agree); "
+                         "record one with `gpucheck repro record`")
+        elif vs_peers:
+            parts.append(f"{', '.join(vs_peers)} not in the reference: compared {n_same} GPUs with each other "
+                         "(all agree)")
+        if self_only and not entry:
+            parts.append(f"no reference for fingerprint {sk} and no other GPU to compare with: only checked that "
+                         "two runs give identical bits; record one with `gpucheck repro record`")
+        elif self_only:
+            parts.append(f"{', '.join(self_only)} not in the reference and no other GPU to compare with: only "
+                         "checked that two runs give identical bits")
+        summary = "; ".join(parts) + "; two runs identical"
+    res = Result(check_id, status, summary, gpu=r.gpu, action=action, injected=list(injected))
+    for w in r.complete:
+        res.metric(f"digest_{w}", r.digest(w)[:SHORT])
+        if w in ref_digests:
+            res.metric(f"reference_{w}", ref_digests[w][:SHORT])
+    res.metric("fingerprint", sk)
+    res.metric("workloads", len(r.complete), "count")
+    res.metric("runtime_s", round(r.seconds, 3), "s")
+    ev = [f"fingerprint {sk}: {describe(r.fingerprint)}"]
+    for f in findings:
+        ev.extend(f.evidence)
+    ev.extend(coverage)
+    if entry is None:
+        ev.append(f"no reference for this fingerprint in {ref_source}")
+        others = [e["fingerprint"] for e in entries(refs).values()]
+        near = closest(r.fingerprint, others)
+        if near is not None:
+            ev.append(f"closest stored fingerprint {short_key(fingerprint_key(near[0]))} differs in: "
+                      + "; ".join(near[1]))
+        ev.append("to record it, run `gpucheck repro record --out FILE` on a known-good node of this kind; "
+                  f"fingerprint {canonical(r.fingerprint)}")
+    else:
+        ev.append(f"reference from {ref_source}, recorded on {entry.get('host')} at {entry.get('recorded_at')}")
+    missing_ref = [w for w in r.complete if entry is not None and w not in ref_digests]
+    if missing_ref:
+        ev.append(f"not in the reference for {sk}: {', '.join(missing_ref)}")
+    if r.incomplete:
+        ev.append(f"stopped early ({r.stopped}): not run twice: {', '.join(r.incomplete)}")
+    for w, why in not_run.items():
+        ev.append(f"{w} not run: {why}")
+    for w in r.complete:
+        ev.append(f"{w}: {r.run1[w]['outputs']} outputs, {r.run1[w]['bytes']} bytes, "
+                  f"{r.run1[w]['seconds']:.3f} s + {r.run2[w]['seconds']:.3f} s, digest {r.digest(w)}")
+    ev.extend(f"injected {x}" for x in r.injected_at)
+    res.evidence = ev
+    if r.incomplete and res.status == Status.PASS:
+        res.summary += f" (partial: {', '.join(r.incomplete)} not run twice)"
+    return res
+
+
+def node_digest_sets(runs: dict[int, GpuRun], by_key: dict[str, list[int]]) -> dict[str, dict[str, str]]:
+    """The node's digests per fingerprint, for fleet comparison: per workload the digest its GPUs
+    agree on, or hold by majority; a workload that splits the node without a majority is left
+    out."""
+    sets: dict[str, dict[str, str]] = {}
+    for key, members in by_key.items():
+        ws: dict[str, str] = {}
+        for w in runs[members[0]].asked:
+            votes = {g: runs[g].digest(w) for g in members if w in runs[g].complete}
+            if not votes:
+                continue
+            v = mj.vote(votes)
+            if v["majority"] is not None:
+                ws[w] = v["majority"]
+        sets[key] = ws
+    return sets
+
+
+def _node_result(check_id: str, runs: dict[int, GpuRun], by_key: dict[str, list[int]]) -> Result:
+    sets = node_digest_sets(runs, by_key)
+    fps = {key: runs[members[0]].fingerprint for key, members in by_key.items()}
+    desc = ", ".join(f"{short_key(k)} ({len(by_key[k])} GPU(s), {len(sets[k])} workload(s))" for k in sets)
+    r = Result(check_id, Status.PASS, f"digest set for fleet comparison: fingerprint {desc}", subject="node")
+    r.metric("digest_sets", sets)
+    r.metric("fingerprints", fps)
+    r.evidence = [f"{short_key(k)}: {describe(fp)}" for k, fp in fps.items()]
+    return r
+
+
+def plan_record(check_id: str, outcomes: dict[int, Any]) -> tuple[
+        list[tuple[dict[str, Any], dict[str, str]]], list[tuple[Status, str]], dict[str, list[int]]]:
+    """What `repro record` may write: ([(fingerprint, {workload: digest})], problems, {key: GPUs}).
+    Any problem refuses the whole record. A problem is (status, text): fail for what says the
+    node is not known-good (a GPU that hung or crashed, a non-deterministic GPU, GPUs of one
+    fingerprint that disagree), error for what kept gpucheck from judging (no CUDA in torch,
+    a workload not run twice)."""
+    problems: list[tuple[Status, str]] = []
+    runs: dict[int, GpuRun] = {}
+    for g in sorted(outcomes):
+        run, res = usable(check_id, g, outcomes[g], [])
+        if res is not None:
+            problems.append((res.status, f"GPU {g}: {res.summary}"))
+        if run is not None:
+            runs[g] = run
+            if run.incomplete:
+                problems.append((Status.ERROR, f"GPU {g}: not run twice: {', '.join(run.incomplete)}"))
+            for w in run.nondeterministic:
+                problems.append((Status.FAIL, f"GPU {g}: non-deterministic: two runs of {w} differ: "
+                                 f"run 1 {run.run1[w]['digest']}, run 2 {run.run2[w]['digest']}"))
+    by_key: dict[str, list[int]] = {}
+    for g, run in runs.items():
+        by_key.setdefault(run.key, []).append(g)
+    records = []
+    for key, members in by_key.items():
+        digests: dict[str, str] = {}
+        for w in runs[members[0]].asked:
+            votes = {g: runs[g].digest(w) for g in members if w in runs[g].complete}
+            if not votes:
+                continue
+            v = mj.vote(votes)
+            if len(v["groups"]) > 1:
+                split = "; ".join(f"{d} on GPU(s) {', '.join(map(str, gs))}" for d, gs in v["groups"].items())
+                problems.append((Status.FAIL, f"{w}: the node's GPUs of fingerprint {short_key(key)} disagree: {split}"))
+                continue
+            digests[w] = v["majority"]
+        if digests:
+            records.append((runs[members[0]].fingerprint, digests))
+    return records, problems, by_key
