@@ -3,6 +3,8 @@ hang, SIGTERM, the CLI. No GPU needed; no timed assertions (throughput lives in 
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import os
 import signal
@@ -252,15 +254,23 @@ def test_sigterm_stops_the_workers_and_keeps_a_partial_verdict():
         assert r.metrics["tflops_fp32"] > 0
 
 
-def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail():
+def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail(monkeypatch):
+    from gpucheck import check as check_mod
+
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"},
                          {"index": 1, "uuid": "GPU-11111111-fake", "name": "NVIDIA H100 80GB HBM3", "state": "lost"}]}
     ctx = Context(level=Level.STANDARD, config=Config(checks={"burn.gemm": dict(FAST_CFG)}), device="cuda",
                   snapshot=snapshot, options={"duration_s": 1.0, "dtypes": ["bf16"], "size": 64})
-    res = _by_gpu(run_checks([burn_gemm], ctx, install_signal_handlers=False).results)
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a usable GPU")
+    if not check_mod._torch_has_cuda(importlib.util.find_spec("torch")):
+        # A CPU-only torch build is caught before any worker starts ...
+        (r,) = run_checks([burn_gemm], ctx, install_signal_handlers=False).results
+        assert r.status == Status.SKIP and "CPU-only build" in r.summary
+        # ... a CUDA build whose CUDA does not work (broken driver) is caught in the worker.
+        monkeypatch.setattr(check_mod, "_torch_has_cuda", lambda spec: True)
+    res = _by_gpu(run_checks([burn_gemm], ctx, install_signal_handlers=False).results)
     assert res[0].status == Status.ERROR
     assert res[0].summary.startswith("could not burn:") and "no CUDA device" in res[0].summary
     assert res[1].status == Status.SKIP and "lost" in res[1].summary
