@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .check import Check, Context, missing_need
+from .check import Check, Context, Need, missing_need
 from .result import Action, Result, Status, Threshold, worst_status
 
 # How long a check may keep running after cancel before the runner gives up on it.
@@ -67,7 +67,18 @@ def _error(check: Check, summary: str, evidence: list[str] | None = None) -> Res
 
 
 def _unmet_needs(check: Check, ctx: Context) -> str | None:
-    reasons = [r for n in check.spec.needs if (r := missing_need(n, ctx))]
+    needs = list(check.spec.needs)
+    # Judging a recorded snapshot: "not this node" is the whole reason, whatever this machine has.
+    if Need.GPU in needs:
+        needs.remove(Need.GPU)
+        needs.insert(0, Need.GPU)
+    reasons = []
+    for n in needs:
+        r = missing_need(n, ctx)
+        if r and n is Need.GPU and ctx.options.get("snapshot_path"):
+            return r
+        if r:
+            reasons.append(r)
     return "; ".join(reasons) if reasons else None
 
 
