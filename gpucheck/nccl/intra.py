@@ -1,0 +1,230 @@
+"""Intra-node collectives: one process per GPU (NCCL) or per CPU worker (gloo) on 127.0.0.1.
+
+`run_local` starts the ranks (gpucheck.nccl.procs) and merges their events; `judge` turns the
+merged outcome into results: one per collective (subject node/<op>) judged against the SKU table,
+the config and the node's recorded baseline; and one per GPU where a rank is the culprit
+(corruption seen on rank N, a hung rank N, a rank much slower than the others).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, Callable
+
+from ..result import Action, Result, Status, Threshold, judge as judge_metrics
+from .bandwidth import format_size, median
+from .collective import RankSpec
+from .expected import expected_busbw
+from .report import largest, merge
+
+CHECK_ID = "nccl.intra"
+
+
+def run_local(
+    *,
+    ranks: int,
+    ops: list[str],
+    sizes: list[int],
+    iters: int,
+    warmup: int,
+    timeout_s: float,
+    deadline_s: float,
+    backend: str = "auto",
+    device: str = "auto",
+    devices: list[int] | None = None,
+    corrupt: dict[str, Any] | None = None,
+    cancel: threading.Event | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run one job of `ranks` local ranks (rank r on CUDA device devices[r]) and merge it."""
+    from .procs import run_ranks
+
+    host = socket.gethostname()
+    devices = devices if devices is not None else list(range(ranks))
+    specs = [
+        RankSpec(
+            rank=r, world=ranks, ops=list(ops), sizes=list(sizes), local_rank=devices[r],
+            master_addr="127.0.0.1", master_port=0 if r == 0 else None, host=host,
+            peer_hosts=[host] * ranks, backend=backend, device=device, iters=iters, warmup=warmup,
+            timeout_s=timeout_s, corrupt=corrupt,
+        )
+        for r in range(ranks)
+    ]
+    reports = run_ranks(specs, deadline_s=deadline_s, cancel=cancel, on_event=on_event)
+    return merge(reports, ranks)
+
+
+def judge(
+    outcome: dict[str, Any],
+    *,
+    ops: list[str],
+    params: dict[str, Any],
+    devices: list[int],
+    gpu_name: str | None,
+    baselines: dict[str, float] | None = None,
+    injected: list[str] | None = None,
+) -> list[Result]:
+    """Results of one intra-node job. `devices[r]` is the GPU index of rank r (CPU worker index
+    on a CPU run); `baselines[op]` the node's recorded busbw at the same size, when one exists."""
+    injected = list(injected or [])
+    backend = outcome.get("backend") or "unknown"
+    out: list[Result] = []
+    fail = outcome.get("failure") or {}
+    status = outcome.get("status")
+
+    def gpu_of(rank: Any) -> int | None:
+        return devices[int(rank)] if rank is not None and 0 <= int(rank) < len(devices) else None
+
+    if status == "error":
+        out.append(Result(CHECK_ID, Status.ERROR, f"could not run the collectives: {outcome.get('summary')}",
+                          evidence=_evidence(fail), injected=injected))
+        if not outcome.get("results"):
+            return out
+    if status == "fail":
+        kind = fail.get("kind")
+        if kind == "corruption":
+            r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=gpu_of(fail.get("rank")),
+                       action=Action.DRAIN, injected=injected)
+            for k in ("op", "bytes", "rank", "iter", "index", "expected", "got", "nbad", "bad_iters", "src_rank"):
+                if fail.get(k) is not None:
+                    r.metric(f"corrupt_{k}" if k not in ("op", "bytes") else k, fail[k], "B" if k == "bytes" else "")
+            r.evidence.extend(_evidence(fail))
+            out.append(r)
+        else:
+            r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=gpu_of(fail.get("rank")),
+                       action=Action.RESET_GPU if fail.get("rank") is not None else Action.INVESTIGATE,
+                       injected=injected)
+            r.evidence.extend(_evidence(fail))
+            out.append(r)
+        if kind != "corruption":
+            return out  # a broken job has no bandwidth to judge
+
+    ranks = int(outcome.get("world") or len(devices))
+    sku_key = f"{backend}/{gpu_name or 'cpu'}" if backend == "gloo" else f"{backend}/{gpu_name or 'unknown GPU'}"
+    for op in ops:
+        row = largest(outcome.get("results", []), op)
+        if row is None:
+            continue
+        busbw = row["busbw_gbs"]
+        rank_min = row.get("rank_min_s") or row["rank_time_s"]
+        metrics: dict[str, Any] = {
+            "busbw_gbs": round(busbw, 4),
+            "algbw_gbs": round(row["algbw_gbs"], 4),
+            "time_s": row["time_s"],
+            "bytes": row["bytes"],
+            "ranks": ranks,
+            "backend": backend,
+            "rank_time_s": row["rank_time_s"],
+            "rank_min_s": rank_min,
+            "sweep": [{k: s[k] for k in ("bytes", "time_s", "algbw_gbs", "busbw_gbs")}
+                      for s in outcome["results"] if s["op"] == op],
+        }
+        units = {"busbw_gbs": "GB/s", "algbw_gbs": "GB/s", "time_s": "s", "bytes": "B", "rank_time_s": "s",
+                 "rank_min_s": "s"}
+        thresholds: list[Threshold] = []
+        causes: dict[str, str] = {}
+        notes: list[str] = []
+        exp, exp_src = (None, "")
+        if backend == "nccl":
+            exp, exp_src = expected_busbw(op, gpu_name, ranks, nvls=bool(params.get("nvls")), overrides=params)
+        elif float(params.get(f"expected_{op}_gbs") or 0) > 0:
+            exp, exp_src = expected_busbw(op, None, ranks, overrides=params)
+        if exp:
+            metrics["expected_busbw_gbs"] = exp
+            units["expected_busbw_gbs"] = "GB/s"
+            thresholds += [
+                Threshold("busbw_gbs", "<", round(exp * float(params["fail_fraction"]), 3), Status.FAIL, "GB/s"),
+                Threshold("busbw_gbs", "<", round(exp * float(params["warn_fraction"]), 3), Status.WARN, "GB/s"),
+            ]
+            causes["busbw_gbs"] = f"{op} bus bandwidth below expected {exp:g} GB/s for {exp_src}"
+        else:
+            notes.append(f"no expected-bandwidth table for {sku_key}; judged by data integrity and rank balance")
+        base = (baselines or {}).get(op)
+        if base:
+            metrics["baseline_busbw_gbs"] = round(base, 4)
+            units["baseline_busbw_gbs"] = "GB/s"
+            thresholds.append(Threshold("baseline_ratio", "<", float(params["baseline_warn_fraction"]),
+                                        Status.WARN))
+            metrics["baseline_ratio"] = round(busbw / base, 3)
+            causes["baseline_ratio"] = f"{op} bus bandwidth below this node's recorded baseline {base:.4g} GB/s"
+        spread, outlier = rank_spread(rank_min)
+        metrics["rank_spread"] = None if spread is None else round(spread, 3)
+        thresholds.append(Threshold("rank_spread", ">", float(params["rank_spread_warn"]), Status.WARN))
+        causes["rank_spread"] = f"ranks unbalanced in {op} (rank {outlier} furthest from the others)"
+        ok = (f"{op} {busbw:.4g} GB/s busbw ({row['algbw_gbs']:.4g} GB/s algbw) at {format_size(row['bytes'])} "
+              f"on {ranks} ranks, data verified")
+        if exp:
+            ok += f", expected {exp:g} GB/s"
+        r = judge_metrics(CHECK_ID, thresholds, metrics, subject=f"node/{op}", units=units, ok_summary=ok,
+                          causes=causes, actions={"busbw_gbs": Action.INVESTIGATE})
+        if notes:
+            r.summary += "; " + "; ".join(notes)
+        r.evidence.append("per-rank time at the largest size (median / fastest iteration): " + ", ".join(
+            f"rank {i}: {t * 1e3:.3f} / {m * 1e3:.3f} ms"
+            for i, (t, m) in enumerate(zip(row["rank_time_s"], rank_min))))
+        r.injected = list(injected)
+        out.append(r)
+        if spread is not None and spread > float(params["rank_spread_warn"]) and outlier is not None:
+            times = rank_min
+            med = median(times) or 0.0
+            rr = Result(CHECK_ID, Status.WARN,
+                        f"rank {outlier} unbalanced in {op}: fastest iteration {times[outlier] * 1e3:.3f} ms vs "
+                        f"median {med * 1e3:.3f} ms of all ranks", gpu=gpu_of(outlier), action=Action.INVESTIGATE,
+                        injected=list(injected))
+            rr.metric("rank_time_s", times[outlier], "s").metric("median_rank_time_s", med, "s")
+            out.append(rr)
+    if not out:
+        out.append(Result(CHECK_ID, Status.ERROR, "the collectives produced no measurement", injected=injected))
+    return out
+
+
+def rank_spread(times: list[float | None]) -> tuple[float | None, int | None]:
+    """(max - min) / median of the per-rank times, and the rank furthest from the median."""
+    vals = [t for t in times if t is not None]
+    if len(vals) < 2:
+        return None, None
+    med = median(vals)
+    if not med:
+        return None, None
+    spread = (max(vals) - min(vals)) / med
+    outlier = max((i for i, t in enumerate(times) if t is not None), key=lambda i: abs(times[i] - med))
+    return spread, outlier
+
+
+def _evidence(fail: dict[str, Any]) -> list[str]:
+    ev = []
+    if fail.get("detail"):
+        ev.append(str(fail["detail"]))
+    if fail.get("kind") == "corruption":
+        ev.append(f"op={fail.get('op')} size={fail.get('bytes')} B rank={fail.get('rank')} iter={fail.get('iter')} "
+                  f"index={fail.get('index')} expected={fail.get('expected')} got={fail.get('got')} "
+                  f"wrong elements={fail.get('nbad')} in {fail.get('bad_iters')} iteration(s)")
+    return ev
+
+
+def baselines_from_history(state: Any, *, ranks: int, backend: str, sizes: dict[str, int],
+                           keep: int = 5) -> dict[str, float]:
+    """The node's baseline per op: the median busbw of its last `keep` passing nccl.intra results
+    with the same ranks, backend and size."""
+    if state is None:
+        return {}
+    seen: dict[str, list[float]] = {}
+    try:
+        docs = list(state.iter_history())
+    except OSError:
+        return {}
+    for doc in docs:
+        for r in doc.get("results", []):
+            if r.get("check") != CHECK_ID or r.get("status") not in ("pass", "warn") or r.get("injected"):
+                continue
+            subj = r.get("subject") or ""
+            if not subj.startswith("node/"):
+                continue
+            op = subj.split("/", 1)[1]
+            m = {k: v.get("value") for k, v in r.get("metrics", {}).items()}
+            if m.get("ranks") != ranks or m.get("backend") != backend or m.get("bytes") != sizes.get(op):
+                continue
+            if isinstance(m.get("busbw_gbs"), (int, float)):
+                seen.setdefault(op, []).append(float(m["busbw_gbs"]))
+    return {op: median(v[-keep:]) for op, v in seen.items() if v}

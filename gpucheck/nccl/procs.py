@@ -1,0 +1,187 @@
+"""Run ranks in child processes and supervise them: nothing here can hang its caller.
+
+`run_ranks(specs, ...)` starts one spawned child per RankSpec (torch is imported only in the
+children), relays the rendezvous port (rank 0 binds a free port and announces it; the other local
+ranks, and remote ones through `on_event`, learn it from that announcement or from `port_source`),
+forwards progress events, and collects each child's result event. Every child is joined with a
+deadline; past it, or when `cancel` is set, the children are killed with SIGKILL and reaped, and
+each rank that gave no result gets a synthesized one that says so. Children die with their parent
+(PR_SET_PDEATHSIG), so killing `gpucheck nccl run` kills its ranks too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+from .collective import CULPRIT_LIMIT_S, RankSpec, base_report, run_rank, timeout_summary
+
+_PR_SET_PDEATHSIG = 1
+REAP_S = 5.0
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the parent's deadline still applies
+        pass
+
+
+def _child_main(spec_dict: dict[str, Any], conn: Any, parent_pid: int) -> None:
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA indices = NVML indices
+    lock = threading.Lock()
+
+    def emit(event: dict[str, Any]) -> None:
+        with lock:
+            try:
+                conn.send(("event", event))
+            except (OSError, EOFError, BrokenPipeError):
+                os._exit(1)
+
+    def get_port(timeout_s: float) -> int:
+        if not conn.poll(timeout_s):
+            raise TimeoutError(f"rendezvous port not announced within {timeout_s:.0f} s")
+        kind, value = conn.recv()
+        if kind != "port":
+            raise RuntimeError(f"unexpected message {kind!r} from the parent")
+        return int(value)
+
+    spec = RankSpec(**spec_dict)
+    report = run_rank(spec, emit, get_port)
+    emit(report)
+    try:
+        conn.close()
+    finally:
+        # Skip interpreter teardown: a broken process group's destructors can block.
+        os._exit(0 if report.get("status") == "ok" else 1)
+
+
+def run_ranks(
+    specs: list[RankSpec],
+    *,
+    deadline_s: float,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    port_source: Callable[[], int | None] | None = None,
+    cancel: threading.Event | None = None,
+    after_failure_s: float | None = None,
+) -> list[dict[str, Any]]:
+    """Run `specs` (ranks of one job, on this host) to completion or to the deadline.
+
+    Ranks whose spec.master_port is None wait for the port: from the local rank 0's announcement,
+    else from `port_source()` (polled; returns None until known). Returns one result event per
+    spec, in the order of `specs`. Once one rank reports a failure, the others get
+    `after_failure_s` (default: the ranks' collective timeout plus the time to name a culprit)
+    to report theirs; a rank still silent then (a frozen process) is killed.
+    """
+    if after_failure_s is None:
+        after_failure_s = max((s.timeout_s for s in specs), default=30.0) + CULPRIT_LIMIT_S + 5.0
+    ctx = mp.get_context("spawn")
+    children: list[tuple[RankSpec, Any, Any]] = []
+    results: dict[int, dict[str, Any]] = {}
+    port: int | None = None
+    waiting_for_port: list[Any] = []
+    t_end = time.monotonic() + deadline_s
+    try:
+        for spec in specs:
+            parent_conn, child_conn = ctx.Pipe()
+            p = ctx.Process(target=_child_main, args=(spec.to_dict(), child_conn, os.getpid()),
+                            name=f"gpucheck-rank{spec.rank}", daemon=True)
+            p.start()
+            child_conn.close()
+            children.append((spec, p, parent_conn))
+            if spec.master_port is None:
+                waiting_for_port.append(parent_conn)
+        live = {id(c): (s, p, c) for s, p, c in children}
+        while live:
+            if cancel is not None and cancel.is_set():
+                break
+            now = time.monotonic()
+            if now >= t_end:
+                break
+            if port is None and port_source is not None and waiting_for_port:
+                got = port_source()
+                if got is not None:
+                    port = int(got)
+                    _send_port(waiting_for_port, port)
+            ready = mpc.wait([c for _, _, c in live.values()], timeout=min(0.2, max(0.0, t_end - now)))
+            for conn in ready:
+                spec, proc, _ = live[id(conn)]
+                try:
+                    kind, event = conn.recv()
+                except (EOFError, OSError):
+                    live.pop(id(conn))
+                    proc.join(REAP_S)
+                    if spec.rank not in results:
+                        results[spec.rank] = _no_result(spec, f"rank {spec.rank} process exited "
+                                                        f"(code {proc.exitcode}) without a result")
+                    continue
+                if kind != "event":
+                    continue
+                if event.get("event") == "listening" and port is None:
+                    port = int(event["port"])
+                    _send_port(waiting_for_port, port)
+                if event.get("event") == "result":
+                    results[spec.rank] = event
+                    if event.get("status") != "ok":
+                        t_end = min(t_end, time.monotonic() + after_failure_s)
+                if on_event is not None:
+                    on_event(event)
+        reason = "cancelled" if cancel is not None and cancel.is_set() else None
+        failed = [r for r in results.values() if r.get("status") != "ok"]
+        for spec, proc, _ in children:
+            if spec.rank not in results:
+                if reason:
+                    why = reason
+                elif failed:
+                    why = (f"no result {after_failure_s:.0f} s after rank {failed[0]['rank']} reported "
+                           f"'{failed[0]['summary']}' (killed)")
+                else:
+                    why = f"no result within {deadline_s:.0f} s (killed)"
+                results[spec.rank] = _no_result(spec, f"rank {spec.rank}: {why}", hang=reason is None,
+                                                cancelled=reason is not None)
+    finally:
+        for _spec, proc, conn in children:
+            if proc.is_alive():
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.join(REAP_S)
+            conn.close()
+    return [results[s.rank] for s in specs]
+
+
+def _send_port(conns: list[Any], port: int) -> None:
+    for c in conns:
+        try:
+            c.send(("port", port))
+        except (OSError, BrokenPipeError):
+            pass
+    conns.clear()
+
+
+def _no_result(spec: RankSpec, why: str, hang: bool = False, cancelled: bool = False) -> dict[str, Any]:
+    rep = base_report(spec)
+    rep["synthesized"] = True  # by the supervisor: the rank itself sent nothing
+    if cancelled:
+        rep.update(status="error", summary=f"rank {spec.rank}: stopped ({why})",
+                   failure={"kind": "cancelled", "rank": spec.rank, "host": spec.host, "detail": why})
+    elif hang:
+        rep.update(status="fail", summary=timeout_summary(spec.rank, spec.host, "") + f" ({why})",
+                   failure={"kind": "timeout", "rank": spec.rank, "host": spec.host, "what": "",
+                            "detail": why})
+    else:
+        rep.update(status="error", summary=why, failure={"kind": "exit", "rank": spec.rank,
+                                                          "host": spec.host, "detail": why})
+    return rep

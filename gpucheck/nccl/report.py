@@ -1,0 +1,122 @@
+"""One job's outcome from its ranks' result events (pure: no torch, no I/O).
+
+Every rank's result event carries the whole job's measurements (the ranks exchange them), but
+failures are seen differently: a corruption is reported by all ranks alike; after a timeout the
+survivors name the rank they waited for, while that rank reports nothing (killed) or something
+else. `merge` folds the events into one outcome, naming the culprit the survivors agree on.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .collective import timeout_summary
+
+
+def parse_events(text: str) -> list[dict[str, Any]]:
+    """The JSON event lines in a `gpucheck nccl run` output; other lines are ignored."""
+    import json
+
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "event" in doc:
+            out.append(doc)
+    return out
+
+
+def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, Any]:
+    """Fold rank result events into {status, summary, failure, results, ranks, hosts, ...}.
+
+    status: ok | fail | error. failure: the corruption if any rank saw one, else the timeout culprit
+    named by most survivors, else a rank that exited without a result, else the first error.
+    """
+    world = world or max((int(r.get("world") or 0) for r in reports), default=0)
+    by_rank = {int(r["rank"]): r for r in reports if r.get("rank") is not None}
+    hosts = _hosts(reports, world)
+    with_results = [r for r in sorted(by_rank.values(), key=lambda r: r["rank"]) if r.get("results")]
+    base = {
+        "world": world,
+        "hosts": hosts,
+        "backend": next((r.get("backend") for r in reports if r.get("backend")), None),
+        "versions": next((r.get("versions") for r in reports if r.get("versions")), {}),
+        "gpu_name": next((r.get("gpu_name") for r in reports if r.get("gpu_name")), None),
+        "results": with_results[0]["results"] if with_results else [],
+        "ranks": {r: by_rank[r].get("status") for r in sorted(by_rank)},
+        "injected": sorted({t for r in reports for t in r.get("injected", [])}),
+    }
+    missing = [r for r in range(world) if r not in by_rank]
+
+    failures = [r.get("failure") or {} for r in reports if r.get("status") != "ok"]
+    corrupt = next((f for f in failures if f.get("kind") == "corruption"), None)
+    if corrupt:
+        return {**base, "status": "fail", "summary": corrupt["summary"], "failure": corrupt}
+
+    # Timeouts: the rank the survivors waited for. A survivor naming itself (its own process was
+    # killed as frozen by the supervisor) is weaker evidence than a peer naming it.
+    named: Counter[int] = Counter()
+    detail: dict[int, dict[str, Any]] = {}
+    for rep in reports:
+        f = rep.get("failure") or {}
+        if rep.get("status") == "ok" or f.get("kind") != "timeout" or f.get("rank") is None:
+            continue
+        weight = 1 if int(f["rank"]) == int(rep["rank"]) else 2
+        named[int(f["rank"])] += weight
+        if weight == 2 or int(f["rank"]) not in detail:
+            detail[int(f["rank"])] = {**f, "reported_by": rep["rank"]}
+    cancelled = [r for r in reports if (r.get("failure") or {}).get("kind") == "cancelled"]
+    if cancelled:  # the run was stopped (SIGTERM, whole-run timeout): no verdict on the hardware
+        return {**base, "status": "error", "summary": f"stopped before the end ({cancelled[0]['failure']['detail']})",
+                "failure": cancelled[0]["failure"]}
+    exited = [int(r["rank"]) for r in reports if (r.get("failure") or {}).get("kind") == "exit"]
+    if named:
+        culprit, _ = max(named.items(), key=lambda kv: (kv[1], -kv[0]))
+        f = dict(detail[culprit])
+        if not f.get("host") and culprit < len(hosts):
+            f["host"] = hosts[culprit]
+        summary = timeout_summary(culprit, f.get("host"), f.get("what", ""))
+        return {**base, "status": "fail", "summary": summary, "failure": {**f, "summary": summary}}
+    if exited or missing:
+        r = (exited or missing)[0]
+        host = hosts[r] if r < len(hosts) else None
+        why = (by_rank.get(r) or {}).get("summary") or f"rank {r} gave no result"
+        summary = f"rank {r} on host {host or 'unknown'} exited during the test ({why})"
+        return {**base, "status": "fail", "summary": summary,
+                "failure": {"kind": "exit", "rank": r, "host": host, "summary": summary}}
+    timeouts = [f for f in failures if f.get("kind") == "timeout"]
+    if timeouts:
+        f = timeouts[0]
+        summary = timeout_summary(None, None, f.get("what", ""))
+        return {**base, "status": "fail", "summary": summary, "failure": {**f, "summary": summary}}
+    errors = [r for r in reports if r.get("status") not in ("ok", "fail")]
+    if errors:
+        return {**base, "status": "error", "summary": errors[0].get("summary") or "error",
+                "failure": errors[0].get("failure")}
+    if not reports:
+        return {**base, "status": "error", "summary": "no rank reported", "failure": None}
+    first = by_rank.get(0) or reports[0]
+    return {**base, "status": "ok", "summary": first.get("summary", "ok"), "failure": None}
+
+
+def _hosts(reports: list[dict[str, Any]], world: int) -> list[str | None]:
+    hosts: list[str | None] = [None] * world
+    for rep in reports:
+        for i, h in enumerate(rep.get("hosts") or []):
+            if i < world and h and not hosts[i]:
+                hosts[i] = h
+        r = rep.get("rank")
+        if r is not None and int(r) < world and rep.get("host"):
+            hosts[int(r)] = hosts[int(r)] or rep["host"]
+    return hosts
+
+
+def largest(results: list[dict[str, Any]], op: str) -> dict[str, Any] | None:
+    rows = [r for r in results if r.get("op") == op and r.get("busbw_gbs") is not None]
+    return max(rows, key=lambda r: r["bytes"]) if rows else None

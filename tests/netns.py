@@ -1,0 +1,167 @@
+"""Network namespaces as "hosts" for the collective tests (root only).
+
+`Lab(n)` creates n host namespaces and one bridge namespace, all named gpck<pid>-..., joined by
+veth pairs to a Linux bridge: host i has interface `gpck0` with address 10.77.<x>.<i+1>/24
+(<x> from the pid, so parallel labs never share a name). Nothing is created in the root
+namespace. `shape(host, rate)` puts a tbf rate limit on the host's egress (inside its namespace)
+and on its ingress (the bridge side of its veth). `close()` kills every process still running
+in the lab's namespaces, by PID, deletes the namespaces and checks none is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+IFACE = "gpck0"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=30)
+
+
+def usable() -> str | None:
+    """None when namespaces, a bridge, veth pairs and tbf can be used here, else why not."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    if not shutil.which("ip") or not shutil.which("tc"):
+        return "needs iproute2 (ip, tc)"
+    probe = f"gpck{os.getpid()}-probe"
+    r = _ip("netns", "add", probe, check=False)
+    if r.returncode != 0:
+        return f"ip netns unusable: {r.stderr.strip()}"
+    try:
+        steps = [
+            ["ip", "-n", probe, "link", "add", "br0", "type", "bridge"],
+            ["ip", "-n", probe, "link", "add", "va", "type", "veth", "peer", "name", "vb"],
+            ["ip", "-n", probe, "link", "set", "va", "up"],
+            ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "va", "root", "tbf", "rate", "100mbit",
+             "burst", "32kbit", "latency", "100ms"],
+        ]
+        for argv in steps:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            if r.returncode != 0:
+                return f"{' '.join(argv[3:6])}... failed: {r.stderr.strip()}"
+    finally:
+        _ip("netns", "del", probe, check=False)
+    return None
+
+
+class Lab:
+    def __init__(self, n: int):
+        pid = os.getpid()
+        self.prefix = f"gpck{pid}"
+        self.subnet = 10 + pid % 240
+        self.bridge = f"{self.prefix}-br"
+        self.hosts = [f"{self.prefix}-h{i + 1}" for i in range(n)]
+        self.addrs = {h: f"10.77.{self.subnet}.{i + 1}" for i, h in enumerate(self.hosts)}
+        self.pids: list[int] = []
+        self.created: list[str] = []
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        _ip("netns", "add", self.bridge)
+        self.created.append(self.bridge)
+        _ip("-n", self.bridge, "link", "set", "lo", "up")
+        _ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.bridge, "link", "set", "br0", "up")
+        for i, h in enumerate(self.hosts):
+            _ip("netns", "add", h)
+            self.created.append(h)
+            _ip("-n", h, "link", "set", "lo", "up")
+            _ip("-n", self.bridge, "link", "add", self.bridge_if(h), "type", "veth", "peer", "name", IFACE,
+                "netns", h)
+            _ip("-n", self.bridge, "link", "set", self.bridge_if(h), "master", "br0", "up")
+            _ip("-n", h, "addr", "add", f"{self.addrs[h]}/24", "dev", IFACE)
+            _ip("-n", h, "link", "set", IFACE, "up")
+
+    def bridge_if(self, host: str) -> str:
+        return f"v{self.hosts.index(host) + 1}b"
+
+    def shape(self, host: str, rate: str = "100mbit") -> None:
+        """Rate-limit `host` both ways with tbf (this kernel has no netem)."""
+        tbf = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "100ms"]
+        subprocess.run(["ip", "netns", "exec", host, "tc", "qdisc", "add", "dev", IFACE, *tbf],
+                       check=True, capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "exec", self.bridge, "tc", "qdisc", "add", "dev", self.bridge_if(host), *tbf],
+                       check=True, capture_output=True, timeout=30)
+
+    def unshape(self, host: str) -> None:
+        subprocess.run(["ip", "netns", "exec", host, "tc", "qdisc", "del", "dev", IFACE, "root"],
+                       capture_output=True, timeout=30)
+        subprocess.run(["ip", "netns", "exec", self.bridge, "tc", "qdisc", "del", "dev", self.bridge_if(host), "root"],
+                       capture_output=True, timeout=30)
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        """SIGKILL a process started with popen() and every process it started, by PID."""
+        pids = [proc.pid]
+        try:
+            import psutil
+
+            pids += [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        except Exception:
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def reachable(self, src: str, dst: str) -> bool:
+        """A TCP connect from src to dst's discard port: refused (or accepted) means the packets
+        got there and back; a timeout means they did not."""
+        code = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], 9), timeout=3)\n"
+                "except ConnectionRefusedError:\n pass\n")
+        r = subprocess.run(["ip", "netns", "exec", src, sys.executable, "-c", code, self.addrs[dst]],
+                           capture_output=True, timeout=30)
+        return r.returncode == 0
+
+    def popen(self, host: str, argv: list[str], **kw) -> subprocess.Popen:
+        p = subprocess.Popen(["ip", "netns", "exec", host, *argv], **kw)
+        self.pids.append(p.pid)
+        return p
+
+    def netns_pids(self) -> list[int]:
+        out: list[int] = []
+        for ns in self.created:
+            r = _ip("netns", "pids", ns, check=False)
+            out += [int(x) for x in r.stdout.split() if x.strip().isdigit()]
+        return out
+
+    def close(self) -> None:
+        for _ in range(3):
+            pids = set(self.pids) | set(self.netns_pids())
+            alive = []
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    alive.append(pid)
+                except ProcessLookupError:
+                    pass
+            for pid in alive:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+            if not self.netns_pids():
+                break
+            time.sleep(0.2)
+        for ns in reversed(self.created):
+            _ip("netns", "del", ns, check=False)
+        self.created = [ns for ns in self.created if ns in self.existing()]
+
+    def existing(self) -> list[str]:
+        r = _ip("netns", "list", check=False)
+        return [line.split()[0] for line in r.stdout.splitlines() if line.startswith(self.prefix)]

@@ -1,0 +1,448 @@
+"""Collective tests without namespaces: busbw formulas, patterns and verification, pairing,
+scoring, report merging, topology and option parsing, judging, and the CPU (gloo) intra-node check
+with real rank processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from gpucheck.nccl import bandwidth as bw
+from gpucheck.nccl import expected, pairs as P, patterns
+from gpucheck.nccl.collective import corruption_summary, timeout_summary
+from gpucheck.nccl.intra import baselines_from_history, judge, rank_spread
+from gpucheck.nccl.launch import DEFAULT_SSH, Launcher, parse_addrs
+from gpucheck.nccl.report import merge, parse_events
+from gpucheck.result import Action, Result, Status
+from gpucheck.state import State
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpucheck.cli.main", *args], capture_output=True, text=True,
+                          env=ENV, timeout=timeout, cwd=str(ROOT))
+
+
+# -- bandwidth ---------------------------------------------------------------------------------
+def test_busbw_factors_match_nccl_tests():
+    assert bw.busbw_factor("all_reduce", 2) == 1.0
+    assert bw.busbw_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert bw.busbw_factor("all_gather", 8) == pytest.approx(0.875)
+    assert bw.busbw_factor("reduce_scatter", 4) == pytest.approx(0.75)
+    assert bw.busbw_factor("all_to_all", 2) == pytest.approx(0.5)
+    assert bw.busbw_factor("broadcast", 8) == 1.0
+    assert bw.busbw_factor("allreduce", 1) == 0.0  # alias; one rank moves nothing
+
+
+def test_algbw_and_busbw_values():
+    # 1 GiB in 10 ms: 107.37 GB/s algbw; 8-rank all-reduce busbw = 1.75 x that
+    assert bw.algbw_gbs(1 << 30, 0.01) == pytest.approx(107.374, rel=1e-4)
+    assert bw.busbw_gbs("all_reduce", 8, 1 << 30, 0.01) == pytest.approx(187.904, rel=1e-4)
+    assert bw.algbw_gbs(100, 0) is None
+
+
+def test_sizes_and_ops_parsing():
+    assert bw.parse_size("64K") == 65536
+    assert bw.parse_size("1MiB") == 1 << 20
+    assert bw.parse_size("2g") == 2 << 30
+    assert bw.parse_sizes("1M-8M") == [1 << 20, 2 << 20, 4 << 20, 8 << 20]
+    assert bw.parse_sizes("4M,1M,1M") == [1 << 20, 4 << 20]
+    for bad in ("", "1X", "0", "-1M", "8M-1M"):
+        with pytest.raises(ValueError):
+            bw.parse_sizes(bad)
+    assert bw.parse_ops("ar,all-gather,alltoall") == ["all_reduce", "all_gather", "all_to_all"]
+    with pytest.raises(ValueError):
+        bw.parse_ops("broadcast")
+    with pytest.raises(ValueError):
+        bw.parse_ops("nope")
+    assert bw.align_size(1 << 20, 3) == 1048572 and bw.align_size(1, 4) == 16
+    assert bw.median([3.0, 1.0, 2.0]) == 2.0 and bw.median([1.0, 2.0]) == 1.5 and bw.median([]) is None
+
+
+# -- patterns ----------------------------------------------------------------------------------
+def test_pattern_sums_are_exact_and_distinct():
+    vals = {patterns.value(r, i, k) for r in range(8) for i in range(300) for k in range(3)}
+    assert min(vals) >= -patterns.HALF and max(vals) <= patterns.HALF
+    # 4096 ranks of the largest magnitude still sum far below 2**24 (exact in float32)
+    assert 4096 * patterns.HALF < 2 ** 24
+    # a rank's contribution, and the iteration, change most elements
+    assert sum(patterns.value(0, i, 0) != patterns.value(1, i, 0) for i in range(251)) >= 250
+    assert sum(patterns.value(0, i, 0) != patterns.value(0, i, 1) for i in range(251)) >= 250
+
+
+def _simulate(op: str, world: int, size: int, k: int = 0):
+    torch = pytest.importorskip("torch")
+    pats = [patterns.Patterns(torch, op, size, r, world, torch.device("cpu")) for r in range(world)]
+    for p in pats:
+        p.prepare(k)
+    c = pats[0].chunk
+    total = sum(q.inp.clone() for q in pats)  # all_reduce is in place: sum before writing
+    for r, p in enumerate(pats):  # what a correct collective delivers to rank r
+        if op == "all_reduce":
+            p.out.copy_(total)
+        elif op == "all_gather":
+            p.out.copy_(torch.cat([q.inp for q in pats]))
+        else:
+            p.out.copy_(torch.cat([q.inp[r * c:(r + 1) * c] for q in pats]))
+    return pats
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "all_to_all"])
+def test_verification_passes_correct_data_and_names_the_bad_element(op):
+    pats = _simulate(op, 4, 4096, k=3)
+    assert all(p.verify().bad == 0 for p in pats)
+    i = pats[2].corrupt(700)
+    chk = pats[2].verify()
+    assert (chk.bad, chk.index) == (1, 700) and chk.got == chk.expected + 1
+    assert chk.src_rank == (None if op == "all_reduce" else 700 // pats[2].chunk)
+    assert i == 700 and pats[1].verify().bad == 0
+
+
+def test_stale_or_missing_contribution_is_caught():
+    torch = pytest.importorskip("torch")
+    pats = _simulate("all_reduce", 3, 3 * 1024)
+    rank1 = patterns.Patterns(torch, "all_reduce", 3 * 1024, 1, 3, torch.device("cpu"))
+    rank1.prepare(0)
+    pats[0].out.sub_(rank1.inp)  # rank 1's contribution missing from rank 0's result
+    assert pats[0].verify().bad == int((rank1.inp != 0).sum()) > 700  # every element it touched
+    stale = _simulate("all_gather", 2, 2048, k=0)
+    stale[0].prepare(1)  # expected now for iteration 1, output still from iteration 0
+    stale[0].out.copy_(torch.cat([stale[0].inp, stale[1].inp]))
+    assert stale[0].verify().bad > 0
+
+
+def test_messages():
+    assert timeout_summary(1, "h2", "all_reduce 1M") == "timeout waiting for rank 1 on host h2 in all_reduce 1M"
+    assert timeout_summary(None, None) == "timeout waiting for peers (no rank identified)"
+    msg = corruption_summary("all_gather", 1, "h2", 1 << 20, 77, -3.0, -2.0, 0)
+    assert msg == ("data corruption in all_gather on rank 1 (host h2): size 1M, first bad index 77, "
+                   "data from rank 0 (expected -3, got -2)")
+
+
+# -- pairing -----------------------------------------------------------------------------------
+def _disjoint(rounds):
+    for r in rounds:
+        nodes = [n for p in r for n in p]
+        assert len(nodes) == len(set(nodes))
+
+
+def test_ring_rounds():
+    four = P.ring_rounds(["a", "b", "c", "d"])
+    _disjoint(four)
+    assert sorted(p for r in four for p in r) == [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")]
+    five = P.ring_rounds(list("abcde"))
+    _disjoint(five)
+    assert len(five) == 3 and len([p for r in five for p in r]) == 5
+    assert P.ring_rounds(["a", "b"]) == [[("a", "b")]] and P.ring_rounds(["a"]) == []
+
+
+def test_random_rounds_meet_new_partners_and_are_reproducible():
+    nodes = ["n1", "n2", "n3", "n4"]
+    rounds = P.random_rounds(nodes, 3, seed=7)
+    _disjoint(rounds)
+    pairs = [frozenset(p) for r in rounds for p in r]
+    assert len(pairs) == 6 and len(set(pairs)) == 6  # every node meets every other node once
+    assert rounds == P.random_rounds(nodes, 3, seed=7)
+    odd = P.random_rounds(list("abcde"), 5, seed=1)
+    _disjoint(odd)
+    sat_out = [next(n for n in "abcde" if all(n not in p for p in r)) for r in odd]
+    assert sorted(sat_out) == list("abcde")  # the node that sits out rotates
+
+
+def test_suspect_rounds_pair_each_suspect_with_good_nodes():
+    rounds = P.suspect_rounds(["s1", "s2", "s3"], ["g1", "g2"], rounds=2)
+    _disjoint(rounds)
+    flat = [p for r in rounds for p in r]
+    assert all(s.startswith("s") and g.startswith("g") for s, g in flat)
+    for s in ("s1", "s2", "s3"):
+        assert len({g for x, g in flat if x == s}) == 2  # confirmed with two different good nodes
+    assert P.suspect_rounds(["g1"], ["g1"]) == []
+
+
+# -- scoring -----------------------------------------------------------------------------------
+def _ok(rnd, a, b, v):
+    return P.PairOutcome(rnd, (a, b), "ok", busbw_gbs=v)
+
+
+def test_slow_node_is_named_and_partners_stay_healthy():
+    nodes = ["n1", "n2", "n3", "n4"]
+    outs = [_ok(1, "n1", "n3", 1.0), _ok(1, "n2", "n4", 10.0),
+            _ok(2, "n2", "n3", 1.1), _ok(2, "n1", "n4", 9.0),
+            _ok(3, "n3", "n4", 0.9), _ok(3, "n1", "n2", 11.0)]
+    j = P.judge_pairs(outs, nodes)
+    assert j.bad == ["n3"] and j.suspects == []
+    assert {n: s.verdict for n, s in j.nodes.items()} == {"n1": "ok", "n2": "ok", "n3": "bad", "n4": "ok"}
+    assert j.nodes["n3"].bad == 3 and j.nodes["n3"].score < 0.7
+    assert any("partners fine" in e for e in j.nodes["n3"].evidence)
+
+
+def test_two_pairs_give_no_median_reference():
+    j = P.judge_pairs([_ok(1, "a", "b", 1.0), _ok(1, "c", "d", 9.0)], list("abcd"))
+    assert j.reference_gbs is None and "only failures are judged" in j.reference_kind
+    assert {s.verdict for s in j.nodes.values()} == {"ok"}
+
+
+def test_single_slow_pair_is_only_suspect_and_absolute_limit():
+    j = P.judge_pairs([_ok(1, "a", "b", 1.0)], ["a", "b"], min_busbw=5.0)
+    assert j.bad == [] and sorted(j.suspects) == ["a", "b"]
+    j = P.judge_pairs([_ok(1, "a", "b", 6.0)], ["a", "b"], min_busbw=5.0)
+    assert j.bad == [] and j.suspects == []
+
+
+def test_failures_blame_the_named_node_and_errors_are_not_judged():
+    outs = [P.PairOutcome(1, ("a", "b"), "fail", summary="timeout waiting for rank 1 on host b", blamed=["b"]),
+            _ok(1, "c", "d", 5.0),
+            P.PairOutcome(2, ("a", "c"), "error", summary="ssh: could not resolve"),
+            _ok(2, "b", "d", 5.0)]
+    j = P.judge_pairs(outs, ["a", "b", "c", "d"])
+    assert j.nodes["a"].verdict == "ok" and j.nodes["a"].pairs == 1  # the error pair is not counted
+    assert j.nodes["b"].bad == 1 and j.nodes["b"].verdict == "ok"  # 1 of 2 pairs: not most
+    j2 = P.judge_pairs(outs[:1], ["a", "b"])
+    assert j2.bad == ["b"] and j2.nodes["a"].verdict == "ok"
+    none = P.judge_pairs([P.PairOutcome(1, ("a", "b"), "error")], ["a", "b"])
+    assert none.measured == 0 and {s.verdict for s in none.nodes.values()} == {"unmeasured"}
+
+
+def test_corruption_in_every_pair_of_one_node():
+    outs = [P.PairOutcome(1, ("a", "b"), "fail", summary="data corruption in all_reduce on rank 1 (host b)"),
+            _ok(1, "c", "d", 5.0),
+            P.PairOutcome(2, ("b", "c"), "fail", summary="data corruption in all_reduce on rank 0 (host b)"),
+            _ok(2, "d", "a", 5.0)]
+    j = P.judge_pairs(outs, ["a", "b", "c", "d"])
+    assert j.bad == ["b"]
+
+
+# -- merging rank reports ----------------------------------------------------------------------
+def _rep(rank, status="ok", failure=None, world=2, results=None, host=None):
+    return {"event": "result", "rank": rank, "world": world, "host": host or f"h{rank}",
+            "hosts": [f"h{i}" for i in range(world)], "status": status, "summary": status,
+            "failure": failure, "results": results or [], "backend": "gloo", "injected": []}
+
+
+def test_merge_prefers_corruption_then_the_culprit_survivors_name():
+    corr = {"kind": "corruption", "rank": 1, "host": "h1", "summary": "data corruption in all_reduce on rank 1"}
+    out = merge([_rep(0, "fail", corr), _rep(1, "fail", corr)])
+    assert out["status"] == "fail" and out["failure"]["rank"] == 1
+    t_named = {"kind": "timeout", "rank": 2, "host": "h2", "what": "all_reduce 1M"}
+    t_self = {"kind": "timeout", "rank": 1, "host": "h1", "what": ""}  # killed as frozen by the supervisor
+    out = merge([_rep(0, "fail", t_named, 3), _rep(1, "fail", t_named, 3), _rep(2, "fail", {**t_self, "rank": 2}, 3)])
+    assert out["summary"] == "timeout waiting for rank 2 on host h2 in all_reduce 1M"
+    out = merge([_rep(0, "fail", {"kind": "timeout", "rank": 1, "host": "h1", "what": "x"}),
+                 _rep(1, "error", {"kind": "exit", "rank": 1})])
+    assert out["failure"]["rank"] == 1 and out["status"] == "fail"
+    out = merge([_rep(0)], world=2)  # rank 1 never reported
+    assert out["status"] == "fail" and "rank 1 on host h1 exited" in out["summary"]
+    assert merge([_rep(0), _rep(1)])["status"] == "ok"
+    assert merge([_rep(0, "error", {"kind": "error"}), _rep(1, "error", {"kind": "error"})])["status"] == "error"
+
+
+def test_cancelled_run_is_stopped_and_not_a_hardware_verdict():
+    import threading
+
+    from gpucheck.nccl.collective import RankSpec
+    from gpucheck.nccl.procs import run_ranks
+
+    cancel = threading.Event()
+    cancel.set()  # a SIGTERM / whole-run timeout before the ranks could finish
+    specs = [RankSpec(rank=r, world=2, ops=["all_reduce"], sizes=[4096], master_port=0 if r == 0 else None,
+                      host="h", timeout_s=5) for r in range(2)]
+    reports = run_ranks(specs, deadline_s=30, cancel=cancel)
+    assert [r["failure"]["kind"] for r in reports] == ["cancelled", "cancelled"]
+    out = merge(reports, 2)
+    assert out["status"] == "error" and out["summary"].startswith("stopped before the end")
+    rs = judge(out, ops=["all_reduce"], params=PARAMS, devices=[0, 1], gpu_name=None)
+    assert [r.status for r in rs] == [Status.ERROR]
+
+
+def test_parse_events_skips_noise():
+    text = 'warning: x\n{"event":"listening","port":5}\nnot json {\n{"event":"result","rank":0}\n{"a":1}\n'
+    assert [e["event"] for e in parse_events(text)] == ["listening", "result"]
+
+
+# -- launcher, topology, options ---------------------------------------------------------------
+def test_launcher_templates():
+    cmd = ["gpucheck", "nccl", "run", "--host-label", "a b"]
+    ssh = Launcher(DEFAULT_SSH).argv("node1", cmd)
+    assert ssh[0] == "ssh" and "BatchMode=yes" in ssh and ssh[-2] == "node1"
+    assert ssh[-1] == "gpucheck nccl run --host-label 'a b'"
+    ns = Launcher("ip netns exec {host} {cmd}", addrs={"h1": "10.77.0.1"})
+    assert ns.argv("h1", cmd) == ["ip", "netns", "exec", "h1", *cmd] and ns.addr("h1") == "10.77.0.1"
+    assert ns.addr("h2") == "h2"
+    assert Launcher("srun").is_srun
+    with pytest.raises(ValueError):
+        Launcher("ssh {host}").validate()
+    assert parse_addrs(["a=1.2.3.4"]) == {"a": "1.2.3.4"}
+    with pytest.raises(ValueError):
+        parse_addrs(["a"])
+
+
+def test_topology_from_options_torchrun_and_slurm():
+    from gpucheck.cli.nccl import parse_corrupt, resolve_topology
+
+    t = resolve_topology({"rank": 1, "world_size": 2, "master_addr": "10.0.0.1", "master_port": "stdin"}, {})
+    assert (t.ranks, t.world, t.master_addr, t.master_port) == ([1], 2, "10.0.0.1", "stdin")
+    t = resolve_topology({"node_rank": 1, "nnodes": 2, "nproc_per_node": 4, "master_port": "29500"}, {})
+    assert t.ranks == [4, 5, 6, 7] and t.local_ranks == [0, 1, 2, 3] and t.world == 8
+    env = {"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3", "MASTER_ADDR": "n0", "MASTER_PORT": "29400",
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    t = resolve_topology({}, env)
+    assert (t.ranks, t.local_ranks, t.master_addr, t.master_port, t.agent_store, t.source) == \
+        ([3], [3], "n0", 29400, True, "torchrun")
+    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "1234",
+           "SLURM_STEP_NODELIST": "gpu[007-008]"}
+    t = resolve_topology({}, env)
+    assert (t.ranks, t.world, t.master_addr, t.master_port, t.source) == ([1], 2, "gpu007", 21234, "slurm")
+    for opts, env in (({}, {}), ({"rank": 0, "world_size": 1}, {}), ({"rank": 1}, {}),
+                      ({"rank": 1, "world_size": 2}, {}), ({"rank": 2, "world_size": 2, "master_port": "1"}, {}),
+                      ({"master_port": "99999", "rank": 0, "world_size": 2}, {})):
+        with pytest.raises(click.BadParameter):
+            resolve_topology(opts, env)
+    c = parse_corrupt(["corrupt:rank=1,op=ag,iter=2"], keys=("rank",))
+    assert c == {"text": "corrupt:rank=1,op=ag,iter=2", "rank": 1, "op": "all_gather", "iter": 2}
+    for bad in (["bitflip:gpu=1"], ["corrupt:gpu=1"], ["corrupt:rank=x"], ["corrupt:rank=1", "corrupt:rank=0"]):
+        with pytest.raises(click.BadParameter):
+            parse_corrupt(bad, keys=("rank",))
+
+
+@pytest.mark.parametrize("args", [
+    ["nccl", "pairs", "node[1-"],
+    ["nccl", "pairs", "node1"],
+    ["nccl", "pairs", "n[1-4]", "--strategy", "suspects"],
+    ["nccl", "pairs", "n[1-4]", "--sizes", "1Q"],
+    ["nccl", "pairs", "n[1-4]", "--launcher", "ssh {host}"],
+    ["nccl", "pairs", "n[1-4]", "--inject", "corrupt:host=n9"],
+    ["nccl", "run"],
+    ["nccl", "run", "--rank", "1", "--world-size", "2"],
+    ["nccl", "run", "--rank", "0", "--world-size", "2", "--inject", "corrupt:rank=1,op=all_gather"],
+    ["nccl", "run", "--rank", "0", "--world-size", "2", "--iters", "2", "--inject", "corrupt:rank=1,iter=2"],
+])
+def test_usage_errors_exit_2(args):
+    r = cli(*args)
+    assert r.returncode == 2, r.stderr
+    assert "error" in r.stderr.lower()
+
+
+def test_nccl_modules_do_not_import_torch():
+    code = ("import sys, gpucheck.nccl.checks, gpucheck.nccl.launch, gpucheck.nccl.procs, gpucheck.cli.nccl\n"
+            "from gpucheck.cli.main import cli\n"
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr
+
+
+# -- expected table and judging ----------------------------------------------------------------
+def test_expected_table():
+    assert expected.expected_busbw("all_reduce", "NVIDIA H100 80GB HBM3", 8)[0] == 370.0
+    assert expected.expected_busbw("all_reduce", "NVIDIA H100 80GB HBM3", 8, nvls=True)[0] == 480.0
+    assert expected.expected_busbw("all_reduce", "NVIDIA A100-SXM4-80GB", 8)[0] == 230.0
+    assert expected.expected_busbw("all_reduce", "NVIDIA H100 80GB HBM3", 4) == (None, "")
+    assert expected.expected_busbw("all_gather", "NVIDIA H100 80GB HBM3", 8) == (None, "")
+    v, src = expected.expected_busbw("all_gather", None, 2, overrides={"expected_all_gather_gbs": 5})
+    assert v == 5.0 and "config" in src
+
+
+PARAMS = {"warn_fraction": 0.85, "fail_fraction": 0.6, "baseline_warn_fraction": 0.85, "rank_spread_warn": 1.0,
+          "nvls": False, "expected_all_reduce_gbs": 0.0, "expected_all_gather_gbs": 0.0,
+          "expected_all_to_all_gbs": 0.0}
+
+
+def _outcome(backend, busbw, ranks=8, status="ok", failure=None, rank_min=None):
+    row = {"op": "all_reduce", "bytes": 1 << 30, "time_s": 0.01, "algbw_gbs": busbw / 1.75, "busbw_gbs": busbw,
+           "rank_time_s": [0.01] * ranks, "rank_min_s": rank_min or [0.01] * ranks, "errors": []}
+    return {"status": status, "summary": (failure or {}).get("summary", "ok"), "failure": failure, "world": ranks,
+            "backend": backend, "results": [row]}
+
+
+def test_judge_against_the_sku_table():
+    name = "NVIDIA H100 80GB HBM3"
+    ok = judge(_outcome("nccl", 372.0), ops=["all_reduce"], params=PARAMS, devices=list(range(8)), gpu_name=name)
+    assert ok[0].status is Status.PASS and ok[0].subject == "node/all_reduce"
+    assert ok[0].metrics["expected_busbw_gbs"] == 370.0
+    warn = judge(_outcome("nccl", 300.0), ops=["all_reduce"], params=PARAMS, devices=list(range(8)), gpu_name=name)
+    assert warn[0].status is Status.WARN and "below expected 370" in warn[0].summary
+    bad = judge(_outcome("nccl", 150.0), ops=["all_reduce"], params=PARAMS, devices=list(range(8)), gpu_name=name)
+    assert bad[0].status is Status.FAIL and bad[0].action is Action.INVESTIGATE
+    cpu = judge(_outcome("gloo", 0.3, ranks=2), ops=["all_reduce"], params=PARAMS, devices=[0, 1], gpu_name=None)
+    assert cpu[0].status is Status.PASS
+    assert "no expected-bandwidth table for gloo/cpu; judged by data integrity and rank balance" in cpu[0].summary
+
+
+def test_judge_names_the_gpu_of_a_corrupting_or_hung_rank_and_unbalanced_ranks():
+    corr = {"kind": "corruption", "rank": 1, "op": "all_reduce", "bytes": 1024, "index": 5, "iter": 1,
+            "expected": 3.0, "got": 4.0, "summary": "data corruption in all_reduce on rank 1 (host x)"}
+    rs = judge(_outcome("nccl", 372.0, ranks=2, status="fail", failure=corr), ops=["all_reduce"], params=PARAMS,
+               devices=[2, 5], gpu_name=None, injected=["corrupt:rank=1"])
+    first = rs[0]
+    assert (first.status, first.gpu, first.action) == (Status.FAIL, 5, Action.DRAIN)
+    assert first.injected == ["corrupt:rank=1"] and first.metrics["corrupt_index"] == 5
+    hung = {"kind": "timeout", "rank": 0, "host": "x",
+            "summary": "timeout waiting for rank 0 on host x in all_reduce 1M"}
+    rs = judge({**_outcome("nccl", 1.0, ranks=2), "status": "fail", "failure": hung, "summary": hung["summary"]},
+               ops=["all_reduce"], params=PARAMS, devices=[2, 5], gpu_name=None)
+    assert len(rs) == 1 and rs[0].gpu == 2 and rs[0].action is Action.RESET_GPU
+    unb = judge(_outcome("gloo", 1.0, ranks=4, rank_min=[0.01, 0.01, 0.05, 0.01]), ops=["all_reduce"],
+                params=PARAMS, devices=[0, 1, 2, 3], gpu_name=None)
+    assert unb[0].status is Status.WARN and [r.gpu for r in unb[1:]] == [2]
+    assert rank_spread([0.01, 0.01]) == (0.0, 0) and rank_spread([0.01]) == (None, None)
+
+
+def test_baseline_from_history(tmp_path):
+    st = State(tmp_path)
+
+    def verdict(busbw, status="pass", injected=()):
+        r = Result("nccl.intra", Status(status), "x", subject="node/all_reduce", injected=list(injected))
+        r.metric("busbw_gbs", busbw).metric("ranks", 2).metric("backend", "gloo").metric("bytes", 1 << 20)
+        return {"schema": "gpucheck.verdict", "results": [r.to_dict()]}
+
+    for v in (1.0, 1.2, 1.1):
+        st.append_history(verdict(v))
+    st.append_history(verdict(0.1, "fail"))
+    st.append_history(verdict(9.0, injected=["corrupt:rank=1"]))
+    base = baselines_from_history(st, ranks=2, backend="gloo", sizes={"all_reduce": 1 << 20})
+    assert base == {"all_reduce": pytest.approx(1.1)}
+    assert baselines_from_history(st, ranks=4, backend="gloo", sizes={"all_reduce": 1 << 20}) == {}
+    rs = judge(_outcome("gloo", 0.5, ranks=2), ops=["all_reduce"], params=PARAMS, devices=[0, 1], gpu_name=None,
+               baselines=base)
+    assert rs[0].status is Status.WARN and "recorded baseline" in rs[0].summary
+
+
+# -- the CPU intra-node check, end to end ------------------------------------------------------
+def _run_intra(*extra: str) -> tuple[int, dict]:
+    r = cli("run", "--level", "2", "--check", "nccl.intra", "--device", "cpu", "--json", "--no-history", *extra)
+    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else {"stderr": r.stderr})
+
+
+def test_intra_check_on_cpu_workers_verifies_every_collective():
+    code, doc = _run_intra("--workers", "2")
+    assert code == 0, doc
+    res = {r["subject"]: r for r in doc["results"]}
+    for op in ("all_reduce", "all_gather", "all_to_all"):
+        r = res[f"node/{op}"]
+        assert r["status"] in ("pass", "warn")
+        assert r["metrics"]["busbw_gbs"]["value"] > 0 and r["metrics"]["ranks"]["value"] == 2
+        assert "judged by data integrity and rank balance" in r["summary"]
+
+
+def test_intra_check_catches_injected_corruption_on_the_named_rank():
+    code, doc = _run_intra("--workers", "3", "--inject", "corrupt:rank=2,op=all_gather")
+    assert code == 1, doc
+    fails = [r for r in doc["results"] if r["status"] == "fail"]
+    assert len(fails) == 1 and fails[0]["gpu"] == 2 and fails[0]["action"] == "drain"
+    assert fails[0]["summary"].startswith("data corruption in all_gather on rank 2")
+    assert fails[0]["injected"] == ["corrupt:rank=2,op=all_gather"]
+    assert doc["injected"] == ["corrupt:rank=2,op=all_gather"]
+
+
+def test_intra_check_skips_with_one_worker():
+    code, doc = _run_intra("--workers", "1")
+    assert code == 0
+    (r,) = doc["results"]
+    assert r["status"] == "skip" and "at least 2" in r["summary"]
