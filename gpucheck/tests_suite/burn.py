@@ -86,30 +86,6 @@ def _device(ctx: Context) -> str:
     return "cpu" if ctx.device == "cpu" else "cuda"
 
 
-def _targets(ctx: Context, device: str) -> tuple[list[dict[str, Any]], list[Result]]:
-    """The GPUs (or CPU workers) to burn, and results for the ones that cannot be burned."""
-    wanted = set(ctx.gpus) if ctx.gpus is not None else None
-    if device == "cpu":
-        ids = [i for i in range(ctx.workers) if wanted is None or i in wanted]
-        return [{"gpu": i, "visible": None, "name": None} for i in ids], []
-    skipped: list[Result] = []
-    if ctx.snapshot is not None:
-        targets = []
-        for e in sorted(ctx.selected_gpu_entries(), key=lambda e: int(e.get("index", 0))):
-            idx = int(e["index"])
-            state = e.get("state", "ok")
-            if state != "ok":
-                skipped.append(Result(CHECK_ID, Status.SKIP, f"not burned: GPU state is {state} "
-                                      "(the inventory check judges it)", gpu=idx))
-                continue
-            targets.append({"gpu": idx, "visible": e.get("uuid") or str(idx), "name": e.get("name")})
-        return targets, skipped
-    import torch  # noqa: PLC0415 - no snapshot (a direct caller): ask torch, in this process
-
-    ids = [i for i in range(torch.cuda.device_count()) if wanted is None or i in wanted]
-    return [{"gpu": i, "visible": None, "name": None} for i in ids], []
-
-
 def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], str | None]:
     """Worker args for the injections that target `gpu`, their texts, and a usage problem."""
     args: dict[str, Any] = {}
@@ -164,7 +140,8 @@ def burn_gemm(ctx: Context) -> list[Result]:
         return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
     size = int(ctx.options.get("size") or (p["cpu_size"] if device == "cpu" else p["size"]))
 
-    targets, results = _targets(ctx, device)
+    from ..workers.targets import worker_targets  # the pool is imported only to run
+    targets, results = worker_targets(ctx, device, CHECK_ID, "burned")
     if not targets:
         if results:
             return results

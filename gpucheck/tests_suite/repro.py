@@ -86,24 +86,6 @@ def selected_workloads(ctx: Context, p: dict[str, Any] | None = None) -> tuple[l
     return select_workloads(list(names), preset_for(_device(ctx)).name)
 
 
-def _targets(ctx: Context, device: str) -> tuple[list[dict[str, Any]], list[Result]]:
-    wanted = set(ctx.gpus) if ctx.gpus is not None else None
-    if device == "cpu":
-        ids = [i for i in range(ctx.workers) if wanted is None or i in wanted]
-        return [{"gpu": i, "visible": None} for i in ids], []
-    skipped: list[Result] = []
-    targets = []
-    for e in sorted(ctx.selected_gpu_entries(), key=lambda e: int(e.get("index", 0))):
-        idx = int(e["index"])
-        state = e.get("state", "ok")
-        if state != "ok":
-            skipped.append(Result(CHECK_ID, Status.SKIP, f"not tested: GPU state is {state} "
-                                  "(the inventory check judges it)", gpu=idx))
-            continue
-        targets.append({"gpu": idx, "visible": e.get("uuid") or str(idx)})
-    return targets, skipped
-
-
 def _bitflip_args(ctx: Context, gpu: int, workloads: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
     """Worker args for the bitflip injections that target `gpu`, their texts, and a problem."""
     args = None
@@ -148,7 +130,8 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
                                       f"not {inj.get('gpu')!r}; nothing was run", subject="injection",
                                       injected=[str(inj)]))
             return col
-    targets, col.results = _targets(ctx, device)
+    from ..workers.targets import worker_targets  # the pool is imported only to run
+    targets, col.results = worker_targets(ctx, device, CHECK_ID, "tested")
     jobs = []
     driver = (ctx.snapshot or {}).get("driver_version") if device == "cuda" else None
     for t in targets:
