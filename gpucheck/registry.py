@@ -19,6 +19,10 @@ CHECK_MODULES: tuple[str, ...] = (
     "gpucheck.tests_suite.pcie",
     "gpucheck.tests_suite.nvlink",
     "gpucheck.tests_suite.recovery_action",
+    "gpucheck.tests_suite.xid",
+    "gpucheck.tests_suite.burn",
+    "gpucheck.tests_suite.repro",
+    "gpucheck.nccl.checks",
 )
 
 
@@ -26,10 +30,23 @@ class SelectionError(ValueError):
     pass
 
 
-def all_checks(modules: Iterable[str] = CHECK_MODULES) -> list[Check]:
+# The lowest level of any check in a module, for modules above level 1: a run at a lower level
+# does not import them at all (a level-1 prolog pays only for the level-1 checks).
+# tests/test_registry.py keeps this table true.
+MODULE_MIN_LEVEL: dict[str, int] = {
+    "gpucheck.tests_suite.burn": 2,
+    "gpucheck.nccl.checks": 2,
+}
+
+
+def all_checks(modules: Iterable[str] = CHECK_MODULES, max_level: int | None = None) -> list[Check]:
+    """Every check of `modules`; with `max_level`, only modules that have a check at or below it
+    are imported (the checks returned may still include higher levels of those modules)."""
     checks: list[Check] = []
     seen: set[str] = set()
     for name in modules:
+        if max_level is not None and MODULE_MIN_LEVEL.get(name, 1) > max_level:
+            continue
         mod = importlib.import_module(name)
         for c in getattr(mod, "CHECKS"):
             if c.id in seen:

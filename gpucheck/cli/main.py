@@ -16,6 +16,10 @@ SUBCOMMANDS: dict[str, str] = {
     "list": "gpucheck.cli.run:list_command",
     "schema": "gpucheck.cli.run:schema_command",
     "telemetry": "gpucheck.cli.telemetry:telemetry_group",
+    "xid": "gpucheck.cli.xid:xid_command",
+    "burn": "gpucheck.cli.burn:burn_command",
+    "repro": "gpucheck.cli.repro:repro_group",
+    "nccl": "gpucheck.cli.nccl:nccl_group",
 }
 
 
@@ -46,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Exit as e:
         return int(e.exit_code or 0)
     except click.ClickException as e:
-        e.show()
-        return 2  # usage error: DESIGN.md exit code 2 (click's own default is also 2)
+        # One line, like every other usage error (DESIGN.md exit code 2).
+        cmd = getattr(getattr(e, "ctx", None), "command_path", None) or "gpucheck"
+        click.echo(f"{cmd}: error: {e.format_message()}", err=True)
+        return 2
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 3
@@ -56,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     return int(rv or 0)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
-
-
 def entry() -> None:
     """Console-script entry: exit with main()'s code."""
     sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m gpucheck.cli.main`
+    entry()
