@@ -239,3 +239,42 @@ def test_live_run_on_this_machine(capsys, tmp_path):
     assert all(r["status"] != "pass" for r in nvml_checks)
     if rc == 0 and any(c["id"] == "xid" and c["status"] == "pass" for c in v["checks"]):
         assert json.loads((tmp_path / "cursor-last-pass.json").read_text())["time"] == v["time"]
+
+
+def test_sigterm_to_a_real_process_prints_a_partial_verdict_and_leaves_no_workers():
+    """What a Slurm prolog timeout does: SIGTERM to gpucheck while GPU workers run."""
+    import signal
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gpucheck", "burn", "--device", "cpu", "--workers", "2", "--size", "64",
+         "--duration", "120s", "--dtype", "fp32", "--json", "--no-history"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True,
+    )
+    try:
+        # wait until both workers are computing (their processes exist)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(psutil.Process(p.pid).children(recursive=True)) < 2:
+            time.sleep(0.2)
+        workers = psutil.Process(p.pid).children(recursive=True)
+        assert len(workers) >= 2
+        # ... and have computed for a while: torch imported (~2 s of CPU) plus a few 1 s windows
+        while time.monotonic() < deadline and min(w.cpu_times().user for w in workers) < 5:
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 3, err
+    v = json.loads(out)
+    validate(v)
+    assert v["partial"] and v["interrupted"] == "SIGTERM" and v["exit_code"] == 3
+    burned = [r for r in v["results"] if r["check"] == "burn.gemm" and r["gpu"] is not None]
+    assert {r["gpu"] for r in burned} == {0, 1}
+    assert all(r["metrics"]["tflops_fp32"]["value"] for r in burned)  # partial measurements kept
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, alive
