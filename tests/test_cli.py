@@ -261,7 +261,8 @@ def test_sigterm_to_a_real_process_prints_a_partial_verdict_and_leaves_no_worker
         workers = psutil.Process(p.pid).children(recursive=True)
         assert len(workers) >= 2
         # ... and have computed for a while: torch imported (~2 s of CPU) plus a few 1 s windows
-        while time.monotonic() < deadline and min(w.cpu_times().user for w in workers) < 5:
+        # (the two busiest children: multiprocessing also starts an idle resource tracker)
+        while time.monotonic() < deadline and sorted(w.cpu_times().user for w in workers)[-2] < 5:
             time.sleep(0.2)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
