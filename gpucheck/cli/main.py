@@ -19,6 +19,9 @@ SUBCOMMANDS: dict[str, str] = {
     "xid": "gpucheck.cli.xid:xid_command",
     "burn": "gpucheck.cli.burn:burn_command",
     "repro": "gpucheck.cli.repro:repro_group",
+    "sweep": "gpucheck.cli.fleet:sweep_command",
+    "slurm": "gpucheck.cli.fleet:slurm_group",
+    "bisect": "gpucheck.cli.fleet:bisect_command",
     "nccl": "gpucheck.cli.nccl:nccl_group",
 }
 

@@ -1,0 +1,530 @@
+"""`gpucheck sweep`, `gpucheck slurm prolog|epilog|resume`, `gpucheck bisect`: fleet commands.
+
+See docs/fleet.md. The logic lives in gpucheck.fleet; this module parses options, shows progress
+and tables, and maps outcomes to exit codes (0 healthy, 1 bad nodes found, 2 usage error,
+3 could not judge).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import click
+
+from .run import parse_duration
+
+DEFAULT_NODE_TIMEOUT = "10m"
+
+
+def _nodes(text: str, param: str = "NODESET") -> list[str]:
+    from ..fleet.nodeset import NodeSetError, parse_nodeset
+
+    try:
+        return parse_nodeset(text)
+    except NodeSetError as e:
+        raise click.BadParameter(str(e), param_hint=param) from None
+
+
+def _duration(text: str | None, param: str) -> float | None:
+    try:
+        return parse_duration(text)
+    except click.BadParameter as e:
+        raise click.BadParameter(e.format_message(), param_hint=param) from None
+
+
+# -- options shared by sweep and slurm resume -------------------------------------------------
+
+def remote_options(f):
+    """How to run `gpucheck run --json` on the nodes, and with what arguments."""
+    opts = [
+        click.option("--level", "-l", metavar="LEVEL",
+                     help="Level of the run on each node (default: the node's config)."),
+        click.option("--check", "-c", "checks", multiple=True, metavar="ID",
+                     help="Run only these checks (passed through)."),
+        click.option("--skip", "skips", multiple=True, metavar="ID", help="Skip these checks (passed through)."),
+        click.option("--snapshot", "snapshot_path", metavar="FILE",
+                     help="Judge this recorded snapshot on every node (a path on the nodes)."),
+        click.option("--inject", "injections", multiple=True, metavar="SPEC",
+                     help="Fault injection on every node (passed through; use --node-args for one node)."),
+        click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None,
+                     help="Where compute checks run on the nodes (passed through)."),
+        click.option("--strict", is_flag=True, help="Treat warn as bad (on the nodes and in the sweep)."),
+        click.option("--run-arg", "run_args", multiple=True, metavar="ARG",
+                     help="Any other argument for `gpucheck run` on the nodes (repeatable)."),
+        click.option("--node-args", "node_args", multiple=True, metavar="NODESET=ARGS",
+                     help="Extra `gpucheck run` arguments for some nodes, e.g. 'n2=--snapshot /x/bad.json'."),
+        click.option("--remote-cmd", default="gpucheck", show_default=True, metavar="CMD",
+                     help="How to start gpucheck on the nodes (shell text: a path, or 'env X=1 python3 -m gpucheck')."),
+        click.option("--fanout", type=click.IntRange(min=1), default=None,
+                     help="Nodes at once (default: clush.conf's fanout, else 64)."),
+        click.option("--timeout", "timeout_text", default=DEFAULT_NODE_TIMEOUT, show_default=True, metavar="DURATION",
+                     help="Per-node time limit; a node past it is 'timeout'."),
+        click.option("--srun", "use_srun", is_flag=True, help="Run with srun (inside an allocation) instead of ssh."),
+        click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG", help="Extra srun argument (repeatable)."),
+        click.option("--ssh-options", metavar="OPTS",
+                     help="Extra ssh options (before clush.conf's ssh_options, so they win)."),
+        click.option("--ssh-user", metavar="USER", help="ssh user (default: clush.conf's, else ssh's)."),
+        click.option("--connect-timeout", "connect_timeout_text", metavar="DURATION",
+                     help="ssh connect timeout (default: clush.conf's connect_timeout)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def build_plan(nodes: list[str], *, subset: list[str] | None = None, level, checks, skips, snapshot_path,
+               injections, device, strict, run_args, node_args, remote_cmd, fanout, timeout_text, use_srun,
+               **_ignored):
+    from ..fleet.nodeset import NodeSetError, parse_node_map
+    from ..fleet.sweep import SweepPlan, remote_command
+
+    args: list[str] = []
+    if level:
+        args += ["--level", str(level)]
+    for c in checks:
+        args += ["--check", c]
+    for s in skips:
+        args += ["--skip", s]
+    if snapshot_path:
+        args += ["--snapshot", snapshot_path]
+    for i in injections:
+        args += ["--inject", i]
+    if device:
+        args += ["--device", device]
+    if strict:
+        args.append("--strict")
+    args += list(run_args)
+    try:
+        per_node = parse_node_map(node_args, nodes, what="--node-args")
+    except NodeSetError as e:
+        raise click.BadParameter(str(e), param_hint="--node-args") from None
+    for node, extra in per_node.items():
+        try:
+            remote_command(remote_cmd, args, extra)
+        except ValueError as e:
+            raise click.BadParameter(f"{node}: {extra!r}: {e}", param_hint="--node-args") from None
+    if subset is not None:  # run on these nodes only (the node arguments were checked against all)
+        nodes = [n for n in nodes if n in set(subset)]
+        per_node = {n: a for n, a in per_node.items() if n in set(subset)}
+    return SweepPlan(nodes=nodes, remote_cmd=remote_cmd, run_args=args, node_args=per_node,
+                     mode="srun" if use_srun else "ssh", fanout=fanout,
+                     timeout_s=_duration(timeout_text, "--timeout"))
+
+
+def runner_settings(*, srun_args, ssh_options, ssh_user, connect_timeout_text, **_ignored) -> dict[str, Any]:
+    from ..fleet.fanout import SrunSettings, SshSettings
+
+    return {
+        "ssh": SshSettings(ssh_options=ssh_options, ssh_user=ssh_user,
+                           connect_timeout_s=_duration(connect_timeout_text, "--connect-timeout")),
+        "srun": SrunSettings(extra_args=list(srun_args)),
+    }
+
+
+class _Progress:
+    """A live progress bar on stderr (TTY only): nodes done / bad."""
+
+    def __init__(self, total: int, label: str, strict: bool = False):
+        self.total, self.done, self.bad, self.strict = total, 0, 0, strict
+        self.progress = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("[red]{task.fields[bad]} bad"), TimeElapsedColumn(),
+                                     console=Console(file=sys.stderr), transient=True)
+            self.task = self.progress.add_task(label, total=total, bad=0)
+            self.progress.start()
+
+    def node(self, outcome) -> None:
+        self.done += 1
+        self.bad += outcome.is_bad(self.strict)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=self.done, bad=self.bad)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+_STYLE = {"pass": "green", "warn": "yellow", "skip": "dim", "fail": "bold red", "error": "magenta",
+          "unreachable": "bold magenta", "timeout": "bold magenta"}
+
+
+def _print_sweep(outcomes, report: dict[str, Any], strict: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..fleet.sweep import failing_text
+
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    table = Table(header_style="bold")
+    for col in ("node", "status", "failing checks", "cause", "action"):
+        table.add_column(col, overflow="fold")
+    order = {"fail": 0, "unreachable": 1, "timeout": 2, "error": 3, "warn": 4, "pass": 5, "skip": 6}
+    for o in sorted(outcomes, key=lambda o: (order.get(o.status, 9), o.node)):
+        failing = failing_text(o.failing)
+        if o.fleet:
+            failing = ", ".join(x for x in (failing, "fleet") if x)
+        cause = "; ".join(x for x in (o.reason, *o.fleet) if x)
+        table.add_row(escape(o.node), f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]",
+                      escape(failing or "-"), escape(cause or "-"), o.action if o.action != "none" else "")
+    console.print(table)
+    counts = ", ".join(f"{n} {s}" for s, n in report["counts"].items() if n)
+    # Plain lines from here: a folded node set must never be wrapped (it is pasted into scontrol).
+    click.echo(f"{len(outcomes)} node(s) in {report['duration_s']:.1f} s: {counts}")
+    bitwise = report["fleet"].get("bitwise", {})
+    if not bitwise.get("compared", False):
+        click.echo(f"bitwise comparison: {bitwise.get('why', 'unavailable')}")
+    if report["bad"]:
+        click.echo(f"bad nodes: {report['bad']}")
+        for status, ns in report["by_status"].items():
+            if status not in ("pass", "skip") and (status != "warn" or strict):
+                click.echo(f"  {status}: {ns}")
+    else:
+        click.echo("all nodes healthy")
+
+
+@click.command("sweep")
+@click.argument("nodeset")
+@remote_options
+@click.option("--report", "report_path", metavar="FILE", help="Write the whole report (JSON) to FILE.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the table.")
+@click.option("--mad-z", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Robust z-score for throughput outliers (default 3.5).")
+@click.option("--rel-floor", type=click.FloatRange(min=0), default=None,
+              help="A throughput outlier is also at least this fraction below the median (default 0.05).")
+def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
+    """Run `gpucheck run --json` on every node of NODESET, compare them, list the bad ones.
+
+    NODESET uses Slurm/ClusterShell syntax, e.g. gpu[001-128,130]. Exit 0 when every node is
+    healthy, 1 when any node fails, cannot be reached, times out or gives no verdict.
+    """
+    from ..app import _check_writable, UsageError
+    from ..fleet import compare
+    from ..fleet.fanout import run_nodes
+    from ..fleet.sweep import apply_fleet, build_report, run_sweep
+    from ..state import atomic_write_text
+
+    nodes = _nodes(nodeset)
+    plan = build_plan(nodes, **kw)
+    settings = runner_settings(**kw)
+    if report_path:
+        try:
+            _check_writable(report_path, "--report")
+        except UsageError as e:
+            raise click.BadParameter(str(e).removeprefix("--report "), param_hint="--report") from None
+    thresholds = {k: v for k, v in (("mad_z", mad_z), ("rel_floor", rel_floor)) if v is not None}
+
+    started = time.time()
+    progress = _Progress(len(nodes), f"sweep {plan.mode}", kw["strict"])
+    try:
+        outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=progress.node, **settings)
+    finally:
+        progress.close()
+    comparison = compare.compare_fleet({o.node: o.verdict for o in outcomes if o.verdict}, **thresholds)
+    apply_fleet(outcomes, compare.findings_by_node(comparison))
+    report = build_report(outcomes, comparison, plan=plan, started_at=started, duration_s=duration,
+                          strict=kw["strict"])
+    text = json.dumps(report) + "\n"  # one line: the indented encoder is ten times slower on a big fleet
+    if report_path:
+        try:
+            atomic_write_text(report_path, text)
+        except OSError as e:
+            click.echo(f"gpucheck sweep: error: --report {report_path}: {e.strerror or e}", err=True)
+            return 2
+    if as_json:
+        sys.stdout.write(text)
+    else:
+        _print_sweep(outcomes, report, kw["strict"])
+    return int(report["exit_code"])
+
+
+# -- slurm ------------------------------------------------------------------------------------
+
+@click.group("slurm")
+def slurm_group() -> None:
+    """Slurm hooks (Prolog=/Epilog=) that drain unhealthy nodes, and resuming them.
+
+    See docs/fleet.md for the slurm.conf lines and the wrapper scripts in scripts/slurm/.
+    """
+
+
+def hook_options(kind: str):
+    def deco(f):
+        budget_default = "15s" if kind == "prolog" else "60s"
+        opts = [
+            click.option("--level", "-l", metavar="LEVEL",
+                         help="Level to run (prolog default 1; epilog: the config's, for the checks below)."),
+            click.option("--check", "-c", "checks", multiple=True, metavar="ID",
+                         help="Checks to run" + (" (default: xid, ecc, memory-remap)." if kind == "epilog" else ".")),
+            click.option("--skip", "skips", multiple=True, metavar="ID", help="Skip these checks."),
+            click.option("--budget", "budget_text", default=budget_default, show_default=True, metavar="DURATION",
+                         help="Time budget of the run; past it the verdict is partial (could not judge)."),
+            click.option("--on-error", type=click.Choice(["pass", "fail"]), default=None,
+                         help="Could not judge: pass (default: log, do not drain) or fail (drain, exit 1)."),
+            click.option("--strict", is_flag=True, default=None, help="Treat warn as unhealthy."),
+            click.option("--snapshot", metavar="FILE",
+                         help="Judge a recorded snapshot instead of live NVML ({node} is replaced by the node name)."),
+            click.option("--state-dir", metavar="DIR",
+                         help="State directory for the history ({node} is replaced; default /var/lib/gpucheck)."),
+            click.option("--config", "config_path", metavar="FILE", help="TOML config."),
+            click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True),
+            click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True),
+            click.option("--no-drain", is_flag=True, help="Judge and exit 1 when unhealthy, but do not drain."),
+            click.option("--all-gpus", is_flag=True, help="Test all GPUs even when the job has only some."),
+            click.option("--scontrol", metavar="PATH", help="scontrol to use (default: found in the usual places)."),
+            click.option("--json", "as_json", is_flag=True, help="Print the verdict JSON instead of the table."),
+        ]
+        if kind == "epilog":
+            opts += [
+                click.option("--failed-level", default="2", show_default=True, metavar="LEVEL",
+                             help="Level to run after a failed job (all its checks)."),
+                click.option("--failed-budget", "failed_budget_text", default="10m", show_default=True,
+                             metavar="DURATION", help="Time budget after a failed job."),
+                click.option("--failed-check", "failed_checks", multiple=True, metavar="ID",
+                             help="Only these checks after a failed job (default: all of --failed-level)."),
+            ]
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return deco
+
+
+def _hook(kind: str, kw: dict[str, Any]) -> int:
+    import os
+
+    from ..fleet.slurm import HookOptions, run_hook
+
+    opts = HookOptions(
+        kind=kind, level=kw["level"], checks=[c for s in kw["checks"] for c in s.split(",") if c.strip()],
+        skips=[c for s in kw["skips"] for c in s.split(",") if c.strip()],
+        budget_s=_duration(kw["budget_text"], "--budget"),
+        failed_level=kw.get("failed_level"),
+        failed_budget_s=_duration(kw.get("failed_budget_text"), "--failed-budget"),
+        failed_checks=[c for s in kw.get("failed_checks", ()) for c in s.split(",") if c.strip()],
+        on_error=kw["on_error"], strict=kw["strict"], snapshot=kw["snapshot"], state_dir=kw["state_dir"],
+        config_path=kw["config_path"], device=kw["device"], workers=kw["workers"], drain=not kw["no_drain"],
+        scontrol=kw["scontrol"], as_json=kw["as_json"], all_gpus=kw["all_gpus"],
+    )
+    outcome = run_hook(opts, os.environ)
+    click.echo(f"gpucheck: {outcome.log_line}", err=True)
+    return outcome.exit_code
+
+
+@slurm_group.command("prolog")
+@hook_options("prolog")
+def prolog_command(**kw) -> int:
+    """Slurm Prolog: quick checks of the job's GPUs; drain the node and exit 1 when unhealthy."""
+    return _hook("prolog", kw)
+
+
+@slurm_group.command("epilog")
+@hook_options("epilog")
+def epilog_command(**kw) -> int:
+    """Slurm Epilog: Xid/ECC changes since the job started, deeper checks after a failed job."""
+    return _hook("epilog", kw)
+
+
+@slurm_group.command("resume")
+@click.argument("nodeset")
+@remote_options
+@click.option("--dry-run", is_flag=True, help="Show what would be resumed; change nothing.")
+@click.option("--scontrol", metavar="PATH", help="scontrol to use.")
+@click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON.")
+def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
+    """Resume the nodes of NODESET that gpucheck drained and that pass now.
+
+    Nodes drained by people or other tools (a reason not starting with "gpucheck:") are never
+    touched. The candidates are tested with a sweep (ssh, or --srun); exit 0 when every node
+    gpucheck had drained is back, 1 when some still fail.
+    """
+    from ..fleet.fanout import run_nodes
+    from ..fleet.nodeset import fold
+    from ..fleet.slurm import default_runner, find_scontrol, resume_nodes
+    from ..fleet.sweep import run_sweep
+
+    nodes = _nodes(nodeset)
+    build_plan(nodes, **kw)  # validate the options before touching anything
+    settings = runner_settings(**kw)
+
+    def test(candidates: list[str]):
+        plan = build_plan(nodes, subset=candidates, **kw)
+        outcomes, _ = run_sweep(plan, runner=run_nodes, **settings)
+        return {o.node: (not o.is_bad(kw["strict"]), f"{o.status}" + (f": {o.reason}" if o.reason else ""))
+                for o in outcomes}
+
+    try:
+        decisions = resume_nodes(nodes, test=test, scontrol=find_scontrol(scontrol), runner=default_runner,
+                                 dry_run=dry_run)
+    except RuntimeError as e:
+        click.echo(f"gpucheck slurm resume: {e}", err=True)
+        return 3
+    if as_json:
+        click.echo(json.dumps([d.to_dict() for d in decisions], indent=2))
+    else:
+        for d in decisions:
+            extra = f" ({d.reason})" if d.reason else ""
+            click.echo(f"{d.node}: {d.decision}{extra}" + (f": {d.detail}" if d.detail else ""))
+        for label, key in (("resumed", "resumed"), ("would resume", "would-resume"), ("still bad", "still-bad")):
+            ns = fold(d.node for d in decisions if d.decision == key)
+            if ns:
+                click.echo(f"{label}: {ns}")
+    return 1 if any(d.decision == "still-bad" for d in decisions) else 0
+
+
+
+# -- bisect -----------------------------------------------------------------------------------
+
+@click.command("bisect")
+@click.argument("nodeset")
+@click.option("--test", "test_cmd", metavar="'COMMAND {nodes}'",
+              help="Group test: a shell command that exits 0 when the group is healthy; {nodes} is the "
+                   "group as a node set ({nodes_comma}: comma list, {count}: size).")
+@click.option("--builtin", type=click.Choice(["allreduce"]), default=None,
+              help="Built-in group test: all-reduce with data verification plus the bitwise check.")
+@click.option("--strategy", type=click.Choice(["binary", "grid"]), default="binary", show_default=True,
+              help="binary: fewest tests (one a round); grid: rows then columns, groups in parallel.")
+@click.option("--group-size", type=click.IntRange(min=1), default=None,
+              help="Nodes one replay needs (grid rows, confirm groups); default sqrt(N) for the grid.")
+@click.option("--max-bad", type=click.IntRange(min=1), default=None, help="At most this many bad nodes (if known).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Re-test each suspect this many times (and vote), for flaky tests.")
+@click.option("--flake-rate", type=click.FloatRange(0.0, 0.5, max_open=True), default=0.05, show_default=True,
+              help="Assumed rate of wrong test results, for the confidence figure.")
+@click.option("--parallel", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Most tests at once (0: every disjoint group of a round).")
+@click.option("--test-timeout", "test_timeout_text", default="30m", show_default=True, metavar="DURATION",
+              help="Per-test time limit; a test past it fails.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (rounds go to stderr).")
+@click.option("--dry-run", is_flag=True, help="Show the plan; run nothing.")
+@click.option("--launcher", default=None, metavar="TEMPLATE",
+              help="allreduce: how to start a rank on a host ({host}, {addr}, {cmd}/{qcmd}; default ssh; 'srun').")
+@click.option("--addr", "addrs", multiple=True, metavar="HOST=ADDR", help="allreduce: a host's rendezvous address.")
+@click.option("--program", default="gpucheck", show_default=True, help="allreduce: how hosts start gpucheck.")
+@click.option("--sizes", "sizes_text", default="16M", show_default=True, help="allreduce: message sizes.")
+@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--timeout", "coll_timeout_text", default="30s", show_default=True, metavar="DURATION",
+              help="allreduce: per-collective timeout (a hang past it fails the group).")
+@click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True)
+@click.option("--ifname", default=None, metavar="IFACE", help="allreduce: network interface for the rendezvous.")
+@click.option("--slow-limit", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.5, show_default=True,
+              help="allreduce: a group below this fraction of the best group's bus bandwidth fails.")
+@click.option("--min-busbw", type=click.FloatRange(min=0.0, min_open=True), default=None,
+              help="allreduce: a group below this bus bandwidth (GB/s) fails.")
+@click.option("--bitwise/--no-bitwise", default=True, show_default=True,
+              help="allreduce: also run the bitwise reproducibility check on every node.")
+@click.option("--bitwise-arg", "bitwise_args", multiple=True, metavar="ARG",
+              help="allreduce: extra `gpucheck run` argument for the bitwise check (e.g. --device).")
+def bisect_command(nodeset, test_cmd, builtin, strategy, group_size, max_bad, repeats, flake_rate, parallel,
+                   test_timeout_text, as_json, dry_run, launcher, addrs, program, sizes_text, iters, warmup,
+                   coll_timeout_text, backend, ifname, slow_limit, min_busbw, bitwise, bitwise_args) -> int:
+    """Find the bad node(s) of a failing job's NODESET with group tests.
+
+    Exit 0 when no bad node is found, 1 when some are (printed as a node set), 2 on usage
+    errors, 3 when the tests could not localize a fault.
+    """
+    from ..fleet import bisect as B
+    from ..fleet.nodeset import fold
+
+    nodes = _nodes(nodeset)
+    if bool(test_cmd) == bool(builtin):
+        raise click.UsageError("give exactly one of --test 'COMMAND {nodes}' and --builtin allreduce")
+    min_group = 2 if builtin else 1
+    if test_cmd:
+        try:
+            test = B.CommandTest(test_cmd, timeout_s=_duration(test_timeout_text, "--test-timeout"))
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--test") from None
+    else:
+        test = _allreduce_test(nodes, launcher=launcher, addrs=addrs, program=program, sizes_text=sizes_text,
+                               iters=iters, warmup=warmup, coll_timeout_text=coll_timeout_text, backend=backend,
+                               ifname=ifname, slow_limit=slow_limit, min_busbw=min_busbw, bitwise=bitwise,
+                               bitwise_args=bitwise_args, test_timeout_text=test_timeout_text)
+    if dry_run:
+        for line in B.plan_text(nodes, strategy=strategy, group_size=group_size, min_group=min_group,
+                                repeats=repeats, max_bad=max_bad):
+            click.echo(line)
+        return 0
+
+    out = sys.stderr if as_json else sys.stdout
+
+    def on_round(number: int, records) -> None:
+        failed = [r for r in records if not r.healthy]
+        shown = failed + [r for r in records if r.healthy][: max(0, 12 - len(failed))]
+        print(f"round {number} ({records[0].phase}): {len(records)} test(s), {len(failed)} failed", file=out,
+              flush=True)
+        for r in shown:
+            subject = f" [{r.subject}]" if r.subject else ""
+            state = "ok  " if r.healthy else "FAIL"
+            print(f"  {state} {r.label}{subject} ({r.duration_s:.1f} s)" + (f": {r.detail}" if r.detail else ""),
+                  file=out, flush=True)
+        if len(shown) < len(records):
+            print(f"  ... {len(records) - len(shown)} more passed", file=out, flush=True)
+
+    try:
+        result = B.bisect(nodes, test, strategy=strategy, group_size=group_size, min_group=min_group,
+                          max_bad=max_bad, repeats=repeats, flake_rate=flake_rate, parallel=parallel,
+                          on_round=on_round)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    doc = result.to_dict()
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return doc["exit_code"]
+    for s in result.bad:
+        click.echo(f"BAD {s.node}: {s.failures}/{s.runs} re-tests failed, confidence {s.confidence:.3f}")
+        for line in s.evidence:
+            click.echo(f"    {line}")
+    for s in result.cleared:
+        click.echo(f"cleared {s.node}: {s.failures}/{s.runs} re-tests failed (a wrong or flaky result in the search)")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"{result.tests} test(s) in {result.rounds} round(s) ({result.search_tests} test(s) in "
+               f"{result.search_rounds} round(s) to search, the rest to confirm), {result.duration_s:.1f} s")
+    if result.bad:
+        click.echo(f"bad nodes: {fold(result.bad_nodes)}")
+    elif not result.verified:
+        click.echo("no single bad node found, but the nodes do not pass together: could not localize the fault")
+    else:
+        click.echo("no bad node: the group test passes")
+    return doc["exit_code"]
+
+
+def _allreduce_test(nodes, *, launcher, addrs, program, sizes_text, iters, warmup, coll_timeout_text, backend,
+                    ifname, slow_limit, min_busbw, bitwise, bitwise_args, test_timeout_text):
+    import shlex
+
+    from ..fleet import bisect as B
+    from ..nccl import launch as L
+    from ..nccl.bandwidth import parse_sizes
+
+    try:
+        sizes = parse_sizes(sizes_text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--sizes") from None
+    try:
+        addr_map = L.parse_addrs(addrs)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--addr") from None
+    unknown = [h for h in addr_map if h not in nodes]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)} not in the node set", param_hint="--addr")
+    lau = L.Launcher(template=launcher or L.DEFAULT_SSH, addrs=addr_map, program=shlex.split(program))
+    try:
+        lau.validate()
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--launcher") from None
+    coll_timeout = _duration(coll_timeout_text, "--timeout")
+    args = L.run_args(ops=["all_reduce"], sizes=sizes, iters=iters, warmup=warmup, timeout_s=coll_timeout,
+                      backend=backend, ifname=ifname)
+    deadline = _duration(test_timeout_text, "--test-timeout")
+    probe = B.BitwiseProbe(lau, extra_args=list(bitwise_args), timeout_s=deadline) if bitwise else None
+    return B.AllReduceTest(lau, args, deadline_s=deadline, slow_limit=slow_limit, min_busbw=min_busbw,
+                           bitwise=probe)

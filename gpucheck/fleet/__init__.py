@@ -1,0 +1,11 @@
+"""Fleet operations: many nodes at once.
+
+nodeset  Slurm/ClusterShell node-set syntax (`gpu[001-128,130],login1`): parse, fold
+fanout   run one command per node over ssh (ClusterShell) or srun, bounded fan-out, per-node timeout
+sweep    turn each node's output into a node status (pass/warn/fail/error/unreachable/timeout)
+compare  compare nodes with each other: bitwise digests by majority, throughput outliers (MAD)
+slurm    the Slurm prolog/epilog hooks and `slurm resume`
+bisect   find the bad node(s) of a failing job's node list with group tests
+
+Nothing here is imported by the core; the CLI (gpucheck.cli.fleet) imports it on demand.
+"""

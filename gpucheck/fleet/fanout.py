@@ -1,0 +1,267 @@
+"""Run one command per node at once: over ssh (ClusterShell's ssh worker), or with srun.
+
+`run_nodes(commands, mode="ssh", ...)` takes {node: shell command} and returns {node: NodeRun}:
+plain data (stdout, stderr, exit code, whether the per-node timeout killed it, wall time). The
+fan-out (how many nodes run at once) and the per-node timeout are ClusterShell's own: one Task,
+one worker per distinct command, the task-wide fanout bounding all of them together.
+
+ssh: ClusterShell starts the `ssh` client, so the user's ~/.ssh/config, keys, agent and
+ProxyJump apply as they do for `ssh`. Defaults come from ClusterShell's clush.conf (the files of
+ClusterShell.Defaults.config_paths, $CLUSTERSHELL_CFGDIR last): ssh_path, ssh_options,
+ssh_user, connect_timeout, fanout; explicit arguments win.
+
+srun: a local `srun --nodes=1 --ntasks=1 --nodelist=NODE ...` per node (ClusterShell's exec
+worker substitutes the node name), so every node has its own exit code, output and timeout.
+Inside an allocation the steps run in it (`--overlap`); outside one each srun gets its own job.
+
+The fan-out runs in a thread of its own (a ClusterShell Task is bound to its thread), so several
+sweeps in one process never share task state; Ctrl-C in the caller aborts it and kills the
+children.
+"""
+
+from __future__ import annotations
+
+import configparser
+import math
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+DEFAULT_FANOUT = 64
+
+
+@dataclass
+class NodeRun:
+    node: str
+    rc: int | None  # None when the per-node timeout killed the command
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    duration_s: float = 0.0
+    via: str = "ssh"  # ssh | srun | exec
+    command: str = ""
+
+
+@dataclass
+class SshSettings:
+    """How to reach nodes over ssh. None means: take clush.conf's value, else ssh's default."""
+
+    ssh_path: str | None = None
+    ssh_options: str | None = None
+    ssh_user: str | None = None
+    connect_timeout_s: float | None = None
+
+
+@dataclass
+class SrunSettings:
+    srun_path: str = "srun"
+    extra_args: list[str] = field(default_factory=list)
+
+
+def clush_config() -> dict[str, str]:
+    """clush.conf's [Main] values that matter here (later files win, as in clush itself)."""
+    from ClusterShell.Defaults import config_paths
+
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(config_paths("clush.conf"))
+    except configparser.Error:
+        return {}
+    if not parser.has_section("Main"):
+        return {}
+    keys = ("ssh_path", "ssh_options", "ssh_user", "connect_timeout", "fanout")
+    return {k: parser.get("Main", k) for k in keys if parser.has_option("Main", k)}
+
+
+def resolve_ssh(settings: SshSettings | None) -> SshSettings:
+    settings = settings or SshSettings()
+    conf = clush_config()
+    timeout = settings.connect_timeout_s
+    if timeout is None and conf.get("connect_timeout"):
+        try:
+            timeout = float(conf["connect_timeout"])
+        except ValueError:
+            timeout = None
+    return SshSettings(
+        ssh_path=settings.ssh_path or conf.get("ssh_path") or None,
+        # ssh keeps the first value it sees for an option: the explicit options go first to win
+        ssh_options=" ".join(x for x in (settings.ssh_options, conf.get("ssh_options")) if x) or None,
+        ssh_user=settings.ssh_user or conf.get("ssh_user") or None,
+        connect_timeout_s=timeout,
+    )
+
+
+def default_fanout() -> int:
+    try:
+        return max(1, int(clush_config().get("fanout", DEFAULT_FANOUT)))
+    except ValueError:
+        return DEFAULT_FANOUT
+
+
+def srun_command(command: str, settings: SrunSettings, timeout_s: float | None) -> str:
+    """The local command line that runs `command` (shell text) on node %h through srun."""
+    mark = "@GPUCHECK_NODE@"
+    argv = [settings.srun_path, "--nodes=1", "--ntasks=1", f"--nodelist={mark}", "--overlap",
+            "--job-name=gpucheck", "--kill-on-bad-exit=1"]
+    if timeout_s:
+        # Slurm's own limit (whole minutes) backs up ClusterShell's, which only kills srun.
+        argv.append(f"--time={max(1, math.ceil(timeout_s / 60) + 1)}")
+    argv += [*settings.extra_args, "/bin/sh", "-c", command]
+    # ClusterShell substitutes %h (the node name); every other % must be doubled.
+    return shlex.join(argv).replace("%", "%%").replace(mark, "%h")
+
+
+class _Collector:
+    """ClusterShell event handler: buffers per node, reports each finished node once."""
+
+    def __init__(self, via: str, commands: Mapping[str, str],
+                 on_done: Callable[[NodeRun], None] | None):
+        from ClusterShell.Event import EventHandler
+
+        self.via = via
+        self.commands = commands
+        self.on_done = on_done
+        self.out: dict[str, list[bytes]] = {}
+        self.err: dict[str, list[bytes]] = {}
+        self.start: dict[str, float] = {}
+        self.done: dict[str, NodeRun] = {}
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(EventHandler):
+            def ev_pickup(self, worker, node):
+                outer.start[str(node)] = time.monotonic()
+
+            def ev_read(self, worker, node, sname, msg):
+                bucket = outer.err if sname == "stderr" else outer.out
+                bucket.setdefault(str(node), []).append(bytes(msg))
+
+            def ev_hup(self, worker, node, rc):
+                outer.finish(str(node), rc, timed_out=False)
+
+            def ev_close(self, worker, timedout):
+                if timedout:
+                    for node in worker.iter_keys_timeout():
+                        outer.finish(str(node), None, timed_out=True)
+
+        self.handler = Handler()
+
+    def finish(self, node: str, rc: int | None, *, timed_out: bool) -> None:
+        with self.lock:
+            if node in self.done:
+                return
+            run = NodeRun(
+                node=node,
+                rc=rc,
+                stdout=b"\n".join(self.out.get(node, [])).decode("utf-8", "replace"),
+                stderr=b"\n".join(self.err.get(node, [])).decode("utf-8", "replace"),
+                timed_out=timed_out,
+                duration_s=round(time.monotonic() - self.start.get(node, time.monotonic()), 3),
+                via=self.via,
+                command=self.commands.get(node, ""),
+            )
+            self.done[node] = run
+        if self.on_done is not None:
+            try:
+                self.on_done(run)
+            except Exception:  # a display problem never loses a result
+                pass
+
+
+def run_nodes(
+    commands: Mapping[str, str],
+    *,
+    mode: str = "ssh",
+    fanout: int | None = None,
+    timeout_s: float | None = None,
+    ssh: SshSettings | None = None,
+    srun: SrunSettings | None = None,
+    on_done: Callable[[NodeRun], None] | None = None,
+) -> dict[str, NodeRun]:
+    """Run commands[node] on every node; return a NodeRun for every node, in `commands` order.
+
+    mode: "ssh" (remote shell on the node), "srun" (a Slurm step on the node) or "exec" (a local
+    command per node, `%h` replaced by the node name: for tests and custom launchers).
+    """
+    if mode not in ("ssh", "srun", "exec"):
+        raise ValueError(f"unknown fan-out mode {mode!r}")
+    if not commands:
+        return {}
+    fanout = fanout or default_fanout()
+    if fanout < 1:
+        raise ValueError("fanout must be at least 1")
+    if mode == "srun":
+        settings = srun or SrunSettings()
+        local = {n: srun_command(c, settings, timeout_s) for n, c in commands.items()}
+    else:
+        local = dict(commands)
+
+    collector = _Collector(mode, commands, on_done)
+    groups: dict[str, list[str]] = {}
+    for node, cmd in local.items():
+        groups.setdefault(cmd, []).append(node)
+    box: dict[str, BaseException] = {}
+    task_box: dict[str, object] = {}
+    ready = threading.Event()
+
+    def target() -> None:
+        from ClusterShell.NodeSet import NodeSet
+        from ClusterShell.Task import task_self, task_terminate
+
+        try:
+            task = task_self()
+            task_box["task"] = task
+            task.set_info("fanout", int(fanout))
+            # The collector keeps the output; ClusterShell's own message trees would hold every
+            # line a second time.
+            task.set_default("stdout_msgtree", False)
+            task.set_default("stderr_msgtree", False)
+            if mode == "ssh":
+                s = resolve_ssh(ssh)
+                task.set_info("ssh_path", s.ssh_path)
+                task.set_info("ssh_options", s.ssh_options)
+                task.set_info("ssh_user", s.ssh_user)
+                task.set_info("connect_timeout", float(s.connect_timeout_s or 0))
+            for cmd, nodes in groups.items():
+                task.shell(cmd, nodes=NodeSet.fromlist(nodes), handler=collector.handler,
+                           timeout=timeout_s, stderr=True, stdin=False, tree=False,
+                           remote=(mode == "ssh"))
+            ready.set()
+            task.resume()
+        except BaseException as e:  # reported to the caller below
+            box["error"] = e
+        finally:
+            ready.set()
+            try:
+                task_terminate()
+            except Exception:
+                pass
+
+    th = threading.Thread(target=target, name="gpucheck-fanout", daemon=True)
+    th.start()
+    try:
+        while th.is_alive():
+            th.join(0.2)
+    except BaseException:
+        ready.wait(5)
+        task = task_box.get("task")
+        if task is not None:
+            try:
+                task.abort(kill=True)  # type: ignore[attr-defined]
+            except Exception:
+                pass
+        th.join(10)
+        raise
+    if "error" in box:
+        raise box["error"]
+
+    out: dict[str, NodeRun] = {}
+    for node in commands:
+        run = collector.done.get(node)
+        if run is None:  # the engine gave no event for it: report it, never drop it
+            run = NodeRun(node=node, rc=None, stderr="no result from the fan-out engine",
+                          via=mode, command=commands[node])
+        out[node] = run
+    return out
