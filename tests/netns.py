@@ -10,6 +10,7 @@ in the lab's namespaces, by PID, deletes the namespaces and checks none is left.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -165,3 +166,23 @@ class Lab:
     def existing(self) -> list[str]:
         r = _ip("netns", "list", check=False)
         return [line.split()[0] for line in r.stdout.splitlines() if line.startswith(self.prefix)]
+
+
+@contextlib.contextmanager
+def running_lab(n: int, pythonpath: str):
+    """A Lab of `n` hosts for a module fixture: PYTHONPATH exported (`ip netns exec` passes the
+    environment on), hosts checked reachable, and on exit everything removed and verified gone."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = pythonpath
+    lab = Lab(n)
+    try:
+        assert lab.reachable(lab.hosts[0], lab.hosts[-1])
+        yield lab
+    finally:
+        lab.close()
+        left = lab.existing()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+        assert left == [], f"namespaces left behind: {left}"

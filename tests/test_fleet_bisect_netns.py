@@ -30,20 +30,8 @@ if _why:
 
 @pytest.fixture(scope="module")
 def lab():
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]  # `ip netns exec` passes the environment on
-    lab = netns.Lab(4)
-    try:
-        assert lab.reachable(lab.hosts[0], lab.hosts[3])
+    with netns.running_lab(4, ENV["PYTHONPATH"]) as lab:
         yield lab
-    finally:
-        lab.close()
-        left = lab.existing()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
-        assert left == [], f"namespaces left behind: {left}"
 
 
 def test_builtin_allreduce_grid_names_the_rate_limited_host(lab):
