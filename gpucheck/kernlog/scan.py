@@ -110,20 +110,14 @@ def scan_read(read: ReadResult, window: Window) -> Scan:
         return sc
     sc.parsed = parse_read(read)
     start = window.start
-    for ev in sc.parsed.events:
-        if _in(ev.time, start):
-            sc.events.append(ev)
-            if ev.time is None:
-                sc.untimed += 1
-        else:
-            sc.before_window += 1
-    for sx in sc.parsed.sxid_events:
-        if _in(sx.time, start):
-            sc.sxid_events.append(sx)
-            if sx.time is None:
-                sc.untimed += 1
-        else:
-            sc.before_window += 1
+    for found, kept in ((sc.parsed.events, sc.events), (sc.parsed.sxid_events, sc.sxid_events)):
+        for ev in found:
+            if _in(ev.time, start):
+                kept.append(ev)
+                if ev.time is None:
+                    sc.untimed += 1
+            else:
+                sc.before_window += 1
     sc.unrecognised = [u for u in sc.parsed.unrecognised if _in(u.time, start)]
     return sc
 

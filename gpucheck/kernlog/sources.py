@@ -552,6 +552,13 @@ def _src_journal(res: ReadResult, paths: LogPaths, *, boot: int, since: float | 
         base += ["--since", f"@{int(since)}"]
     detail = " ".join(base[:1] + base[1:5])
     last_err = ""
+    def accept(lines, nbytes: int) -> bool:
+        res.attempts.append(Attempt("journal", detail, True))
+        res.source = "journal" if boot == 0 else f"journal (boot {boot})"
+        res.chunks.append(Chunk(f"journalctl -k -b {boot}", lines))
+        res.bytes_read += nbytes
+        return True
+
     for fmt in ("short-iso-precise", "short-iso"):
         argv = base + ["-o", fmt]
         try:
@@ -560,11 +567,7 @@ def _src_journal(res: ReadResult, paths: LogPaths, *, boot: int, since: float | 
             res.attempts.append(Attempt("journal", detail, False, oserror_text(e, argv[0], paths)))
             return False
         if rc == 0 and nbytes > 0:
-            res.attempts.append(Attempt("journal", detail, True))
-            res.source = "journal" if boot == 0 else f"journal (boot {boot})"
-            res.chunks.append(Chunk(f"journalctl -k -b {boot}", lines))
-            res.bytes_read += nbytes
-            return True
+            return accept(lines, nbytes)
         if rc == 0:
             why = _first_line(stderr)
             if since is not None:
@@ -575,11 +578,7 @@ def _src_journal(res: ReadResult, paths: LogPaths, *, boot: int, since: float | 
                 except OSError:
                     pbytes, prc = 0, 1
                 if prc == 0 and pbytes > 0:
-                    res.attempts.append(Attempt("journal", detail, True))
-                    res.source = "journal" if boot == 0 else f"journal (boot {boot})"
-                    res.chunks.append(Chunk(f"journalctl -k -b {boot}", lines))
-                    res.bytes_read += nbytes
-                    return True
+                    return accept(lines, nbytes)
             last_err = ("returned no kernel messages (no access to the journal, or journald keeps "
                         "no kernel messages)" + (f": {why}" if why else ""))
             break

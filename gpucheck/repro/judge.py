@@ -298,18 +298,19 @@ def node_digest_sets(runs: dict[int, GpuRun], by_key: dict[str, list[int]]) -> d
     """The node's digests per fingerprint, for fleet comparison: per workload the digest its GPUs
     agree on, or hold by majority; a workload that splits the node without a majority is left
     out."""
-    sets: dict[str, dict[str, str]] = {}
-    for key, members in by_key.items():
-        ws: dict[str, str] = {}
-        for w in runs[members[0]].asked:
-            votes = {g: runs[g].digest(w) for g in members if w in runs[g].complete}
-            if not votes:
-                continue
-            v = mj.vote(votes)
-            if v["majority"] is not None:
-                ws[w] = v["majority"]
-        sets[key] = ws
-    return sets
+    return {key: {w: v["majority"] for w, v in _workload_votes(runs, members) if v["majority"] is not None}
+            for key, members in by_key.items()}
+
+
+def _workload_votes(runs: dict[int, GpuRun], members: list[int]) -> list[tuple[str, dict[str, Any]]]:
+    """Per workload asked of these GPUs (one fingerprint), the vote of the GPUs that completed it
+    (majority.vote); workloads no GPU completed are left out."""
+    out = []
+    for w in runs[members[0]].asked:
+        votes = {g: runs[g].digest(w) for g in members if w in runs[g].complete}
+        if votes:
+            out.append((w, mj.vote(votes)))
+    return out
 
 
 def _node_result(check_id: str, runs: dict[int, GpuRun], by_key: dict[str, list[int]]) -> Result:
@@ -349,11 +350,7 @@ def plan_record(check_id: str, outcomes: dict[int, Any]) -> tuple[
     records = []
     for key, members in by_key.items():
         digests: dict[str, str] = {}
-        for w in runs[members[0]].asked:
-            votes = {g: runs[g].digest(w) for g in members if w in runs[g].complete}
-            if not votes:
-                continue
-            v = mj.vote(votes)
+        for w, v in _workload_votes(runs, members):
             if len(v["groups"]) > 1:
                 split = "; ".join(f"{d} on GPU(s) {', '.join(map(str, gs))}" for d, gs in v["groups"].items())
                 problems.append((Status.FAIL, f"{w}: the node's GPUs of fingerprint {short_key(key)} disagree: {split}"))
