@@ -1,0 +1,79 @@
+"""Compile gpucheck's kernel sources with CuPy (NVRTC) once per process and device, and launch
+them with every launch checked.
+
+    from gpucheck.kernels.cupy_module import launch
+    launch("poet", "bd_apply_f32", grid, block, (x_ptr_array, ..., n), sync=True)
+
+A launch that the driver refuses, or a kernel that faults (illegal address, ...) is raised as
+`KernelError`, naming the source, the kernel, the grid and block and CUDA's words: a check turns
+it into an `error` or a `fail` for that GPU, never into a traceback. With `sync=True` the launch is
+followed by a stream synchronize, so an asynchronous fault is caught at the launch that caused
+it. CuPy also keeps compiled binaries on disk (~/.cupy/kernel_cache), so later processes skip
+NVRTC. Only imported in worker processes (and GPU tests).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from . import source
+
+# Compile options: C++17, no fast-math (the checks compare against exact bounds).
+OPTIONS: tuple[str, ...] = ("--std=c++17",)
+
+_lock = threading.Lock()
+_modules: dict[tuple[str, int], Any] = {}
+
+
+class KernelError(RuntimeError):
+    """A kernel could not be compiled or launched, or faulted while running."""
+
+    def __init__(self, module: str, kernel: str, message: str, grid: Any = None, block: Any = None):
+        where = f"{module}:{kernel}"
+        if grid is not None:
+            where += f" grid={tuple(grid)} block={tuple(block or ())}"
+        super().__init__(f"CUDA kernel {where}: {message}")
+        self.module = module
+        self.kernel = kernel
+
+
+def module(name: str) -> Any:
+    """The compiled `cupy.RawModule` of source `name` for the current device (cached)."""
+    import cupy  # noqa: PLC0415
+
+    dev = int(cupy.cuda.runtime.getDevice())
+    key = (name, dev)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            try:
+                mod = cupy.RawModule(code=source(name), options=OPTIONS)
+                mod.compile()
+            except Exception as e:  # cupy.cuda.compiler.CompileException carries NVRTC's log
+                raise KernelError(name, "*", f"compile failed: {e}") from e
+            _modules[key] = mod
+        return mod
+
+
+def launch(name: str, kernel: str, grid: Sequence[int], block: Sequence[int], args: tuple,
+           *, sync: bool = False, stream: Any = None) -> None:
+    """Launch `kernel` of source `name`; raise KernelError on a refused launch or (with `sync`)
+    on a fault while it ran."""
+    import cupy  # noqa: PLC0415
+
+    mod = module(name)
+    try:
+        fn = mod.get_function(kernel)
+    except Exception as e:
+        raise KernelError(name, kernel, f"no such kernel: {e}") from e
+    try:
+        if stream is not None:
+            with stream:
+                fn(tuple(grid), tuple(block), args)
+        else:
+            fn(tuple(grid), tuple(block), args)
+        if sync:
+            (stream or cupy.cuda.get_current_stream()).synchronize()
+    except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as e:
+        raise KernelError(name, kernel, str(e), grid, block) from e
