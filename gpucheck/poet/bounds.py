@@ -1,0 +1,169 @@
+"""Tolerances of the POET invariants, derived from the dtype's unit roundoff, the sizes and the
+Cayley-Neumann error (docs/poet.md, "Tolerances"). Pure arithmetic on floats: no torch here.
+
+Model (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 2-3):
+- fl(x op y) = (x op y)(1 + d), |d| <= u; a dot product of length n accumulated in a format with
+  unit roundoff u, in any order, has |fl(a.b) - a.b| <= gamma_n(u) |a|.|b|, gamma_n = n u / (1 - n u);
+- gamma_n + gamma_m + gamma_n gamma_m <= gamma_(n+m) (Lemma 3.3);
+- a result stored in a narrower format adds u_s |value| (round to nearest), or an absolute half
+  spacing of the subnormals where the value is below the format's smallest normal.
+Every bound here is a worst case: no safety factor, no probabilistic sqrt(n) argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
+BLOCK_SIZES: tuple[int, ...] = (32, 64, 128, 256)
+ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+U32 = 2.0**-24  # fp32: the kernels' accumulator
+U64 = 2.0**-53  # float64: the references
+# Unit roundoff of the storage format of each kernel output. fp32 outputs are the accumulator
+# itself: no second rounding.
+STORE_ROUNDOFF: dict[str, float] = {"fp32": 0.0, "bf16": 2.0**-8, "fp16": 2.0**-11}
+UNIT_ROUNDOFF: dict[str, float] = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
+# Half the spacing of the subnormals: the absolute error of rounding a tiny value (IEEE, round to
+# nearest, gradual underflow).
+SUBNORMAL_HALF_SPACING: dict[str, float] = {"fp32": 2.0**-150, "bf16": 2.0**-134, "fp16": 2.0**-25}
+# Accumulator of a dense torch/cuBLAS GEMM: fp32, but tensor-core accumulation is not IEEE round
+# to nearest (alignment with truncation, Fasi et al. 2021): budgeted at one ulp, 2 u32, which also
+# covers round-toward-zero. A config may override it (`dense_acc_roundoff`).
+DENSE_ACC_ROUNDOFF = 2.0**-23
+# Per-element rounding floor of the accumulator (fp32 subnormals), per operation.
+ACC_FLOOR = 2.0**-150
+
+
+class PoetInputError(ValueError):
+    pass
+
+
+def parse_dtypes(value: str | list[str] | tuple[str, ...]) -> list[str]:
+    """'fp32,bf16' or ['bf16'] -> ['fp32', 'bf16']; PoetInputError for anything else."""
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    out: list[str] = []
+    for raw in items:
+        name = raw.strip().lower()
+        if not name:
+            continue
+        name = ALIASES.get(name, name)
+        if name not in DTYPES:
+            raise PoetInputError(f"unknown dtype {raw.strip()!r} (use {', '.join(DTYPES)})")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise PoetInputError(f"no dtype given (use {', '.join(DTYPES)})")
+    return out
+
+
+def parse_blocks(value: str | int | list[int] | list[str] | tuple) -> list[int]:
+    """'32,256' or [64] -> block sizes; PoetInputError unless each is one of BLOCK_SIZES."""
+    if isinstance(value, int):
+        items: list = [value]
+    elif isinstance(value, str):
+        items = value.split(",")
+    else:
+        items = list(value)
+    out: list[int] = []
+    for raw in items:
+        text = str(raw).strip()
+        if not text:
+            continue
+        try:
+            b = int(text)
+        except ValueError:
+            raise PoetInputError(f"bad block size {text!r} (use {', '.join(map(str, BLOCK_SIZES))})") from None
+        if b not in BLOCK_SIZES:
+            raise PoetInputError(f"block size {b} not supported (use {', '.join(map(str, BLOCK_SIZES))})")
+        if b not in out:
+            out.append(b)
+    if not out:
+        raise PoetInputError(f"no block size given (use {', '.join(map(str, BLOCK_SIZES))})")
+    return out
+
+
+def gamma(n: int, u: float) -> float:
+    """gamma_n(u) = n u / (1 - n u)."""
+    nu = n * u
+    if nu >= 1.0:
+        raise ValueError(f"gamma_{n}({u}) undefined: n u >= 1")
+    return nu / (1.0 - nu)
+
+
+def acc_coeff(n: int, u_acc: float) -> float:
+    """Relative (to |A|.|B|) accumulation bound of one product stage of inner size n, plus the
+    float64 reference's own error (it is computed, not exact)."""
+    return gamma(n, u_acc) + gamma(n + 2, U64)
+
+
+def stage_floor(dtype: str, n: int) -> float:
+    """Absolute per-element floor of one stage: rounding a subnormal result to the storage format,
+    and n accumulator operations at the bottom of fp32's range."""
+    return SUBNORMAL_HALF_SPACING[dtype] + (n + 1) * ACC_FLOOR
+
+
+def cnp_theta(b: int) -> float:
+    """Relative (to P = I + 2|Q| + 2|Q|^2 + 2|Q|^3 + |Q|^4) bound of the fp32 Horner evaluation of
+    G = I + Q(2I + Q(2I + Q(2I + Q))): (1 + u)(1 + gamma_(b+1))^3 - 1 (one rounding for 2I + Q,
+    then three steps of a length-b dot product plus one addition)."""
+    return (1.0 + U32) * (1.0 + gamma(b + 1, U32)) ** 3 - 1.0
+
+
+def cnp_orthogonality_error(rho: float, terms: int = 3) -> float:
+    """||G^T G - I||_2 of the Cayley-Neumann G built with `terms` Neumann terms from a
+    skew-symmetric Q with ||Q||_2 = rho < 1, in exact arithmetic.
+
+    With S = I + Q + ... + Q^k = (I - Q^(k+1))(I - Q)^-1 and G = (I + Q) S, every factor is a
+    polynomial in Q (they commute) and G^T = (I - Q) S(-Q), so
+    G^T G = (I - (-Q)^(k+1)) (I - Q^(k+1)). Q has eigenvalues +-i lambda:
+      k = 3: G^T G = (I - Q^4)^2, Q^4 has eigenvalues lambda^4, error 2 rho^4 - rho^8 (attained);
+      k = 2: G^T G = I - Q^6, Q^6 has eigenvalues -lambda^6, error rho^6.
+    Also, the singular values of G (k = 3) are 1 - lambda^4: in [1 - rho^4, 1].
+    """
+    if not 0.0 <= rho < 1.0:
+        raise ValueError(f"rho must be in [0, 1), not {rho}")
+    if terms == 3:
+        return 2.0 * rho**4 - rho**8
+    if terms == 2:
+        return rho**6
+    raise ValueError("only 2 and 3 Neumann terms are modelled")
+
+
+def cnp_orthogonality_slope(rho: float) -> float:
+    """d/drho (2 rho^4 - rho^8) = 8 rho^3 - 8 rho^7 (>= 0 on [0, 1)): turns an uncertainty of rho
+    into one of the expected error."""
+    return 8.0 * rho**3 - 8.0 * rho**7
+
+
+def rho_uncertainty(rho: float, b: int) -> float:
+    """How far ||Q32||_2 can be from the target rho after rounding the (exactly scaled, float64) Q
+    to fp32: ||dQ||_2 <= ||dQ||_F <= u32 ||Q||_F <= u32 sqrt(b) rho; plus the float64 eigensolver
+    that measured the base matrix (b u64 relative, counted 64 times over)."""
+    return U32 * math.sqrt(b) * rho + 64.0 * b * U64 * rho
+
+
+def float64_eig_error(b: int, abs_norm: float) -> float:
+    """Error of ||G^T G - I||_2 evaluated in float64 (product gamma_b(u64) |G|^T|G|, and a backward
+    stable symmetric eigensolver, c b u64 ||M||, c = 4): 8 b u64 (1 + abs_norm^2)."""
+    return 8.0 * b * U64 * (1.0 + abs_norm**2)
+
+
+def norm_eval_error(n: int) -> float:
+    """Relative error of a 2-norm of n float64 values: gamma_(n+2)(u64) (squares, sum, sqrt)."""
+    return gamma(n + 2, U64)
+
+
+def interval_check(value: float, lo: float, hi: float, center: float = 1.0) -> tuple[bool, float, float, float]:
+    """Judge `value` against [lo, hi] around `center` (1: an exactly orthogonal transform). Returns
+    (ok, error, bound, ratio): error = |value - center|, bound = the allowed distance on that
+    side (hi - center or center - lo), ratio = error / bound (inf for a NaN value)."""
+    if not math.isfinite(value):
+        return False, math.inf, max(hi - center, center - lo), math.inf
+    if value >= center:
+        err, bound = value - center, hi - center
+    else:
+        err, bound = center - value, center - lo
+    ok = lo <= value <= hi
+    ratio = err / bound if bound > 0 else (0.0 if err == 0 else math.inf)
+    return ok, err, bound, ratio

@@ -1,0 +1,410 @@
+"""One POET problem: run its operations through a backend (torch or the CUDA kernels), verify
+every invariant, return plain data. The same code for both backends.
+
+    out = check_problem(torch, ops, problem, VerifyConfig(...), inject=None, beat=chan.heartbeat)
+    out["violations"]   # [{"invariant", "dtype", "block", "problem", "op", "error", "bound", ...}]
+    out["ratios"]       # {invariant: worst error / bound seen (a healthy run stays <= 1)}
+
+Operations of one problem (n features, m rows, k = n / b blocks; Pi_* permutations):
+    G_in, G_out = cnp(Q_in), cnp(Q_out)                                    CUDA kernel (2)
+    Y1    = bd(x, G_in, gather Pi_in)        = x Pi_in BD(G_in)            CUDA kernel (1)
+    Z     = dense(Y1, W)                     = Y1 W^T                      torch / cuBLAS
+    y_in  = bd(Z, G_out, scatter Pi_out)     = Z BD(G_out) Pi_out          CUDA kernel (1)
+    A     = bd(W, G_in^T, scatter Pi_in^T)   = W BD(G_in)^T Pi_in^T        CUDA kernel (1)
+    W_eff = bd(A^T, G_out, scatter Pi_out)^T = Pi_out^T BD(G_out)^T A      CUDA kernel (1)
+    y_w   = dense(x, W_eff)                  = x W_eff^T                   torch / cuBLAS
+    X2    = bd(Y1, G_in^T, scatter Pi_in^T)  = x Pi_in BD(G_in G_in^T) Pi_in^T (round trip)
+    merge chain: W_t = Pi^T BD(G_out,t)^T W_(t-1) BD(G_in,t)^T Pi^T with fresh transforms
+
+Invariants (the tolerances are derived in gpucheck.poet.bounds and docs/poet.md):
+    cnp_reference        every G element vs the float64 Cayley-Neumann of the stored Q
+    cnp_orthogonality    ||G^T G - I||_2 per sampled block vs the theory 2 rho^4 - rho^8
+    kernel_reference     every element of every bd output vs float64 from the same stored inputs
+    forward_equivalence  y_in vs y_w on sampled rows (input-centric vs weight-centric)
+    frobenius_norm       ||W_eff||_F / ||W||_F within the singular-value range of the CNP blocks
+    row_norms            every row of A keeps the norm of the same row of W (a neuron's norm)
+    round_trip           X2 vs x Pi BD((I - Q^4)^2) Pi^T, the exact CNP round trip (X up to
+                         the CNP's orthogonality error)
+    norm_drift           ||W_t||_F / ||W||_F over the merge chain within the compounded bound
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .bounds import (
+    STORE_ROUNDOFF,
+    U32,
+    acc_coeff,
+    cnp_orthogonality_error,
+    cnp_orthogonality_slope,
+    cnp_theta,
+    float64_eig_error,
+    interval_check,
+    norm_eval_error,
+    stage_floor,
+)
+from .ortho import TOP_MANTISSA_BIT, Problem, Transform, bd_torch, cnp_torch, flip_bit
+
+INVARIANTS: tuple[str, ...] = (
+    "cnp_reference",
+    "cnp_orthogonality",
+    "kernel_reference",
+    "forward_equivalence",
+    "frobenius_norm",
+    "row_norms",
+    "round_trip",
+    "norm_drift",
+)
+# Where an injected bit flip can land: the output of one kernel call.
+INJECT_OPS: tuple[str, ...] = ("forward", "output", "merge", "roundtrip", "cnp")
+
+
+@dataclass
+class VerifyConfig:
+    verify_rows: int = 256  # rows of y compared input-centric vs weight-centric
+    ortho_blocks: int = 4  # CNP blocks per problem whose ||G^T G - I||_2 is measured
+    dense_acc_roundoff: float = 2.0**-23
+    bound_scale: float = 1.0  # multiplies every bound (1: as derived)
+    max_events: int = 8
+
+
+class _Checker:
+    def __init__(self, torch: Any, prob: Problem, cfg: VerifyConfig, rng: random.Random):
+        self.torch = torch
+        self.prob = prob
+        self.cfg = cfg
+        self.rng = rng
+        self.violations: list[dict[str, Any]] = []
+        self.ratios: dict[str, float] = {}
+        self.checks: dict[str, int] = {}
+        dt = prob.dtype
+        self.u = STORE_ROUNDOFF[dt]
+        self.cb = acc_coeff(prob.b, U32)
+        self.cn = acc_coeff(prob.n, cfg.dense_acc_roundoff)
+        self.fb = stage_floor(dt, prob.b)
+        self.fn = stage_floor(dt, prob.n)
+
+    # -- recording ---------------------------------------------------------------------------
+    def _ratio(self, name: str, r: float) -> None:
+        self.checks[name] = self.checks.get(name, 0) + 1
+        if not (r <= self.ratios.get(name, -1.0)):  # NaN or larger
+            self.ratios[name] = r if math.isfinite(r) else math.inf
+
+    def _violation(self, name: str, op: str, error: float, bound: float, **details: Any) -> None:
+        p = self.prob
+        self.violations.append({
+            "invariant": name, "dtype": p.dtype, "block": p.b, "problem": p.index, "op": op,
+            "error": error if math.isfinite(error) else math.inf, "bound": bound,
+            "distribution": p.distribution, "size": p.n, "rows": p.m, **details,
+        })
+
+    def elementwise(self, name: str, op: str, got: Any, expected: Any, bound: Any, shape_names: tuple[str, ...],
+                    row_map: list[int] | None = None) -> None:
+        """|got - expected| <= bound element by element (float64; NaN/Inf fail). row_map: the
+        problem's row numbers of the compared rows (sampled rows)."""
+        torch = self.torch
+        bound = bound * self.cfg.bound_scale
+        err = (got.to(torch.float64) - expected).abs()
+        ratio = torch.nan_to_num(err / bound, nan=math.inf, posinf=math.inf)
+        bad = ~(err <= bound)
+        nbad = int(bad.sum().item())
+        flat = int(ratio.reshape(-1).argmax().item())
+        worst = float(ratio.reshape(-1)[flat].item())
+        self._ratio(name, worst)
+        if nbad:
+            idx = _unravel(flat, tuple(ratio.shape))
+            if row_map is not None:
+                idx = (row_map[idx[0]],) + idx[1:]
+            where = ", ".join(f"{k} {v}" for k, v in zip(shape_names, idx))
+            self._violation(name, op, float(err.reshape(-1)[flat].item()), float(bound.reshape(-1)[flat].item()),
+                            elements=nbad, where=where, index=list(idx),
+                            got=float(got.reshape(-1)[flat].item()), expected=float(expected.reshape(-1)[flat].item()))
+
+    def interval(self, name: str, op: str, value: float, lo: float, hi: float, where: str, **details: Any) -> None:
+        ok, err, bound, ratio = interval_check(value, lo, hi)
+        self._ratio(name, ratio)
+        if not ok:
+            self._violation(name, op, err, bound, where=where, value=value, lo=lo, hi=hi, **details)
+
+    # -- the CNP blocks ----------------------------------------------------------------------
+    def cnp(self, G: Any, t: Transform, name: str) -> dict[str, Any]:
+        """cnp_reference for one G; returns what later bounds need: float64 copies, the exact
+        CNP, beta (elementwise bound of |G - G_exact|), eta (bound of ||G_j - G_exact,j||_2),
+        the singular-value ranges of the stored blocks."""
+        torch = self.torch
+        f64 = torch.float64
+        b = self.prob.b
+        Q64 = t.Q.to(f64)
+        Gx = cnp_torch(torch, Q64, acc=f64)
+        P = cnp_torch(torch, Q64.abs(), acc=f64)
+        beta = self.u * Gx.abs() + (1.0 + self.u) * (cnp_theta(b) + 2.0**-50) * P + stage_floor(self.prob.dtype, 4 * b)
+        self.elementwise("cnp_reference", f"cnp {name}", G, Gx, beta, ("block", "row", "col"))
+        bs = beta * self.cfg.bound_scale
+        eta = (bs.sum(2).amax(1) * bs.sum(1).amax(1)).sqrt()  # ||B||_2 <= sqrt(||B||_1 ||B||_inf)
+        eta_l = [float(v) for v in eta.tolist()]
+        rho_hi = [r + d for r, d in zip(t.rho, t.drho)]
+        sig_lo = [max(0.0, 1.0 - rh**4 - e) for rh, e in zip(rho_hi, eta_l)]
+        sig_hi = [1.0 + e for e in eta_l]
+        return {"name": name, "G64": G.to(f64), "Gx": Gx, "beta": beta, "eta": eta_l, "t": t,
+                "sig_lo": sig_lo, "sig_hi": sig_hi}
+
+    def orthogonality(self, infos: list[dict[str, Any]]) -> None:
+        """cnp_orthogonality on `ortho_blocks` blocks drawn from all G's of the problem:
+        | ||G_j^T G_j - I||_2 - (2 rho^4 - rho^8) | <= 2 eta + eta^2 + slope drho + float64 error."""
+        torch = self.torch
+        pairs = [(i, j) for i, info in enumerate(infos) for j in range(len(info["eta"]))]
+        if not pairs or self.cfg.ortho_blocks <= 0:
+            return
+        pick = self.rng.sample(pairs, min(self.cfg.ortho_blocks, len(pairs)))
+        Gs = torch.stack([infos[i]["G64"][j] for i, j in pick])
+        b = Gs.shape[-1]
+        eye = torch.eye(b, dtype=Gs.dtype, device=Gs.device)
+        M = Gs.transpose(1, 2) @ Gs - eye
+        e = torch.linalg.eigvalsh(M).abs().amax(1)
+        absG = Gs.abs()
+        a = (absG.sum(2).amax(1) * absG.sum(1).amax(1)).sqrt()
+        for (i, j), ej, aj in zip(pick, e.tolist(), a.tolist()):
+            info = infos[i]
+            t: Transform = info["t"]
+            rho, drho, eta = t.rho[j], t.drho[j], info["eta"][j]
+            theory = cnp_orthogonality_error(rho)
+            slack = (2.0 * eta + eta * eta + cnp_orthogonality_slope(rho) * drho
+                     + float64_eig_error(b, aj)) * self.cfg.bound_scale
+            err = abs(ej - theory) if math.isfinite(ej) else math.inf
+            ratio = err / slack
+            self._ratio("cnp_orthogonality", ratio)
+            if not err <= slack:
+                self._violation("cnp_orthogonality", f"cnp {info['name']}", err, slack, where=f"block {j}",
+                                measured=ej, theory=theory, rho=rho)
+
+    # -- one bd call: kernel_reference, returns the local bound ------------------------------
+    def bd_reference(self, op: str, got: Any, X: Any, G64: Any, absG: Any, **kw: Any) -> tuple[Any, Any]:
+        """Compare a bd output with float64 from its own stored inputs; return (ref, local
+        bound) with local = u |ref| + (1 + u) c_b |X| |BD(G)| + floor."""
+        torch = self.torch
+        f64 = torch.float64
+        X64 = X.to(f64)
+        ref = bd_torch(torch, X64, G64, acc=f64, **kw)
+        absr = bd_torch(torch, X64.abs(), absG, acc=f64, **kw)
+        loc = self.u * ref.abs() + (1.0 + self.u) * self.cb * absr + self.fb
+        self.elementwise("kernel_reference", op, got, ref, loc, ("row", "col"))  # of the stored output
+        return ref, loc
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for s in reversed(shape):
+        out.append(flat % s)
+        flat //= s
+    return tuple(reversed(out))
+
+
+def _fro(torch: Any, t: Any) -> float:
+    return float(torch.linalg.vector_norm(t.to(torch.float64)).item())
+
+
+class _Injector:
+    """Flips one bit of one output of the op named in the injection, once."""
+
+    def __init__(self, torch: Any, prob: Problem, inject: dict[str, Any] | None):
+        self.torch = torch
+        self.prob = prob
+        self.spec = inject if inject and int(inject.get("problem") or 0) == prob.index else None
+        self.done: list[str] = []
+
+    def __call__(self, op: str, t: Any) -> None:
+        spec = self.spec
+        if spec is None or self.done or (spec.get("op") or "forward") != op:
+            return
+        p = self.prob
+        bit = spec.get("bit")
+        bit = TOP_MANTISSA_BIT[p.dtype] if bit is None else int(bit)
+        if op == "cnp":  # block 0 of G_in; default a diagonal element (about 1)
+            b = p.b
+            r = int(spec["row"]) % b if spec.get("row") is not None else b // 2
+            c = int(spec["col"]) % b if spec.get("col") is not None else b // 2
+            flat, where = r * b + c, f"block 0, element ({r}, {c})"
+        else:
+            rows, cols = tuple(t.shape)
+            r = int(spec["row"]) % rows if spec.get("row") is not None else rows // 2
+            c = int(spec["col"]) % cols if spec.get("col") is not None else cols // 3
+            flat = r * cols + c
+            where = f"element ({r}, {c})"
+        before, after = flip_bit(self.torch, t, flat, bit)
+        self.done.append(f"bitflip: {op} output of problem {p.index} ({p.dtype}, block {p.b}), {where}, "
+                         f"bit {bit}: {before:.6g} -> {after:.6g}")
+
+
+def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject: dict[str, Any] | None = None,
+                  beat: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run one problem through `ops` and verify it. Returns plain data (see the module doc)."""
+    beat = beat or (lambda: None)
+    rng = random.Random(prob.seed)
+    ck = _Checker(torch, prob, cfg, rng)
+    inj = _Injector(torch, prob, inject)
+    f64 = torch.float64
+    u, cb, cn, fb, fn = ck.u, ck.cb, ck.cn, ck.fb, ck.fn
+    n, m = prob.n, prob.m
+    launches0 = ops.launches
+    x, W, ti, to = prob.x, prob.W, prob.t_in, prob.t_out
+
+    # -- the CNP blocks ------------------------------------------------------------------------
+    G_in = ops.cnp(ti.Q, prob.dtype)
+    inj("cnp", G_in)
+    G_out = ops.cnp(to.Q, prob.dtype)
+    beat()
+    ci = ck.cnp(G_in, ti, "G_in")
+    co = ck.cnp(G_out, to, "G_out")
+    infos = [ci, co]
+    Gi64, Go64 = ci["G64"], co["G64"]
+    aGi, aGo = Gi64.abs(), Go64.abs()
+
+    # -- input-centric forward -----------------------------------------------------------------
+    Y1 = ops.bd(x, G_in, in_idx=ti.perm)
+    inj("forward", Y1)
+    beat()
+    _, e1 = ck.bd_reference("bd_apply x·Π_in·BD(G_in)", Y1, x, Gi64, aGi, in_idx=ti.perm)
+    Z = ops.dense(Y1, W)
+    y_in = ops.bd(Z, G_out, out_idx=to.inv)
+    inj("output", y_in)
+    beat()
+    ref3, _ = ck.bd_reference("bd_apply Z·BD(G_out)·Π_out", y_in, Z, Go64, aGo, out_idx=to.inv)
+
+    # -- weight-centric: merge W_eff -------------------------------------------------------------
+    A = ops.bd(W, G_in, transpose=True, out_idx=ti.perm)
+    beat()
+    _, eA = ck.bd_reference("bd_apply W·BD(G_in)ᵀ·Π_inᵀ", A, W, Gi64, aGi, transpose=True, out_idx=ti.perm)
+    W_eff = ops.bd(A, G_out, x_t=True, y_t=True, out_idx=to.inv)
+    inj("merge", W_eff)
+    beat()
+    _, locW = ck.bd_reference("bd_apply Π_outᵀ·BD(G_out)ᵀ·A", W_eff, A, Go64, aGo, x_t=True, y_t=True,
+                              out_idx=to.inv)
+    eWe = locW + bd_torch(torch, eA, aGo, x_t=True, y_t=True, out_idx=to.inv, acc=f64)
+    y_w = ops.dense(x, W_eff)
+    beat()
+
+    # -- forward_equivalence on sampled rows -------------------------------------------------------
+    rows = sorted(rng.sample(range(m), min(m, max(1, cfg.verify_rows))))
+    R = torch.tensor(rows, dtype=torch.long, device=x.device)
+    W64, We64 = W.to(f64), W_eff.to(f64)
+    xR = x.index_select(0, R).to(f64)
+    Y1R = Y1.index_select(0, R).to(f64)
+    ZR = Z.index_select(0, R).to(f64)
+    S2 = Y1R @ W64.t()
+    e2 = u * S2.abs() + ((1.0 + u) * cn * Y1R.abs() + e1.index_select(0, R)) @ W64.abs().t() + fn
+    e3 = (u * ref3.index_select(0, R).abs()
+          + bd_torch(torch, (1.0 + u) * cb * ZR.abs() + e2, aGo, out_idx=to.inv, acc=f64) + fb)
+    Syw = xR @ We64.t()
+    e_yw = u * Syw.abs() + xR.abs() @ ((1.0 + u) * cn * We64.abs() + eWe).t() + fn
+    ck.elementwise("forward_equivalence", "x·Π_in·BD(G_in)·Wᵀ·BD(G_out)·Π_out vs x·W_effᵀ",
+                   y_in.index_select(0, R), y_w.index_select(0, R).to(f64), e3 + e_yw, ("row", "col"),
+                   row_map=rows)
+    beat()
+
+    # -- frobenius_norm of W_eff and the start of the drift chain ----------------------------------
+    nW = _fro(torch, W64)
+    nWe = _fro(torch, We64)
+    rr = _fro(torch, eWe) * cfg.bound_scale / nW
+    ev = 4.0 * norm_eval_error(n * n)
+    s_lo = min(ci["sig_lo"]) * min(co["sig_lo"])
+    s_hi = max(ci["sig_hi"]) * max(co["sig_hi"])
+    lo1, hi1 = max(0.0, s_lo - rr), s_hi + rr
+    ck.interval("frobenius_norm", "‖W_eff‖_F / ‖W‖_F", nWe / nW, lo1 - ev, hi1 + ev, where="W_eff",
+                norm_w=nW, norm_w_eff=nWe)
+
+    # -- row_norms of A = W BD(G_in)^T Pi^T (row norms do not see the column permutation) ------------
+    k, b = prob.k, prob.b
+    seg2 = (W64.reshape(n, k, b) ** 2).sum(2)
+    sl = torch.tensor(ci["sig_lo"], dtype=f64, device=W64.device) ** 2
+    sh = torch.tensor(ci["sig_hi"], dtype=f64, device=W64.device) ** 2
+    nw = seg2.sum(1).sqrt()
+    nA = torch.linalg.vector_norm(A.to(f64), dim=1)
+    rA = torch.linalg.vector_norm(eA, dim=1) * cfg.bound_scale
+    evr = 4.0 * norm_eval_error(n)
+    lo = ((seg2 * sl).sum(1).sqrt() - rA) / nw - evr
+    hi = ((seg2 * sh).sum(1).sqrt() + rA) / nw + evr
+    v = nA / nw
+    above = v >= 1.0
+    err = torch.where(above, v - 1.0, 1.0 - v)
+    bnd = torch.where(above, hi - 1.0, 1.0 - lo)
+    ratio = torch.nan_to_num(err / bnd, nan=math.inf)
+    worst = int(ratio.argmax().item())
+    ck._ratio("row_norms", float(ratio[worst].item()))
+    bad = ~((v >= lo) & (v <= hi))
+    if bool(bad.any().item()):
+        ck._violation("row_norms", "rows of W·BD(G_in)ᵀ·Π_inᵀ vs rows of W", float(err[worst].item()),
+                      float(bnd[worst].item()), where=f"row {worst}", rows_bad=int(bad.sum().item()),
+                      value=float(v[worst].item()), lo=float(lo[worst].item()), hi=float(hi[worst].item()))
+    beat()
+
+    # -- round trip X Pi BD(G) BD(G)^T Pi^T --------------------------------------------------------
+    X2 = ops.bd(Y1, G_in, transpose=True, out_idx=ti.perm)
+    inj("roundtrip", X2)
+    beat()
+    _, loc2 = ck.bd_reference("bd_apply Y1·BD(G_in)ᵀ·Π_inᵀ", X2, Y1, Gi64, aGi, transpose=True, out_idx=ti.perm)
+    Gx, beta = ci["Gx"], ci["beta"]
+    aGx = Gx.abs() + beta
+    D = Gx @ Gx.transpose(1, 2)  # = (I - Q^4)^2, the exact CNP round trip
+    Gerr = (beta @ aGx.transpose(1, 2) + aGx @ beta.transpose(1, 2) + beta @ beta.transpose(1, 2)
+            + 2.0**-45 * (Gx.abs() @ Gx.abs().transpose(1, 2)))
+    x64 = x.to(f64)
+    expected = bd_torch(torch, x64, D, in_idx=ti.perm, out_idx=ti.perm, acc=f64)
+    bound_rt = (loc2 + bd_torch(torch, e1, aGi, transpose=True, out_idx=ti.perm, acc=f64)
+                + bd_torch(torch, x64.abs(), Gerr, in_idx=ti.perm, out_idx=ti.perm, acc=f64))
+    ck.elementwise("round_trip", "x·Π_in·BD(G_in)·BD(G_in)ᵀ·Π_inᵀ vs x·Π_in·BD((I−Q⁴)²)·Π_inᵀ", X2, expected,
+                   bound_rt, ("row", "col"))
+
+    # -- merge-then-reinitialize chain ---------------------------------------------------------------
+    lo_c, hi_c = lo1, hi1
+    W_prev, n_prev = W_eff, nWe
+    for step, (t2i, t2o) in enumerate(prob.chain, start=2):
+        gi = ops.cnp(t2i.Q, prob.dtype)
+        go = ops.cnp(t2o.Q, prob.dtype)
+        beat()
+        c2i = ck.cnp(gi, t2i, f"G_in (merge {step})")
+        c2o = ck.cnp(go, t2o, f"G_out (merge {step})")
+        infos += [c2i, c2o]
+        A2 = ops.bd(W_prev, gi, transpose=True, out_idx=t2i.perm)
+        W2 = ops.bd(A2, go, x_t=True, y_t=True, out_idx=t2o.inv)
+        beat()
+        _, eA2 = ck.bd_reference(f"bd_apply merge {step} W·BD(G_in)ᵀ·Π_inᵀ", A2, W_prev, c2i["G64"],
+                                 c2i["G64"].abs(), transpose=True, out_idx=t2i.perm)
+        _, eW2 = ck.bd_reference(f"bd_apply merge {step} Π_outᵀ·BD(G_out)ᵀ·A", W2, A2, c2o["G64"],
+                                 c2o["G64"].abs(), x_t=True, y_t=True, out_idx=t2o.inv)
+        eW2 = eW2 + bd_torch(torch, eA2, c2o["G64"].abs(), x_t=True, y_t=True, out_idx=t2o.inv, acc=f64)
+        delta = _fro(torch, eW2) * cfg.bound_scale / n_prev
+        lo_c *= max(0.0, min(c2i["sig_lo"]) * min(c2o["sig_lo"]) - delta)
+        hi_c *= max(c2i["sig_hi"]) * max(c2o["sig_hi"]) + delta
+        n_t = _fro(torch, W2)
+        evs = step * ev
+        ck.interval("norm_drift", f"‖W_{step}‖_F / ‖W‖_F after {step} merges", n_t / nW, lo_c - evs, hi_c + evs,
+                    where=f"merge {step}", step=step)
+        W_prev, n_prev = W2, n_t
+        beat()
+
+    ck.orthogonality(infos)
+    for v in ck.violations:
+        v["injected"] = bool(inj.done)
+    flops = _flops(prob)
+    return {
+        "violations": ck.violations,
+        "ratios": ck.ratios,
+        "checks": ck.checks,
+        "launches": ops.launches - launches0,
+        "flops": flops,
+        "injected": inj.done,
+    }
+
+
+def _flops(p: Problem) -> float:
+    """FLOPs of the problem's operations (not of its verification)."""
+    cnp = 3 * 2.0 * p.k * p.b**3
+    bd_x = 2.0 * p.m * p.n * p.b
+    bd_w = 2.0 * p.n * p.n * p.b
+    dense = 2.0 * p.m * p.n * p.n
+    merges = len(p.chain)
+    return (2 + 2 * merges) * cnp + 3 * bd_x + (2 + 2 * merges) * bd_w + 2 * dense

@@ -1,0 +1,294 @@
+"""The poet.ortho worker: a loop of fresh random POET problems on one device, every one verified.
+
+`poet_worker(args, chan)` is the worker target (gpucheck.workers.pool.run_workers). It picks the
+backend (the CUDA kernels through CuPy on a GPU when CuPy is installed, else the torch
+implementation of the same operations), then runs problems round-robin over every (dtype, block
+size) pair until the duration is used up, sending a heartbeat after every operation and a
+progress report every `window_s`. It returns plain data; gpucheck.tests_suite.poet judges it.
+
+Fault injection (args): `bitflip` = {"op", "bit", "row", "col", "problem"} flips one bit of one
+output of that operation in that problem (gpucheck.poet.invariants.INJECT_OPS); `hang_after_s`
+stops the loop dead (no heartbeat, deaf to stop requests), like a kernel that never returns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bounds import DENSE_ACC_ROUNDOFF, parse_blocks, parse_dtypes
+from .invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
+
+BACKENDS = ("auto", "cupy", "torch")
+
+
+@dataclass
+class PoetConfig:
+    duration_s: float = 30.0
+    dtypes: list[str] = field(default_factory=lambda: ["fp32", "bf16", "fp16"])
+    blocks: list[int] = field(default_factory=lambda: [32, 64, 128, 256])
+    size: int | None = None  # n (features); None: gpu_size on a GPU, cpu_blocks * b on a CPU
+    gpu_size: int = 4096
+    cpu_blocks: int = 2
+    rows: int | None = None  # m (tokens); None: gpu_rows / cpu_rows
+    gpu_rows: int = 4096
+    cpu_rows: int = 64
+    rho_min: float = 0.1
+    rho_max: float = 0.5
+    chain_steps: int = 3
+    verify_rows: int = 256
+    ortho_blocks: int = 4
+    q_pool: int = 8
+    dense_acc_roundoff: float = DENSE_ACC_ROUNDOFF
+    bound_scale: float = 1.0
+    seed: int = 0
+    backend: str = "auto"
+    window_s: float = 1.0
+    max_events: int = 8
+    bitflip: dict[str, Any] | None = None
+    hang_after_s: float | None = None
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> "PoetConfig":
+        cfg = cls()
+        for key in ("duration_s", "rho_min", "rho_max", "dense_acc_roundoff", "bound_scale", "window_s"):
+            if args.get(key) is not None:
+                setattr(cfg, key, float(args[key]))
+        for key in ("size", "gpu_size", "cpu_blocks", "rows", "gpu_rows", "cpu_rows", "chain_steps", "verify_rows",
+                    "ortho_blocks", "q_pool", "seed", "max_events"):
+            if args.get(key) is not None:
+                setattr(cfg, key, int(args[key]))
+        if args.get("dtypes") is not None:
+            cfg.dtypes = parse_dtypes(args["dtypes"])
+        if args.get("blocks") is not None:
+            cfg.blocks = parse_blocks(args["blocks"])
+        if args.get("backend") is not None:
+            cfg.backend = str(args["backend"])
+        cfg.bitflip = dict(args["bitflip"]) if args.get("bitflip") is not None else None
+        cfg.hang_after_s = float(args["hang_after_s"]) if args.get("hang_after_s") is not None else None
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if not 0.0 <= self.rho_min <= self.rho_max < 1.0:
+            raise ValueError(f"need 0 <= rho_min <= rho_max < 1, not {self.rho_min}, {self.rho_max}")
+        if self.size is not None:
+            bad = [b for b in self.blocks if self.size % b]
+            if bad or self.size <= 0:
+                raise ValueError(f"size {self.size} is not a multiple of block size(s) {bad}")
+        if self.chain_steps < 1:
+            raise ValueError("chain_steps must be at least 1")
+        for key in ("cpu_blocks", "gpu_size", "gpu_rows", "cpu_rows", "q_pool"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be positive")
+        if self.rows is not None and self.rows < 1:
+            raise ValueError("rows must be positive")
+        if self.bitflip is not None and (self.bitflip.get("op") or "forward") not in INJECT_OPS:
+            raise ValueError(f"bitflip op must be one of {', '.join(INJECT_OPS)}, not {self.bitflip.get('op')!r}")
+        if self.bound_scale <= 0:
+            raise ValueError("bound_scale must be positive")
+
+    def n_for(self, b: int, device: str) -> int:
+        if self.size is not None:
+            return self.size
+        return self.gpu_size if device == "cuda" else self.cpu_blocks * b
+
+    def m_for(self, device: str) -> int:
+        if self.rows is not None:
+            return self.rows
+        return self.gpu_rows if device == "cuda" else self.cpu_rows
+
+
+def select_backend(torch: Any, dev: Any, want: str) -> tuple[Any, str | None]:
+    """(ops, note): the CuPy kernels where asked for or available on a GPU, else torch. `note`
+    says why the CUDA kernels are not exercised (None when they are, or on a CPU)."""
+    from .ortho import TorchOps
+
+    if dev.type != "cuda":
+        if want == "cupy":
+            raise ValueError("the CuPy backend needs a CUDA device")
+        return TorchOps(torch, dev), None
+    if want == "torch":
+        return TorchOps(torch, dev), "torch backend requested: the CUDA kernels were not exercised"
+    try:
+        importlib.import_module("cupy")  # a broken CuPy install raises ImportError too
+    except ImportError as e:
+        if want == "cupy":
+            raise
+        return TorchOps(torch, dev), f"CuPy not installed ({e}): the CUDA kernels were not exercised (torch path)"
+    from .cupy_ops import CupyOps
+
+    return CupyOps(torch, dev), None
+
+
+def poet_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
+    """Worker target: select the device and backend, run the loop; plain data out."""
+    from ..workers.pool import WorkerSetupError, torch_device
+
+    cfg = PoetConfig.from_args(args)
+    try:
+        import torch  # noqa: PLC0415 - in the worker only
+
+        dev = torch_device(chan)
+    except (ImportError, WorkerSetupError) as e:
+        return {"setup_error": f"{type(e).__name__}: {e}" if isinstance(e, ImportError) else str(e)}
+    chan.heartbeat(force=True)
+    from ..kernels.cupy_module import KernelError
+    from .ortho import set_precision
+
+    if dev.type == "cuda":
+        set_precision(torch)
+    try:
+        ops, note = select_backend(torch, dev, cfg.backend)
+    except (ImportError, ValueError, KernelError) as e:
+        return {"setup_error": f"{type(e).__name__}: {e}"}
+    chan.heartbeat(force=True)
+    return PoetRunner(torch, dev, chan, cfg, ops, note).run()
+
+
+class PoetRunner:
+    """The problem loop on one device. torch and the backend are passed in."""
+
+    def __init__(self, torch: Any, dev: Any, chan: Any, cfg: PoetConfig, ops: Any, note: str | None = None):
+        from .ortho import QPool
+
+        self.torch = torch
+        self.dev = dev
+        self.chan = chan
+        self.cfg = cfg
+        self.ops = ops
+        self.note = note
+        self.pool = QPool(torch, dev, cfg.seed, cfg.q_pool)
+        self.vcfg = VerifyConfig(verify_rows=cfg.verify_rows, ortho_blocks=cfg.ortho_blocks,
+                                 dense_acc_roundoff=cfg.dense_acc_roundoff, bound_scale=cfg.bound_scale,
+                                 max_events=cfg.max_events)
+        self.events: list[dict[str, Any]] = []
+        self.event_count = 0
+        self.injected: list[str] = []
+
+    def device_info(self) -> dict[str, Any]:
+        torch = self.torch
+        info: dict[str, Any] = {"device": self.dev.type, "torch": torch.__version__,
+                                "cuda_runtime": getattr(torch.version, "cuda", None)}
+        if self.dev.type == "cuda":
+            p = torch.cuda.get_device_properties(self.dev)
+            info.update(name=p.name, capability=[p.major, p.minor], sms=p.multi_processor_count)
+            try:
+                import cupy  # noqa: PLC0415
+
+                info["cupy"] = cupy.__version__
+            except ImportError:
+                info["cupy"] = None
+        else:
+            info.update(name=platform.processor() or platform.machine() or "cpu", threads=torch.get_num_threads())
+        return info
+
+    def _beat(self) -> None:
+        """After every operation: a heartbeat, and a stop request ends the problem."""
+        self.chan.heartbeat()
+        if self.chan.should_stop():
+            raise _Stopped()
+
+    def run(self) -> dict[str, Any]:
+        from .ortho import make_problem
+
+        cfg, device = self.cfg, self.dev.type
+        plan = [(dt, b) for dt in cfg.dtypes for b in cfg.blocks]
+        combos: dict[str, dict[str, Any]] = {}
+        for dt, b in plan:
+            combos[f"{dt}/{b}"] = {
+                "dtype": dt, "block": b, "size": cfg.n_for(b, device), "rows": cfg.m_for(device),
+                "problems": 0, "launches": 0, "flops": 0.0, "seconds": 0.0, "violations": 0,
+                "max_ratio": {}, "checks": {},
+            }
+        out: dict[str, Any] = {
+            "device": self.device_info(), "backend": self.ops.name, "cuda_kernels": bool(self.ops.cuda_kernels),
+            "backend_note": self.note,
+            "config": {"duration_s": cfg.duration_s, "dtypes": cfg.dtypes, "blocks": cfg.blocks,
+                       "rho": [cfg.rho_min, cfg.rho_max], "chain_steps": cfg.chain_steps,
+                       "verify_rows": cfg.verify_rows, "ortho_blocks": cfg.ortho_blocks, "seed": cfg.seed,
+                       "bound_scale": cfg.bound_scale, "dense_acc_roundoff": cfg.dense_acc_roundoff},
+            "combos": combos, "stopped": None,
+        }
+        t0 = time.monotonic()
+        deadline = t0 + cfg.duration_s
+        w_start, w_flops = t0, 0.0
+        tflops_windows: list[float] = []
+        i = 0
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            if self.chan.should_stop():
+                out["stopped"] = self.chan.stop_reason
+                break
+            dt, b = plan[i % len(plan)]
+            c = combos[f"{dt}/{b}"]
+            p_start = time.monotonic()
+            prob = make_problem(self.torch, self.dev, self.pool, index=i, seed=cfg.seed * 1_000_003 + i, dtype=dt,
+                                b=b, n=c["size"], m=c["rows"], rho_min=cfg.rho_min, rho_max=cfg.rho_max,
+                                chain_steps=cfg.chain_steps)
+            try:
+                res = check_problem(self.torch, self.ops, prob, self.vcfg, inject=cfg.bitflip, beat=self._beat)
+            except _Stopped:  # asked to stop in the middle of a problem: it is dropped, not judged
+                out["stopped"] = self.chan.stop_reason
+                break
+            elapsed = time.monotonic() - p_start
+            c["problems"] += 1
+            c["launches"] += res["launches"]
+            c["flops"] += res["flops"]
+            c["seconds"] += elapsed
+            for name, r in res["ratios"].items():
+                if not (r <= c["max_ratio"].get(name, -1.0)):
+                    c["max_ratio"][name] = r
+            for name, cnt in res["checks"].items():
+                c["checks"][name] = c["checks"].get(name, 0) + cnt
+            self.injected.extend(res["injected"])
+            for v in res["violations"]:
+                c["violations"] += 1
+                self.event_count += 1
+                if len(self.events) < cfg.max_events:
+                    v["time_s"] = round(time.monotonic() - t0, 3)
+                    self.events.append(v)
+            if cfg.hang_after_s is not None and time.monotonic() - t0 >= cfg.hang_after_s:
+                self._hang()
+            i += 1
+            now = time.monotonic()
+            w_flops += res["flops"]
+            if now - w_start >= cfg.window_s:
+                tflops_windows.append(w_flops / (now - w_start) / 1e12)
+                self.chan.progress({
+                    "dtype": f"{dt} b{b}", "tflops": tflops_windows[-1], "problems": i,
+                    "errors": self.event_count, "time_left_s": max(0.0, deadline - now),
+                })
+                w_start, w_flops = now, 0.0
+            else:
+                self.chan.heartbeat()
+        if out["stopped"] is None and self.chan.should_stop():
+            out["stopped"] = self.chan.stop_reason
+        seconds = time.monotonic() - t0
+        total_flops = sum(c["flops"] for c in combos.values())
+        out.update(
+            problems=i, violations=self.events, violation_count=self.event_count, injected=self.injected,
+            seconds=round(seconds, 3), tflops=(total_flops / seconds / 1e12) if seconds > 0 else None,
+            invariants=list(INVARIANTS),
+        )
+        for c in combos.values():
+            c["max_ratio"] = {k: (v if math.isfinite(v) else None) for k, v in c["max_ratio"].items()}
+        return out
+
+    @staticmethod
+    def _hang() -> None:
+        """Stand-in for a kernel that never returns: no heartbeat, no reaction to a stop."""
+        while True:
+            time.sleep(1.0)
+
+
+class _Stopped(Exception):
+    pass

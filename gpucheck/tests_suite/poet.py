@@ -1,0 +1,372 @@
+"""poet.ortho: POET-style orthogonal matmuls on every GPU at once, verified by invariants that
+hold in exact arithmetic (docs/poet.md).
+
+One worker process per GPU (gpucheck.workers.pool) runs gpucheck.poet.worker.poet_worker for the
+duration: a loop of fresh random problems (Cayley-Neumann blocks, block-diagonal orthogonal
+matmuls with fused permutations, a dense GEMM, merges), every (dtype, block size) pair in turn,
+on the CUDA kernels of gpucheck/kernels/poet.cu through CuPy (the torch implementation on CPU
+workers and on GPUs without CuPy). Per GPU one result:
+
+- fail "silent data corruption: <invariant> (<dtype>, block <b>): error <e> > bound <bound>" when
+  any invariant was violated; action drain (as the burn's SDC);
+- fail "hang" / "poet worker crashed" as for the burn (reset-gpu; investigate for a crash that
+  names no CUDA error);
+- error when gpucheck could not judge (no CUDA in torch, the kernels did not compile, nothing
+  finished before a stop);
+- pass otherwise, with the number of problems, the worst error/bound ratio seen per invariant,
+  and, where CuPy is missing on a GPU, "the CUDA kernels were not exercised" in the summary (a
+  pass, not a warn: the GPU computed every operation correctly through torch; the missing CuPy is
+  an installation matter that must not turn a healthy node's gate red under --strict).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..result import Action, Result, Status, Threshold, judge
+
+CHECK_ID = "poet.ortho"
+
+DEFAULTS: dict[str, Any] = {
+    "duration_s_level2": 30.0,
+    "duration_s_level3": 300.0,
+    "duration_s_level4": 1800.0,
+    "dtypes": ["fp32", "bf16", "fp16"],
+    "blocks": [32, 64, 128, 256],
+    "size": 4096,  # n: features of x and W on a GPU (a multiple of every block size)
+    "rows": 4096,  # m: rows of x on a GPU
+    "cpu_blocks": 2,  # on CPU workers n = cpu_blocks * b
+    "cpu_rows": 64,
+    "rho_min": 0.1,  # ||Q||_2 of each block drawn uniformly in [rho_min, rho_max]
+    "rho_max": 0.5,
+    "chain_steps": 3,  # merges in the merge-then-reinitialize chain (the first is W_eff)
+    "verify_rows": 256,  # rows compared input-centric vs weight-centric
+    "ortho_blocks": 4,  # blocks per problem whose ||G^T G - I||_2 is measured (eigensolver)
+    "q_pool": 8,  # base skew-symmetric matrices per block size
+    "dense_acc_roundoff": 2.0**-23,  # accumulator roundoff budgeted for cuBLAS GEMMs
+    "bound_scale": 1.0,  # multiplies every derived bound (1: as derived in docs/poet.md)
+    "seed": 0,
+    "backend": "auto",  # auto: CuPy kernels on GPUs when installed, torch otherwise; or cupy / torch
+    "window_s": 1.0,
+    "max_events": 8,
+    "heartbeat_timeout_s": 30.0,  # a worker sends a heartbeat after every operation
+    "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init (the kernel compile comes after)
+    "sample_interval_s": 1.0,
+}
+
+_LEVEL_KEYS = (2, 3, 4)
+_WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_blocks", "q_pool", "dense_acc_roundoff",
+                "bound_scale", "seed", "window_s", "max_events", "cpu_blocks", "cpu_rows")
+
+
+def _params(ctx: Context) -> dict[str, Any]:
+    return ctx.params(CHECK_ID, DEFAULTS)
+
+
+def _level(ctx: Context) -> int:
+    return max(_LEVEL_KEYS[0], min(_LEVEL_KEYS[-1], int(ctx.level)))
+
+
+def poet_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
+    p = p or _params(ctx)
+    d = ctx.options.get("duration_s")
+    return float(d) if d is not None else float(p[f"duration_s_level{_level(ctx)}"])
+
+
+def _budget(ctx: Context) -> float:
+    p = _params(ctx)
+    return poet_duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
+
+
+def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], str | None]:
+    """Worker args for the injections that target `gpu`, their texts, and a usage problem."""
+    from ..poet.invariants import INJECT_OPS
+
+    args: dict[str, Any] = {}
+    texts: list[str] = []
+    for inj in ctx.injections:
+        if inj.kind not in ("bitflip", "hang") or not inj.targets_gpu(gpu):
+            continue
+        texts.append(str(inj))
+        try:
+            if inj.kind == "bitflip":
+                op = str(inj.get("op", "forward"))
+                if op not in INJECT_OPS:
+                    return args, texts, f"--inject {inj}: op must be one of {', '.join(INJECT_OPS)}, not {op!r}"
+                args["bitflip"] = {"op": op, **{k: (None if inj.get(k) is None else int(inj.get(k)))
+                                                for k in ("bit", "row", "col", "problem")}}
+            else:
+                args["hang_after_s"] = float(inj.get("after", 1.0))
+        except (TypeError, ValueError) as e:
+            return args, texts, f"--inject {inj}: {e}"
+    return args, texts, None
+
+
+def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+    """dtypes, blocks, size and rows of this run (ctx.options over the config); ValueError."""
+    from ..poet.bounds import parse_blocks, parse_dtypes
+
+    dtypes = parse_dtypes(ctx.options.get("dtypes") or p["dtypes"])
+    blocks = parse_blocks(ctx.options.get("blocks") or p["blocks"])
+    gpu = ctx.device != "cpu"
+    size = ctx.options.get("size") or (p["size"] if gpu else None)
+    rows = ctx.options.get("rows") or (p["rows"] if gpu else None)
+    if size is not None:
+        size = int(size)
+        bad = [b for b in blocks if size % b]
+        if size <= 0 or bad:
+            raise ValueError(f"size {size} is not a multiple of block size(s) {', '.join(map(str, bad))}")
+    backend = str(ctx.options.get("backend") or p["backend"])
+    return {"dtypes": dtypes, "blocks": blocks, "size": size, "rows": None if rows is None else int(rows),
+            "backend": backend}
+
+
+@define(
+    CHECK_ID,
+    title="POET orthogonal matmuls (Cayley-Neumann blocks, block-diagonal kernels, merges) on every GPU, "
+          "verified by orthogonality invariants",
+    level=Level.STANDARD,
+    needs=(Need.TORCH, Need.GPU),
+    budget_s=DEFAULTS["duration_s_level2"] + DEFAULTS["startup_timeout_s"] + 30.0,  # at level 2; budget_fn rules
+    budget_fn=_budget,
+    detects="silent data corruption in batched small matmuls, permutation gathers and custom CUDA kernels; "
+            "GPUs that hang or crash under that load",
+    defaults=DEFAULTS,
+    injects=("bitflip", "hang"),
+)
+def poet_ortho(ctx: Context) -> list[Result]:
+    from ..workers.pool import WorkerJob, run_workers
+    from ..workers.sampler import Sampler
+    from ..workers.targets import worker_targets
+
+    p = _params(ctx)
+    device = "cpu" if ctx.device == "cpu" else "cuda"
+    duration = poet_duration(ctx, p)
+    notes: list[str] = []
+    if ctx.deadline is not None:
+        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - 10.0
+        if left < duration:
+            duration = max(1.0, left)
+            notes.append(f"run shortened to {duration:.0f} s to fit the run's timeout")
+    try:
+        settings = _run_settings(ctx, p)
+    except ValueError as e:
+        return [Result(CHECK_ID, Status.ERROR, f"bad option: {e}")]
+
+    targets, results = worker_targets(ctx, device, CHECK_ID, "tested")
+    if not targets:
+        return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected")]
+
+    jobs: list[WorkerJob] = []
+    injected: dict[int, list[str]] = {}
+    for t in targets:
+        g = t["gpu"]
+        inj_args, texts, problem = _injection_args(ctx, g)
+        injected[g] = texts
+        if problem:
+            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
+            continue
+        args = {"duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
+                "size": settings["size"], "rows": settings["rows"], "gpu_size": p["size"], "gpu_rows": p["rows"],
+                "backend": settings["backend"], **{k: p[k] for k in _WORKER_KEYS}, **inj_args}
+        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
+                              visible_device=t["visible"] if device == "cuda" else None))
+    if not jobs:
+        return results
+
+    sample_fn = ctx.options.get("sample_fn")
+    sampler = None
+    if device == "cuda" or sample_fn is not None:
+        sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]),
+                          sample_fn=sample_fn, xid_fn=ctx.options.get("xid_fn"))
+
+    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
+        merged = dict(info)
+        latest = sampler.latest(job.gpu) if sampler is not None and job.gpu is not None else None
+        if latest:
+            for key in ("temperature_c", "sm_clock_mhz", "power_w"):
+                if latest.get(key) is not None:
+                    merged[key] = latest[key]
+        ctx.report(CHECK_ID, f"gpu{job.gpu}", merged)
+
+    t0 = time.monotonic()
+    outcomes = run_workers(
+        "gpucheck.poet.worker:poet_worker",
+        jobs,
+        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
+        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
+        startup_timeout_s=float(p["startup_timeout_s"]),
+        cancel=ctx.cancel,
+        on_progress=on_progress,
+        sampler=sampler,
+        stop_grace_s=1.5,
+        term_grace_s=1.0,
+        kill_wait_s=1.5,
+    )
+    elapsed = time.monotonic() - t0
+    results.extend(judge_outcomes(device, duration, jobs, outcomes, sampler, injected, notes, elapsed))
+    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# judging (pure: worker data in, Results out)
+
+
+def _fmt(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
+
+
+def describe_violation(v: dict[str, Any]) -> str:
+    """'<invariant> (<dtype>, block <b>): error <e> > bound <bound>'."""
+    return f"{v['invariant']} ({v['dtype']}, block {v['block']}): error {_fmt(v['error'])} > bound {_fmt(v['bound'])}"
+
+
+def _violation_detail(v: dict[str, Any]) -> str:
+    parts = [f"problem {v['problem']} ({v.get('distribution', '?')} data, n={v.get('size')}, m={v.get('rows')})",
+             f"op {v['op']}"]
+    if v.get("where"):
+        parts.append(str(v["where"]))
+    for key in ("elements", "rows_bad"):
+        if v.get(key):
+            parts.append(f"{v[key]} {'element' if key == 'elements' else 'row'}(s) out of bound")
+    if "got" in v:
+        parts.append(f"got {_fmt(v['got'])}, expected {_fmt(v['expected'])}")
+    if "measured" in v:
+        parts.append(f"||GᵀG−I||₂ {_fmt(v['measured'])} vs theory 2ρ⁴−ρ⁸ = {_fmt(v['theory'])} (ρ = {_fmt(v['rho'])})")
+    if "value" in v:
+        parts.append(f"ratio {_fmt(v['value'])} outside [{_fmt(v['lo'])}, {_fmt(v['hi'])}]")
+    if v.get("injected"):
+        parts.append("injected fault in this problem")
+    return "SDC " + describe_violation(v) + ": " + "; ".join(parts)
+
+
+def judge_outcomes(device: str, duration: float, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
+                   injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
+    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+    from .burn import _add_telemetry, _telemetry
+
+    out: list[Result] = []
+    for j in jobs:
+        g = j.gpu
+        oc = outcomes.get(j.worker_id)
+        inj = injected.get(g, [])
+        tel = _telemetry(sampler, g, device)
+        if oc is None:
+            out.append(Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=g, injected=inj))
+            continue
+        partial = (oc.progress or {}) if oc.result is None else {}
+        if oc.kind == HUNG:
+            r = Result(CHECK_ID, Status.FAIL,
+                       f"hang: the poet worker stopped answering and was killed ({oc.error}); "
+                       "a GPU that hangs a kernel is unhealthy", gpu=g, action=Action.RESET_GPU, injected=inj)
+            _partial(r, partial)
+        elif oc.kind == CRASHED:
+            err = oc.error or "unknown error"
+            cuda = "cuda" in err.lower() or "cublas" in err.lower()
+            r = Result(CHECK_ID, Status.FAIL, f"poet worker crashed: {err}", gpu=g,
+                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=inj)
+            if oc.traceback:
+                r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
+            _partial(r, partial)
+        elif oc.result is not None and oc.result.get("setup_error"):
+            r = Result(CHECK_ID, Status.ERROR, f"could not run POET: {oc.result['setup_error']}", gpu=g, injected=inj)
+        elif oc.result is None:
+            why = ("interrupted before the worker returned" if oc.kind == CANCELLED
+                   else f"the worker overran its time budget ({oc.error})")
+            r = Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=g, injected=inj)
+            _partial(r, partial)
+        else:
+            r = judge_data(g, oc.result, inj)
+            if oc.kind in (CANCELLED, OVER_BUDGET):
+                stopped = oc.result.get("stopped") or oc.kind
+                r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
+                                  f"of {duration:.0f} s: results are partial")
+        _add_telemetry(r, tel)
+        if device == "cpu":
+            r.evidence.append(f"CPU worker {g} standing in for a GPU")
+        r.evidence.extend(notes)
+        r.duration_s = elapsed
+        out.append(r)
+    return out
+
+
+def _partial(r: Result, progress: dict[str, Any]) -> None:
+    if progress.get("problems") is not None:
+        r.metric("problems", int(progress["problems"]), "count")
+    if progress:
+        r.evidence.append("last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                        for k, v in progress.items()))
+
+
+def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
+    """One GPU's worker data -> its Result."""
+    problems = int(d.get("problems", 0))
+    n_viol = int(d.get("violation_count", 0))
+    events = d.get("violations", [])
+    combos = d.get("combos", {})
+    metrics: dict[str, Any] = {"problems": problems, "violations": n_viol,
+                               "launches": sum(int(c.get("launches", 0)) for c in combos.values()),
+                               "cuda_kernels": 1 if d.get("cuda_kernels") else 0}
+    units: dict[str, str] = {"problems": "count", "violations": "count", "launches": "count", "cuda_kernels": "bool"}
+    if d.get("tflops") is not None:
+        metrics["tflops_effective"] = round(float(d["tflops"]), 4)
+        units["tflops_effective"] = "TFLOP/s"
+    worst: dict[str, float] = {}
+    for c in combos.values():
+        for name, r in (c.get("max_ratio") or {}).items():
+            r = float("inf") if r is None else float(r)
+            worst[name] = max(worst.get(name, 0.0), r)
+    for name, r in sorted(worst.items()):
+        metrics[f"max_ratio_{name}"] = round(r, 4) if r != float("inf") else None
+        units[f"max_ratio_{name}"] = "of bound"
+    evidence: list[str] = []
+    dev = d.get("device", {})
+    backend = ("CUDA kernels (gpucheck/kernels/poet.cu) through CuPy " + str(dev.get("cupy") or "")).strip() \
+        if d.get("cuda_kernels") else "torch implementation"
+    evidence.append(f"device {dev.get('name')!r}; backend: {backend}; torch {dev.get('torch')}")
+    for key, c in combos.items():
+        mr = c.get("max_ratio") or {}
+        top = ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(mr.items(), key=lambda kv: -(kv[1] or 0))[:3])
+        evidence.append(f"{c['dtype']} block {c['block']}: {c['problems']} problems (n={c['size']}, m={c['rows']}), "
+                        f"{c['launches']} kernel calls, {c['violations']} violations in {c['seconds']:.1f} s; "
+                        f"worst error/bound: {top or 'n/a'}")
+    evidence.extend(_violation_detail(v) for v in events)
+    if d.get("backend_note"):
+        evidence.append(str(d["backend_note"]))
+    evidence.extend(f"injected {x}" for x in d.get("injected", []))
+    if any(x.startswith("bitflip") for x in inj) and not d.get("injected"):
+        evidence.append("the bitflip injection did not fire: the run ended before its problem")
+
+    if n_viol == 0 and problems == 0:
+        why = f"stopped ({d['stopped']})" if d.get("stopped") else "the duration was too short for one problem"
+        res = Result(CHECK_ID, Status.ERROR, f"no POET problem finished: {why}", gpu=g, injected=list(inj))
+        res.metrics.update(metrics)
+        res.units.update(units)
+        res.evidence = evidence
+        return res
+
+    dtypes = sorted({c["dtype"] for c in combos.values() if c.get("problems")})
+    blocks = sorted({c["block"] for c in combos.values() if c.get("problems")})
+    ok = (f"{problems} POET problems verified ({', '.join(dtypes)}; blocks {', '.join(map(str, blocks))}) on the "
+          f"{'CUDA kernels' if d.get('cuda_kernels') else 'torch path'}: {len(d.get('invariants', []))} invariants clean")
+    finite = {k: v for k, v in worst.items() if v != float("inf")}
+    if finite:
+        name = max(finite, key=finite.get)
+        ok += f", worst error/bound {finite[name]:.2g} ({name})"
+    if d.get("backend_note"):
+        ok += f"; {d['backend_note']}"
+    thresholds = [Threshold("violations", ">", 0, Status.FAIL, "count")]
+    causes = {}
+    if events:
+        more = f"; {n_viol - 1} more violation(s)" if n_viol > 1 else ""
+        causes["violations"] = f"silent data corruption: {describe_violation(events[0])}{more}"
+    res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes,
+                actions={"violations": Action.DRAIN})
+    res.evidence = evidence
+    res.injected = list(inj)
+    return res
+
+
+CHECKS = [poet_ortho]

@@ -1,0 +1,168 @@
+"""gpucheck/kernels/poet.cu on the CPU (tests/cudaemu.py): the very kernels and launch plans the
+GPU runs, against the torch/float64 reference for every dtype, and the whole per-problem check
+(every invariant) run on them, healthy and with an injected bit flip."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+import cudaemu
+from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_theta, stage_floor
+from gpucheck.poet.invariants import VerifyConfig, check_problem
+
+torch = pytest.importorskip("torch")
+
+from gpucheck.poet.cupy_ops import KernelOps, bd_plan, cnp_plan  # noqa: E402
+from gpucheck.poet.ortho import QPool, TorchOps, bd_torch, cnp_torch, make_problem  # noqa: E402
+
+CPU = torch.device("cpu")
+F64 = torch.float64
+
+DRIVER = ""
+for _suf, _st in (("f32", "float"), ("bf16", "gc_u16"), ("f16", "gc_u16")):
+    DRIVER += f"""
+extern "C" void emu_poet_bd_apply_{_suf}(EMU_LAUNCH_PARAMS, const {_st}* X, gc_i64 x_rs, gc_i64 x_cs, const {_st}* G,
+        {_st}* Y, gc_i64 y_rs, gc_i64 y_cs, const int* in_idx, const int* out_idx, int m, int b, int k, int transpose) {{
+    EMU_LAUNCH(poet_bd_apply_{_suf}(X, x_rs, x_cs, G, Y, y_rs, y_cs, in_idx, out_idx, m, b, k, transpose));
+}}
+extern "C" void emu_poet_cnp_step_{_suf}(EMU_LAUNCH_PARAMS, const float* Q, const float* H, {_st}* out, int b, int k,
+        float c, int first) {{
+    EMU_LAUNCH(poet_cnp_step_{_suf}(Q, H, out, b, k, c, first));
+}}
+"""
+
+_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+
+
+@pytest.fixture(scope="module")
+def lib():
+    why = cudaemu.usable()
+    if why:
+        pytest.skip(why)
+    torch.set_num_threads(1)
+    return cudaemu.build("poet", DRIVER)
+
+
+class EmuOps(KernelOps):
+    """KernelOps whose launches run the emulated kernels: the CuPy backend minus CuPy."""
+
+    name = "emu"
+
+    def __init__(self, lib):
+        super().__init__(torch, CPU)
+        self.lib = lib
+        self.calls = []
+
+    def _run(self, kernel, grid, args):
+        fn = getattr(self.lib, "emu_" + kernel)
+        fn.argtypes = [ctypes.c_uint] * 6 + [_CTYPES[k] for k, _ in args]
+        fn.restype = None
+        vals = [(None if v is None else v.data_ptr()) if k == "ptr" else v for k, v in args]
+        self.calls.append((kernel, grid))
+        fn(*grid, 256, 1, 1, *vals)
+
+
+def _data(dtype, m, k, b, seed):
+    g = torch.Generator().manual_seed(seed)
+    st = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    n = k * b
+    X = torch.randn(m, n, generator=g).to(st)
+    G = (torch.eye(b) + 0.2 * torch.randn(k, b, b, generator=g) / b**0.5).to(st)
+    perm = torch.randperm(n, generator=g)
+    return X, G, perm
+
+
+def _assert_bd_within_bound(dtype, Y, X, G, **kw):
+    """|Y - ref64| <= u |ref| + (1 + u) c_b |X| |BD(G)| + floor: the kernel_reference bound."""
+    b = G.shape[-1]
+    u = STORE_ROUNDOFF[dtype]
+    ref = bd_torch(torch, X.double(), G.double(), acc=F64, **kw)
+    absr = bd_torch(torch, X.double().abs(), G.double().abs(), acc=F64, **kw)
+    bound = u * ref.abs() + (1 + u) * acc_coeff(b, U32) * absr + stage_floor(dtype, b)
+    err = (Y.double() - ref).abs()
+    assert bool((err <= bound).all()), float((err / bound).max())
+    return bound
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("b,k,m", [(32, 3, 40), (64, 2, 130)])
+def test_bd_kernel_matches_the_reference_in_every_mode(lib, dtype, b, k, m):
+    """Gather in, scatter out, transposed blocks, transposed operand and result; m not a multiple
+    of the 128-row tile (row guard); two row tiles for m = 130."""
+    ops, tops = EmuOps(lib), TorchOps(torch, CPU)
+    X, G, perm = _data(dtype, m, k, b, seed=b + m)
+    inv = torch.argsort(perm)
+    modes = [dict(in_idx=perm), dict(transpose=True, out_idx=perm), dict(in_idx=perm, out_idx=inv, transpose=True),
+             dict()]
+    for kw in modes:
+        Y = ops.bd(X, G, **kw)
+        assert Y.dtype == X.dtype and tuple(Y.shape) == (m, k * b)
+        bound = _assert_bd_within_bound(dtype, Y, X, G, **kw)
+        # the torch backend (fp32 accumulation in another order) is within the same bound of the
+        # reference, so the two agree within twice that
+        Yt = tops.bd(X, G, **kw)
+        assert bool(((Y.double() - Yt.double()).abs() <= 2 * bound).all())
+    # x_t / y_t: a square operand read and written transposed (the weight-centric merge)
+    Wt = torch.randn(k * b, k * b, generator=torch.Generator().manual_seed(1)).to(X.dtype)
+    Y = ops.bd(Wt, G, x_t=True, y_t=True, out_idx=inv)
+    _assert_bd_within_bound(dtype, Y, Wt, G, x_t=True, y_t=True, out_idx=inv)
+    assert [c[0] for c in ops.calls] == [f"poet_bd_apply_{ {'fp32': 'f32', 'bf16': 'bf16', 'fp16': 'f16'}[dtype]}"] * 5
+    assert ops.calls[0][1] == (k * b // 32, (m + 127) // 128, 1)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("b", [32, 64])
+def test_cnp_kernel_matches_the_float64_cayley_neumann(lib, dtype, b):
+    ops = EmuOps(lib)
+    pool = QPool(torch, CPU, seed=1)
+    p = make_problem(torch, CPU, pool, index=0, seed=b, dtype=dtype, b=b, n=3 * b, m=8, rho_min=0.1, rho_max=0.5,
+                     chain_steps=1)
+    G = ops.cnp(p.t_in.Q, dtype)
+    assert [c[0] for c in ops.calls] == ["poet_cnp_step_f32", "poet_cnp_step_f32",
+                                         f"poet_cnp_step_{ {'fp32': 'f32', 'bf16': 'bf16', 'fp16': 'f16'}[dtype]}"]
+    Q64 = p.t_in.Q.double()
+    Gx = cnp_torch(torch, Q64, acc=F64)
+    P = cnp_torch(torch, Q64.abs(), acc=F64)
+    u = STORE_ROUNDOFF[dtype]
+    beta = u * Gx.abs() + (1 + u) * (cnp_theta(b) + 2.0**-50) * P + stage_floor(dtype, 4 * b)
+    assert bool(((G.double() - Gx).abs() <= beta).all())
+    # the torch backend evaluates the same Horner order: within the same bound, so within 2 beta
+    Gt = TorchOps(torch, CPU).cnp(p.t_in.Q, dtype)
+    assert bool(((G.double() - Gt.double()).abs() <= 2 * beta).all())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_the_whole_check_runs_on_the_emulated_kernels(lib, dtype):
+    ops = EmuOps(lib)
+    pool = QPool(torch, CPU, seed=2)
+    p = make_problem(torch, CPU, pool, index=1, seed=31, dtype=dtype, b=32, n=64, m=40, rho_min=0.1, rho_max=0.5,
+                     chain_steps=2)
+    out = check_problem(torch, ops, p, VerifyConfig(ortho_blocks=2))
+    assert out["violations"] == [] and out["launches"] == 4 * 3 + 7
+    assert all(r <= 1.0 for r in out["ratios"].values())
+    # the same problem with a flipped bit in one kernel output: caught
+    p = make_problem(torch, CPU, pool, index=1, seed=31, dtype=dtype, b=32, n=64, m=40, rho_min=0.1, rho_max=0.5,
+                     chain_steps=2)
+    out = check_problem(torch, EmuOps(lib), p, VerifyConfig(ortho_blocks=2), inject={"op": "output", "problem": 1})
+    assert out["violations"] and out["violations"][0]["invariant"] == "kernel_reference"
+    assert out["violations"][0]["op"] == "bd_apply Z·BD(G_out)·Π_out" and out["violations"][0]["where"] == "row 20, col 21"
+
+
+def test_launch_plans_refuse_what_the_kernels_cannot_do():
+    X = torch.zeros(4, 48)
+    G = torch.zeros(3, 16, 16)  # block 16: not a multiple of the 32-column tile
+    with pytest.raises(ValueError, match="tile"):
+        bd_plan(X, G, torch.zeros(4, 48))
+    X = torch.zeros(4, 64)
+    G = torch.zeros(2, 32, 32)
+    with pytest.raises(ValueError, match="output shape"):
+        bd_plan(X, G, torch.zeros(64, 4))
+    with pytest.raises(ValueError, match="same storage dtype"):
+        bd_plan(X, G.to(torch.bfloat16), torch.zeros(4, 64))
+    with pytest.raises(ValueError):
+        cnp_plan(torch.zeros(1, 48, 48), torch.zeros(1, 48, 48), torch.zeros(1, 48, 48), torch.zeros(1, 48, 48))
+    kernel, grid, args = bd_plan(X, G, torch.zeros(64, 4), x_t=False, y_t=True)
+    assert kernel == "poet_bd_apply_f32" and grid == (2, 1, 1)
+    assert [a for a in args if a[0] == "i64"] == [("i64", 64), ("i64", 1), ("i64", 1), ("i64", 4)]

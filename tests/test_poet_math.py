@@ -1,0 +1,282 @@
+"""POET math and invariants on the torch path (CPU): the Cayley-Neumann error against theory, the
+reference operations against their definitions, every invariant for every block size and dtype,
+healthy problems that never fail over many seeds, and injected faults that always do."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gpucheck.poet import bounds
+from gpucheck.poet.bounds import (
+    PoetInputError,
+    cnp_orthogonality_error,
+    gamma,
+    interval_check,
+    parse_blocks,
+    parse_dtypes,
+)
+from gpucheck.poet.invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
+
+torch = pytest.importorskip("torch")
+
+from gpucheck.poet.ortho import (  # noqa: E402
+    QPool,
+    TorchOps,
+    bd_torch,
+    cnp_torch,
+    flip_bit,
+    make_problem,
+)
+
+CPU = torch.device("cpu")
+F64 = torch.float64
+
+
+@pytest.fixture(scope="module")
+def env():
+    torch.set_num_threads(1)
+    return QPool(torch, CPU, seed=0), TorchOps(torch, CPU)
+
+
+def _problem(pool, dtype, b, seed, *, k=2, m=32, rho=(0.1, 0.5), chain=3, index=None):
+    return make_problem(torch, CPU, pool, index=seed if index is None else index, seed=seed, dtype=dtype, b=b,
+                        n=k * b, m=m, rho_min=rho[0], rho_max=rho[1], chain_steps=chain)
+
+
+# -- bounds and parsing -------------------------------------------------------------------------
+def test_parse_blocks_and_dtypes():
+    assert parse_blocks("256, 32,32") == [256, 32]
+    assert parse_blocks([64]) == [64] and parse_blocks(128) == [128]
+    for bad in ("48", "0", "", "abc", "32,512"):
+        with pytest.raises(PoetInputError):
+            parse_blocks(bad)
+    assert parse_dtypes("BF16,float32, half") == ["bf16", "fp32", "fp16"]
+    for bad in ("fp64", "", "tf32"):
+        with pytest.raises(PoetInputError):
+            parse_dtypes(bad)
+
+
+def test_gamma_and_interval_check():
+    assert gamma(10, 2.0**-24) == pytest.approx(10 * 2.0**-24, rel=1e-6)
+    with pytest.raises(ValueError):
+        gamma(2**24, 2.0**-24)
+    assert interval_check(1.01, 0.9, 1.02) == (True, pytest.approx(0.01), pytest.approx(0.02), pytest.approx(0.5))
+    ok, err, bound, ratio = interval_check(0.8, 0.9, 1.02)
+    assert not ok and err == pytest.approx(0.2) and bound == pytest.approx(0.1) and ratio == pytest.approx(2.0)
+    assert interval_check(math.nan, 0.9, 1.1)[0] is False
+
+
+def _skew(b, rho, seed):
+    g = torch.Generator().manual_seed(seed)
+    M = torch.randn(b, b, generator=g, dtype=F64)
+    Q = M - M.T
+    return Q * (rho / torch.linalg.matrix_norm(Q, 2))
+
+
+@pytest.mark.parametrize("b", [32, 256])
+@pytest.mark.parametrize("rho", [0.1, 0.3, 0.5, 0.9])
+def test_cnp_orthogonality_error_is_exactly_the_theory_in_float64(b, rho):
+    """||G^T G - I||_2 = 2 rho^4 - rho^8 for three Neumann terms (and rho^6 for two), equal, not
+    just bounded; the singular values of G lie in [1 - rho^4, 1]."""
+    Q = _skew(b, rho, seed=b)
+    eye = torch.eye(b, dtype=F64)
+    G3 = cnp_torch(torch, Q[None], acc=F64)[0]
+    direct = eye + 2 * Q + 2 * Q @ Q + 2 * Q @ Q @ Q + Q @ Q @ Q @ Q
+    assert torch.allclose(G3, direct, atol=1e-13)
+    e3 = torch.linalg.matrix_norm(G3.T @ G3 - eye, 2).item()
+    assert e3 == pytest.approx(cnp_orthogonality_error(rho), rel=1e-9, abs=1e-14)
+    G2 = eye + 2 * Q + 2 * Q @ Q + Q @ Q @ Q
+    e2 = torch.linalg.matrix_norm(G2.T @ G2 - eye, 2).item()
+    assert e2 == pytest.approx(cnp_orthogonality_error(rho, terms=2), rel=1e-9, abs=1e-15)
+    sv = torch.linalg.svdvals(G3)
+    assert sv.min().item() == pytest.approx(1 - rho**4, rel=1e-9)
+    assert sv.max().item() <= 1 + 1e-12
+    # the exact Cayley transform is orthogonal: the CNP error is the truncation, nothing else
+    C = (eye + Q) @ torch.linalg.inv(eye - Q)
+    assert torch.linalg.matrix_norm(C.T @ C - eye, 2).item() < 1e-12
+
+
+def test_fp32_cnp_stays_within_theory_plus_its_derived_rounding_floor(env):
+    """The fp32 Horner evaluation (the kernel's order) is within 2 eta + eta^2 of the theory,
+    where eta is the worst-case bound of the rounding; and that floor is far below the theory's
+    value at rho = 0.5, so the comparison is not vacuous."""
+    b, rho = 64, 0.5
+    Q = _skew(b, rho, seed=3).to(torch.float32)
+    rho32 = torch.linalg.matrix_norm(Q.double(), 2).item()
+    G = cnp_torch(torch, Q[None])[0].double()
+    e = torch.linalg.matrix_norm(G.T @ G - torch.eye(b, dtype=F64), 2).item()
+    P = cnp_torch(torch, Q.double().abs()[None], acc=F64)[0]
+    beta = bounds.cnp_theta(b) * P
+    eta = math.sqrt(beta.sum(0).max().item() * beta.sum(1).max().item())
+    theory = cnp_orthogonality_error(rho32)
+    assert abs(e - theory) <= 2 * eta + eta**2
+    assert 2 * eta + eta**2 < 0.05 * theory
+
+
+def test_qpool_blocks_are_skew_with_the_drawn_spectral_norm(env):
+    pool, _ = env
+    p = _problem(pool, "fp32", 64, seed=11, k=3)
+    for t in (p.t_in, p.t_out):
+        Q = t.Q.double()
+        assert torch.equal(Q, -Q.transpose(1, 2))  # exactly skew-symmetric after rounding to fp32
+        norms = torch.linalg.matrix_norm(Q, 2)
+        for j in range(Q.shape[0]):
+            assert abs(norms[j].item() - t.rho[j]) <= t.drho[j]
+            assert 0.1 <= t.rho[j] <= 0.5
+        assert sorted(t.perm.tolist()) == list(range(p.n)) and torch.equal(t.perm[t.inv], torch.arange(p.n))
+
+
+def test_bd_reference_matches_its_definition_with_permutations_and_transposes():
+    g = torch.Generator().manual_seed(5)
+    m, k, b = 6, 3, 4
+    n = k * b
+    X = torch.randn(m, n, generator=g, dtype=F64)
+    G = torch.randn(k, b, b, generator=g, dtype=F64)
+    BD = torch.block_diag(*G)
+    perm = torch.randperm(n, generator=g)
+    P = torch.eye(n, dtype=F64)[:, perm]  # (X P)[:, j] = X[:, perm[j]]
+    assert torch.allclose(X @ P, X[:, perm])
+    assert torch.allclose(bd_torch(torch, X, G, in_idx=perm, acc=F64), X @ P @ BD)
+    assert torch.allclose(bd_torch(torch, X, G, transpose=True, out_idx=perm, acc=F64), X @ BD.T @ P.T)
+    inv = torch.argsort(perm)
+    assert torch.allclose(bd_torch(torch, X, G, out_idx=inv, acc=F64), X @ BD @ P)
+    Wt = torch.randn(n, n, generator=g, dtype=F64)
+    # x_t / y_t: the weight-centric merge Pi^T BD^T A computed as (A^T BD Pi)^T
+    assert torch.allclose(bd_torch(torch, Wt, G, x_t=True, y_t=True, out_idx=inv, acc=F64), P.T @ BD.T @ Wt)
+
+
+def test_input_and_weight_centric_forward_agree_in_exact_arithmetic(env):
+    """The identity the forward_equivalence invariant relies on, in float64 with explicit
+    permutation matrices: x Pi_in BD(G_in) W^T BD(G_out) Pi_out = x W_eff^T."""
+    pool, _ = env
+    p = _problem(pool, "fp32", 32, seed=2, k=3)
+    n = p.n
+    Gi = cnp_torch(torch, p.t_in.Q.double(), acc=F64)
+    Go = cnp_torch(torch, p.t_out.Q.double(), acc=F64)
+    Pi = torch.eye(n, dtype=F64)[:, p.t_in.perm]
+    Po = torch.eye(n, dtype=F64)[:, p.t_out.perm]
+    x, W = p.x.double(), p.W.double()
+    y = x @ Pi @ torch.block_diag(*Gi) @ W.T @ torch.block_diag(*Go) @ Po
+    W_eff = Po.T @ torch.block_diag(*Go).T @ W @ torch.block_diag(*Gi).T @ Pi.T
+    assert torch.allclose(y, x @ W_eff.T, atol=1e-12)
+    A = bd_torch(torch, W, Gi, transpose=True, out_idx=p.t_in.perm, acc=F64)
+    assert torch.allclose(bd_torch(torch, A, Go, x_t=True, y_t=True, out_idx=p.t_out.inv, acc=F64), W_eff, atol=1e-12)
+
+
+# -- every invariant, every block size and dtype -------------------------------------------------
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("b", [32, 64, 128, 256])
+def test_every_invariant_holds_on_a_healthy_problem(env, dtype, b):
+    pool, ops = env
+    m = 16 if b == 256 else 32
+    out = check_problem(torch, ops, _problem(pool, dtype, b, seed=b + 7, m=m), VerifyConfig(ortho_blocks=2))
+    assert out["violations"] == []
+    assert set(out["ratios"]) == set(INVARIANTS)
+    assert all(0.0 <= r <= 1.0 for r in out["ratios"].values()), out["ratios"]
+    assert out["checks"]["kernel_reference"] == 9 and out["checks"]["cnp_reference"] == 6
+    assert out["checks"]["norm_drift"] == 2 and out["checks"]["cnp_orthogonality"] == 2
+    assert out["launches"] == 6 + 9 and out["flops"] > 0 and out["injected"] == []
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_healthy_problems_never_fail_over_many_seeds(env, dtype):
+    """60 fresh problems per dtype (both data distributions, block sizes 32 and 64, rho up to 0.9):
+    no violation. The worst ratios are recorded to show the bounds are used, not vacuous."""
+    pool, ops = env
+    worst = {}
+    for s in range(60):
+        rho = (0.1, 0.9) if s % 4 == 0 else (0.1, 0.5)
+        p = _problem(pool, dtype, 32 if s % 2 else 64, seed=10_000 + s, m=16, rho=rho, chain=2)
+        out = check_problem(torch, ops, p, VerifyConfig(ortho_blocks=2))
+        assert out["violations"] == [], (s, out["violations"][:1])
+        for k, v in out["ratios"].items():
+            worst[k] = max(worst.get(k, 0.0), v)
+    assert max(worst.values()) <= 1.0
+    if dtype != "fp32":  # rounding to bf16 / fp16 nearly reaches its half-ulp bound
+        assert worst["kernel_reference"] > 0.5 and worst["cnp_reference"] > 0.5
+
+
+# -- injected faults -----------------------------------------------------------------------------
+EXPECTED = {
+    # op: invariants that must fire for a top-mantissa-bit flip (fp32, block 32)
+    "forward": {"kernel_reference", "forward_equivalence", "round_trip"},
+    "output": {"kernel_reference", "forward_equivalence"},
+    "merge": {"kernel_reference", "forward_equivalence"},
+    "roundtrip": {"kernel_reference", "round_trip"},
+    "cnp": {"cnp_reference", "cnp_orthogonality", "round_trip"},
+}
+
+
+@pytest.mark.parametrize("op", INJECT_OPS)
+def test_a_top_mantissa_flip_in_any_kernel_output_is_caught_by_the_right_invariants(env, op):
+    pool, ops = env
+    p = _problem(pool, "fp32", 32, seed=3, index=0)
+    out = check_problem(torch, ops, p, VerifyConfig(ortho_blocks=4), inject={"op": op})
+    fired = {v["invariant"] for v in out["violations"]}
+    assert EXPECTED[op] <= fired, fired
+    assert len(out["injected"]) == 1 and out["injected"][0].startswith(f"bitflip: {op} output of problem 0")
+    assert all(v["injected"] for v in out["violations"])
+    first = out["violations"][0]
+    assert first["error"] > first["bound"] and first["dtype"] == "fp32" and first["block"] == 32
+    # the same problem without the flip is clean: the flip, not the problem, failed it
+    assert check_problem(torch, ops, _problem(pool, "fp32", 32, seed=3, index=0), VerifyConfig())["violations"] == []
+
+
+@pytest.mark.parametrize("dtype,bit", [("fp32", 30), ("bf16", 14), ("fp16", 14), ("bf16", 6), ("fp16", 9)])
+@pytest.mark.parametrize("b", [32, 256])
+def test_exponent_and_mantissa_flips_are_caught_in_every_dtype(env, dtype, bit, b):
+    pool, ops = env
+    p = _problem(pool, dtype, b, seed=21, m=16, index=0, chain=1)
+    out = check_problem(torch, ops, p, VerifyConfig(ortho_blocks=1), inject={"op": "forward", "bit": bit})
+    v = [x for x in out["violations"] if x["invariant"] == "kernel_reference"]
+    assert v and v[0]["where"] == f"row 8, col {p.n // 3}" and v[0]["elements"] == 1
+
+
+def test_a_flip_in_another_problem_does_not_fire(env):
+    pool, ops = env
+    out = check_problem(torch, ops, _problem(pool, "bf16", 32, seed=4, index=1), VerifyConfig(),
+                        inject={"op": "forward", "problem": 0})
+    assert out["violations"] == [] and out["injected"] == []
+
+
+def test_corrupted_cnp_block_breaks_orthogonality_against_theory(env):
+    """A G that is wrong everywhere by a little (as a faulty multiplier would make it): scaled
+    by 1 + 2^-6. Each element stays plausible, but orthogonality and the references catch it."""
+    pool, ops = env
+
+    class ScaledCnp(TorchOps):
+        def cnp(self, Q, dtype):
+            G = super().cnp(Q, dtype)
+            return (G.float() * (1 + 2.0**-6)).to(G.dtype)
+
+    p = _problem(pool, "fp32", 64, seed=9, index=0)
+    out = check_problem(torch, ScaledCnp(torch, CPU), p, VerifyConfig(ortho_blocks=4))
+    fired = {v["invariant"] for v in out["violations"]}
+    assert {"cnp_reference", "cnp_orthogonality", "frobenius_norm", "row_norms", "round_trip"} <= fired
+
+
+def test_a_wrong_permutation_is_caught(env):
+    """A kernel that forgets the output scatter computes a plausible, norm-preserving result:
+    the references and the forward equivalence catch it; the norms cannot."""
+    pool, _ = env
+
+    class NoScatter(TorchOps):
+        def bd(self, X, G, *, in_idx=None, out_idx=None, transpose=False, x_t=False, y_t=False):
+            return super().bd(X, G, in_idx=in_idx, out_idx=None, transpose=transpose, x_t=x_t, y_t=y_t)
+
+    p = _problem(pool, "bf16", 32, seed=12, index=0)
+    out = check_problem(torch, NoScatter(torch, CPU), p, VerifyConfig())
+    fired = {v["invariant"] for v in out["violations"]}
+    assert {"kernel_reference", "forward_equivalence", "round_trip"} <= fired
+    assert "frobenius_norm" not in fired and "row_norms" not in fired
+
+
+def test_flip_bit_helper():
+    t = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    assert flip_bit(torch, t, 1, 6) == (2.0, 3.0)
+    t = torch.tensor([1.0], dtype=torch.float32)
+    assert flip_bit(torch, t, 0, 31) == (1.0, -1.0)
+    with pytest.raises(ValueError):
+        flip_bit(torch, t, 0, 32)
