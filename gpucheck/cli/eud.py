@@ -1,0 +1,89 @@
+"""`gpucheck eud`: the extended utility diagnostics (eud.*) on their own, through the run pipeline.
+
+    gpucheck eud                          # level 3: memtest over nearly all free memory, copy
+                                          # bandwidth, power/clock stability, DCGM diag if present
+    gpucheck eud --level 2                # the short set: memtest on a fraction, copy bandwidth
+    gpucheck eud --check eud.memtest --memtest-fraction 0.5 --pattern walking_ones,random
+    gpucheck eud --check eud.dcgm --dcgm-level 2
+    gpucheck eud --device cpu --workers 2 --level 2 --inject bitflip:gpu=1   # no GPU: CPU workers
+
+Exit codes as for `gpucheck run`: 0 healthy, 1 unhealthy, 2 usage error, 3 could not judge.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .run import build_request, common_run_options, duration_callback
+
+EUD_MODULES = ("gpucheck.eud.memtest", "gpucheck.eud.bandwidth", "gpucheck.eud.power", "gpucheck.eud.dcgm")
+
+
+def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str] | None:
+    items = [v.strip() for spec in value for v in spec.split(",") if v.strip()]
+    return items or None
+
+
+def eud_check_ids(level: int) -> list[str]:
+    """The eud.* check ids at or below `level` (importing only the eud modules)."""
+    from ..registry import all_checks
+
+    return [c.id for c in all_checks(EUD_MODULES) if int(c.spec.level) <= level]
+
+
+@click.command("eud")
+@click.option("--level", "-l", default="3", show_default=True,
+              help="2: memtest on a fraction of memory + copy bandwidth; 3: also full memtest, power "
+                   "and clock stability, DCGM diag; 4: memtest loops for --duration.")
+@click.option("--check", "checks", multiple=True, metavar="ID",
+              help="Only these eud checks (ids or globs, comma list, repeatable; any level).")
+@click.option("--skip", "skips", multiple=True, metavar="ID", help="Leave these checks out.")
+@click.option("--memtest-fraction", type=click.FloatRange(min=0.0, min_open=True, max=1.0), default=None,
+              help="Fraction of each GPU's free memory the pattern test covers (default by level).")
+@click.option("--pattern", "patterns", multiple=True, callback=_csv, metavar="NAME",
+              help="Memtest patterns to run (comma list; default all; see docs/eud.md).")
+@click.option("--duration", callback=duration_callback, default=None,
+              help="Level 4: how long the memtest loops (30s, 5m, 1h).")
+@click.option("--power-duration", callback=duration_callback, default=None,
+              help="How long eud.power sustains its GEMM load (default by level).")
+@click.option("--dcgm-level", type=click.IntRange(1, 4), default=None,
+              help="DCGM diagnostic level for eud.dcgm (dcgmi diag -r N; default in config).")
+@common_run_options
+def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], memtest_fraction: float | None,
+                patterns: list[str] | None, duration: float | None, power_duration: float | None,
+                dcgm_level: int | None, **kw) -> int:
+    """Extended diagnostics: HBM pattern test, copy bandwidth, power and clock stability under
+    load, and NVIDIA DCGM's diagnostics when DCGM is installed.
+
+    Fault injection: bitflip:gpu=N[,offset=BYTES,bit=B] (memtest), slow:gpu=N,factor=F (bandwidth),
+    throttle:gpu=N[,reason=...,factor=F], hot:gpu=N[,delta=C], lowpower:gpu=N[,factor=F] (power).
+    """
+    from ..app import execute
+    from ..check import Level
+
+    try:
+        lv = Level.parse(level)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--level") from None
+    wanted = [c for spec in checks for c in spec.split(",") if c.strip()]
+    for c in wanted:
+        if not c.startswith("eud."):
+            raise click.BadParameter(f"{c!r} is not an eud check (use `gpucheck run --check` for others)",
+                                     param_hint="--check")
+    selected = wanted or eud_check_ids(int(lv))
+    if not selected:
+        raise click.BadParameter(f"no eud check runs at level {int(lv)} (they start at level 2)",
+                                 param_hint="--level")
+    options: dict[str, object] = {}
+    if memtest_fraction is not None:
+        options["memtest_fraction"] = memtest_fraction
+    if patterns:
+        options["memtest_patterns"] = patterns
+    if duration is not None:
+        options["duration_s"] = duration
+    if power_duration is not None:
+        options["power_duration_s"] = power_duration
+    if dcgm_level is not None:
+        options["dcgm_level"] = dcgm_level
+    req = build_request(level=str(int(lv)), checks=selected, skips=skips, options=options, **kw)
+    return execute(req)

@@ -1,0 +1,395 @@
+"""eud.bandwidth: host<->device, device-to-device and peer-to-peer copy bandwidth per GPU.
+
+One worker process (gpucheck.workers.pool) runs gpucheck.eud.copybw:copybw_worker, which
+measures every GPU in turn (pinned, NUMA-local host memory; medians of timed transfers) and then
+every ordered GPU pair. `judge_bandwidth` (pure) turns the numbers into one result per GPU:
+
+- against the SKU table (gpucheck.data.bandwidth) when the device name matches a row: H2D and
+  D2H below the row's floors (Azure's health-check floors, e.g. 48 GB/s for H100/H200 SXM, warn
+  below 1.05 x), D2D below typical_warn_fraction / typical_fail_fraction of the row's typical
+  copy rate, the median of the GPU's peer pairs below the row's P2P floors;
+- against the node's other GPUs: a GPU this far below the node median of H2D, D2H, D2D or of
+  its peer pairs (peer_warn_fraction / peer_fail_fraction);
+- a GPU with low H2D or D2H whose PCIe link runs below its maximum width or generation (NVML,
+  read under load by the worker; else the telemetry snapshot) gets that named as the likely
+  cause; a slow peer path is related to NVLink links the snapshot shows not active.
+
+Warn -> investigate; fail -> drain (a GPU with half its host bandwidth slows every job that
+loads data or checkpoints, and the fix is physical: reseat, riser, cable). A copy that raised a
+CUDA error fails the GPU (reset-gpu); a hung worker fails the GPU it was measuring.
+
+`--device cpu --workers N` runs the same path with host memcpy standing in for every transfer;
+the results say so. `--inject slow:gpu=N,factor=F` scales GPU N's measured bandwidths by F.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..data.bandwidth import BandwidthSku, lookup
+from ..result import Action, Result, Status, Threshold, judge
+
+CHECK_ID = "eud.bandwidth"
+MiB = 1 << 20
+
+DEFAULTS: dict[str, Any] = {
+    "h2d_bytes": 256 * MiB,  # per host<->device transfer (PCIe Gen5 x16: ~5 ms)
+    "d2d_bytes": 1024 * MiB,  # per device-to-device copy (H100: ~0.7 ms)
+    "p2p_bytes": 256 * MiB,  # per peer copy (NVLink: ~0.7 ms)
+    "repeats": 10,  # timed transfers; the median is reported
+    "warmup": 2,  # untimed transfers first
+    "cpu_bytes": 16 * MiB,  # --device cpu: every transfer size
+    "cpu_repeats": 5,
+    "p2p": True,  # measure every ordered GPU pair
+    "numa_affinity": True,  # host buffers on the GPU's NUMA node
+    "typical_warn_fraction": 0.9,  # SKU rows with a typical value only: warn below this fraction
+    "typical_fail_fraction": 0.75,  # ... fail below this one (midway between healthy and half speed)
+    "peer_warn_fraction": 0.10,  # warn this far below the node median
+    "peer_fail_fraction": 0.25,  # fail this far below (a half-width link is 0.5 below)
+    "work_budget_s": 300.0,  # measuring, after start-up (8 GPUs and 56 pairs: well under a minute)
+    "heartbeat_timeout_s": 60.0,
+    "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init of every GPU
+}
+
+KINDS = ("h2d", "d2h", "d2d")
+LABEL = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device", "p2p": "peer-to-peer"}
+
+
+def _params(ctx: Context) -> dict[str, Any]:
+    return ctx.params(CHECK_ID, DEFAULTS)
+
+
+def _budget(ctx: Context) -> float:
+    p = _params(ctx)
+    return float(p["startup_timeout_s"]) + float(p["work_budget_s"]) + 30.0
+
+
+def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], dict[int, list[str]], str | None]:
+    """`--inject slow:gpu=N,factor=F`: factor per GPU, texts per GPU, and a usage problem."""
+    factors: dict[int, float] = {}
+    texts: dict[int, list[str]] = {}
+    for inj in ctx.injections_for("slow"):
+        try:
+            f = float(inj.get("factor", 0.5))
+        except (TypeError, ValueError) as e:
+            return {}, {}, f"--inject {inj}: {e}"
+        if not 0.0 < f <= 1.0:
+            return {}, {}, f"--inject {inj}: factor must be in (0, 1], not {f}"
+        for g in gpus:
+            if inj.targets_gpu(g):
+                factors[g] = factors.get(g, 1.0) * f
+                texts.setdefault(g, []).append(str(inj))
+    return factors, texts, None
+
+
+@define(
+    CHECK_ID,
+    title="Copy bandwidth: host<->device (pinned), device-to-device, peer-to-peer; SKU table and peers",
+    level=Level.STANDARD,
+    needs=(Need.TORCH, Need.GPU),
+    budget_s=450.0,  # shown by `gpucheck list`; runs use budget_fn (startup + work + slack)
+    budget_fn=_budget,
+    detects="PCIe links trained below width/generation, slow host paths, slow HBM copies, slow or missing peer paths",
+    defaults=DEFAULTS,
+    injects=("slow",),
+)
+def bandwidth(ctx: Context) -> list[Result]:
+    from ..workers.pool import WorkerJob, run_workers
+    from ..workers.targets import worker_targets
+
+    p = _params(ctx)
+    device = "cpu" if ctx.device == "cpu" else "cuda"
+    targets, results = worker_targets(ctx, device, CHECK_ID, "measured")
+    if not targets:
+        return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to measure")]
+    factors, texts, problem = injection_factors(ctx, [t["gpu"] for t in targets])
+    if problem:
+        return [Result(CHECK_ID, Status.ERROR, problem)]
+    entries = {int(e["index"]): e for e in ctx.selected_gpu_entries() if e.get("index") is not None}
+    gpus = [{"gpu": t["gpu"], "uuid": t["visible"] if device == "cuda" else None,
+             "bus_id": (entries.get(t["gpu"]) or {}).get("pci_bus_id"), "name": t["name"]} for t in targets]
+    cpu = device == "cpu"
+    args = {"gpus": gpus, "slow": factors, "p2p": bool(p["p2p"]), "numa_affinity": bool(p["numa_affinity"]),
+            "h2d_bytes": p["cpu_bytes"] if cpu else p["h2d_bytes"], "d2d_bytes": p["cpu_bytes"] if cpu else p["d2d_bytes"],
+            "p2p_bytes": p["cpu_bytes"] if cpu else p["p2p_bytes"],
+            "repeats": p["cpu_repeats"] if cpu else p["repeats"], "warmup": p["warmup"]}
+    job = WorkerJob("node", gpu=None, device=device, args=args, visible_device=None)
+
+    def on_progress(_job: WorkerJob, info: dict[str, Any]) -> None:
+        cur = info.get("current")
+        ctx.report(CHECK_ID, f"gpu{cur}" if cur is not None else "node", {"what": info.get("what")})
+
+    t0 = time.monotonic()
+    outcomes = run_workers(
+        "gpucheck.eud.copybw:copybw_worker", [job],
+        budget_s=float(p["work_budget_s"]) + float(p["startup_timeout_s"]),
+        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]), startup_timeout_s=float(p["startup_timeout_s"]),
+        cancel=ctx.cancel, on_progress=on_progress, stop_grace_s=1.5, term_grace_s=1.0, kill_wait_s=1.5,
+    )
+    elapsed = time.monotonic() - t0
+    out = judge_outcome(outcomes.get("node"), [g["gpu"] for g in gpus], p, device, entries, texts)
+    for r in out:
+        r.duration_s = elapsed
+    results.extend(out)
+    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# judging (pure)
+
+
+def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
+                  injected: dict[int, list[str]]) -> list[Result]:
+    """Results for every GPU from the node worker's outcome."""
+    from ..workers.pool import CRASHED, HUNG
+
+    if oc is None:
+        return [Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool")]
+    if oc.result is not None and oc.result.get("setup_error"):
+        return [Result(CHECK_ID, Status.ERROR, f"could not measure: {oc.result['setup_error']}", gpu=g,
+                       injected=injected.get(g, [])) for g in gpus]
+    if oc.result is None:
+        prog = oc.progress or {}
+        cur = prog.get("current")
+        out = []
+        for g in gpus:
+            inj = injected.get(g, [])
+            if g == cur and oc.kind in (HUNG, CRASHED):
+                what = prog.get("what", "copies")
+                if oc.kind == HUNG:
+                    r = Result(CHECK_ID, Status.FAIL, f"hang: copies stopped while measuring {what} on this GPU "
+                                                      f"({oc.error})", gpu=g, action=Action.RESET_GPU, injected=inj)
+                else:
+                    r = Result(CHECK_ID, Status.FAIL, f"copy worker crashed while measuring {what} on this GPU: "
+                                                      f"{oc.error}", gpu=g, action=Action.RESET_GPU, injected=inj)
+                    if oc.traceback:
+                        r.evidence.extend(oc.traceback.strip().splitlines()[-8:])
+            else:
+                why = {HUNG: "the worker hung", CRASHED: "the worker crashed"}.get(oc.kind, f"{oc.kind}: {oc.error}")
+                r = Result(CHECK_ID, Status.ERROR, f"not measured: {why}" + (f" on GPU {cur}" if cur is not None else ""),
+                           gpu=g, injected=inj)
+            part = (prog.get("measured") or {}).get(g)
+            if part:
+                for k in KINDS:
+                    if part.get(k) is not None:
+                        r.metric(f"{k}_gbps", round(float(part[k]), 3), "GB/s")
+            out.append(r)
+        return out
+    res = judge_bandwidth(oc.result, p, device, entries, injected)
+    stopped = oc.result.get("stopped")
+    if stopped:
+        for r in res:
+            r.evidence.append(f"stopped early ({stopped}): results are partial")
+    return res
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4g}"
+
+
+def _gbps(rec: dict[str, Any], kind: str) -> float | None:
+    v = rec.get(kind)
+    return None if not isinstance(v, dict) or v.get("gbps") is None else float(v["gbps"])
+
+
+def link_cause(entry: dict[str, Any] | None, under_load: dict[str, Any] | None) -> str:
+    """Why a GPU's host transfers may be slow, from its PCIe link: '; likely cause: ...', a note
+    that the link is at its maximum, or '' when nothing is known."""
+    pc = (entry or {}).get("pcie") or {}
+    ul = under_load or {}
+    wmax, gmax = pc.get("link_width_max"), pc.get("link_gen_max")
+    width = ul.get("width") if ul.get("width") is not None else pc.get("link_width")
+    gen_ul, gen_snap = ul.get("gen"), pc.get("link_gen")
+    parts = []
+    if width is not None and wmax is not None and width < wmax:
+        where = "under load" if ul.get("width") is not None else "in the telemetry snapshot"
+        parts.append(f"PCIe link trained at x{width}, below its maximum x{wmax} ({where})")
+    if gen_ul is not None and gmax is not None and gen_ul < gmax:
+        parts.append(f"PCIe Gen{gen_ul} under load, below its maximum Gen{gmax}")
+    elif gen_ul is None and gen_snap is not None and gmax is not None and gen_snap < gmax:
+        parts.append(f"PCIe Gen{gen_snap} (max Gen{gmax}) in the telemetry snapshot (read while idle, when GPUs "
+                     "lower the generation: confirm under load)")
+    if parts:
+        return "; likely cause: " + "; ".join(parts)
+    if width is not None and (gen_ul or gen_snap) is not None:
+        g = gen_ul or gen_snap
+        return (f"; the PCIe link is at Gen{g} x{width}" + (" (its maximum)" if (wmax in (None, width)) and
+                                                            (gmax in (None, g)) else "")
+                + ": look at the host side (NUMA placement, IOMMU, a shared PCIe switch)")
+    return ""
+
+
+def _nvlink_down(entry: dict[str, Any] | None) -> str:
+    links = ((entry or {}).get("nvlink") or {}).get("links") or []
+    down = [lk.get("link") for lk in links if lk.get("state") not in (None, "active")]
+    if not links or not down:
+        return ""
+    return f"; NVLink: {len(down)} of {len(links)} links not active in the snapshot (links {down})"
+
+
+def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
+                    injected: dict[int, list[str]]) -> list[Result]:
+    """One result per measured GPU from the worker's data (see the module doc)."""
+    gpus: dict[int, dict[str, Any]] = {int(k): v for k, v in data.get("gpus", {}).items()}
+    pairs = [pr for pr in data.get("pairs", []) if pr.get("gbps") is not None]
+    measured = {g: r for g, r in gpus.items() if not r.get("error")}
+    medians: dict[str, float] = {}
+    for k in KINDS:
+        vals = [_gbps(r, k) for r in measured.values() if _gbps(r, k) is not None]
+        if len(vals) >= 2:
+            medians[k] = statistics.median(vals)
+    # The yardstick for a GPU's peer copies is the median over GPUs of each GPU's pair median: one
+    # bad GPU slows every pair it is in, but it moves only its own pair median far.
+    per_gpu_pair_medians = [statistics.median([float(pr["gbps"]) for pr in pairs if g in (pr["src"], pr["dst"])])
+                            for g in gpus if any(g in (pr["src"], pr["dst"]) for pr in pairs)]
+    pair_median = statistics.median(per_gpu_pair_medians) if len(per_gpu_pair_medians) >= 3 else None
+    pw, pf = 100.0 * float(p["peer_warn_fraction"]), 100.0 * float(p["peer_fail_fraction"])
+    tw, tf = float(p["typical_warn_fraction"]), float(p["typical_fail_fraction"])
+    cpu = device == "cpu"
+    out: list[Result] = []
+    for g in sorted(gpus):
+        rec = gpus[g]
+        inj = injected.get(g, [])
+        entry = entries.get(g)
+        if rec.get("error"):
+            err = rec["error"]
+            out.append(Result(CHECK_ID, Status.FAIL, f"copies failed on this GPU: {err}", gpu=g,
+                              action=Action.RESET_GPU if "cuda" in err.lower() else Action.INVESTIGATE, injected=inj))
+            continue
+        name = rec.get("name") or (entry or {}).get("name")
+        sku: BandwidthSku | None = None if cpu else lookup(name)
+        metrics: dict[str, Any] = {}
+        units: dict[str, str] = {}
+        thresholds: list[Threshold] = []
+        causes: dict[str, str] = {}
+        evidence: list[str] = []
+        link = link_cause(entry, rec.get("link_under_load")) if not cpu else ""
+        for k in KINDS:
+            v = _gbps(rec, k)
+            key = f"{k}_gbps"
+            metrics[key] = None if v is None else round(v, 3)
+            units[key] = "GB/s (read + write)" if k == "d2d" else "GB/s"
+            if v is None:
+                continue
+            host_link = link if k in ("h2d", "d2h") else ""
+            # SKU floors
+            if sku is not None:
+                fail_at = warn_at = None
+                if k in ("h2d", "d2h"):
+                    fail_at, warn_at = sku.h2d_fail_gbps, sku.h2d_warn_gbps
+                    if fail_at is None and sku.h2d_typical_gbps is not None:
+                        fail_at, warn_at = round(sku.h2d_typical_gbps * tf, 2), round(sku.h2d_typical_gbps * tw, 2)
+                elif sku.d2d_typical_gbps is not None:
+                    fail_at, warn_at = round(sku.d2d_typical_gbps * tf, 1), round(sku.d2d_typical_gbps * tw, 1)
+                if warn_at is not None:
+                    thresholds.append(Threshold(key, "<", warn_at, Status.WARN, "GB/s"))
+                if fail_at is not None:
+                    thresholds.append(Threshold(key, "<", fail_at, Status.FAIL, "GB/s"))
+                if fail_at is not None or warn_at is not None:
+                    causes[key] = (f"slow {LABEL[k]} copies: {_fmt(v)} GB/s, below the {sku.name} floor "
+                                   f"({_fmt(fail_at)} fail / {_fmt(warn_at)} warn){host_link}")
+            # peers
+            if k in medians:
+                med = medians[k]
+                deficit = max(0.0, (med - v) / med * 100.0) if med > 0 else 0.0
+                dkey = f"{k}_peer_deficit_pct"
+                metrics[dkey] = round(deficit, 1)
+                units[dkey] = "%"
+                thresholds.append(Threshold(dkey, ">", pw, Status.WARN, "%"))
+                thresholds.append(Threshold(dkey, ">", pf, Status.FAIL, "%"))
+                causes[dkey] = (f"slow {LABEL[k]} copies: {_fmt(v)} GB/s, {deficit:.0f}% below the node median "
+                                f"of {_fmt(med)} GB/s{host_link}")
+        # peer-to-peer
+        mine = [pr for pr in pairs if g in (pr["src"], pr["dst"])]
+        no_access = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("note")]
+        failed = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("error")]
+        if mine:
+            vals = [float(pr["gbps"]) for pr in mine]
+            slowest = min(mine, key=lambda pr: pr["gbps"])
+            metrics["p2p_min_gbps"] = round(min(vals), 3)
+            metrics["p2p_median_gbps"] = round(statistics.median(vals), 3)
+            units["p2p_min_gbps"] = units["p2p_median_gbps"] = "GB/s"
+            nvl = _nvlink_down(entry)
+            slow_txt = f"slowest gpu{slowest['src']}->gpu{slowest['dst']} {_fmt(slowest['gbps'])} GB/s"
+            if sku is not None and sku.p2p_fail_gbps is not None:
+                # The median of the GPU's pairs, not the slowest pair: one bad GPU slows a pair of every
+                # other GPU, and must not fail them all.
+                thresholds.append(Threshold("p2p_median_gbps", "<", sku.p2p_warn_gbps, Status.WARN, "GB/s"))
+                thresholds.append(Threshold("p2p_median_gbps", "<", sku.p2p_fail_gbps, Status.FAIL, "GB/s"))
+                causes["p2p_median_gbps"] = (
+                    f"slow peer-to-peer copies: median of its pairs {_fmt(statistics.median(vals))} GB/s "
+                    f"({slow_txt}), below the {sku.name} floor ({_fmt(sku.p2p_fail_gbps)} fail / "
+                    f"{_fmt(sku.p2p_warn_gbps)} warn){nvl}")
+            if pair_median is not None:
+                med = statistics.median(vals)
+                deficit = max(0.0, (pair_median - med) / pair_median * 100.0) if pair_median > 0 else 0.0
+                metrics["p2p_peer_deficit_pct"] = round(deficit, 1)
+                units["p2p_peer_deficit_pct"] = "%"
+                thresholds.append(Threshold("p2p_peer_deficit_pct", ">", pw, Status.WARN, "%"))
+                thresholds.append(Threshold("p2p_peer_deficit_pct", ">", pf, Status.FAIL, "%"))
+                causes["p2p_peer_deficit_pct"] = (
+                    f"slow peer-to-peer copies: median of its pairs {_fmt(med)} GB/s, {deficit:.0f}% below the "
+                    f"median over the node's GPUs of {_fmt(pair_median)} GB/s ({slow_txt}){nvl}")
+            evidence.append("p2p: " + ", ".join(f"gpu{pr['src']}->gpu{pr['dst']} {_fmt(pr['gbps'])}" for pr in mine)
+                            + " GB/s")
+        metrics["p2p_pairs_without_access"] = len(no_access)
+        units["p2p_pairs_without_access"] = "count"
+        if no_access:
+            evidence.append("no peer access: " + ", ".join(f"gpu{pr['src']}->gpu{pr['dst']}" for pr in no_access))
+            if sku is not None and sku.p2p_fail_gbps is not None:
+                thresholds.append(Threshold("p2p_pairs_without_access", ">", 0, Status.WARN, "count"))
+                causes["p2p_pairs_without_access"] = (
+                    f"no peer access for {len(no_access)} pair(s) on a {sku.name} node, where every pair should "
+                    f"have it{_nvlink_down(entry)}")
+        metrics["p2p_pairs_failed"] = len(failed)
+        units["p2p_pairs_failed"] = "count"
+        thresholds.append(Threshold("p2p_pairs_failed", ">", 0, Status.FAIL, "count"))
+        if failed:
+            causes["p2p_pairs_failed"] = ("peer-to-peer copies failed: " + "; ".join(
+                f"gpu{pr['src']}->gpu{pr['dst']}: {pr['error']}" for pr in failed[:3]))
+        ok_parts = [f"{k.upper()} {_fmt(_gbps(rec, k))}" for k in KINDS if _gbps(rec, k) is not None]
+        ok = ", ".join(ok_parts) + " GB/s" + (" (D2D counts read + write)" if _gbps(rec, "d2d") is not None else "")
+        if mine:
+            ok += f"; P2P min {_fmt(metrics['p2p_min_gbps'])} GB/s over {len(mine)} pair(s)"
+        if cpu:
+            ok = "CPU stand-in (host memcpy, not a GPU): " + ok
+        elif sku is None:
+            ok += f"; {name!r} not in the bandwidth table: judged by peers only"
+        if len(measured) < 2:
+            ok += "; no peers to compare"
+        res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes,
+                    actions={**{k: Action.DRAIN for k in metrics}, "p2p_pairs_failed": Action.RESET_GPU})
+        if res.status == Status.WARN:
+            res.action = Action.INVESTIGATE
+        if cpu:
+            evidence.insert(0, f"CPU worker {g} standing in for a GPU: host memcpy bandwidth")
+        else:
+            evidence.insert(0, f"device {name!r}: " + (f"{sku.name}, host link {sku.host_link} ({sku.source})"
+                                                       if sku else "not in the bandwidth table, judged by peers only"))
+        for k in KINDS:
+            r = rec.get(k)
+            if isinstance(r, dict) and r.get("gbps") is not None:
+                evidence.append(f"{k}: median of {r['repeats']} x {r['bytes'] // MiB} MiB = {_fmt(r['gbps'])} GB/s "
+                                f"(spread {_fmt(r.get('spread'))})" + (f"; {r['counted']}" if r.get("counted") else ""))
+        ul = rec.get("link_under_load")
+        if ul:
+            evidence.append("PCIe link under load (NVML): " + (f"Gen{ul.get('gen')} x{ul.get('width')}"
+                                                               if "error" not in ul else ul["error"]))
+        numa = rec.get("numa") or {}
+        if numa and not cpu:
+            evidence.append(f"host buffer: NUMA node {numa.get('node')}, CPU affinity {numa.get('affinity', 'not set')}, "
+                            f"{numa.get('pinned')}")
+        if not mine and not no_access:
+            evidence.append(data.get("p2p_note") or "peer-to-peer copies not measured")
+        evidence.extend(data.get("notes", []))
+        evidence.extend(f"injected {x}" for x in data.get("injected", []) if f"GPU {g}'" in x)
+        res.evidence = evidence
+        res.injected = list(inj)
+        out.append(res)
+    return out
+
+
+CHECKS = [bandwidth]

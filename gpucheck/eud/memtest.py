@@ -1,0 +1,431 @@
+"""eud.memtest: the HBM pattern test on every GPU at once.
+
+One worker process per GPU (gpucheck.workers.pool) runs gpucheck.eud.memtest_worker: CUDA kernels
+through CuPy that fill and verify device memory with the classic patterns (zeros, ones, walking
+ones and zeros, checkerboard and its inverse, address-in-address, seeded random, moving
+inversions; definitions in gpucheck.eud.patterns). Level 2 tests `fraction_level2` (10 %) of the
+free memory once, level 3 nearly all free memory (minus headroom) in two passes, level 4 loops
+over it for the burn-in duration. `--device cpu --workers N` runs the same patterns in NumPy on
+CPU workers standing in for GPUs.
+
+Per GPU one result:
+
+- fail "memory errors: N in <bytes> tested" when any word read back differs from what was
+  written, with the first errors (byte offset, expected and actual words, flipped bits), the bit
+  histogram (0->1 and 1->0 per bit) and whether the errors reproduced. Action: rma when the fault
+  is persistent (the same word failed in two verify runs: a confirmation rerun of the pattern, a
+  later pass, or another pattern), drain when it did not reproduce (re-test after a reset);
+- fail when the worker hung (reset-gpu) or crashed (an uncorrectable ECC error while testing:
+  reset-gpu, the row is remapped at the reset; see the memory-remap check);
+- error when gpucheck could not judge (no CuPy, no memory could be allocated, interrupted before
+  anything was verified);
+- pass otherwise, with the bandwidth of the test (bytes written plus read per second) and its
+  ratio to a device-to-device copy measured in the same run. The ratio is reported, not judged:
+  both numbers come from the same HBM, so a slow HBM lowers both alike and the ratio only says how
+  efficient gpucheck's kernels are on this GPU model (a benchmark goal, >= 0.8); HBM speed itself
+  is judged by eud.bandwidth.
+
+Options (ctx.options): memtest_fraction (0 < f <= 1 of the free memory), memtest_patterns (list
+or comma string), duration_s (loop for this long; level 4's default is duration_s_level4).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from typing import Any
+
+from ..check import Context, Level, Need, define
+from ..result import Action, Result, Status, Threshold, judge
+from .patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
+
+CHECK_ID = "eud.memtest"
+
+DEFAULTS: dict[str, Any] = {
+    "fraction_level2": 0.1,  # of the free GPU memory
+    "fraction_level3": 1.0,  # nearly all of it: the headroom below is kept free
+    "fraction_level4": 1.0,
+    "headroom_fraction": 0.05,  # keep max(this x total, headroom_min_bytes) free for the driver and others
+    "headroom_min_bytes": 1 << 30,
+    "chunk_bytes": 1 << 30,  # allocation unit
+    "passes_level2": 1,
+    "passes_level3": 2,
+    "duration_s_level4": 3600.0,  # level 4 loops over the patterns this long
+    "patterns": list(NAMES),
+    "seed": 0,
+    "max_errors": 32,  # error records kept per verify step (all errors are counted)
+    "report_errors": 8,  # error records in the result
+    "confirm": True,  # rerun a pattern that found errors once, to tell persistent from transient
+    "copy_bytes": 1 << 30,  # device-to-device copy baseline: bytes per copy
+    "copy_repeats": 10,
+    "cpu_bytes": 16 << 20,  # --device cpu: host memory per worker
+    "cpu_chunk_bytes": 8 << 20,
+    "block": 256,  # threads per block
+    "blocks_per_sm": 8,  # grid = min(words / (block x words per thread), SMs x this)
+    "pass_budget_s": 120.0,  # time budget per pass (an H100 pass over 75 GB takes about a second)
+    "heartbeat_timeout_s": 60.0,  # a worker silent this long is hung
+    "startup_timeout_s": 120.0,  # spawn + CuPy import + kernel compile + CUDA init
+    "sample_interval_s": 1.0,  # NVML sampling period (Xid events during the test)
+}
+
+_LEVELS = (2, 3, 4)
+
+
+def _params(ctx: Context) -> dict[str, Any]:
+    return ctx.params(CHECK_ID, DEFAULTS)
+
+
+def _level(ctx: Context) -> int:
+    return max(_LEVELS[0], min(_LEVELS[-1], int(ctx.level)))
+
+
+def _device(ctx: Context) -> str:
+    return "cpu" if ctx.device == "cpu" else "cuda"
+
+
+def plan(ctx: Context, p: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fraction, passes, loop duration and patterns of this run (options over level defaults).
+    Raises ValueError / PatternError for bad options."""
+    p = p or _params(ctx)
+    lv = _level(ctx)
+    frac = ctx.options.get("memtest_fraction")
+    frac = float(frac) if frac is not None else float(p[f"fraction_level{lv}"])
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"memtest_fraction must be in (0, 1], not {frac}")
+    duration = ctx.options.get("duration_s")
+    if duration is None and lv == 4:
+        duration = p["duration_s_level4"]
+    duration = None if duration is None else float(duration)
+    passes = 1 if lv == 4 else int(p[f"passes_level{lv}"])
+    patterns = parse_patterns(ctx.options.get("memtest_patterns") or p["patterns"])
+    return {"fraction": frac, "duration_s": duration, "passes": passes, "patterns": patterns}
+
+
+def _budget(ctx: Context) -> float:
+    p = _params(ctx)
+    try:
+        pl = plan(ctx, p)
+    except ValueError:
+        return float(p["startup_timeout_s"]) + 30.0
+    work = (pl["duration_s"] + float(p["pass_budget_s"])) if pl["duration_s"] is not None \
+        else pl["passes"] * float(p["pass_budget_s"])
+    return float(p["startup_timeout_s"]) + work + 30.0
+
+
+def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
+    """`--inject bitflip:gpu=N[,offset=BYTES][,bit=B][,pattern=NAME][,sticky=1]` for `gpu`:
+    worker args, the injection texts, and a usage problem."""
+    spec: dict[str, Any] | None = None
+    texts: list[str] = []
+    for inj in ctx.injections_for("bitflip"):
+        if not inj.targets_gpu(gpu):
+            continue
+        texts.append(str(inj))
+        try:
+            bit = int(inj.get("bit", 17))
+            offset = inj.get("offset")
+            offset = None if offset is None else int(offset)
+            pattern = inj.get("pattern")
+            pattern = None if pattern is None else parse_patterns(str(pattern))[0]
+        except (TypeError, ValueError) as e:
+            return None, texts, f"--inject {inj}: {e}"
+        if not 0 <= bit < 64:
+            return None, texts, f"--inject {inj}: bit must be in 0..63, not {bit}"
+        if offset is not None and offset < 0:
+            return None, texts, f"--inject {inj}: offset must be >= 0, not {offset}"
+        if pattern is not None and pattern not in patterns:
+            return None, texts, f"--inject {inj}: pattern {pattern} is not run (patterns: {', '.join(patterns)})"
+        spec = {"bit": bit, "offset": offset, "pattern": pattern, "sticky": bool(int(inj.get("sticky", 0) or 0))}
+    return spec, texts, None
+
+
+@define(
+    CHECK_ID,
+    title="HBM pattern test: fill and verify GPU memory with classic patterns (CuPy kernels)",
+    level=Level.STANDARD,
+    needs=(Need.GPU,),
+    budget_s=270.0,  # shown by `gpucheck list`: level 2 (startup + one pass + slack); runs use budget_fn
+    budget_fn=_budget,
+    detects="HBM cells, rows and address faults that return wrong data (stuck, coupled, weak bits)",
+    defaults=DEFAULTS,
+    injects=("bitflip",),
+)
+def memtest(ctx: Context) -> list[Result]:
+    from ..workers.pool import WorkerJob, run_workers
+    from ..workers.targets import worker_targets
+
+    p = _params(ctx)
+    device = _device(ctx)
+    try:
+        pl = plan(ctx, p)
+    except (ValueError, PatternError) as e:
+        return [Result(CHECK_ID, Status.ERROR, f"bad memtest options: {e}")]
+    if device == "cuda" and importlib.util.find_spec("cupy") is None:
+        return [Result(CHECK_ID, Status.SKIP, "CuPy not installed (pip install 'gpucheck[cupy]'; "
+                                              "or --device cpu for the NumPy path)")]
+    notes: list[str] = []
+    duration = pl["duration_s"]
+    if ctx.deadline is not None:
+        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - 10.0
+        if duration is not None and left < duration:
+            duration = max(1.0, left)
+            notes.append(f"pattern loop shortened to {duration:.0f} s to fit the run's timeout")
+    targets, results = worker_targets(ctx, device, CHECK_ID, "tested")
+    if not targets:
+        return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to test")]
+
+    jobs: list[WorkerJob] = []
+    injected: dict[int, list[str]] = {}
+    for t in targets:
+        g = t["gpu"]
+        spec, texts, problem = injection_args(ctx, g, pl["patterns"])
+        injected[g] = texts
+        if problem:
+            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
+            continue
+        args = {"patterns": pl["patterns"], "passes": pl["passes"], "duration_s": duration,
+                "fraction": pl["fraction"], "inject": spec,
+                **{k: p[k] for k in ("seed", "headroom_fraction", "headroom_min_bytes", "chunk_bytes", "max_errors",
+                                     "report_errors", "confirm", "copy_bytes", "copy_repeats", "cpu_bytes",
+                                     "cpu_chunk_bytes", "block", "blocks_per_sm")}}
+        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
+                              visible_device=t["visible"] if device == "cuda" else None))
+    if not jobs:
+        return results
+
+    sampler = None
+    sample_fn = ctx.options.get("sample_fn")
+    if device == "cuda" or sample_fn is not None:
+        from ..workers.sampler import Sampler
+
+        sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]), sample_fn=sample_fn,
+                          xid_fn=ctx.options.get("xid_fn"))
+
+    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
+        ctx.report(CHECK_ID, f"gpu{job.gpu}", {k: v for k, v in info.items() if k != "first_error"})
+
+    work = (duration + float(p["pass_budget_s"])) if duration is not None else pl["passes"] * float(p["pass_budget_s"])
+    t0 = time.monotonic()
+    outcomes = run_workers(
+        "gpucheck.eud.memtest_worker:memtest_worker", jobs,
+        budget_s=work + float(p["startup_timeout_s"]) + 30.0,
+        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
+        startup_timeout_s=float(p["startup_timeout_s"]),
+        cancel=ctx.cancel, on_progress=on_progress, sampler=sampler,
+        stop_grace_s=1.5, term_grace_s=1.0, kill_wait_s=1.5,
+    )
+    elapsed = time.monotonic() - t0
+    ecc = {int(e["index"]): (e.get("ecc_mode") or {}).get("current") for e in ctx.selected_gpu_entries()
+           if e.get("index") is not None}
+    for j in jobs:
+        tel = _telemetry(sampler, j.gpu) if sampler is not None else None
+        r = judge_outcome(j.gpu, outcomes.get(j.worker_id), p, device, injected.get(j.gpu, []),
+                          ecc_enabled=ecc.get(j.gpu), telemetry=tel)
+        r.evidence.extend(notes)
+        r.duration_s = elapsed
+        results.append(r)
+    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+
+
+def _telemetry(sampler: Any, gpu: int) -> dict[str, Any]:
+    s = sampler.summary(gpu)
+    if sampler.xid_note:
+        s["xid_note"] = sampler.xid_note
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# judging (pure)
+
+
+def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: list[str],
+                  ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
+    """One GPU's result from its worker outcome (gpucheck.workers.pool.WorkerOutcome)."""
+    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+
+    if oc is None:
+        return Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=gpu, injected=injected)
+    partial = oc.progress or {}
+    if oc.kind == HUNG:
+        r = Result(CHECK_ID, Status.FAIL, f"hang: the pattern-test worker stopped answering and was killed "
+                                          f"({oc.error}); a GPU that hangs a memory kernel is unhealthy",
+                   gpu=gpu, action=Action.RESET_GPU, injected=injected)
+        _partial(r, partial)
+        return r
+    if oc.kind == CRASHED:
+        err = oc.error or "unknown error"
+        low = err.lower()
+        if "ecc" in low:
+            summary = (f"uncorrectable ECC error during the pattern test: {err} (the row is remapped at the "
+                       "next GPU reset; see the ecc and memory-remap checks)")
+            action = Action.RESET_GPU
+        else:
+            summary = f"pattern-test worker crashed: {err}"
+            action = Action.RESET_GPU if ("cuda" in low or "kernel" in low) else Action.INVESTIGATE
+        r = Result(CHECK_ID, Status.FAIL, summary, gpu=gpu, action=action, injected=injected)
+        if oc.traceback:
+            r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
+        _partial(r, partial)
+        return r
+    d = oc.result
+    if d is None:
+        why = ("interrupted before the worker returned" if oc.kind == CANCELLED
+               else f"the worker overran its time budget ({oc.error})")
+        r = Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=gpu, injected=injected)
+        _partial(r, partial)
+        return r
+    if d.get("setup_error"):
+        return Result(CHECK_ID, Status.ERROR, f"could not test: {d['setup_error']}", gpu=gpu, injected=injected)
+    r = judge_data(gpu, d, p, device, injected, ecc_enabled=ecc_enabled, telemetry=telemetry)
+    if oc.kind in (CANCELLED, OVER_BUDGET):
+        stopped = d.get("stopped") or oc.kind
+        r.evidence.append(f"stopped early ({stopped}): results are partial")
+    return r
+
+
+def _partial(r: Result, progress: dict[str, Any]) -> None:
+    if not progress:
+        return
+    if progress.get("errors") is not None:
+        r.metric("errors", int(progress["errors"]), "count")
+    fe = progress.get("first_error")
+    if fe:
+        r.evidence.append("first error before it stopped: " + describe_error(fe))
+    r.evidence.append("last progress: " + ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in progress.items() if k != "first_error"))
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    return "n/a" if x is None else f"{x:.4g}{unit}"
+
+
+def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, injected: list[str],
+               ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
+    """One GPU's result from the worker's data (pure; see the module doc for the rules)."""
+    e = d["errors"]
+    region = int(d["region_bytes"])
+    n_err = int(e["errors"])
+    passes = int(d.get("passes", 0))
+    patterns = list(d.get("patterns", []))
+    gbps = d.get("gbps")
+    copy = (d.get("copy") or {}).get("gbps")
+    ratio = (gbps / copy) if gbps and copy else None
+    persistent = int(e.get("persistent_words", 0))
+    confirmations = e.get("confirmations", [])
+    reproduced = any(c.get("reproduced") for c in confirmations)
+    metrics: dict[str, Any] = {
+        "errors": n_err,
+        "bytes_tested": region,
+        "passes": passes,
+        "patterns": len(patterns),
+        "bandwidth_gbps": None if gbps is None else round(gbps, 3),
+        "copy_gbps": None if copy is None else round(copy, 3),
+        "bandwidth_ratio": None if ratio is None else round(ratio, 3),
+        "error_words_recorded": int(e.get("distinct_words_recorded", 0)),
+        "persistent_error_words": persistent,
+        "first_error_offset": e.get("first_offset"),
+        "last_error_offset": e.get("last_offset"),
+        "flipped_bits": {str(b): e["up"][b] + e["down"][b] for b in e.get("bits", [])},
+        "flipped_bits_0to1": {str(b): e["up"][b] for b in e.get("bits", []) if e["up"][b]},
+        "flipped_bits_1to0": {str(b): e["down"][b] for b in e.get("bits", []) if e["down"][b]},
+    }
+    units = {"errors": "count", "bytes_tested": "B", "passes": "count", "patterns": "count",
+             "bandwidth_gbps": "GB/s (written + read)", "copy_gbps": "GB/s (read + written)",
+             "error_words_recorded": "count", "persistent_error_words": "count",
+             "first_error_offset": "B", "last_error_offset": "B"}
+    thresholds = [Threshold("errors", ">", 0, Status.FAIL, "count")]
+    evidence: list[str] = []
+    dev = d.get("device", {})
+    if device == "cpu":
+        evidence.append(f"CPU worker {gpu} standing in for a GPU: the NumPy path over "
+                        f"{human_bytes(region)} of host memory")
+    else:
+        mem = d.get("memory", {})
+        evidence.append(f"device {dev.get('name')!r}: tested {human_bytes(region)} in {mem.get('chunk_count')} "
+                        f"chunk(s) of up to {human_bytes(mem.get('chunk_bytes') or 0)}; free "
+                        f"{human_bytes(mem.get('free_bytes') or 0)} of {human_bytes(mem.get('total_bytes') or 0)}, "
+                        f"headroom kept {human_bytes(mem.get('headroom_bytes') or 0)}")
+    how = f"{len(patterns)} pattern(s) x {passes} pass(es)"
+    causes: dict[str, str] = {}
+    action = Action.NONE
+    if n_err:
+        first = e["records"][0] if e.get("records") else None
+        span = ""
+        if e.get("first_offset") is not None and e.get("last_offset") != e.get("first_offset"):
+            span = f" between offsets {e['first_offset']:#x} and {e['last_offset']:#x}"
+        if persistent or reproduced:
+            kind = (f"persistent: {max(persistent, 1)} word(s) failed again in another verify run")
+            action = Action.RMA
+        elif confirmations or passes > 1 or len(e.get("patterns", [])) > 1:
+            kind = "transient: not reproduced when the pattern was run again"
+            action = Action.DRAIN
+        else:
+            kind = "not re-tested"
+            action = Action.DRAIN
+        ecc_note = ""
+        if ecc_enabled:
+            ecc_note = "; ECC is enabled, so this data was wrong without an ECC error (silent corruption)"
+        causes["errors"] = (
+            f"memory errors: {n_err} in {human_bytes(region)} tested ({how}){span}; first at "
+            f"{describe_error(first) if first else 'an unrecorded offset'}; bits flipped: "
+            f"{histogram_text(e['up'], e['down'], limit=8)}; {kind}{ecc_note}")
+        for rec in e.get("records", []):
+            evidence.append("error " + describe_error(rec))
+        more = n_err - len(e.get("records", []))
+        if more > 0:
+            evidence.append(f"... {more} more miscompare(s) counted, not listed (first {len(e.get('records', []))} by "
+                            f"offset shown; {e.get('records_kept', 0)} recorded)")
+        evidence.append("bit histogram (all errors): " + histogram_text(e["up"], e["down"], limit=64))
+        for c in confirmations:
+            evidence.append(f"confirmation: {c['pattern']} pass {c['pass']} found {c['errors']} error(s), the rerun "
+                            f"{c['errors_again']}, {c['same_words']} recorded word(s) in both")
+        if e.get("persistent_offsets"):
+            evidence.append("persistent offsets: " + ", ".join(f"{o:#x}" for o in e["persistent_offsets"]))
+        evidence.append("action: rma for a fault that reproduces at the same word (a reset does not fix a bad cell "
+                        "or row; row remapping only follows ECC-detected errors), drain for one that did not "
+                        "(re-test after a GPU reset; rma if it recurs)")
+    ok = (f"no memory errors in {human_bytes(region)} tested ({how}); "
+          f"{_fmt(gbps, ' GB/s')} written + read")
+    if ratio is not None:
+        ok += f" = {ratio:.2f} of a device-to-device copy ({_fmt(copy, ' GB/s')})"
+    tel = telemetry or {}
+    xids = tel.get("xid") or []
+    if tel.get("samples"):
+        metrics["xid_events"] = len(xids)
+        units["xid_events"] = "count"
+        thresholds.append(Threshold("xid_events", ">", 0, Status.WARN, "count"))
+        if xids:
+            causes["xid_events"] = f"Xid {', '.join(map(str, xids))} during the pattern test (see the xid check)"
+    res = judge(CHECK_ID, thresholds, metrics, gpu=gpu, units=units, ok_summary=ok, causes=causes,
+                actions={"errors": action, "xid_events": Action.INVESTIGATE})
+    if d.get("inject_problem"):
+        res.status = Status.ERROR
+        res.summary = f"could not inject: {d['inject_problem']}"
+        res.action = Action.NONE
+    per = d.get("per_pattern", {})
+    if per:
+        evidence.append("per pattern: " + "; ".join(
+            f"{name} {v['runs']} run(s) {_fmt(v.get('gbps'), ' GB/s')}" + (f" {v['errors']} error(s)" if v["errors"] else "")
+            for name, v in per.items()))
+    cp = d.get("copy") or {}
+    if cp.get("gbps"):
+        evidence.append(f"device-to-device copy baseline: {human_bytes(cp['bytes'])} x {cp.get('repeats')}, median "
+                        f"{_fmt(cp['gbps'], ' GB/s')} counting bytes read + written; memtest/copy ratio "
+                        f"{_fmt(ratio)} (reported, not judged: eud.bandwidth judges HBM speed)")
+    elif cp.get("note"):
+        evidence.append(f"no copy baseline: {cp['note']}")
+    evidence.extend(d.get("notes", []))
+    if tel.get("xid_note"):
+        evidence.append(tel["xid_note"])
+    evidence.extend(f"injected {x}" for x in d.get("injected", []))
+    if any(x.startswith("bitflip") for x in injected) and not d.get("injected") and not d.get("inject_problem"):
+        evidence.append("the bitflip injection did not fire (stopped before its pattern ran)")
+    if d.get("stopped") and res.status == Status.PASS and not any(v["runs"] for v in per.values()):
+        res.status = Status.ERROR
+        res.summary = f"not finished: stopped ({d['stopped']}) before any pattern was verified"
+    res.evidence = evidence
+    res.injected = list(injected)
+    return res
+
+
+CHECKS = [memtest]

@@ -1,0 +1,345 @@
+"""eud.power: power and clock stability under a sustained GEMM on every GPU at once (level 3).
+
+One worker per GPU runs burn's verified GEMM loop (gpucheck.compute.gemm:burn_worker, one dtype,
+operands drawn from the normal distribution: the highest switching activity, the highest power)
+for `power_duration_s`; all GPUs are loaded together, as a node is in training. The parent samples
+NVML meanwhile (gpucheck.workers.sampler: SM clock, temperature, power, clock-event reasons, Xid
+events). gpucheck.eud.power_judge turns the samples of each GPU's load window (after `warmup_s`)
+into one result per GPU: fail on clocks cut by hardware (hw_slowdown, hw_thermal_slowdown,
+hw_power_brake_slowdown) in a meaningful share of the load samples, fail when the GPU cannot reach
+`power_fail_fraction` of its enforced power limit, warn when it runs more than `temp_peer_warn_c`
+hotter than its peers. A worker that hangs or crashes fails its GPU like burn.gemm does.
+
+No power telemetry, no verdict: with CPU workers (`--device cpu`) and no injected `sample_fn` the
+check is a skip that says why; on GPUs whose NVML does not answer it is an error (could not judge).
+
+Options read from ctx.options: power_duration_s, power_size, sample_fn (tests: gpu -> sample
+dict, replaces NVML), xid_fn. Fault injection (telemetry of GPU N is altered after it is read, so
+the detectors are proven on real NVML data too):
+
+    throttle:gpu=N[,reason=hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown][,factor=0.5]
+    hot:gpu=N[,delta=15]          temperature + delta C
+    lowpower:gpu=N[,factor=0.4]   power x factor
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+from ..check import Context, Level, Need, define
+from ..result import Action, Result, Status
+from .power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
+
+DEFAULTS: dict[str, Any] = {
+    "duration_s_level3": 120.0,  # load per run at level 3 (plus warm-up and start-up)
+    "duration_s_level4": 900.0,
+    "warmup_s": 10.0,  # after the first GEMM window: excluded from judging
+    "dtype": "bf16",  # GEMM dtype of the load (burn's names)
+    "size": 8192,  # n of the n x n operands on a GPU
+    "cpu_size": 128,  # ... on CPU workers (tests)
+    "repeats": 16,
+    "window_s": 1.0,  # throughput window of the worker (also its progress period)
+    "ref_every_s": 5.0,  # float64 reference check period of the load (burn's verification)
+    "sample_interval_s": 1.0,  # NVML sampling period
+    "min_load_samples": 10,  # fewer samples after the warm-up: could not judge
+    "hw_fail_share": 0.05,  # fail when hardware cut the clock in this share of load samples ...
+    "hw_min_samples": 3,  # ... and in at least this many samples (one glitch is a warn)
+    "power_top_fraction": 0.2,  # the top 20% of power samples ...
+    "power_top_min_samples": 3,  # ... (at least 3) are averaged ...
+    "power_fail_fraction": 0.6,  # ... and must reach this fraction of the enforced power limit
+    "temp_peer_warn_c": 10.0,  # warn when the median load temperature is this far above the peers'
+    "heartbeat_timeout_s": 30.0,
+    "startup_timeout_s": 120.0,
+}
+
+_INJECTS = ("throttle", "hot", "lowpower")
+
+
+def _params(ctx: Context) -> dict[str, Any]:
+    return ctx.params(CHECK_ID, DEFAULTS)
+
+
+def _level(ctx: Context) -> int:
+    return 4 if int(ctx.level) >= 4 else 3
+
+
+def power_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
+    p = p or _params(ctx)
+    d = ctx.options.get("power_duration_s")
+    return float(d) if d is not None else float(p[f"duration_s_level{_level(ctx)}"])
+
+
+def _budget(ctx: Context) -> float:
+    p = _params(ctx)
+    return power_duration(ctx, p) + float(p["warmup_s"]) + float(p["startup_timeout_s"]) + 30.0
+
+
+# ---------------------------------------------------------------------------------------------
+# fault injection on telemetry
+
+
+def injection_specs(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], str | None]:
+    """The telemetry alterations that target `gpu`, their texts, and a usage problem."""
+    spec: dict[str, Any] = {}
+    texts: list[str] = []
+    for inj in ctx.injections:
+        if inj.kind not in _INJECTS or not inj.targets_gpu(gpu):
+            continue
+        texts.append(str(inj))
+        try:
+            if inj.kind == "throttle":
+                reason = str(inj.get("reason", "hw_slowdown"))
+                if reason not in HW_REASONS:
+                    return spec, texts, f"--inject {inj}: reason must be one of {', '.join(HW_REASONS)}, not {reason!r}"
+                f = float(inj.get("factor", 0.5))
+                if not 0.0 < f <= 1.0:
+                    return spec, texts, f"--inject {inj}: factor must be in (0, 1], not {f}"
+                spec["throttle"] = (reason, f)
+            elif inj.kind == "hot":
+                delta = float(inj.get("delta", 15.0))
+                if delta <= 0:
+                    return spec, texts, f"--inject {inj}: delta must be > 0, not {delta}"
+                spec["hot"] = delta
+            else:
+                f = float(inj.get("factor", 0.4))
+                if not 0.0 < f <= 1.0:
+                    return spec, texts, f"--inject {inj}: factor must be in (0, 1], not {f}"
+                spec["lowpower"] = f
+        except (TypeError, ValueError) as e:
+            return spec, texts, f"--inject {inj}: {e}"
+    return spec, texts, None
+
+
+def apply_injections(samples: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Samples as if the hardware had done what `spec` says (pure: returns new dicts)."""
+    if not spec:
+        return samples
+    from ..telemetry.throttle import bit
+
+    out = []
+    for s in samples:
+        s = dict(s)
+        if "throttle" in spec:
+            reason, factor = spec["throttle"]
+            names = list(s.get("throttle_reason_names") or [])
+            if reason not in names:
+                names.append(reason)
+            s["throttle_reason_names"] = names
+            s["throttle_reasons"] = int(s.get("throttle_reasons") or 0) | bit(reason)
+            if isinstance(s.get("sm_clock_mhz"), (int, float)):
+                s["sm_clock_mhz"] = int(round(s["sm_clock_mhz"] * factor))
+        if "hot" in spec and isinstance(s.get("temperature_c"), (int, float)):
+            s["temperature_c"] = s["temperature_c"] + spec["hot"]
+        if "lowpower" in spec and isinstance(s.get("power_w"), (int, float)):
+            s["power_w"] = round(s["power_w"] * spec["lowpower"], 3)
+        s["injected"] = True
+        out.append(s)
+    return out
+
+
+def power_limit(ctx: Context, gpu: int, samples: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """Enforced power limit of `gpu`: the telemetry snapshot's power.limit_w, else a
+    `power_limit_w` carried by the samples (replays, tests), else None."""
+    for e in ctx.selected_gpu_entries():
+        if e.get("index") == gpu:
+            lim = (e.get("power") or {}).get("limit_w")
+            if isinstance(lim, (int, float)) and lim > 0:
+                return float(lim), "nvmlDeviceGetEnforcedPowerLimit, telemetry snapshot"
+    vals = [float(s["power_limit_w"]) for s in samples if isinstance(s.get("power_limit_w"), (int, float))]
+    if vals:
+        return statistics.median(vals), "power_limit_w in the samples"
+    return None, "not in the telemetry snapshot"
+
+
+# ---------------------------------------------------------------------------------------------
+# the check
+
+
+@define(
+    CHECK_ID,
+    title="Power and clock stability: sustained GEMM on every GPU, hardware slowdowns, power reach, hot GPUs",
+    level=Level.EXTENDED,
+    needs=(Need.TORCH, Need.GPU),
+    budget_fn=_budget,
+    detects="clocks cut by hardware under load (HW slowdown, HW thermal, power brake), GPUs that cannot reach "
+            "their power limit, GPUs much hotter than their peers",
+    defaults=DEFAULTS,
+    injects=_INJECTS,
+)
+def power_check(ctx: Context) -> list[Result]:
+    p = _params(ctx)
+    device = "cpu" if ctx.device == "cpu" else "cuda"
+    sample_fn: Callable[[int], dict[str, Any] | None] | None = ctx.options.get("sample_fn")
+    if device == "cpu" and sample_fn is None:
+        return [Result(CHECK_ID, Status.SKIP,
+                       "no power telemetry: CPU workers stand in for GPUs and have no power, clock or clock-event "
+                       "readings; eud.power judges NVML telemetry under load (run it on GPUs)")]
+    if device == "cuda" and sample_fn is None and ctx.snapshot is not None:
+        nv = ctx.snapshot.get("nvml") or {}
+        if nv.get("ok") is False:
+            err = nv.get("error") or {}
+            return [Result(CHECK_ID, Status.ERROR,
+                           f"could not judge: NVML is not working ({err.get('kind', 'unknown')}: "
+                           f"{err.get('message', '')}), so power, clocks and clock-event reasons cannot be read")]
+
+    duration = power_duration(ctx, p)
+    warmup = float(p["warmup_s"])
+    notes: list[str] = []
+    if ctx.deadline is not None:
+        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - warmup - 10.0
+        if left < duration:
+            duration = max(1.0, left)
+            notes.append(f"load shortened to {duration:.0f} s to fit the run's timeout")
+
+    from ..workers.pool import WorkerJob, run_workers
+    from ..workers.sampler import Sampler
+    from ..workers.targets import worker_targets
+
+    targets, results = worker_targets(ctx, device, CHECK_ID, "loaded")
+    if not targets:
+        return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to load")]
+
+    size = int(ctx.options.get("power_size") or (p["cpu_size"] if device == "cpu" else p["size"]))
+    jobs: list[WorkerJob] = []
+    specs: dict[int, dict[str, Any]] = {}
+    injected: dict[int, list[str]] = {}
+    for t in targets:
+        g = t["gpu"]
+        spec, texts, problem = injection_specs(ctx, g)
+        injected[g] = texts
+        if problem:
+            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
+            continue
+        specs[g] = spec
+        args = {
+            "duration_s": duration + warmup, "dtypes": [p["dtype"]], "size": size, "repeats": p["repeats"],
+            "window_s": p["window_s"], "ref_rows": 8, "ref_every_s": p["ref_every_s"], "seed": 0,
+            "distributions": ["normal"],
+        }
+        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
+                              visible_device=t["visible"] if device == "cuda" else None))
+    if not jobs:
+        return results
+
+    sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]), sample_fn=sample_fn,
+                      xid_fn=ctx.options.get("xid_fn"))
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+
+    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
+        now = time.time()
+        first.setdefault(job.gpu, now)
+        last[job.gpu] = now
+        merged = dict(info)
+        latest = sampler.latest(job.gpu)
+        if latest:
+            for key in ("temperature_c", "sm_clock_mhz", "power_w"):
+                if latest.get(key) is not None:
+                    merged[key] = latest[key]
+        merged["time_left_s"] = max(0.0, float(info.get("time_left_s", 0.0)))
+        ctx.report(CHECK_ID, f"gpu{job.gpu}", merged)
+
+    t0 = time.monotonic()
+    budget = duration + warmup + float(p["startup_timeout_s"]) + 30.0
+    outcomes = run_workers(
+        "gpucheck.compute.gemm:burn_worker", jobs, budget_s=budget,
+        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]), startup_timeout_s=float(p["startup_timeout_s"]),
+        cancel=ctx.cancel, on_progress=on_progress, sampler=sampler,
+        stop_grace_s=1.5, term_grace_s=1.0, kill_wait_s=1.5,
+    )
+    elapsed = time.monotonic() - t0
+    results.extend(_judge(ctx, p, device, jobs, outcomes, sampler, specs, injected, first, last, notes,
+                          sample_fn is not None))
+    for r in results:
+        r.duration_s = elapsed
+    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+
+
+def _sdc_detail(d: dict[str, Any]) -> str:
+    evs = d.get("sdc") or []
+    if not evs:
+        return ""
+    ev = evs[0]
+    what = ("differ between two runs of the same operands" if ev.get("kind") == "repeat"
+            else "off the float64 reference")
+    return f"{ev.get('dtype')} set {ev.get('set')}: {ev.get('elements')} element(s) {what}"
+
+
+def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
+           specs: dict[int, dict[str, Any]], injected: dict[int, list[str]], first: dict[int, float],
+           last: dict[int, float], notes: list[str], injected_telemetry: bool) -> list[Result]:
+    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+
+    out: list[Result] = []
+    loads: dict[int, dict[str, Any]] = {}
+    warmup = float(p["warmup_s"])
+    xid_watched = sampler.xid_note is None and (not injected_telemetry or ctx.options.get("xid_fn") is not None)
+    for j in jobs:
+        g = j.gpu
+        oc = outcomes.get(j.worker_id)
+        inj = injected.get(g, [])
+        if oc is None:
+            out.append(Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=g, injected=inj))
+            continue
+        if oc.kind == HUNG:
+            out.append(Result(CHECK_ID, Status.FAIL,
+                              f"hang: the load worker stopped answering and was killed ({oc.error}); "
+                              "a GPU that hangs a kernel is unhealthy", gpu=g, action=Action.RESET_GPU, injected=inj))
+            continue
+        if oc.kind == CRASHED:
+            err = oc.error or "unknown error"
+            cuda = "cuda" in err.lower() or "cublas" in err.lower()
+            r = Result(CHECK_ID, Status.FAIL, f"load worker crashed: {err}", gpu=g,
+                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=inj)
+            if oc.traceback:
+                r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
+            out.append(r)
+            continue
+        d = oc.result
+        if d is not None and d.get("setup_error"):
+            out.append(Result(CHECK_ID, Status.ERROR, f"could not load the GPU: {d['setup_error']}", gpu=g,
+                              injected=inj))
+            continue
+        if d is None:
+            why = ("interrupted before the worker returned" if oc.kind == CANCELLED
+                   else f"the worker overran its time budget ({oc.error})")
+            out.append(Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=g, injected=inj))
+            continue
+        if g not in first:
+            skipped = "; ".join(f"{k}: {v}" for k, v in (d.get("skipped") or {}).items()) or "no GEMM window finished"
+            out.append(Result(CHECK_ID, Status.ERROR, f"could not load the GPU: {skipped}", gpu=g, injected=inj))
+            continue
+        raw = load_window(sampler.samples(g), first[g] + warmup, last[g])
+        samples = apply_injections(raw, specs.get(g, {}))
+        limit, source = power_limit(ctx, g, samples)
+        dt = next(iter((d.get("dtypes") or {}).values()), {})
+        size = d.get("config", {}).get("size") or j.args.get("size")
+        load = (f"load: {p['dtype']} GEMMs {size}x{size} on every selected GPU at once for "
+                f"{float(d.get('seconds', 0.0)):.0f} s"
+                + (f", median {dt['tflops']:.4g} TFLOP/s" if dt.get("tflops") else "")
+                + f"; the first {warmup:g} s after the first GEMM window are warm-up and not judged")
+        ev = list(notes)
+        if device == "cpu":
+            ev.append(f"CPU worker {g} standing in for a GPU; telemetry from an injected sample_fn")
+        if injected_telemetry and device != "cpu":
+            ev.append("telemetry from an injected sample_fn, not NVML")
+        if specs.get(g):
+            ev.append(f"telemetry of this GPU altered by injection: {', '.join(inj)}")
+        if sampler.note and not raw:
+            ev.append(sampler.note)
+        if sampler.xid_note:
+            ev.append(sampler.xid_note)
+        if oc.kind in (CANCELLED, OVER_BUDGET):
+            ev.append(f"stopped early ({d.get('stopped') or oc.kind}): the load window is partial")
+        loads[g] = {
+            "samples": samples, "limit_w": limit, "limit_source": source, "injected": inj, "evidence": ev,
+            "load": load, "sdc_events": int(d.get("sdc_count", 0)), "sdc_detail": _sdc_detail(d),
+            "xid": [x["xid"] for x in sampler.xid_events(g)] if xid_watched else None,
+        }
+    out.extend(judge_power(loads, p))
+    return out
+
+
+CHECKS = [power_check]
