@@ -22,7 +22,12 @@ CHECK_MODULES: tuple[str, ...] = (
     "gpucheck.tests_suite.xid",
     "gpucheck.tests_suite.burn",
     "gpucheck.tests_suite.repro",
+    "gpucheck.tests_suite.poet",
     "gpucheck.nccl.checks",
+    "gpucheck.eud.memtest",
+    "gpucheck.eud.bandwidth",
+    "gpucheck.eud.power",
+    "gpucheck.eud.dcgm",
 )
 
 
@@ -36,6 +41,11 @@ class SelectionError(ValueError):
 MODULE_MIN_LEVEL: dict[str, int] = {
     "gpucheck.tests_suite.burn": 2,
     "gpucheck.nccl.checks": 2,
+    "gpucheck.tests_suite.poet": 2,
+    "gpucheck.eud.memtest": 2,
+    "gpucheck.eud.bandwidth": 2,
+    "gpucheck.eud.power": 3,
+    "gpucheck.eud.dcgm": 3,
 }
 
 

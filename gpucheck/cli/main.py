@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, str] = {
     "telemetry": "gpucheck.cli.telemetry:telemetry_group",
     "xid": "gpucheck.cli.xid:xid_command",
     "burn": "gpucheck.cli.burn:burn_command",
+    "poet": "gpucheck.cli.poet:poet_command",
+    "eud": "gpucheck.cli.eud:eud_command",
     "repro": "gpucheck.cli.repro:repro_group",
     "sweep": "gpucheck.cli.fleet:sweep_command",
     "slurm": "gpucheck.cli.fleet:slurm_group",
