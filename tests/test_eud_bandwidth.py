@@ -235,9 +235,10 @@ def test_check_modules_import_nothing_heavy():
 
 
 # -- the check through a CPU worker, and through `gpucheck run` -------------------------------------
-# Host memcpy on a shared CI machine varies by tens of percent between stand-ins: loose peer
-# thresholds, and an injected factor of 0.1 (a 90 % deficit) that no noise reaches.
-LOOSE = {"cpu_bytes": 2 << 20, "cpu_repeats": 3, "warmup": 1, "peer_warn_fraction": 0.5, "peer_fail_fraction": 0.6,
+# Host memcpy on a loaded CI machine varies up to 2-3x between stand-ins (66 % below the median
+# was seen): loose peer thresholds, and injected factors (0.1 with three workers, 0.05 with two:
+# a 90 % deficit against the node median) that no noise reaches.
+LOOSE = {"cpu_bytes": 2 << 20, "cpu_repeats": 3, "warmup": 1, "peer_warn_fraction": 0.75, "peer_fail_fraction": 0.8,
          "startup_timeout_s": 60.0}
 
 
@@ -269,7 +270,7 @@ def test_cli_run_json(torch, monkeypatch, tmp_path, capsys):
     cfg = tmp_path / "gpucheck.toml"
     cfg.write_text('[checks."eud.bandwidth"]\n' + "".join(f"{k} = {v}\n" for k, v in LOOSE.items()))
     rc = main(["run", "--check", "eud.bandwidth", "--device", "cpu", "--workers", "2", "--inject",
-               "slow:gpu=0,factor=0.1", "--json", "--config", str(cfg), "--state-dir", str(tmp_path / "s")])
+               "slow:gpu=0,factor=0.05", "--json", "--config", str(cfg), "--state-dir", str(tmp_path / "s")])
     verdict = json.loads(capsys.readouterr().out)
     assert rc == 1 and verdict["status"] == "fail"
     by = {r["gpu"]: r for r in verdict["results"]}

@@ -102,21 +102,9 @@ class DtypeError(ValueError):
 
 def parse_dtypes(value: str | list[str] | tuple[str, ...]) -> list[str]:
     """'bf16,fp32' or ['bf16', 'fp32'] -> ['bf16', 'fp32']; DtypeError for an unknown name."""
-    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
-    out: list[str] = []
-    for raw in items:
-        name = raw.strip().lower()
-        if not name:
-            continue
-        name = _ALIASES.get(name, name)
-        if name not in DTYPES:
-            raise DtypeError(f"unknown dtype {raw.strip()!r} (use {', '.join(DTYPES)})")
-        if name not in out:
-            out.append(name)
-    if not out:
-        raise DtypeError(f"no dtype given (use {', '.join(DTYPES)})")
-    return out
+    from ..choices import parse_choices
 
+    return parse_choices(value, DTYPES, what="dtype", error=DtypeError, aliases=_ALIASES)
 
 def reference_tolerance(dtype: str, k: int) -> float:
     """Largest |C - ref| / (|A|.|B|) a healthy GEMM of inner size k shows for `dtype`: twice

@@ -32,7 +32,6 @@ or comma string), duration_s (loop for this long; level 4's default is duration_
 from __future__ import annotations
 
 import importlib.util
-import time
 from typing import Any
 
 from ..check import Context, Level, Need, define
@@ -151,7 +150,7 @@ def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[st
     injects=("bitflip",),
 )
 def memtest(ctx: Context) -> list[Result]:
-    from ..workers.pool import WorkerJob, run_workers
+    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
     from ..workers.targets import worker_targets
 
     p = _params(ctx)
@@ -165,56 +164,33 @@ def memtest(ctx: Context) -> list[Result]:
                                               "or --device cpu for the NumPy path)")]
     notes: list[str] = []
     duration = pl["duration_s"]
-    if ctx.deadline is not None:
-        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - 10.0
-        if duration is not None and left < duration:
-            duration = max(1.0, left)
-            notes.append(f"pattern loop shortened to {duration:.0f} s to fit the run's timeout")
+    if duration is not None:
+        duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "pattern loop")
+        if note:
+            notes.append(note)
     targets, results = worker_targets(ctx, device, CHECK_ID, "tested")
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to test")]
 
-    jobs: list[WorkerJob] = []
-    injected: dict[int, list[str]] = {}
-    for t in targets:
-        g = t["gpu"]
+    keys = ("seed", "headroom_fraction", "headroom_min_bytes", "chunk_bytes", "max_errors", "report_errors",
+            "confirm", "copy_bytes", "copy_repeats", "cpu_bytes", "cpu_chunk_bytes", "block", "blocks_per_sm")
+
+    def inject(g: int) -> tuple[dict[str, Any], list[str], str | None]:
         spec, texts, problem = injection_args(ctx, g, pl["patterns"])
-        injected[g] = texts
-        if problem:
-            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
-            continue
-        args = {"patterns": pl["patterns"], "passes": pl["passes"], "duration_s": duration,
-                "fraction": pl["fraction"], "inject": spec,
-                **{k: p[k] for k in ("seed", "headroom_fraction", "headroom_min_bytes", "chunk_bytes", "max_errors",
-                                     "report_errors", "confirm", "copy_bytes", "copy_repeats", "cpu_bytes",
-                                     "cpu_chunk_bytes", "block", "blocks_per_sm")}}
-        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
-                              visible_device=t["visible"] if device == "cuda" else None))
-    if not jobs:
-        return results
-
-    sampler = None
-    sample_fn = ctx.options.get("sample_fn")
-    if device == "cuda" or sample_fn is not None:
-        from ..workers.sampler import Sampler
-
-        sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]), sample_fn=sample_fn,
-                          xid_fn=ctx.options.get("xid_fn"))
-
-    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
-        ctx.report(CHECK_ID, f"gpu{job.gpu}", {k: v for k, v in info.items() if k != "first_error"})
+        return {"inject": spec}, texts, problem
 
     work = (duration + float(p["pass_budget_s"])) if duration is not None else pl["passes"] * float(p["pass_budget_s"])
-    t0 = time.monotonic()
-    outcomes = run_workers(
-        "gpucheck.eud.memtest_worker:memtest_worker", jobs,
+    run = run_per_gpu(
+        ctx, CHECK_ID, "gpucheck.eud.memtest_worker:memtest_worker", targets, device=device, p=p,
         budget_s=work + float(p["startup_timeout_s"]) + 30.0,
-        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
-        startup_timeout_s=float(p["startup_timeout_s"]),
-        cancel=ctx.cancel, on_progress=on_progress, sampler=sampler,
-        stop_grace_s=1.5, term_grace_s=1.0, kill_wait_s=1.5,
+        make_args=lambda g: {"patterns": pl["patterns"], "passes": pl["passes"], "duration_s": duration,
+                             "fraction": pl["fraction"], **{k: p[k] for k in keys}},
+        injection_args=inject, hide_progress_keys=("first_error",),
     )
-    elapsed = time.monotonic() - t0
+    results.extend(run.results)
+    if not run.jobs:
+        return results
+    jobs, outcomes, sampler, injected, elapsed = run.jobs, run.outcomes, run.sampler, run.injected, run.elapsed_s
     ecc = {int(e["index"]): (e.get("ecc_mode") or {}).get("current") for e in ctx.selected_gpu_entries()
            if e.get("index") is not None}
     for j in jobs:

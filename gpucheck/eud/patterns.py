@@ -116,25 +116,9 @@ def parse_patterns(value: str | Iterable[str] | None) -> list[str]:
     order given; `_` and `-` are interchangeable. PatternError for an unknown name."""
     if value is None:
         return list(NAMES)
-    items = [part for v in ([value] if isinstance(value, str) else value) for part in str(v).split(",")]
-    out: list[str] = []
-    for raw in items:
-        name = raw.strip().lower().replace("_", "-")
-        if not name:
-            continue
-        if name == "all":
-            for n in NAMES:
-                if n not in out:
-                    out.append(n)
-            continue
-        if name not in BY_NAME:
-            raise PatternError(f"unknown pattern {raw.strip()!r} (use {', '.join(NAMES)}, or all)")
-        if name not in out:
-            out.append(name)
-    if not out:
-        raise PatternError(f"no pattern given (use {', '.join(NAMES)})")
-    return out
+    from ..choices import parse_choices
 
+    return parse_choices(value, NAMES, what="pattern", error=PatternError, dash_underscore=True, allow_all=True)
 
 # ---------------------------------------------------------------------------------------------
 # steps

@@ -41,21 +41,9 @@ class PoetInputError(ValueError):
 
 def parse_dtypes(value: str | list[str] | tuple[str, ...]) -> list[str]:
     """'fp32,bf16' or ['bf16'] -> ['fp32', 'bf16']; PoetInputError for anything else."""
-    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
-    out: list[str] = []
-    for raw in items:
-        name = raw.strip().lower()
-        if not name:
-            continue
-        name = ALIASES.get(name, name)
-        if name not in DTYPES:
-            raise PoetInputError(f"unknown dtype {raw.strip()!r} (use {', '.join(DTYPES)})")
-        if name not in out:
-            out.append(name)
-    if not out:
-        raise PoetInputError(f"no dtype given (use {', '.join(DTYPES)})")
-    return out
+    from ..choices import parse_choices
 
+    return parse_choices(value, DTYPES, what="dtype", error=PoetInputError, aliases=ALIASES)
 
 def parse_blocks(value: str | int | list[int] | list[str] | tuple) -> list[int]:
     """'32,256' or [64] -> block sizes; PoetInputError unless each is one of BLOCK_SIZES."""

@@ -23,7 +23,6 @@ matrices): that is how the whole model is tested without a GPU.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 from ..check import Context, Level, Need, define
@@ -122,18 +121,15 @@ def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], 
     injects=("bitflip", "slow", "hang"),
 )
 def burn_gemm(ctx: Context) -> list[Result]:
-    from ..workers.pool import WorkerJob, run_workers
-    from ..workers.sampler import Sampler
+    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
 
     p = _params(ctx)
     device = _device(ctx)
     duration = burn_duration(ctx, p)
     notes: list[str] = []
-    if ctx.deadline is not None:
-        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - 10.0
-        if left < duration:
-            duration = max(1.0, left)
-            notes.append(f"burn shortened to {duration:.0f} s to fit the run's timeout")
+    duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "burn")
+    if note:
+        notes.append(note)
     try:
         dtypes = parse_dtypes(ctx.options.get("dtypes") or p[f"dtypes_level{_level(ctx)}"])
     except DtypeError as e:
@@ -147,58 +143,22 @@ def burn_gemm(ctx: Context) -> list[Result]:
             return results
         return [Result(CHECK_ID, Status.SKIP, "no GPU selected to burn")]
 
-    jobs: list[WorkerJob] = []
-    injected: dict[int, list[str]] = {}
-    for t in targets:
-        g = t["gpu"]
-        inj_args, texts, problem = _injection_args(ctx, g)
-        injected[g] = texts
-        if problem:
-            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
-            continue
-        args = {
+    run = run_per_gpu(
+        ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device, p=p,
+        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
+        make_args=lambda g: {
             "duration_s": duration, "dtypes": dtypes, "size": size, "repeats": p["repeats"],
             "window_s": p["window_s"], "ref_rows": p["ref_rows"], "ref_every_s": p["ref_every_s"],
-            "seed": p["seed"], **inj_args,
-        }
-        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
-                              visible_device=t["visible"] if device == "cuda" else None))
-    if not jobs:
-        return results
-
-    sample_fn = ctx.options.get("sample_fn")
-    sampler = None
-    if device == "cuda" or sample_fn is not None:
-        sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]),
-                          sample_fn=sample_fn, xid_fn=ctx.options.get("xid_fn"))
-
-    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
-        merged = dict(info)
-        latest = sampler.latest(job.gpu) if sampler is not None and job.gpu is not None else None
-        if latest:
-            for key in ("temperature_c", "sm_clock_mhz", "power_w"):
-                if latest.get(key) is not None:
-                    merged[key] = latest[key]
-        ctx.report(CHECK_ID, f"gpu{job.gpu}", merged)
-
-    t0 = time.monotonic()
-    outcomes = run_workers(
-        "gpucheck.compute.gemm:burn_worker",
-        jobs,
-        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
-        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
-        startup_timeout_s=float(p["startup_timeout_s"]),
-        cancel=ctx.cancel,
-        on_progress=on_progress,
-        sampler=sampler,
-        # A cancelled burn returns within 4 s, inside the runner's 5 s CANCEL_GRACE_S.
-        stop_grace_s=1.5,
-        term_grace_s=1.0,
-        kill_wait_s=1.5,
+            "seed": p["seed"],
+        },
+        injection_args=lambda g: _injection_args(ctx, g),
     )
-    elapsed = time.monotonic() - t0
+    results.extend(run.results)
+    if not run.jobs:
+        return results
     names = {t["gpu"]: t["name"] for t in targets}
-    results.extend(_judge(ctx, p, device, duration, jobs, outcomes, sampler, names, injected, notes, elapsed))
+    results.extend(_judge(ctx, p, device, duration, run.jobs, run.outcomes, run.sampler, names, run.injected,
+                          notes, run.elapsed_s))
     return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
 
 

@@ -21,7 +21,6 @@ workers and on GPUs without CuPy). Per GPU one result:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..check import Context, Level, Need, define
@@ -137,19 +136,16 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     injects=("bitflip", "hang"),
 )
 def poet_ortho(ctx: Context) -> list[Result]:
-    from ..workers.pool import WorkerJob, run_workers
-    from ..workers.sampler import Sampler
+    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
     from ..workers.targets import worker_targets
 
     p = _params(ctx)
     device = "cpu" if ctx.device == "cpu" else "cuda"
     duration = poet_duration(ctx, p)
     notes: list[str] = []
-    if ctx.deadline is not None:
-        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - 10.0
-        if left < duration:
-            duration = max(1.0, left)
-            notes.append(f"run shortened to {duration:.0f} s to fit the run's timeout")
+    duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "run")
+    if note:
+        notes.append(note)
     try:
         settings = _run_settings(ctx, p)
     except ValueError as e:
@@ -159,54 +155,21 @@ def poet_ortho(ctx: Context) -> list[Result]:
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected")]
 
-    jobs: list[WorkerJob] = []
-    injected: dict[int, list[str]] = {}
-    for t in targets:
-        g = t["gpu"]
-        inj_args, texts, problem = _injection_args(ctx, g)
-        injected[g] = texts
-        if problem:
-            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
-            continue
-        args = {"duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
-                "size": settings["size"], "rows": settings["rows"], "gpu_size": p["size"], "gpu_rows": p["rows"],
-                "backend": settings["backend"], **{k: p[k] for k in _WORKER_KEYS}, **inj_args}
-        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
-                              visible_device=t["visible"] if device == "cuda" else None))
-    if not jobs:
-        return results
-
-    sample_fn = ctx.options.get("sample_fn")
-    sampler = None
-    if device == "cuda" or sample_fn is not None:
-        sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]),
-                          sample_fn=sample_fn, xid_fn=ctx.options.get("xid_fn"))
-
-    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
-        merged = dict(info)
-        latest = sampler.latest(job.gpu) if sampler is not None and job.gpu is not None else None
-        if latest:
-            for key in ("temperature_c", "sm_clock_mhz", "power_w"):
-                if latest.get(key) is not None:
-                    merged[key] = latest[key]
-        ctx.report(CHECK_ID, f"gpu{job.gpu}", merged)
-
-    t0 = time.monotonic()
-    outcomes = run_workers(
-        "gpucheck.poet.worker:poet_worker",
-        jobs,
+    run = run_per_gpu(
+        ctx, CHECK_ID, "gpucheck.poet.worker:poet_worker", targets, device=device, p=p,
         budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
-        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
-        startup_timeout_s=float(p["startup_timeout_s"]),
-        cancel=ctx.cancel,
-        on_progress=on_progress,
-        sampler=sampler,
-        stop_grace_s=1.5,
-        term_grace_s=1.0,
-        kill_wait_s=1.5,
+        make_args=lambda g: {
+            "duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
+            "size": settings["size"], "rows": settings["rows"], "gpu_size": p["size"], "gpu_rows": p["rows"],
+            "backend": settings["backend"], **{k: p[k] for k in _WORKER_KEYS},
+        },
+        injection_args=lambda g: _injection_args(ctx, g),
     )
-    elapsed = time.monotonic() - t0
-    results.extend(judge_outcomes(device, duration, jobs, outcomes, sampler, injected, notes, elapsed))
+    results.extend(run.results)
+    if not run.jobs:
+        return results
+    results.extend(judge_outcomes(device, duration, run.jobs, run.outcomes, run.sampler, run.injected, notes,
+                                  run.elapsed_s))
     return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
 
 

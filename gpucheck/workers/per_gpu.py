@@ -1,0 +1,110 @@
+"""One worker per GPU for a compute check: the jobs, the NVML sampler beside them, live progress,
+and the supervised run. Shared by burn.gemm, poet.ortho, eud.memtest and eud.power; each check
+keeps its own arguments, injections and judging.
+
+    run = run_per_gpu(ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device,
+                      p=p, budget_s=..., make_args=lambda gpu: {...},
+                      injection_args=lambda gpu: (extra_args, injection_texts, usage_problem_or_None))
+    run.outcomes[job.worker_id], run.sampler, run.injected[gpu], run.results (usage errors)
+
+A GPU whose injection is a usage problem gets an `error` result and no worker. The sampler runs on
+CUDA (NVML) or when a test supplies `ctx.options["sample_fn"]`. Cancelled workers are stopped
+within 4 s (stop 1.5 s, SIGTERM 1 s, SIGKILL 1.5 s), inside the runner's 5 s cancel grace.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..check import Context
+from ..result import Result, Status
+
+# Telemetry merged into each progress report for the live display.
+DISPLAY_TELEMETRY = ("temperature_c", "sm_clock_mhz", "power_w")
+
+
+@dataclass
+class PerGpuRun:
+    jobs: list[Any] = field(default_factory=list)  # WorkerJob
+    outcomes: dict[str, Any] = field(default_factory=dict)  # worker_id -> WorkerOutcome
+    sampler: Any = None  # gpucheck.workers.sampler.Sampler or None
+    injected: dict[int, list[str]] = field(default_factory=dict)
+    results: list[Result] = field(default_factory=list)  # injection usage errors
+    elapsed_s: float = 0.0
+
+
+def run_per_gpu(
+    ctx: Context,
+    check_id: str,
+    worker_ref: str,
+    targets: list[dict[str, Any]],
+    *,
+    device: str,
+    p: dict[str, Any],
+    budget_s: float,
+    make_args: Callable[[int], dict[str, Any]],
+    injection_args: Callable[[int], tuple[dict[str, Any], list[str], str | None]],
+    hide_progress_keys: tuple[str, ...] = (),
+) -> PerGpuRun:
+    """Start one worker per target (see workers.targets.worker_targets), sample NVML meanwhile,
+    wait for all of them. `p` supplies sample_interval_s, heartbeat_timeout_s, startup_timeout_s."""
+    from .pool import WorkerJob, run_workers
+    from .sampler import Sampler
+
+    run = PerGpuRun()
+    for t in targets:
+        g = t["gpu"]
+        extra, texts, problem = injection_args(g)
+        run.injected[g] = texts
+        if problem:
+            run.results.append(Result(check_id, Status.ERROR, problem, gpu=g, injected=texts))
+            continue
+        run.jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args={**make_args(g), **extra},
+                                  visible_device=t["visible"] if device == "cuda" else None))
+    if not run.jobs:
+        return run
+
+    sample_fn = ctx.options.get("sample_fn")
+    if device == "cuda" or sample_fn is not None:
+        run.sampler = Sampler([j.gpu for j in run.jobs], interval_s=float(p["sample_interval_s"]),
+                              sample_fn=sample_fn, xid_fn=ctx.options.get("xid_fn"))
+
+    def on_progress(job: Any, info: dict[str, Any]) -> None:
+        merged = {k: v for k, v in info.items() if k not in hide_progress_keys}
+        latest = run.sampler.latest(job.gpu) if run.sampler is not None and job.gpu is not None else None
+        for key in DISPLAY_TELEMETRY:
+            if latest and latest.get(key) is not None:
+                merged[key] = latest[key]
+        ctx.report(check_id, f"gpu{job.gpu}", merged)
+
+    t0 = time.monotonic()
+    run.outcomes = run_workers(
+        worker_ref,
+        run.jobs,
+        budget_s=budget_s,
+        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
+        startup_timeout_s=float(p["startup_timeout_s"]),
+        cancel=ctx.cancel,
+        on_progress=on_progress,
+        sampler=run.sampler,
+        stop_grace_s=1.5,
+        term_grace_s=1.0,
+        kill_wait_s=1.5,
+    )
+    run.elapsed_s = time.monotonic() - t0
+    return run
+
+
+def fit_to_deadline(ctx: Context, duration_s: float, startup_timeout_s: float, what: str
+                    ) -> tuple[float, str | None]:
+    """A check's loop length shortened, when needed, to end inside the run's --timeout (leaving a
+    quarter of the start-up allowance and 10 s to judge), and the note that says so."""
+    if ctx.deadline is None:
+        return duration_s, None
+    left = ctx.deadline - time.monotonic() - float(startup_timeout_s) / 4 - 10.0
+    if left >= duration_s:
+        return duration_s, None
+    short = max(1.0, left)
+    return short, f"{what} shortened to {short:.0f} s to fit the run's timeout"
