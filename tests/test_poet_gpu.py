@@ -2,12 +2,17 @@
 
 The CUDA kernels through CuPy against the float64 / torch references for every dtype and block
 size, every invariant on the device, healthy seeds, injected faults, a kernel fault surfacing as
-KernelError, and `gpucheck poet` end to end on the node's GPUs."""
+KernelError, and `gpucheck poet` end to end on the node's GPUs (the tests marked gpu).
+
+Unmarked, so in the CPU suite: what the CuPy launches are made of, checked against poet.cu itself
+(the launch arguments' C types against the kernels' parameter lists, the tile constants, the
+static shared memory, CUDA's grid limits), which no CPU emulation exercises."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,7 +23,7 @@ import pytest
 from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_theta, stage_floor
 from gpucheck.poet.invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
 
-pytestmark = pytest.mark.gpu
+needs_gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,6 +42,13 @@ def gpu():
     return torch, dev, CupyOps(torch, dev), TorchOps(torch, dev), QPool(torch, dev, seed=0)
 
 
+def _require_cupy_and_cuda():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
 def _problem(gpu, dtype, b, seed, n=1024, m=512, chain=3, index=None):
     from gpucheck.poet.ortho import make_problem
 
@@ -45,6 +57,7 @@ def _problem(gpu, dtype, b, seed, n=1024, m=512, chain=3, index=None):
                         m=m, rho_min=0.1, rho_max=0.5, chain_steps=chain)
 
 
+@needs_gpu
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("b", [32, 64, 128, 256])
 def test_cupy_kernels_match_the_references(gpu, dtype, b):
@@ -75,6 +88,7 @@ def test_cupy_kernels_match_the_references(gpu, dtype, b):
         assert bool(((Y.to(f64) - Yt.to(f64)).abs() <= 2 * bound).all()), kw
 
 
+@needs_gpu
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("b", [32, 64, 128, 256])
 def test_every_invariant_holds_on_the_device(gpu, dtype, b):
@@ -85,6 +99,7 @@ def test_every_invariant_holds_on_the_device(gpu, dtype, b):
     assert out["launches"] == 6 * 3 + 9  # 6 CNP constructions of 3 launches, 9 block-diagonal applies
 
 
+@needs_gpu
 def test_healthy_device_problems_never_fail_over_many_seeds(gpu):
     torch, dev, cops, _, _ = gpu
     for dtype in ("fp32", "bf16", "fp16"):
@@ -95,6 +110,7 @@ def test_healthy_device_problems_never_fail_over_many_seeds(gpu):
             assert out["violations"] == [], (dtype, s, out["violations"][:1])
 
 
+@needs_gpu
 def test_the_torch_backend_on_the_device_is_clean_too(gpu):
     torch, dev, _, tops, _ = gpu
     for dtype in ("fp32", "bf16", "fp16"):
@@ -102,6 +118,7 @@ def test_the_torch_backend_on_the_device_is_clean_too(gpu):
         assert out["violations"] == [], out["violations"][:1]
 
 
+@needs_gpu
 @pytest.mark.parametrize("op", INJECT_OPS)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_a_flipped_bit_in_a_kernel_output_is_caught_on_the_device(gpu, op, dtype):
@@ -113,10 +130,11 @@ def test_a_flipped_bit_in_a_kernel_output_is_caught_on_the_device(gpu, op, dtype
     assert len(out["injected"]) == 1
 
 
+@needs_gpu
 def test_a_faulting_kernel_is_a_kernel_error_naming_the_launch():
     """A launch on a bad address must surface as KernelError at that launch (sync=True), not as a
     later, unrelated failure. In a subprocess: the fault poisons that process's CUDA context."""
-    pytest.importorskip("cupy")
+    _require_cupy_and_cuda()
     code = textwrap.dedent("""
         import torch
         from gpucheck.kernels.cupy_module import KernelError
@@ -130,9 +148,9 @@ def test_a_faulting_kernel_is_a_kernel_error_naming_the_launch():
         try:
             ops._run("poet_bd_apply_f32", (2, 2, 1), args)
         except KernelError as e:
-            print("KERNELERROR", e)
+            print("KERNELERROR", e, flush=True)  # before the poisoned context's teardown at exit
         else:
-            print("NO ERROR")
+            print("NO ERROR", flush=True)
     """)
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -147,8 +165,9 @@ def _gpucheck(tmp_path, *args):
     return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
+@needs_gpu
 def test_gpucheck_poet_end_to_end_on_the_gpus(tmp_path):
-    pytest.importorskip("cupy")
+    _require_cupy_and_cuda()
     rc, verdict, err = _gpucheck(tmp_path, "--duration", "20s", "--block", "32,256", "--dtype", "bf16,fp32")
     assert rc == 0, (verdict, err)
     for r in verdict["results"]:
@@ -160,3 +179,128 @@ def test_gpucheck_poet_end_to_end_on_the_gpus(tmp_path):
     (r,) = verdict["results"]
     assert r["status"] == "fail" and r["gpu"] == 0 and r["injected"] == ["bitflip:gpu=0"]
     assert r["summary"].startswith("silent data corruption: kernel_reference (bf16, block 64): error ")
+
+
+# ---------------------------------------------------------------------------------------------
+# the launches against poet.cu (CPU: no CuPy, no GPU)
+
+POET_CU = ROOT / "gpucheck" / "kernels" / "poet.cu"
+# the C type of a kernel parameter -> the NumPy scalar type CuPy must be handed for it
+C_TO_NUMPY = {"ptr": "uint64", "gc_i64": "int64", "int": "int32", "float": "float32"}
+
+
+def _kernel_signatures() -> dict[str, list[str]]:
+    """Entry point name -> the C types of its parameters ("ptr" for any pointer), from poet.cu's
+    POET_*_ENTRY macros and their instantiations."""
+    text = POET_CU.read_text()
+    macros: dict[str, list[str]] = {}
+    for m in re.finditer(r"#define (POET_\w+_ENTRY)\(NAME, TAG\)((?:[^\n]*\\\n)+[^\n]*)", text):
+        body = m.group(2).replace("\\\n", " ")
+        params = re.search(r"\bNAME\(([^)]*)\)", body).group(1)
+        types = []
+        for p in params.split(","):
+            decl = p.strip().rsplit(None, 1)[0] if "*" not in p else "ptr"
+            types.append(decl.replace("const ", "").strip())
+        macros[m.group(1)] = types
+    sigs = {}
+    for m in re.finditer(r"^(POET_\w+_ENTRY)\((\w+), \w+\)$", text, re.M):
+        sigs[m.group(2)] = macros[m.group(1)]
+    return sigs
+
+
+def _defines() -> dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^#define (POET_\w+) (\d+)$", POET_CU.read_text(), re.M)}
+
+
+def test_the_launch_constants_are_poet_cu_s():
+    from gpucheck.poet import cupy_ops as co
+
+    d = _defines()
+    assert (d["POET_THREADS"], d["POET_TN"], d["POET_TK"], d["POET_BD_TM"], d["POET_CNP_TM"]) == \
+        (co.THREADS, co.TN, co.TK, co.BD_TM, co.CNP_TM)
+    # a thread owns (TM/32) x 4 outputs: 8 threads across the 32 tile columns, 32 down the rows
+    assert co.THREADS == (co.TN // 4) * 32 and co.THREADS <= co.MAX_BLOCK_THREADS
+    assert co.BD_TM % 32 == 0 and co.CNP_TM % 32 == 0
+
+
+def test_static_shared_memory_fits_every_launch():
+    from gpucheck.poet import cupy_ops as co
+
+    assert co.tile_shared_bytes(co.BD_TM) == 4 * (32 * 129 + 32 * 33) == 20736
+    assert co.tile_shared_bytes(co.CNP_TM) == 4 * (32 * 65 + 32 * 33) == 12544
+    assert max(co.tile_shared_bytes(tm) for tm in (co.BD_TM, co.CNP_TM)) <= co.MAX_STATIC_SHARED
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("b", [32, 64, 128, 256])
+def test_launch_arguments_have_the_kernel_parameters_types(dtype, b):
+    """Every argument CupyOps hands CuPy is a NumPy scalar of exactly its parameter's C type (a
+    Python int would go as 8 bytes), in the kernel's order, with the grid of the docs."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    from gpucheck.poet.cupy_ops import bd_plan, cnp_plan, launch_args
+    from gpucheck.poet.ortho import storage_dtype
+
+    sigs = _kernel_signatures()
+    assert len(sigs) == 6
+    st = storage_dtype(torch, dtype)
+    k, m = 2, 130
+    n = k * b
+    X, G, Y = torch.zeros(m, n, dtype=st), torch.zeros(k, b, b, dtype=st), torch.zeros(m, n, dtype=st)
+    idx = torch.arange(n, dtype=torch.int32)
+    Q, H1, H2 = (torch.zeros(k, b, b) for _ in range(3))
+    launches = [bd_plan(X, G, Y, in_idx=idx, transpose=True), *cnp_plan(Q, H1, H2, G)]
+    for kernel, grid, args in launches:
+        conv = launch_args(args, np)
+        assert kernel in sigs, kernel
+        assert [np.dtype(type(a)).name for a in conv] == [C_TO_NUMPY[t] for t in sigs[kernel]], kernel
+        assert all(isinstance(a, np.generic) for a in conv)
+        for (kind, v), a in zip(args, conv):
+            if kind == "ptr":
+                assert int(a) == (0 if v is None else v.data_ptr())
+            else:
+                assert a == v
+    assert launches[0][1] == (n // 32, (m + 127) // 128, 1)
+    assert launches[1][1] == (n // 32, (b + 63) // 64, 1)
+    ptrs = [int(a) for a in launch_args(launches[0][2], np)[:5] if a.dtype == np.uint64]
+    assert ptrs == [X.data_ptr(), G.data_ptr(), Y.data_ptr()]
+
+
+def test_launch_arguments_and_grids_refuse_what_cuda_cannot_take():
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    from gpucheck.poet.cupy_ops import MAX_ROWS, bd_plan, launch_args, size_problem
+
+    with pytest.raises(ValueError, match="int32"):
+        launch_args([("i32", 2**31)], np)
+    with pytest.raises(ValueError, match="int64"):
+        launch_args([("i64", -(2**63) - 1)], np)
+    assert launch_args([("i32", -(2**31)), ("f32", 2.0)], np) == (np.int32(-(2**31)), np.float32(2.0))
+    # gridDim.y <= 65535 row tiles: more rows is a ValueError before any launch, and a setup error
+    meta = dict(device="meta")
+    G = torch.empty(1, 32, 32, **meta)
+    kernel, grid, _ = bd_plan(torch.empty(MAX_ROWS, 32, **meta), G, torch.empty(MAX_ROWS, 32, **meta))
+    assert grid == (1, 65535, 1)
+    with pytest.raises(ValueError, match="grid"):
+        bd_plan(torch.empty(MAX_ROWS + 1, 32, **meta), G, torch.empty(MAX_ROWS + 1, 32, **meta))
+    assert size_problem(4096, 4096) is None and "rows" in size_problem(MAX_ROWS + 1, 4096)
+    # the kernel reads int32 indices
+    X, Y = torch.zeros(4, 32), torch.zeros(4, 32)
+    with pytest.raises(ValueError, match="int32"):
+        bd_plan(X, torch.zeros(1, 32, 32), Y, in_idx=torch.arange(32))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_poet_cu_compiles_with_the_options_cupy_compiles_it_with(arch):
+    """cupy.RawModule adds its own NVRTC options after gpucheck's (CuPy 14: -ftz=true, then
+    --device-as-default-execution-space with the -arch): the source must compile with those too."""
+    import nvrtc
+
+    from gpucheck import kernels
+    from gpucheck.kernels.cupy_module import OPTIONS
+
+    if nvrtc.find_library() is None:
+        pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+    ptx = nvrtc.compile_ptx(kernels.source("poet"), "poet", arch,
+                            OPTIONS + ("-ftz=true", "--device-as-default-execution-space"))
+    assert sorted(re.findall(r"\.entry (\w+)", ptx)) == sorted(_kernel_signatures())

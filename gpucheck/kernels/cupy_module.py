@@ -2,7 +2,11 @@
 them with every launch checked.
 
     from gpucheck.kernels.cupy_module import launch
-    launch("poet", "bd_apply_f32", grid, block, (x_ptr_array, ..., n), sync=True)
+    launch("poet", "poet_bd_apply_f32", grid, block, (numpy.uint64(x_ptr), ..., numpy.int32(m)), sync=True)
+
+Arguments go to the kernel as CuPy passes them: a cupy.ndarray as its pointer, a NumPy scalar as
+its own type, but a Python int as 8 bytes (int64) and a float as a double, which an `int` or
+`float` parameter misreads: pass NumPy scalars of the parameters' exact C types.
 
 A launch that the driver refuses, or a kernel that faults (illegal address, ...) is raised as
 `KernelError`, naming the source, the kernel, the grid and block and CUDA's words: a check turns
@@ -19,7 +23,12 @@ from typing import Any, Sequence
 
 from . import source
 
-# Compile options: C++17, no fast-math (the checks compare against exact bounds).
+# Compile options: C++17, no fast-math (the checks compare against exact bounds). Note that
+# CuPy's RawModule appends "-ftz=true" after these (cupy.cuda.compiler._compile_with_cache_cuda,
+# CuPy 13 and 14) and NVRTC honours the last occurrence, so an "-ftz=false" here has no effect:
+# fp32 arithmetic written in C (e.g. __fmaf_rn, +) compiles to its .ftz form on the GPU (fp32
+# subnormal inputs and results flushed to zero), unlike the IEEE emulation of the CPU tests.
+# Only inline PTX without .ftz keeps gradual underflow under CuPy.
 OPTIONS: tuple[str, ...] = ("--std=c++17",)
 
 _lock = threading.Lock()
@@ -42,7 +51,10 @@ def module(name: str) -> Any:
     """The compiled `cupy.RawModule` of source `name` for the current device (cached)."""
     import cupy  # noqa: PLC0415
 
-    dev = int(cupy.cuda.runtime.getDevice())
+    try:
+        dev = int(cupy.cuda.runtime.getDevice())
+    except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as e:
+        raise KernelError(name, "*", f"CuPy cannot use the CUDA device: {e}") from e
     key = (name, dev)
     with _lock:
         mod = _modules.get(key)

@@ -17,12 +17,23 @@ from typing import Any
 
 from .ortho import TorchOps, storage_dtype
 
-THREADS = 256
+THREADS = 256  # threads per block (POET_THREADS, the kernels' __launch_bounds__)
 TN = 32  # columns per tile (POET_TN)
+TK = 32  # inner-dimension chunk per tile (POET_TK)
 BD_TM = 128  # rows per tile of poet_bd_apply (POET_BD_TM)
 CNP_TM = 64  # rows per tile of poet_cnp_step (POET_CNP_TM)
 SUFFIX = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 DTYPE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+# CUDA launch limits (every GPU gpucheck supports, compute capability >= 7.0).
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65535
+MAX_BLOCK_THREADS = 1024
+MAX_STATIC_SHARED = 48 * 1024  # bytes of static __shared__ per block
+# The most rows one poet_bd_apply launch covers (gridDim.y <= 65535 tiles of BD_TM rows): m of x,
+# and n for the launches on W (n x n).
+MAX_ROWS = MAX_GRID_YZ * BD_TM
+INT32_MAX = 2**31 - 1
 
 # An argument of a launch: (kind, value) with kind "ptr" (a tensor or None), "i64", "i32", "f32".
 Arg = tuple[str, Any]
@@ -31,6 +42,49 @@ Launch = tuple[str, tuple[int, int, int], list[Arg]]
 
 def dtype_name(t: Any) -> str:
     return DTYPE_OF[str(t.dtype).removeprefix("torch.")]
+
+
+def tile_shared_bytes(tm: int) -> int:
+    """Static shared memory of poet_tile_mm<TM>: As[TK][TM + 1] and Bs[TK][TN + 1], fp32."""
+    return 4 * (TK * (tm + 1) + TK * (TN + 1))
+
+
+def check_grid(grid: tuple[int, int, int], kernel: str) -> None:
+    """ValueError when the driver would refuse the launch geometry (rather than a KernelError
+    from the launch, which reads as a GPU fault)."""
+    x, y, z = grid
+    if not (1 <= x <= MAX_GRID_X and 1 <= y <= MAX_GRID_YZ and 1 <= z <= MAX_GRID_YZ):
+        raise ValueError(f"{kernel}: grid {grid} is outside CUDA's limits (x <= {MAX_GRID_X}, y, z <= {MAX_GRID_YZ})")
+
+
+def size_problem(m: int, n: int) -> str | None:
+    """Why the kernels cannot run a problem of m rows and n features (None: they can)."""
+    for what, v in (("rows (m)", m), ("size (n)", n)):
+        if v > MAX_ROWS:
+            return f"{what} {v} is more than the CUDA kernels' {MAX_ROWS} (gridDim.y <= {MAX_GRID_YZ} tiles of {BD_TM})"
+    return None
+
+
+def launch_args(args: list[Arg], np: Any) -> tuple:
+    """The arguments of a launch as NumPy scalars of exactly the kernel parameters' C types, which
+    is what CuPy passes (a Python int would go as 8 bytes, misread by an `int` parameter):
+    pointers (a tensor's data_ptr(), None: null) as uint64, "i64" (gc_i64) as int64, "i32" (int)
+    as int32, "f32" (float) as float32. ValueError for a value out of its type's range."""
+    out = []
+    for kind, v in args:
+        if kind == "ptr":
+            out.append(np.uint64(0 if v is None else int(v.data_ptr())))
+        elif kind in ("i64", "i32"):
+            bits = 64 if kind == "i64" else 32
+            iv = int(v)
+            if not -(2 ** (bits - 1)) <= iv < 2 ** (bits - 1):
+                raise ValueError(f"launch argument {iv} does not fit int{bits}")
+            out.append(np.int64(iv) if kind == "i64" else np.int32(iv))
+        elif kind == "f32":
+            out.append(np.float32(v))
+        else:
+            raise ValueError(f"unknown launch argument kind {kind!r}")
+    return tuple(out)
 
 
 def bd_plan(X: Any, G: Any, Y: Any, *, in_idx: Any = None, out_idx: Any = None, transpose: bool = False,
@@ -54,11 +108,19 @@ def bd_plan(X: Any, G: Any, Y: Any, *, in_idx: Any = None, out_idx: Any = None, 
     dt = dtype_name(X)
     if dtype_name(G) != dt or dtype_name(Y) != dt:
         raise ValueError("X, G and Y must have the same storage dtype")
-    grid = (k * (b // TN), (m + BD_TM - 1) // BD_TM, 1)
+    for name, t in (("in_idx", in_idx), ("out_idx", out_idx)):
+        # the kernel reads `const int*`: an int64 index would be misread, a short one overrun
+        if t is not None and (str(t.dtype) != "torch.int32" or not t.is_contiguous() or tuple(t.shape) != (n,)):
+            raise ValueError(f"{name} must be a contiguous int32 tensor of length {n}")
+    if m > INT32_MAX or n > INT32_MAX:
+        raise ValueError(f"{m} x {n} does not fit the kernel's int sizes")
+    grid = (k * (b // TN), max(1, (m + BD_TM - 1) // BD_TM), 1)
+    kernel = f"poet_bd_apply_{SUFFIX[dt]}"
+    check_grid(grid, kernel)
     args: list[Arg] = [("ptr", X), ("i64", x_rs), ("i64", x_cs), ("ptr", G), ("ptr", Y), ("i64", y_rs),
                        ("i64", y_cs), ("ptr", in_idx), ("ptr", out_idx), ("i32", m), ("i32", b), ("i32", k),
                        ("i32", 1 if transpose else 0)]
-    return f"poet_bd_apply_{SUFFIX[dt]}", grid, args
+    return kernel, grid, args
 
 
 def cnp_plan(Q: Any, H1: Any, H2: Any, G: Any) -> list[Launch]:
@@ -67,8 +129,14 @@ def cnp_plan(Q: Any, H1: Any, H2: Any, G: Any) -> list[Launch]:
     k, b, _ = Q.shape
     if b % TN:
         raise ValueError(f"block size {b} is not a multiple of {TN}")
+    for name, t in (("Q", Q), ("H1", H1), ("H2", H2), ("G", G)):
+        if tuple(t.shape) != (k, b, b) or not t.is_contiguous():
+            raise ValueError(f"cnp_plan needs contiguous ({k}, {b}, {b}) tensors; {name} is not one")
+        if name != "G" and str(t.dtype) != "torch.float32":
+            raise ValueError(f"{name} must be float32 (the kernel reads and writes fp32 scratch)")
     grid = (k * (b // TN), (b + CNP_TM - 1) // CNP_TM, 1)
     last = f"poet_cnp_step_{SUFFIX[dtype_name(G)]}"
+    check_grid(grid, last)
     return [
         ("poet_cnp_step_f32", grid, [("ptr", Q), ("ptr", None), ("ptr", H1), ("i32", b), ("i32", k), ("f32", 2.0),
                                      ("i32", 1)]),
@@ -112,9 +180,18 @@ class KernelOps(TorchOps):
         return Y
 
 
+class CupyUnavailable(RuntimeError):
+    """CuPy is installed but cannot use the GPU (a CUDA runtime that the driver does not support,
+    no device visible to it, ...): an installation matter, not a GPU fault."""
+
+
 class CupyOps(KernelOps):
     """KernelOps on a CUDA device through CuPy: every launch checked and synchronized
-    (gpucheck.kernels.cupy_module.launch raises KernelError on a refused launch or a fault)."""
+    (gpucheck.kernels.cupy_module.launch raises KernelError on a refused launch or a fault).
+
+    The kernels write into torch-allocated tensors through their raw device pointers, on torch's
+    current stream of the device (looked up at every launch: CuPy's own current stream is not
+    torch's), so they are ordered with the torch operations around them."""
 
     name = "cupy"
 
@@ -125,26 +202,40 @@ class CupyOps(KernelOps):
 
         from ..kernels import cupy_module
 
+        self._cp = cupy
         self._np = numpy
         self._cm = cupy_module
-        self._device = cupy.cuda.Device(dev.index if dev.index is not None else 0)
+        index = dev.index if dev.index is not None else int(torch.cuda.current_device())
+        self._index = int(index)
+        self._stream_ptr: int | None = None
+        self._stream: Any = None
+        cuda_errors = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
+        try:
+            count = int(cupy.cuda.runtime.getDeviceCount())
+            if self._index >= count:
+                raise CupyUnavailable(f"CuPy {cupy.__version__} sees {count} GPU(s), not cuda:{self._index}")
+            self._device = cupy.cuda.Device(self._index)
+            with self._device:
+                self._device.compute_capability  # noqa: B018 - touches the device: a CUDA error surfaces here
+        except cuda_errors as e:
+            raise CupyUnavailable(f"CuPy {cupy.__version__} cannot use cuda:{self._index}: {e}") from None
         with self._device:
-            cupy_module.module("poet")  # compile now: a compile error is a setup problem
-            ptr = int(torch.cuda.current_stream(dev).cuda_stream)
+            cupy_module.module("poet")  # compile now: a compile error (KernelError) is a setup problem
+
+    def _current_stream(self) -> Any:
+        """torch's current stream on this device as a CuPy stream."""
+        ptr = int(self.torch.cuda.current_stream(self.dev).cuda_stream)
+        if ptr != self._stream_ptr:
             # torch's default stream is the legacy null stream (0): the same one CuPy's null stream is
-            self._stream = cupy.cuda.Stream.null if ptr == 0 else cupy.cuda.ExternalStream(ptr)
+            cp = self._cp
+            self._stream = cp.cuda.Stream.null if ptr == 0 else cp.cuda.ExternalStream(ptr, self._index)
+            self._stream_ptr = ptr
+        return self._stream
 
     def _run(self, kernel: str, grid: tuple[int, int, int], args: list[Arg]) -> None:
-        np = self._np
-        conv = []
         for kind, v in args:
-            if kind == "ptr":
-                conv.append(np.uint64(0 if v is None else v.data_ptr()))
-            elif kind == "i64":
-                conv.append(np.int64(v))
-            elif kind == "i32":
-                conv.append(np.int32(v))
-            else:
-                conv.append(np.float32(v))
+            if kind == "ptr" and v is not None and (v.device.type != "cuda" or v.device.index != self._index):
+                raise ValueError(f"{kernel}: a tensor on {v.device} passed to a launch on cuda:{self._index}")
+        conv = launch_args(args, self._np)
         with self._device:
-            self._cm.launch("poet", kernel, grid, (THREADS, 1, 1), tuple(conv), sync=True, stream=self._stream)
+            self._cm.launch("poet", kernel, grid, (THREADS, 1, 1), conv, sync=True, stream=self._current_stream())

@@ -122,9 +122,14 @@ def select_backend(torch: Any, dev: Any, want: str) -> tuple[Any, str | None]:
         if want == "cupy":
             raise
         return TorchOps(torch, dev), f"CuPy not installed ({e}): the CUDA kernels were not exercised (torch path)"
-    from .cupy_ops import CupyOps
+    from .cupy_ops import CupyOps, CupyUnavailable
 
-    return CupyOps(torch, dev), None
+    try:
+        return CupyOps(torch, dev), None
+    except CupyUnavailable as e:  # installed, but e.g. built for a CUDA the driver does not support
+        if want == "cupy":
+            raise
+        return TorchOps(torch, dev), f"{e}: the CUDA kernels were not exercised (torch path)"
 
 
 def poet_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
@@ -140,14 +145,20 @@ def poet_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
         return {"setup_error": f"{type(e).__name__}: {e}" if isinstance(e, ImportError) else str(e)}
     chan.heartbeat(force=True)
     from ..kernels.cupy_module import KernelError
+    from .cupy_ops import CupyUnavailable, size_problem
     from .ortho import set_precision
 
     if dev.type == "cuda":
         set_precision(torch)
     try:
         ops, note = select_backend(torch, dev, cfg.backend)
-    except (ImportError, ValueError, KernelError) as e:
+    except (ImportError, ValueError, KernelError, CupyUnavailable) as e:
         return {"setup_error": f"{type(e).__name__}: {e}"}
+    if ops.cuda_kernels:  # sizes the launch geometry cannot cover: a bad option, not a GPU fault
+        for b in cfg.blocks:
+            why = size_problem(cfg.m_for(dev.type), cfg.n_for(b, dev.type))
+            if why:
+                return {"setup_error": f"bad size for the CUDA kernels: {why}"}
     chan.heartbeat(force=True)
     return PoetRunner(torch, dev, chan, cfg, ops, note).run()
 
