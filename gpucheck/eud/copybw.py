@@ -7,11 +7,15 @@ together they would look slow), then every ordered pair of GPUs:
 - H2D and D2H: `h2d_bytes` between a pinned host buffer and the GPU (torch `copy_`,
   non_blocking: one copy-engine transfer each), `repeats` timed transfers after `warmup`
   untimed ones, each timed with CUDA events; the median is the GPU's number. The host buffer is
-  allocated and first touched by this thread pinned to the GPU's local CPUs (sysfs
-  `local_cpulist` of its PCI device), then page-locked with cudaHostRegister, so it lives on the
-  GPU's NUMA node (what nvbandwidth's CPU affinity control and Azure's per-NUMA test achieve).
-  While the H2D transfers run, NVML's current PCIe link generation and width are read: the link
-  state under load, not the idle state a snapshot sees.
+  fresh anonymous memory (mmap), first touched by this thread alone (a memset, not a torch op:
+  torch's CPU thread pool keeps the CPU affinity its threads were created with) while the thread
+  is pinned to the GPU's local CPUs (sysfs `local_cpulist` of its PCI device), then page-locked
+  with cudaHostRegister, so it lives on the GPU's NUMA node (what nvbandwidth's CPU affinity
+  control and Azure's per-NUMA test achieve). sched_setaffinity on one's own thread needs no
+  privilege; a CPU set the process may not use (cgroup cpuset) is reported, not fatal.
+  While the H2D transfers run, NVML's current PCIe link generation and width are read (NVML is
+  opened and the GPU's handle found, by UUID where known, before the transfers are queued, so
+  the read lands while they run): the link state under load, not the idle state a snapshot sees.
 - D2D: a copy of `d2d_bytes` within the GPU's memory; counted as bytes read plus bytes written.
 - P2P: for each ordered pair (src, dst) that can access each other (torch.cuda.
   can_device_access_peer), a copy of `p2p_bytes` from a buffer on src to one on dst, timed on
@@ -30,6 +34,8 @@ torch is imported only inside the worker (and by benchmarks that call `measure` 
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import statistics
 import time
@@ -141,39 +147,83 @@ def _torch_indices(torch: Any, gpus: list[dict[str, Any]]) -> tuple[dict[int, in
     note = None
     if unmatched:
         # CUDA_DEVICE_ORDER=PCI_BUS_ID (set by the worker pool) numbers CUDA devices like NVML.
+        taken = set(out.values())
         for g in unmatched:
-            if g < count:
+            if g < count and g not in taken:  # never two GPUs on one CUDA device
                 out[g] = g
         note = (f"GPU(s) {unmatched} matched to CUDA devices by index, not UUID "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
     return out, note
 
 
-def _link_reader(gpu: int) -> Any:
-    """A function that reads NVML's current PCIe link of NVML GPU `gpu` into a dict, or None."""
-    try:
-        from ..telemetry.nvml import NvmlSession
-    except ImportError:
-        return None
-    box: dict[str, Any] = {}
+class _LinkReader:
+    """Reads NVML's current PCIe link generation and width of one GPU into `box` when called.
+    NVML is initialised and the handle looked up here, before the transfers are queued, so that
+    the call itself is two quick reads that land while the transfers run (a first nvmlInit can
+    take longer than all the timed transfers together). The handle is found by UUID where the
+    GPU's UUID is known (NVML and CUDA number GPUs independently), else by NVML index."""
 
-    def read() -> None:
-        with NvmlSession() as nv:
-            if not nv.ok:
-                box["error"] = f"NVML: {nv.error}"
-                return
+    def __init__(self, gpu: int, uuid: str | None = None):
+        self.box: dict[str, Any] = {}
+        self._nv: Any = None
+        self._h: Any = None
+        try:
+            from ..telemetry.nvml import NvmlSession
+        except ImportError as e:
+            self.box["error"] = f"NVML: {e}"
+            return
+        nv = NvmlSession()
+        if not nv.ok:
+            self.box["error"] = f"NVML: {nv.error}"
+            nv.close()
+            return
+        try:
             try:
-                h = nv.handle(gpu)
-            except Exception as e:  # noqa: BLE001 - telemetry never breaks a measurement
-                box["error"] = f"NVML: {e}"
-                return
-            gen, err1 = nv.read("nvmlDeviceGetCurrPcieLinkGeneration", h)
-            width, err2 = nv.read("nvmlDeviceGetCurrPcieLinkWidth", h)
-            box["gen"] = None if err1 else int(gen)
-            box["width"] = None if err2 else int(width)
+                if not (uuid and str(uuid).upper().startswith("GPU-")):
+                    raise LookupError("no GPU UUID")
+                self._h = nv.call("nvmlDeviceGetHandleByUUID", str(uuid))
+            except Exception:  # noqa: BLE001 - by index, as the telemetry snapshot numbers GPUs
+                self._h = nv.handle(gpu)
+        except Exception as e:  # noqa: BLE001 - telemetry never breaks a measurement
+            self.box["error"] = f"NVML: {e}"
+            nv.close()
+            return
+        self._nv = nv
 
-    read.box = box  # type: ignore[attr-defined]
-    return read
+    def __call__(self) -> None:
+        if self._nv is None:
+            return
+        gen, err1 = self._nv.read("nvmlDeviceGetCurrPcieLinkGeneration", self._h)
+        width, err2 = self._nv.read("nvmlDeviceGetCurrPcieLinkWidth", self._h)
+        self.box["gen"] = None if err1 else int(gen)
+        self.box["width"] = None if err2 else int(width)
+
+    def close(self) -> None:
+        if self._nv is not None:
+            self._nv.close()
+            self._nv = None
+
+
+def _clear_cuda_error(torch: Any = None, device: Any = None) -> None:
+    """Reset the CUDA runtime's last error of this thread after a runtime call made through
+    torch's cudart bindings failed: those return the code and leave the error set, and torch's
+    next kernel launch check (cudaGetLastError) would raise it as that kernel's failure. torch
+    has no binding for cudaGetLastError, so it is called in the libcudart torch loaded (found in
+    /proc/self/maps: the same library object, so the same error state). Where none is found
+    (a static cudart), a one-element kernel launched here takes the error instead."""
+    try:
+        with open("/proc/self/maps") as f:
+            path = next((line.split()[-1] for line in f if "/libcudart.so" in line), None)
+        if path:
+            ctypes.CDLL(path).cudaGetLastError()
+            return
+    except (OSError, AttributeError):
+        pass
+    if torch is not None:
+        try:
+            torch.empty(1, dtype=torch.uint8, device=device).fill_(1)
+        except Exception:  # noqa: BLE001 - the stale error, raised and reset by torch's launch check
+            pass
 
 
 def measure(torch: Any, device: str, args: dict[str, Any], chan: Any) -> dict[str, Any]:
@@ -260,14 +310,16 @@ def _brief(out: dict[str, Any]) -> dict[str, Any]:
     return b
 
 
-def _host_buffer(torch: Any, cuda: bool, n: int, cpus: set[int] | None, rec: dict[str, Any]) -> tuple[Any, Any]:
-    """A host buffer of n bytes on the GPU's NUMA node (first touch under the GPU's CPU affinity),
-    page-locked for DMA. Returns (tensor, release function)."""
+def _host_buffer(torch: Any, cuda: bool, n: int, cpus: set[int] | None, rec: dict[str, Any],
+                 device: Any = None) -> tuple[Any, Any]:
+    """A host buffer of n bytes on the GPU's NUMA node, page-locked for DMA: fresh anonymous
+    pages, first touched by this thread (a single-threaded memset) under the GPU's CPU affinity,
+    then cudaHostRegister'ed. Returns (tensor, release function)."""
     old = None
     numa: dict[str, Any] = rec.setdefault("numa", {})
     if cpus and hasattr(os, "sched_setaffinity"):
         try:
-            old = os.sched_getaffinity(0)
+            old = os.sched_getaffinity(0)  # pid 0: this thread only (Linux)
             use = cpus & old or cpus
             os.sched_setaffinity(0, use)
             numa["affinity"] = _cpulist_text(use)
@@ -275,17 +327,26 @@ def _host_buffer(torch: Any, cuda: bool, n: int, cpus: set[int] | None, rec: dic
             numa["affinity_error"] = str(e)
             old = None
     try:
-        host = torch.empty(n, dtype=torch.uint8)
-        host.fill_(0x5A)  # first touch: the pages land on the node of the CPU that touches them
-        release = lambda: None  # noqa: E731
+        # mmap: pages no one has touched yet (a heap block could reuse pages already placed);
+        # the tensor keeps the mapping alive.
+        host = torch.frombuffer(mmap.mmap(-1, n), dtype=torch.uint8)
+        ptr = host.data_ptr()
+        # First touch in this thread: the pages land on the node of the CPU that touches them.
+        # Not host.fill_(): torch runs it on its intra-op threads, created earlier with another
+        # affinity (sched_setaffinity changes only the calling thread).
+        ctypes.memset(ptr, 0x5A, n)
+        release: Any = lambda: None  # noqa: E731
         if cuda:
-            rc = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), n, 0))
+            with torch.cuda.device(device):
+                rc = int(torch.cuda.cudart().cudaHostRegister(ptr, n, 1))  # 1: cudaHostRegisterPortable
             if rc == 0:
                 numa["pinned"] = "cudaHostRegister"
-                ptr = host.data_ptr()
-                release = lambda: torch.cuda.cudart().cudaHostUnregister(ptr)  # noqa: E731
+                release = lambda: (int(torch.cuda.cudart().cudaHostUnregister(ptr)) == 0  # noqa: E731
+                                   or _clear_cuda_error(torch, device))
             else:
+                _clear_cuda_error(torch, device)  # else torch's next kernel launch reports it as its own
                 host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+                host.fill_(0x5A)
                 numa["pinned"] = f"pin_memory (cudaHostRegister returned {rc}: NUMA placement not controlled)"
         else:
             numa["pinned"] = "host memory (CPU stand-in)"
@@ -324,11 +385,15 @@ def _measure_gpu(torch: Any, cuda: bool, g: dict[str, Any], rec: dict[str, Any],
                  chan: Any) -> None:
     cpus, node = local_cpus(g.get("bus_id")) if (cuda and affinity) else (None, None)
     rec["numa"] = {"node": node}
-    host, release = _host_buffer(torch, cuda, h2d_n, cpus, rec)
+    host, release = _host_buffer(torch, cuda, h2d_n, cpus, rec, device)
     try:
         dbuf = torch.empty(h2d_n, dtype=torch.uint8, device=device)
-        link = _link_reader(int(g["gpu"])) if cuda else None
-        t = timer.run(lambda: dbuf.copy_(host, non_blocking=True), repeats, warmup, stream, during=link)
+        link = _LinkReader(int(g["gpu"]), g.get("uuid")) if cuda else None
+        try:
+            t = timer.run(lambda: dbuf.copy_(host, non_blocking=True), repeats, warmup, stream, during=link)
+        finally:
+            if link is not None:
+                link.close()
         rec["h2d"] = _result(t, h2d_n)
         if link is not None:
             rec["link_under_load"] = dict(link.box)
@@ -338,9 +403,11 @@ def _measure_gpu(torch: Any, cuda: bool, g: dict[str, Any], rec: dict[str, Any],
         chan.heartbeat()
         del dbuf
     finally:
-        if cuda:
-            torch.cuda.synchronize(device)
-        release()
+        try:
+            if cuda:
+                torch.cuda.synchronize(device)  # no transfer may still use the buffer
+        finally:
+            release()
         del host
     a = torch.empty(d2d_n, dtype=torch.uint8, device=device)
     b = torch.empty(d2d_n, dtype=torch.uint8, device=device)
@@ -381,7 +448,11 @@ def _measure_pairs(torch: Any, cuda: bool, ok: list[int], dev: Any, stream: Any,
                     pr["error"] = f"{type(e).__name__}: {e}".strip()
                 chan.heartbeat()
     finally:
+        if cuda:  # every device the copies touched, not only the current one
+            for g in ok:
+                try:
+                    torch.cuda.synchronize(dev(g))
+                except Exception:  # noqa: BLE001 - a pair's error is already recorded
+                    pass
         src_bufs.clear()
         dst_bufs.clear()
-        if cuda:
-            torch.cuda.synchronize()

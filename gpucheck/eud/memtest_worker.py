@@ -37,6 +37,7 @@ from .patterns import (
     BY_NAME,
     MASK64,
     NAMES,
+    STATS_WORDS,
     ErrorLog,
     decode_step,
     parse_patterns,
@@ -45,6 +46,8 @@ from .patterns import (
 )
 
 MIN_CHUNK_BYTES = 64
+MAX_BLOCK = 1024  # threads per block: CUDA's limit on every GPU gpucheck supports
+MAX_GRID_X = (1 << 31) - 1  # gridDim.x limit
 
 
 @dataclass
@@ -91,6 +94,10 @@ class MemtestConfig:
             raise ValueError(f"passes must be at least 1, not {cfg.passes}")
         if cfg.max_errors < 1:
             raise ValueError(f"max_errors must be at least 1, not {cfg.max_errors}")
+        if not 1 <= cfg.block <= MAX_BLOCK:  # a launch the driver refuses would read as a GPU fault
+            raise ValueError(f"block must be in 1..{MAX_BLOCK} threads, not {cfg.block}")
+        if cfg.blocks_per_sm < 1:
+            raise ValueError(f"blocks_per_sm must be at least 1, not {cfg.blocks_per_sm}")
         for key in ("chunk_bytes", "cpu_bytes", "cpu_chunk_bytes", "copy_bytes"):
             if getattr(cfg, key) < MIN_CHUNK_BYTES:
                 raise ValueError(f"{key} must be at least {MIN_CHUNK_BYTES} bytes, not {getattr(cfg, key)}")
@@ -218,6 +225,45 @@ class NumpyBackend:
         bufs.clear()
 
 
+# Kernel arguments (pure, so that they are tested without a GPU: tests/test_eud_gpu.py checks them
+# against the parameter lists in memtest.cu). CuPy passes a NumPy scalar as its own C type and a
+# Python int as a 64-bit integer, so every scalar is an explicit np.uint64 (gc_u64) or np.int32
+# (int); pointers are CuPy arrays.
+
+
+def launch_grid(n: int, per_thread: int, block: int, sms: int, blocks_per_sm: int) -> tuple[int, int, int]:
+    """Blocks for a grid-stride kernel over n words, `per_thread` words per thread per sweep step:
+    enough to cover n once, at most sms x blocks_per_sm (and gridDim.x's limit), at least 1."""
+    per_block = block * per_thread
+    want = (n + per_block - 1) // per_block
+    return (max(1, min(want, sms * blocks_per_sm, MAX_GRID_X)), 1, 1)
+
+
+def fill_args(np: Any, buf: Any, n: int, base: int, kind: int, seed: int, xor_write: int) -> tuple:
+    """memtest_fill(gc_u64* buf, gc_u64 n, gc_u64 base, int kind, gc_u64 seed, gc_u64 xwrite)."""
+    return (buf, np.uint64(n), np.uint64(base), np.int32(kind), np.uint64(seed & MASK64),
+            np.uint64(xor_write & MASK64))
+
+
+def check_args(np: Any, buf: Any, n: int, base: int, kind: int, seed: int, xor_expect: int, write: bool,
+               xor_write: int, descending: bool, stats: Any, errs: Any, max_errors: int) -> tuple:
+    """memtest_check(gc_u64* buf, gc_u64 n, gc_u64 base, int kind, gc_u64 seed, gc_u64 xexp,
+    int write_back, gc_u64 xwrite, int descending, gc_u64* stats, gc_u64* errs, gc_u64 max_errs)."""
+    return (buf, np.uint64(n), np.uint64(base), np.int32(kind), np.uint64(seed & MASK64),
+            np.uint64(xor_expect & MASK64), np.int32(1 if write else 0), np.uint64(xor_write & MASK64),
+            np.int32(1 if descending else 0), stats, errs, np.uint64(max_errors))
+
+
+def flip_args(np: Any, buf: Any, index: int, mask: int) -> tuple:
+    """memtest_flip(gc_u64* buf, gc_u64 i, gc_u64 mask)."""
+    return (buf, np.uint64(index), np.uint64(mask & MASK64))
+
+
+def _is_oom(e: BaseException) -> bool:
+    text = str(e).lower()
+    return "memoryallocation" in text.replace(" ", "") or "out of memory" in text
+
+
 class CupyBackend:
     """The kernels of gpucheck/kernels/memtest.cu on one GPU through CuPy."""
 
@@ -235,8 +281,11 @@ class CupyBackend:
         self.sms = int(props.get("multiProcessorCount", 0)) or 1
         self.capability = [int(props.get("major", 0)), int(props.get("minor", 0))]
         self.total_memory = int(props.get("totalGlobalMem", 0))
-        self.stats = cupy.zeros(136, dtype=cupy.uint64)
-        self.errs = cupy.zeros(3 * cfg.max_errors, dtype=cupy.uint64)
+        # The step buffers are plain allocations too (CuPy's memory pool would keep them, and
+        # anything else it was given, after the test).
+        self.stats = self.alloc(STATS_WORDS)
+        self.errs = self.alloc(3 * cfg.max_errors)
+        self.errs.set(numpy.zeros(3 * cfg.max_errors, numpy.uint64))
         from ..kernels.cupy_module import launch, module
 
         module("memtest")  # compile now: a compile error is a setup problem, not a memory error
@@ -253,14 +302,22 @@ class CupyBackend:
             count = int(cupy.cuda.runtime.getDeviceCount())
         except Exception as e:  # noqa: BLE001 - no driver, no device: a setup problem
             raise _SetupError(f"CuPy {cupy.__version__} sees no CUDA device: {e}") from None
+        # CUDA_VISIBLE_DEVICES=<the GPU's UUID> (the pool sets it) leaves one device: CuPy's 0.
         dev = 0 if chan.job.visible_device is not None else int(chan.gpu or 0)
         if dev >= count:
             raise _SetupError(f"cuda:{dev} does not exist (CuPy sees {count} GPU(s))")
-        cupy.cuda.Device(dev).use()
         try:
+            cupy.cuda.Device(dev).use()
             return cls(cupy, numpy, dev, cfg)
         except KernelError as e:
             raise _SetupError(str(e)) from None
+        except MemoryError as e:  # the CUDA context or the step buffers did not fit: nothing tested
+            raise _SetupError(f"out of GPU memory before the test could start (memory taken by another "
+                              f"process?): {e}") from None
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            if _is_oom(e) or "devicesunavailable" in str(e).lower():  # exclusive-process GPU in use elsewhere
+                raise _SetupError(f"could not set up the GPU: {e}") from None
+            raise
 
     def info(self) -> dict[str, Any]:
         return {"name": self.gpu_name, "device": "cuda", "backend": self.name, "cupy": self.cp.__version__,
@@ -268,7 +325,7 @@ class CupyBackend:
                 "cuda_runtime": int(self.cp.cuda.runtime.runtimeGetVersion())}
 
     def target_bytes(self) -> tuple[int, dict[str, Any]]:
-        free, total = (int(x) for x in self.cp.cuda.runtime.memGetInfo())
+        free, total = (int(x) for x in self.cp.cuda.runtime.memGetInfo())  # current device (CUDA context made)
         headroom = max(int(self.cfg.headroom_fraction * total), int(self.cfg.headroom_min_bytes))
         target = max(0, min(int(self.cfg.fraction * free), free - headroom))
         return target, {"free_bytes": free, "total_bytes": total, "headroom_bytes": headroom, "note": None}
@@ -277,13 +334,15 @@ class CupyBackend:
         return int(self.cfg.chunk_bytes)
 
     def alloc(self, words: int) -> Any:
+        """`words` uint64 of plain device memory: cudaMalloc (never managed memory, not CuPy's pool),
+        freed by cudaFree when the last array over it goes. MemoryError when it does not fit."""
         cp = self.cp
         try:
-            mem = cp.cuda.Memory(words * 8)  # cudaMalloc: plain device memory, no pool, never managed
+            mem = cp.cuda.Memory(words * 8)
         except cp.cuda.memory.OutOfMemoryError as e:
             raise MemoryError(str(e)) from None
-        except cp.cuda.runtime.CUDARuntimeError as e:
-            if "memoryallocation" in str(e).lower().replace(" ", "") or "out of memory" in str(e).lower():
+        except cp.cuda.runtime.CUDARuntimeError as e:  # cudaErrorMemoryAllocation: out of memory
+            if _is_oom(e):
                 raise MemoryError(str(e)) from None
             raise
         return cp.ndarray((words,), dtype=cp.uint64, memptr=cp.cuda.MemoryPointer(mem, 0))
@@ -292,40 +351,34 @@ class CupyBackend:
         return int(buf.data.ptr)
 
     def _grid(self, n: int, per_thread: int) -> tuple[int, int, int]:
-        per_block = self.cfg.block * per_thread
-        return (max(1, min((n + per_block - 1) // per_block, self.sms * self.cfg.blocks_per_sm)), 1, 1)
+        return launch_grid(n, per_thread, self.cfg.block, self.sms, self.cfg.blocks_per_sm)
 
     def new_step(self) -> None:
         from .patterns import new_stats
 
-        self.stats.set(new_stats())
+        self.stats.set(new_stats())  # on the current stream, ahead of the step's kernels
 
     def read_step(self) -> tuple[Any, Any]:
         return self.stats.get(), self.errs.get()  # synchronises the stream: faults surface here
 
     def fill(self, buf: Any, base: int, kind: int, seed: int, xor_write: int) -> None:
-        np = self.np
         n = int(buf.size)
         self._launch("memtest", "memtest_fill", self._grid(n, 1), (self.cfg.block, 1, 1),
-                     (buf, np.uint64(n), np.uint64(base), np.int32(kind), np.uint64(seed & MASK64),
-                      np.uint64(xor_write & MASK64)))
+                     fill_args(self.np, buf, n, base, kind, seed, xor_write))
 
     def check(self, buf: Any, base: int, kind: int, seed: int, xor_expect: int, write: bool, xor_write: int,
               descending: bool) -> None:
-        np = self.np
         n = int(buf.size)
         self._launch("memtest", "memtest_check", self._grid(n, 4), (self.cfg.block, 1, 1),
-                     (buf, np.uint64(n), np.uint64(base), np.int32(kind), np.uint64(seed & MASK64),
-                      np.uint64(xor_expect & MASK64), np.int32(1 if write else 0), np.uint64(xor_write & MASK64),
-                      np.int32(1 if descending else 0), self.stats, self.errs, np.uint64(self.cfg.max_errors)))
+                     check_args(self.np, buf, n, base, kind, seed, xor_expect, write, xor_write, descending,
+                                self.stats, self.errs, self.cfg.max_errors))
 
     def flip(self, buf: Any, index: int, mask: int) -> None:
-        np = self.np
-        self._launch("memtest", "memtest_flip", (1, 1, 1), (1, 1, 1),
-                     (buf, np.uint64(index), np.uint64(mask & MASK64)), sync=True)
+        self._launch("memtest", "memtest_flip", (1, 1, 1), (1, 1, 1), flip_args(self.np, buf, index, mask),
+                     sync=True)
 
     def timer(self) -> Any:
-        ev = self.cp.cuda.Event()
+        ev = self.cp.cuda.Event()  # timing enabled; recorded on the current stream
         ev.record()
         return ev
 
@@ -333,7 +386,7 @@ class CupyBackend:
         ev = self.cp.cuda.Event()
         ev.record()
         ev.synchronize()
-        return self.cp.cuda.get_elapsed_time(t0, ev) / 1000.0
+        return self.cp.cuda.get_elapsed_time(t0, ev) / 1000.0  # milliseconds -> seconds
 
     def copy(self, dst: Any, src: Any) -> None:
         rt = self.cp.cuda.runtime
@@ -344,7 +397,8 @@ class CupyBackend:
         self.cp.cuda.get_current_stream().synchronize()
 
     def release(self, bufs: list[Any]) -> None:
-        bufs.clear()  # the chunks' Memory objects free with their arrays
+        self.sync()  # nothing may still be running on memory about to be freed
+        bufs.clear()  # the chunks' Memory objects are freed (cudaFree) with their last array
 
 
 # ---------------------------------------------------------------------------------------------
@@ -548,6 +602,7 @@ def run_memtest(backend: Any, cfg: MemtestConfig, chan: Any) -> dict[str, Any]:
         break
     if stopped is None and chan.should_stop():
         stopped = chan.stop_reason
+    inj.target = None  # it holds a chunk: drop every reference so that the memory is freed now
     backend.release([c.buf for c in chunks])
     chunks.clear()
     total_bytes = sum(pp["bytes"] for pp in per_pattern.values())
