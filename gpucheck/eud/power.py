@@ -184,72 +184,53 @@ def power_check(ctx: Context) -> list[Result]:
                            f"could not judge: NVML is not working ({err.get('kind', 'unknown')}: "
                            f"{err.get('message', '')}), so power, clocks and clock-event reasons cannot be read")]
 
+    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
+    from ..workers.targets import worker_targets
+
     duration = power_duration(ctx, p)
     warmup = float(p["warmup_s"])
     notes: list[str] = []
-    if ctx.deadline is not None:
-        left = ctx.deadline - time.monotonic() - float(p["startup_timeout_s"]) / 4 - warmup - 10.0
-        if left < duration:
-            duration = max(1.0, left)
-            notes.append(f"load shortened to {duration:.0f} s to fit the run's timeout")
-
-    from ..workers.pool import WorkerJob, run_workers
-    from ..workers.sampler import Sampler
-    from ..workers.targets import worker_targets
+    total, note = fit_to_deadline(ctx, duration + warmup, p["startup_timeout_s"], "load (with its warm-up)")
+    if note:
+        duration = max(1.0, total - warmup)
+        notes.append(note)
 
     targets, results = worker_targets(ctx, device, CHECK_ID, "loaded")
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to load")]
 
     size = int(ctx.options.get("power_size") or (p["cpu_size"] if device == "cpu" else p["size"]))
-    jobs: list[WorkerJob] = []
-    specs: dict[int, dict[str, Any]] = {}
-    injected: dict[int, list[str]] = {}
-    for t in targets:
-        g = t["gpu"]
-        spec, texts, problem = injection_specs(ctx, g)
-        injected[g] = texts
-        if problem:
-            results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
-            continue
-        specs[g] = spec
-        args = {
-            "duration_s": duration + warmup, "dtypes": [p["dtype"]], "size": size, "repeats": p["repeats"],
-            "window_s": p["window_s"], "ref_rows": 8, "ref_every_s": p["ref_every_s"], "seed": 0,
-            "distributions": ["normal"],
-        }
-        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
-                              visible_device=t["visible"] if device == "cuda" else None))
-    if not jobs:
-        return results
+    specs: dict[int, dict[str, Any]] = {}  # telemetry injections, applied to the samples when judging
 
-    sampler = Sampler([j.gpu for j in jobs], interval_s=float(p["sample_interval_s"]), sample_fn=sample_fn,
-                      xid_fn=ctx.options.get("xid_fn"))
+    def inject(g: int) -> tuple[dict[str, Any], list[str], str | None]:
+        spec, texts, problem = injection_specs(ctx, g)
+        if not problem:
+            specs[g] = spec
+        return {}, texts, problem
+
     first: dict[int, float] = {}
     last: dict[int, float] = {}
 
-    def on_progress(job: WorkerJob, info: dict[str, Any]) -> None:
+    def observe(job: Any, info: dict[str, Any]) -> None:
         now = time.time()
         first.setdefault(job.gpu, now)
         last[job.gpu] = now
-        merged = dict(info)
-        latest = sampler.latest(job.gpu)
-        if latest:
-            for key in ("temperature_c", "sm_clock_mhz", "power_w"):
-                if latest.get(key) is not None:
-                    merged[key] = latest[key]
-        merged["time_left_s"] = max(0.0, float(info.get("time_left_s", 0.0)))
-        ctx.report(CHECK_ID, f"gpu{job.gpu}", merged)
+        info["time_left_s"] = max(0.0, float(info.get("time_left_s", 0.0)))
 
-    t0 = time.monotonic()
-    budget = duration + warmup + float(p["startup_timeout_s"]) + 30.0
-    outcomes = run_workers(
-        "gpucheck.compute.gemm:burn_worker", jobs, budget_s=budget,
-        heartbeat_timeout_s=float(p["heartbeat_timeout_s"]), startup_timeout_s=float(p["startup_timeout_s"]),
-        cancel=ctx.cancel, on_progress=on_progress, sampler=sampler,
-        stop_grace_s=1.5, term_grace_s=1.0, kill_wait_s=1.5,
+    run = run_per_gpu(
+        ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device, p=p,
+        budget_s=duration + warmup + float(p["startup_timeout_s"]) + 30.0,
+        make_args=lambda g: {
+            "duration_s": duration + warmup, "dtypes": [p["dtype"]], "size": size, "repeats": p["repeats"],
+            "window_s": p["window_s"], "ref_rows": 8, "ref_every_s": p["ref_every_s"], "seed": 0,
+            "distributions": ["normal"],
+        },
+        injection_args=inject, observe=observe,
     )
-    elapsed = time.monotonic() - t0
+    results.extend(run.results)
+    if not run.jobs:
+        return results
+    jobs, outcomes, sampler, injected, elapsed = run.jobs, run.outcomes, run.sampler, run.injected, run.elapsed_s
     results.extend(_judge(ctx, p, device, jobs, outcomes, sampler, specs, injected, first, last, notes,
                           sample_fn is not None))
     for r in results:

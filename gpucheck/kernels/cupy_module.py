@@ -74,11 +74,7 @@ def launch(name: str, kernel: str, grid: Sequence[int], block: Sequence[int], ar
     on a fault while it ran."""
     import cupy  # noqa: PLC0415
 
-    mod = module(name)
-    try:
-        fn = mod.get_function(kernel)
-    except Exception as e:
-        raise KernelError(name, kernel, f"no such kernel: {e}") from e
+    fn = _function(name, kernel)
     try:
         if stream is not None:
             with stream:
@@ -89,3 +85,25 @@ def launch(name: str, kernel: str, grid: Sequence[int], block: Sequence[int], ar
             (stream or cupy.cuda.get_current_stream()).synchronize()
     except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as e:
         raise KernelError(name, kernel, str(e), grid, block) from e
+    except (TypeError, ValueError) as e:  # arguments CuPy cannot pass: gpucheck's bug, not the GPU's
+        raise KernelError(name, kernel, f"bad launch arguments: {e}", grid, block) from e
+
+
+_functions: dict[tuple[str, int, str], Any] = {}
+
+
+def _function(name: str, kernel: str) -> Any:
+    """The kernel's `cupy.RawModule.get_function` result, looked up once per device."""
+    import cupy  # noqa: PLC0415
+
+    mod = module(name)  # raises KernelError when CuPy cannot use the device
+    key = (name, int(cupy.cuda.runtime.getDevice()), kernel)
+    fn = _functions.get(key)
+    if fn is None:
+        try:
+            fn = mod.get_function(kernel)
+        except Exception as e:
+            raise KernelError(name, kernel, f"no such kernel: {e}") from e
+        with _lock:
+            _functions[key] = fn
+    return fn

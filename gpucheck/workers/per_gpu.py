@@ -47,9 +47,11 @@ def run_per_gpu(
     make_args: Callable[[int], dict[str, Any]],
     injection_args: Callable[[int], tuple[dict[str, Any], list[str], str | None]],
     hide_progress_keys: tuple[str, ...] = (),
+    observe: Callable[[Any, dict[str, Any]], None] | None = None,
 ) -> PerGpuRun:
     """Start one worker per target (see workers.targets.worker_targets), sample NVML meanwhile,
-    wait for all of them. `p` supplies sample_interval_s, heartbeat_timeout_s, startup_timeout_s."""
+    wait for all of them. `p` supplies sample_interval_s, heartbeat_timeout_s, startup_timeout_s.
+    `observe(job, info)` sees (and may amend) every progress report before the display does."""
     from .pool import WorkerJob, run_workers
     from .sampler import Sampler
 
@@ -72,6 +74,8 @@ def run_per_gpu(
                               sample_fn=sample_fn, xid_fn=ctx.options.get("xid_fn"))
 
     def on_progress(job: Any, info: dict[str, Any]) -> None:
+        if observe is not None:
+            observe(job, info)
         merged = {k: v for k, v in info.items() if k not in hide_progress_keys}
         latest = run.sampler.latest(job.gpu) if run.sampler is not None and job.gpu is not None else None
         for key in DISPLAY_TELEMETRY:
