@@ -179,16 +179,12 @@ class BurnConfig:
 
 def burn_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
     """Worker target: burn, verify, measure; return plain data (see Burner.run)."""
-    from ..workers.pool import WorkerSetupError, torch_device
+    from ..workers.pool import torch_and_device
 
     cfg = BurnConfig.from_args(args)
-    try:
-        import torch  # noqa: PLC0415 - in the worker only
-
-        dev = torch_device(chan)
-    except (ImportError, WorkerSetupError) as e:
-        return {"setup_error": f"{type(e).__name__}: {e}" if isinstance(e, ImportError) else str(e)}
-    chan.heartbeat(force=True)
+    torch, dev, setup_error = torch_and_device(chan)
+    if setup_error:
+        return setup_error
     return Burner(torch, dev, chan, cfg).run()
 
 

@@ -61,14 +61,10 @@ def _params(ctx: Context) -> dict[str, Any]:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
-def _level(ctx: Context) -> int:
-    return 4 if int(ctx.level) >= 4 else 3
-
-
 def power_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
-    p = p or _params(ctx)
-    d = ctx.options.get("power_duration_s")
-    return float(d) if d is not None else float(p[f"duration_s_level{_level(ctx)}"])
+    from ..workers.per_gpu import level_duration
+
+    return level_duration(ctx, p or _params(ctx), option="power_duration_s", lowest=3)
 
 
 def _budget(ctx: Context) -> float:

@@ -134,16 +134,12 @@ def select_backend(torch: Any, dev: Any, want: str) -> tuple[Any, str | None]:
 
 def poet_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
     """Worker target: select the device and backend, run the loop; plain data out."""
-    from ..workers.pool import WorkerSetupError, torch_device
+    from ..workers.pool import torch_and_device
 
     cfg = PoetConfig.from_args(args)
-    try:
-        import torch  # noqa: PLC0415 - in the worker only
-
-        dev = torch_device(chan)
-    except (ImportError, WorkerSetupError) as e:
-        return {"setup_error": f"{type(e).__name__}: {e}" if isinstance(e, ImportError) else str(e)}
-    chan.heartbeat(force=True)
+    torch, dev, setup_error = torch_and_device(chan)
+    if setup_error:
+        return setup_error
     from ..kernels.cupy_module import KernelError
     from .cupy_ops import CupyUnavailable, size_problem
     from .ortho import set_precision

@@ -37,19 +37,15 @@ PART_HEX = 16  # characters of each output's part digest returned (enough to nam
 
 
 def repro_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
-    from ..workers.pool import WorkerSetupError, torch_device
+    from ..workers.pool import torch_and_device
 
     # Read by cuBLAS when it creates its handle (the first GEMM): before any CUDA work.
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
     preset = PRESET_DEFS[str(args.get("preset", "cpu" if chan.device == "cpu" else "gpu"))]
     workloads, _ = select_workloads(list(args.get("workloads") or ["all"]), preset.name)
-    try:
-        import torch  # noqa: PLC0415 - in the worker only
-
-        dev = torch_device(chan)
-    except (ImportError, WorkerSetupError) as e:
-        return {"setup_error": f"{type(e).__name__}: {e}" if isinstance(e, ImportError) else str(e)}
-    chan.heartbeat(force=True)
+    torch, dev, setup_error = torch_and_device(chan)
+    if setup_error:
+        return setup_error
     return run_all(torch, dev, chan, workloads, preset.name, args)
 
 

@@ -71,9 +71,9 @@ def _level(ctx: Context) -> int:
 
 
 def burn_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
-    p = p or _params(ctx)
-    d = ctx.options.get("duration_s")
-    return float(d) if d is not None else float(p[f"duration_s_level{_level(ctx)}"])
+    from ..workers.per_gpu import level_duration
+
+    return level_duration(ctx, p or _params(ctx))
 
 
 def _budget(ctx: Context) -> float:

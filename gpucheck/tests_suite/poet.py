@@ -55,7 +55,6 @@ DEFAULTS: dict[str, Any] = {
     "sample_interval_s": 1.0,
 }
 
-_LEVEL_KEYS = (2, 3, 4)
 _WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_blocks", "q_pool", "dense_acc_roundoff",
                 "bound_scale", "seed", "window_s", "max_events", "cpu_blocks", "cpu_rows")
 
@@ -64,14 +63,10 @@ def _params(ctx: Context) -> dict[str, Any]:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
-def _level(ctx: Context) -> int:
-    return max(_LEVEL_KEYS[0], min(_LEVEL_KEYS[-1], int(ctx.level)))
-
-
 def poet_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
-    p = p or _params(ctx)
-    d = ctx.options.get("duration_s")
-    return float(d) if d is not None else float(p[f"duration_s_level{_level(ctx)}"])
+    from ..workers.per_gpu import level_duration
+
+    return level_duration(ctx, p or _params(ctx))
 
 
 def _budget(ctx: Context) -> float:

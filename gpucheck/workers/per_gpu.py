@@ -101,6 +101,16 @@ def run_per_gpu(
     return run
 
 
+def level_duration(ctx: Context, p: dict[str, Any], *, option: str = "duration_s", lowest: int = 2,
+                   highest: int = 4) -> float:
+    """A looping check's length: the command's option (`--duration`) when given, else the check's
+    `duration_s_level<N>` default for the run's level clamped to [lowest, highest]."""
+    given = ctx.options.get(option)
+    if given is not None:
+        return float(given)
+    return float(p[f"duration_s_level{max(lowest, min(highest, int(ctx.level)))}"])
+
+
 def fit_to_deadline(ctx: Context, duration_s: float, startup_timeout_s: float, what: str
                     ) -> tuple[float, str | None]:
     """A check's loop length shortened, when needed, to end inside the run's --timeout (leaving a

@@ -219,6 +219,19 @@ class LocalChannel:
         return self.stop_event.is_set()
 
 
+def torch_and_device(chan: WorkerChannel | LocalChannel) -> tuple[Any, Any, dict[str, Any] | None]:
+    """In a worker target: (torch, device, None), or (None, None, {"setup_error": why}) to return
+    as the target's result when torch or the device cannot be used (not a hardware verdict)."""
+    try:
+        import torch  # noqa: PLC0415 - only ever in a worker process
+
+        dev = torch_device(chan)
+    except (ImportError, WorkerSetupError) as e:
+        return None, None, {"setup_error": f"{type(e).__name__}: {e}" if isinstance(e, ImportError) else str(e)}
+    chan.heartbeat(force=True)
+    return torch, dev, None
+
+
 def torch_device(chan: WorkerChannel | LocalChannel) -> Any:
     """Import torch in the worker and select the job's device: cuda:<gpu> (cuda:0 when
     visible_device narrowed CUDA_VISIBLE_DEVICES), or the CPU with one thread (workers stand in
