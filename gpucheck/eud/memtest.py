@@ -214,44 +214,26 @@ def _telemetry(sampler: Any, gpu: int) -> dict[str, Any]:
 # judging (pure)
 
 
+def _crash(err: str) -> tuple[str, Action]:
+    """A crashed pattern-test worker: an uncorrectable ECC error is named as such."""
+    low = err.lower()
+    if "ecc" in low:
+        return (f"uncorrectable ECC error during the pattern test: {err} (the row is remapped at the next GPU "
+                "reset; see the ecc and memory-remap checks)", Action.RESET_GPU)
+    return "", Action.RESET_GPU if ("cuda" in low or "kernel" in low) else Action.INVESTIGATE
+
+
 def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: list[str],
                   ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
     """One GPU's result from its worker outcome (gpucheck.workers.pool.WorkerOutcome)."""
-    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+    from ..workers.per_gpu import unfinished_result
+    from ..workers.pool import CANCELLED, OVER_BUDGET
 
-    if oc is None:
-        return Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=gpu, injected=injected)
-    partial = oc.progress or {}
-    if oc.kind == HUNG:
-        r = Result(CHECK_ID, Status.FAIL, f"hang: the pattern-test worker stopped answering and was killed "
-                                          f"({oc.error}); a GPU that hangs a memory kernel is unhealthy",
-                   gpu=gpu, action=Action.RESET_GPU, injected=injected)
-        _partial(r, partial)
-        return r
-    if oc.kind == CRASHED:
-        err = oc.error or "unknown error"
-        low = err.lower()
-        if "ecc" in low:
-            summary = (f"uncorrectable ECC error during the pattern test: {err} (the row is remapped at the "
-                       "next GPU reset; see the ecc and memory-remap checks)")
-            action = Action.RESET_GPU
-        else:
-            summary = f"pattern-test worker crashed: {err}"
-            action = Action.RESET_GPU if ("cuda" in low or "kernel" in low) else Action.INVESTIGATE
-        r = Result(CHECK_ID, Status.FAIL, summary, gpu=gpu, action=action, injected=injected)
-        if oc.traceback:
-            r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
-        _partial(r, partial)
-        return r
+    unfinished = unfinished_result(CHECK_ID, gpu, oc, injected, worker="pattern-test", setup_verb="test",
+                                   partial=_partial, crash=_crash)
+    if unfinished is not None:
+        return unfinished
     d = oc.result
-    if d is None:
-        why = ("interrupted before the worker returned" if oc.kind == CANCELLED
-               else f"the worker overran its time budget ({oc.error})")
-        r = Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=gpu, injected=injected)
-        _partial(r, partial)
-        return r
-    if d.get("setup_error"):
-        return Result(CHECK_ID, Status.ERROR, f"could not test: {d['setup_error']}", gpu=gpu, injected=injected)
     r = judge_data(gpu, d, p, device, injected, ecc_enabled=ecc_enabled, telemetry=telemetry)
     if oc.kind in (CANCELLED, OVER_BUDGET):
         stopped = d.get("stopped") or oc.kind

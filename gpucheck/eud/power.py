@@ -29,7 +29,7 @@ import time
 from typing import Any, Callable
 
 from ..check import Context, Level, Need, define
-from ..result import Action, Result, Status
+from ..result import Result, Status
 from .power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
 
 DEFAULTS: dict[str, Any] = {
@@ -247,7 +247,8 @@ def _sdc_detail(d: dict[str, Any]) -> str:
 def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
            specs: dict[int, dict[str, Any]], injected: dict[int, list[str]], first: dict[int, float],
            last: dict[int, float], notes: list[str], injected_telemetry: bool) -> list[Result]:
-    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+    from ..workers.per_gpu import unfinished_result
+    from ..workers.pool import CANCELLED, OVER_BUDGET
 
     out: list[Result] = []
     loads: dict[int, dict[str, Any]] = {}
@@ -257,33 +258,11 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcom
         g = j.gpu
         oc = outcomes.get(j.worker_id)
         inj = injected.get(g, [])
-        if oc is None:
-            out.append(Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=g, injected=inj))
-            continue
-        if oc.kind == HUNG:
-            out.append(Result(CHECK_ID, Status.FAIL,
-                              f"hang: the load worker stopped answering and was killed ({oc.error}); "
-                              "a GPU that hangs a kernel is unhealthy", gpu=g, action=Action.RESET_GPU, injected=inj))
-            continue
-        if oc.kind == CRASHED:
-            err = oc.error or "unknown error"
-            cuda = "cuda" in err.lower() or "cublas" in err.lower()
-            r = Result(CHECK_ID, Status.FAIL, f"load worker crashed: {err}", gpu=g,
-                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=inj)
-            if oc.traceback:
-                r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
-            out.append(r)
+        unfinished = unfinished_result(CHECK_ID, g, oc, inj, worker="load", setup_verb="load the GPU")
+        if unfinished is not None:
+            out.append(unfinished)
             continue
         d = oc.result
-        if d is not None and d.get("setup_error"):
-            out.append(Result(CHECK_ID, Status.ERROR, f"could not load the GPU: {d['setup_error']}", gpu=g,
-                              injected=inj))
-            continue
-        if d is None:
-            why = ("interrupted before the worker returned" if oc.kind == CANCELLED
-                   else f"the worker overran its time budget ({oc.error})")
-            out.append(Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=g, injected=inj))
-            continue
         if g not in first:
             skipped = "; ".join(f"{k}: {v}" for k, v in (d.get("skipped") or {}).items()) or "no GEMM window finished"
             out.append(Result(CHECK_ID, Status.ERROR, f"could not load the GPU: {skipped}", gpu=g, injected=inj))

@@ -218,7 +218,8 @@ def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str
 def _judge(ctx: Context, p: dict[str, Any], device: str, duration: float, jobs: list[Any],
            outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
            injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+    from ..workers.per_gpu import unfinished_result
+    from ..workers.pool import CANCELLED, OVER_BUDGET
 
     tel = {j.gpu: _telemetry(sampler, j.gpu, device) for j in jobs}
     data: dict[int, dict[str, Any]] = {}
@@ -247,32 +248,8 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, duration: float, jobs: 
         oc = outcomes.get(j.worker_id)
         t = tel[g]
         inj = injected.get(g, [])
-        if oc is None:  # cannot happen: run_workers answers for every job
-            out.append(Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=g, injected=inj))
-            continue
-        partial = (oc.progress or {}) if oc.result is None else {}
-        if oc.kind == HUNG:
-            r = Result(CHECK_ID, Status.FAIL,
-                       f"hang: the burn worker stopped answering and was killed ({oc.error}); "
-                       "a GPU that hangs a kernel is unhealthy",
-                       gpu=g, action=Action.RESET_GPU, injected=inj)
-            _partial_metrics(r, partial)
-        elif oc.kind == CRASHED:
-            err = oc.error or "unknown error"
-            cuda = "cuda" in err.lower() or "cublas" in err.lower()
-            r = Result(CHECK_ID, Status.FAIL, f"burn worker crashed: {err}", gpu=g,
-                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=inj)
-            if oc.traceback:
-                r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
-            _partial_metrics(r, partial)
-        elif oc.result is not None and oc.result.get("setup_error"):
-            r = Result(CHECK_ID, Status.ERROR, f"could not burn: {oc.result['setup_error']}", gpu=g, injected=inj)
-        elif oc.result is None:
-            why = ("interrupted before the worker returned" if oc.kind == CANCELLED
-                   else f"the worker overran its time budget ({oc.error})")
-            r = Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=g, injected=inj)
-            _partial_metrics(r, partial)
-        else:
+        r = unfinished_result(CHECK_ID, g, oc, inj, worker="burn", setup_verb="burn", partial=_partial_metrics)
+        if r is None:
             r = _judge_data(p, device, g, oc.result, names.get(g), medians, t, node_clock, len(jobs), inj,
                             common_reasons(g))
             if oc.kind in (CANCELLED, OVER_BUDGET):

@@ -202,7 +202,8 @@ def _violation_detail(v: dict[str, Any]) -> str:
 
 def judge_outcomes(device: str, duration: float, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
                    injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET
+    from ..workers.per_gpu import unfinished_result
+    from ..workers.pool import CANCELLED, OVER_BUDGET
     from .burn import _add_telemetry, _telemetry
 
     out: list[Result] = []
@@ -211,31 +212,8 @@ def judge_outcomes(device: str, duration: float, jobs: list[Any], outcomes: dict
         oc = outcomes.get(j.worker_id)
         inj = injected.get(g, [])
         tel = _telemetry(sampler, g, device)
-        if oc is None:
-            out.append(Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=g, injected=inj))
-            continue
-        partial = (oc.progress or {}) if oc.result is None else {}
-        if oc.kind == HUNG:
-            r = Result(CHECK_ID, Status.FAIL,
-                       f"hang: the poet worker stopped answering and was killed ({oc.error}); "
-                       "a GPU that hangs a kernel is unhealthy", gpu=g, action=Action.RESET_GPU, injected=inj)
-            _partial(r, partial)
-        elif oc.kind == CRASHED:
-            err = oc.error or "unknown error"
-            cuda = "cuda" in err.lower() or "cublas" in err.lower()
-            r = Result(CHECK_ID, Status.FAIL, f"poet worker crashed: {err}", gpu=g,
-                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=inj)
-            if oc.traceback:
-                r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
-            _partial(r, partial)
-        elif oc.result is not None and oc.result.get("setup_error"):
-            r = Result(CHECK_ID, Status.ERROR, f"could not run POET: {oc.result['setup_error']}", gpu=g, injected=inj)
-        elif oc.result is None:
-            why = ("interrupted before the worker returned" if oc.kind == CANCELLED
-                   else f"the worker overran its time budget ({oc.error})")
-            r = Result(CHECK_ID, Status.ERROR, f"not finished: {why}", gpu=g, injected=inj)
-            _partial(r, partial)
-        else:
+        r = unfinished_result(CHECK_ID, g, oc, inj, worker="poet", setup_verb="run POET", partial=_partial)
+        if r is None:
             r = judge_data(g, oc.result, inj)
             if oc.kind in (CANCELLED, OVER_BUDGET):
                 stopped = oc.result.get("stopped") or oc.kind

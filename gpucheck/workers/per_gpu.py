@@ -122,3 +122,62 @@ def fit_to_deadline(ctx: Context, duration_s: float, startup_timeout_s: float, w
         return duration_s, None
     short = max(1.0, left)
     return short, f"{what} shortened to {short:.0f} s to fit the run's timeout"
+
+
+def _cuda_crash(err: str) -> tuple[str, Any]:
+    from ..result import Action
+
+    low = err.lower()
+    return "", (Action.RESET_GPU if ("cuda" in low or "cublas" in low) else Action.INVESTIGATE)
+
+
+def unfinished_result(
+    check_id: str,
+    gpu: int,
+    oc: Any,
+    injected: list[str],
+    *,
+    worker: str,
+    setup_verb: str,
+    partial: Callable[[Result, dict[str, Any]], None] | None = None,
+    crash: Callable[[str], tuple[str, Any]] | None = None,
+) -> Result | None:
+    """The result for a worker outcome with no data to judge, or None when it returned data
+    (possibly partial, after a stop). The same rules for every per-GPU check:
+
+    - no outcome: error; setup error: error "could not <setup_verb>: ..." (not a hardware verdict);
+    - hung: fail "hang: the <worker> worker stopped answering" (reset-gpu);
+    - crashed: fail "<worker> worker crashed: <error>" (reset-gpu when CUDA or cuBLAS named it,
+      else investigate), the traceback's last lines as evidence; `crash(error)` may supply its own
+      (summary, action) (an ECC error in a memory test);
+    - no result (cancelled, over budget): error "not finished".
+
+    `partial(result, last_progress)` adds what the worker reported before it stopped."""
+    from ..result import Action
+    from .pool import CANCELLED, CRASHED, HUNG
+
+    if oc is None:
+        return Result(check_id, Status.ERROR, "no outcome from the worker pool", gpu=gpu, injected=injected)
+    if oc.kind == HUNG:
+        r = Result(check_id, Status.FAIL, f"hang: the {worker} worker stopped answering and was killed "
+                                          f"({oc.error}); a GPU that hangs a kernel is unhealthy",
+                   gpu=gpu, action=Action.RESET_GPU, injected=injected)
+    elif oc.kind == CRASHED:
+        err = oc.error or "unknown error"
+        summary, action = (crash or _cuda_crash)(err)
+        r = Result(check_id, Status.FAIL, summary or f"{worker} worker crashed: {err}", gpu=gpu, action=action,
+                   injected=injected)
+        if oc.traceback:
+            r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
+    elif oc.result is not None and oc.result.get("setup_error"):
+        return Result(check_id, Status.ERROR, f"could not {setup_verb}: {oc.result['setup_error']}", gpu=gpu,
+                      injected=injected)
+    elif oc.result is None:
+        why = ("interrupted before the worker returned" if oc.kind == CANCELLED
+               else f"the worker overran its time budget ({oc.error})")
+        r = Result(check_id, Status.ERROR, f"not finished: {why}", gpu=gpu, injected=injected)
+    else:
+        return None
+    if partial is not None:
+        partial(r, oc.progress or {})
+    return r
