@@ -26,6 +26,7 @@ def test_level_selects_eud_checks():
     (["--dcgm-level", "5"], "--dcgm-level"),
     (["--duration", "soon"], "--duration"),
     (["--check", "eud.nosuch"], "unknown check id"),
+    (["--pattern", "zeros,nosuch"], "unknown pattern 'nosuch'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, words, capsys, tmp_path):
     rc = main(["eud", "--device", "cpu", "--state-dir", str(tmp_path), *argv])

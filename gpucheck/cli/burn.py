@@ -14,22 +14,13 @@ from __future__ import annotations
 import click
 
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
-from .run import build_request, common_run_options, duration_callback
-
-
-def _dtypes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str] | None:
-    if not value:
-        return None
-    try:
-        return parse_dtypes(",".join(value))
-    except DtypeError as e:
-        raise click.BadParameter(str(e)) from None
+from .run import build_request, common_run_options, duration_callback, given, parsed_list
 
 
 @click.command("burn")
 @click.option("--duration", callback=duration_callback, default=None,
               help="How long to burn: 30s, 5m, 1h or seconds (default by level: 30 s at 2, 300 s at 3, 3600 s at 4).")
-@click.option("--dtype", "dtypes", multiple=True, callback=_dtypes,
+@click.option("--dtype", "dtypes", multiple=True, callback=parsed_list(parse_dtypes, DtypeError),
               help=f"Comma list of {','.join(DTYPES)} (repeatable; default by level: bf16 at 2, all at 3 and 4). "
                    "fp8 runs on GPUs with compute capability >= 8.9 only; elsewhere it is skipped, "
                    "and the result says why.")
@@ -48,12 +39,6 @@ def burn_command(duration: float | None, dtypes: list[str] | None, size: int | N
 
     if dtypes and "fp8" in dtypes and size is not None and size % 16:
         raise click.BadParameter(f"fp8 needs a size divisible by 16, not {size}", param_hint="--size")
-    options: dict[str, object] = {}
-    if duration is not None:
-        options["duration_s"] = duration
-    if dtypes:
-        options["dtypes"] = dtypes
-    if size is not None:
-        options["size"] = size
+    options = given(duration_s=duration, dtypes=dtypes, size=size)
     req = build_request(level=level, checks=["burn.gemm"], skips=(), options=options, **kw)
     return execute(req, display_factory=BurnDisplay)

@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import click
 
-from .run import build_request, common_run_options, duration_callback
+from ..eud.patterns import PatternError, parse_patterns
+from .run import build_request, common_run_options, duration_callback, given, parsed_list
 
 EUD_MODULES = ("gpucheck.eud.memtest", "gpucheck.eud.bandwidth", "gpucheck.eud.power", "gpucheck.eud.dcgm")
-
-
-def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str] | None:
-    items = [v.strip() for spec in value for v in spec.split(",") if v.strip()]
-    return items or None
 
 
 def eud_check_ids(level: int) -> list[str]:
@@ -40,7 +36,8 @@ def eud_check_ids(level: int) -> list[str]:
 @click.option("--skip", "skips", multiple=True, metavar="ID", help="Leave these checks out.")
 @click.option("--memtest-fraction", type=click.FloatRange(min=0.0, min_open=True, max=1.0), default=None,
               help="Fraction of each GPU's free memory the pattern test covers (default by level).")
-@click.option("--pattern", "patterns", multiple=True, callback=_csv, metavar="NAME",
+@click.option("--pattern", "patterns", multiple=True, metavar="NAME",
+              callback=parsed_list(parse_patterns, PatternError),
               help="Memtest patterns to run (comma list; default all; see docs/eud.md).")
 @click.option("--duration", callback=duration_callback, default=None,
               help="Level 4: how long the memtest loops (30s, 5m, 1h).")
@@ -74,16 +71,7 @@ def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], mem
     if not selected:
         raise click.BadParameter(f"no eud check runs at level {int(lv)} (they start at level 2)",
                                  param_hint="--level")
-    options: dict[str, object] = {}
-    if memtest_fraction is not None:
-        options["memtest_fraction"] = memtest_fraction
-    if patterns:
-        options["memtest_patterns"] = patterns
-    if duration is not None:
-        options["duration_s"] = duration
-    if power_duration is not None:
-        options["power_duration_s"] = power_duration
-    if dcgm_level is not None:
-        options["dcgm_level"] = dcgm_level
+    options = given(memtest_fraction=memtest_fraction, memtest_patterns=patterns, duration_s=duration,
+                    power_duration_s=power_duration, dcgm_level=dcgm_level)
     req = build_request(level=str(int(lv)), checks=selected, skips=skips, options=options, **kw)
     return execute(req)

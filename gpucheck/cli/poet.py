@@ -14,37 +14,16 @@ from __future__ import annotations
 
 import click
 
-from .run import build_request, common_run_options, duration_callback
-
-
-def _dtypes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str] | None:
-    from ..poet.bounds import PoetInputError, parse_dtypes
-
-    if not value:
-        return None
-    try:
-        return parse_dtypes(",".join(value))
-    except PoetInputError as e:
-        raise click.BadParameter(str(e)) from None
-
-
-def _blocks(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[int] | None:
-    from ..poet.bounds import PoetInputError, parse_blocks
-
-    if not value:
-        return None
-    try:
-        return parse_blocks(",".join(value))
-    except PoetInputError as e:
-        raise click.BadParameter(str(e)) from None
+from ..poet.bounds import PoetInputError, parse_blocks, parse_dtypes
+from .run import build_request, common_run_options, duration_callback, given, parsed_list
 
 
 @click.command("poet")
 @click.option("--duration", callback=duration_callback, default=None,
               help="How long: 30s, 5m, 1h or seconds (default by level: 30 s at 2, 300 s at 3, 1800 s at 4).")
-@click.option("--block", "blocks", multiple=True, callback=_blocks,
+@click.option("--block", "blocks", multiple=True, callback=parsed_list(parse_blocks, PoetInputError),
               help="Comma list of block sizes from 32,64,128,256 (repeatable; default all).")
-@click.option("--dtype", "dtypes", multiple=True, callback=_dtypes,
+@click.option("--dtype", "dtypes", multiple=True, callback=parsed_list(parse_dtypes, PoetInputError),
               help="Comma list of fp32,bf16,fp16 (repeatable; default all).")
 @click.option("--size", type=click.IntRange(min=32), default=None,
               help="n, the features of x and W: a multiple of every block size (default 4096 on GPUs, "
@@ -72,18 +51,6 @@ def poet_command(duration: float | None, blocks: list[int] | None, dtypes: list[
         if bad:
             raise click.BadParameter(f"{size} is not a multiple of block size(s) {','.join(map(str, bad))}",
                                      param_hint="--size")
-    options: dict[str, object] = {}
-    if duration is not None:
-        options["duration_s"] = duration
-    if dtypes:
-        options["dtypes"] = dtypes
-    if blocks:
-        options["blocks"] = blocks
-    if size is not None:
-        options["size"] = size
-    if rows is not None:
-        options["rows"] = rows
-    if backend is not None:
-        options["backend"] = backend
+    options = given(duration_s=duration, dtypes=dtypes, blocks=blocks, size=size, rows=rows, backend=backend)
     req = build_request(level=level, checks=["poet.ortho"], skips=(), options=options, **kw)
     return execute(req, display_factory=BurnDisplay)

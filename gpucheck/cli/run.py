@@ -32,6 +32,26 @@ def duration_callback(ctx: click.Context, param: click.Parameter, value: str | N
     return parse_duration(value)
 
 
+def parsed_list(parse, error: type[Exception]):
+    """A click callback for a repeatable comma-list option: the values joined and parsed by
+    `parse`; its `error` becomes a usage error naming the option. None when not given."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
+        if not value:
+            return None
+        try:
+            return parse(",".join(value))
+        except error as e:
+            raise click.BadParameter(str(e)) from None
+
+    return callback
+
+
+def given(**values) -> dict[str, object]:
+    """Command options for ctx.options: only those the user gave (not None, not empty)."""
+    return {k: v for k, v in values.items() if v is not None and v != [] and v != ()}
+
+
 def common_run_options(f):
     """Options shared by `run` and the per-check commands (burn, ...)."""
     opts = [
