@@ -207,6 +207,9 @@ class CupyOps(KernelOps):
         self._cm = cupy_module
         index = dev.index if dev.index is not None else int(torch.cuda.current_device())
         self._index = int(index)
+        # The device every tensor of a launch must be on (the kernels get raw pointers). An
+        # attribute so that tests/test_poet_fakecupy.py can run this class on CPU tensors.
+        self.tensor_device = torch.device("cuda", self._index)
         self._stream_ptr: int | None = None
         self._stream: Any = None
         cuda_errors = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
@@ -234,8 +237,8 @@ class CupyOps(KernelOps):
 
     def _run(self, kernel: str, grid: tuple[int, int, int], args: list[Arg]) -> None:
         for kind, v in args:
-            if kind == "ptr" and v is not None and (v.device.type != "cuda" or v.device.index != self._index):
-                raise ValueError(f"{kernel}: a tensor on {v.device} passed to a launch on cuda:{self._index}")
+            if kind == "ptr" and v is not None and v.device != self.tensor_device:
+                raise ValueError(f"{kernel}: a tensor on {v.device} passed to a launch on {self.tensor_device}")
         conv = launch_args(args, self._np)
         with self._device:
             self._cm.launch("poet", kernel, grid, (THREADS, 1, 1), conv, sync=True, stream=self._current_stream())
