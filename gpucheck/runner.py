@@ -163,8 +163,8 @@ def _not_run(check: Check, reason: str) -> CheckRun:
                     [_error(check, f"not run: {why}")])
 
 
-# The running check's completion event and result box, so that an interrupted run, so that _collect_after_cancel can wait for it.
-# can wait for them (_collect_after_cancel).
+# The running check's completion event and result box, so that an interrupted run can wait for
+# them (_collect_after_cancel).
 _current: dict[str, object] = {}
 
 
