@@ -42,8 +42,8 @@ def cluster():
     hooks, snaps = root / "hooks", root / "snaps"
     hooks.mkdir()
     snaps.mkdir()
-    for hook in ("prolog", "epilog"):
-        shutil.copy(ROOT / "scripts" / "slurm" / f"gpucheck-{hook}.sh", hooks)
+    for hook in ("prolog", "epilog"):  # one script, installed under both names (docs/fleet.md)
+        shutil.copy(ROOT / "scripts" / "slurm" / "gpucheck-hook.sh", hooks / f"gpucheck-{hook}.sh")
     for n in NODES:
         shutil.copy(HEALTHY, snaps / f"{n}.json")
         shutil.copy(HEALTHY, snaps / f"{n}-after.json")
