@@ -602,9 +602,9 @@ class CommandTest:
                 .replace("{nodes}", shlex.quote(fold(nodes))).replace("{count}", str(len(nodes))))
 
     def __call__(self, nodes: list[str]) -> GroupOutcome:
-        import os
-        import signal
         import subprocess
+
+        from ..processes import kill_group
 
         cmd = self.command(nodes)
         t0 = time.monotonic()
@@ -616,10 +616,7 @@ class CommandTest:
         try:
             out, err = p.communicate(timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            kill_group(p.pid)
             out, err = p.communicate()
             return GroupOutcome(False, f"timed out after {self.timeout_s:g} s (killed)", time.monotonic() - t0)
         dt = time.monotonic() - t0

@@ -21,9 +21,7 @@ task takes its rank from SLURM_PROCID and the rendezvous is the step's first nod
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
 import subprocess
 import threading
 import time
@@ -31,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..processes import kill_group
 from .report import merge, parse_events
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 {host} {qcmd}"
@@ -234,9 +233,7 @@ def run_group(
 
 
 def _kill(popen: subprocess.Popen) -> None:
-    try:
-        os.killpg(popen.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    if not kill_group(popen.pid):
         try:
             popen.kill()
         except ProcessLookupError:

@@ -11,7 +11,6 @@ each rank that gave no result gets a synthesized one that says so. Children die 
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -20,22 +19,14 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..processes import die_with_parent
 from .collective import CULPRIT_LIMIT_S, RankSpec, base_report, run_rank, timeout_summary
 
-_PR_SET_PDEATHSIG = 1
 REAP_S = 5.0
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the parent's deadline still applies
-        pass
-
-
 def _child_main(spec_dict: dict[str, Any], conn: Any, parent_pid: int) -> None:
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

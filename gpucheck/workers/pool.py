@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as _wait
 from typing import Any, Callable
 
+from ..processes import die_with_parent
+
 OK = "ok"
 CRASHED = "crashed"
 HUNG = "hung"
@@ -268,26 +270,12 @@ def resolve_target(ref: str) -> Callable[..., Any]:
     return obj
 
 
-def _set_parent_death_signal() -> None:
-    """Linux: the worker gets SIGKILL when the parent dies, so no worker outlives gpucheck."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 def _child_main(target: str, job: WorkerJob, conn: Any, parent_pid: int) -> None:
     """Entry point of a worker process (spawned)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chan = WorkerChannel(conn, job, parent_pid)
     signal.signal(signal.SIGTERM, chan._on_sigterm)
-    _set_parent_death_signal()
+    die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         os._exit(0)
     if job.device == "cuda":
