@@ -153,6 +153,29 @@ def test_missing_peer_access_and_failed_peer_copies():
     assert res[2].status == Status.PASS
 
 
+def test_failed_peer_copies_are_blamed_on_the_gpu_they_have_in_common():
+    """GPU 2's peer copies fail with every partner: GPU 2 fails (reset-gpu); the others, whose only
+    failed pairs are with GPU 2, warn and name it instead of failing for GPU 2's fault."""
+    data = _data(n=4)
+    for pr in data["pairs"]:
+        if 2 in (pr["src"], pr["dst"]):
+            pr.update(gbps=None, error="RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert bw.failed_pair_suspects(data["pairs"])[0] == {2}
+    res = _by(bw.judge_bandwidth(data, P, "cuda", {}, {}))
+    assert res[2].status == Status.FAIL and res[2].action == Action.RESET_GPU
+    assert res[2].metrics["p2p_pairs_failed"] == 6
+    for g in (0, 1, 3):
+        assert res[g].status == Status.WARN and res[g].action == Action.INVESTIGATE, (g, res[g].summary)
+        assert "only with gpu2, whose copies failed with most of their peers: the likely cause" in res[g].summary
+        assert res[g].metrics["p2p_pairs_failed"] == 2
+    # two GPUs: nothing tells the two apart, both fail
+    data = _data(n=2)
+    data["pairs"][0].update(gbps=None, error="RuntimeError: CUDA error: unspecified launch failure")
+    assert bw.failed_pair_suspects(data["pairs"])[0] == set()
+    res = _by(bw.judge_bandwidth(data, P, "cuda", {}, {}))
+    assert res[0].status == Status.FAIL and res[1].status == Status.FAIL
+
+
 def test_unknown_sku_single_gpu_and_failed_gpu():
     data = _data(n=1, special={0: _rec(0, name="NVIDIA B200", h2d=10.0)})
     (r,) = bw.judge_bandwidth(data, P, "cuda", {}, {})
@@ -177,6 +200,19 @@ def test_outcomes_hang_crash_setup():
     assert _by(bw.judge_outcome(crashed, [3], P, "cuda", {}, {}))[3].status == Status.FAIL
     setup = WorkerOutcome(job, OK, result={"setup_error": "torch 2.11 sees no CUDA device"})
     assert all(r.status == Status.ERROR for r in bw.judge_outcome(setup, [0, 1], P, "cuda", {}, {}))
+
+
+def test_a_gpu_the_worker_never_reached_is_an_error_not_missing():
+    """Stopped (cancel, over budget) after GPU 0: GPUs 1 and 2 were never measured; each still
+    gets a result saying so."""
+    data = _data(n=1)
+    data["stopped"] = "cancelled"
+    oc = WorkerOutcome(WorkerJob("node"), OK, result=data)
+    res = _by(bw.judge_outcome(oc, [0, 1, 2], P, "cuda", {}, {}))
+    assert set(res) == {0, 1, 2} and res[0].status == Status.PASS
+    assert any("stopped early (cancelled)" in e for e in res[0].evidence)
+    for g in (1, 2):
+        assert res[g].status == Status.ERROR and res[g].summary == "not measured: stopped (cancelled) before this GPU"
 
 
 # -- measurement code on CPU stand-ins --------------------------------------------------------------

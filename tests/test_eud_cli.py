@@ -4,6 +4,7 @@ input with one line and exit 2, and fails the GPU an injected fault hits."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,9 @@ def test_level_selects_eud_checks():
     (["--memtest-fraction", "0"], "--memtest-fraction"),
     (["--memtest-fraction", "1.5"], "--memtest-fraction"),
     (["--dcgm-level", "5"], "--dcgm-level"),
+    (["--dcgm-level", "huge"], "bad DCGM diag level 'huge'"),
+    (["--power-duration", "0"], "--power-duration"),
+    (["--pattern", ""], "--pattern"),
     (["--duration", "soon"], "--duration"),
     (["--check", "eud.nosuch"], "unknown check id"),
     (["--pattern", "zeros,nosuch"], "unknown pattern 'nosuch'"),
@@ -33,6 +37,62 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and words in err, err
+
+
+def test_every_option_reaches_the_checks(monkeypatch, tmp_path):
+    """The options land in the run request, and the functions the checks plan with read them."""
+    from gpucheck import app
+    from gpucheck.check import Context, Level
+    from gpucheck.eud import dcgm, memtest, power
+
+    seen = []
+    monkeypatch.setattr(app, "execute", lambda req, **kw: seen.append(req) or 0)
+    rc = main(["eud", "--device", "cpu", "--state-dir", str(tmp_path), "--level", "4", "--memtest-fraction", "0.25",
+               "--pattern", "zeros", "--pattern", "moving_inversions", "--duration", "90s",
+               "--power-duration", "2m", "--dcgm-level", "medium"])
+    assert rc == 0
+    (req,) = seen
+    assert req.options == {"memtest_fraction": 0.25, "memtest_patterns": ["zeros", "moving-inversions"],
+                           "duration_s": 90.0, "power_duration_s": 120.0, "dcgm_level": 2}
+    assert sorted(req.check_patterns) == ["eud.bandwidth", "eud.dcgm", "eud.memtest", "eud.power"]
+    ctx = Context(level=Level.BURN_IN, options=req.options)
+    assert memtest.plan(ctx) == {"fraction": 0.25, "duration_s": 90.0, "passes": 1,
+                                 "patterns": ["zeros", "moving-inversions"]}
+    assert power.power_duration(ctx) == 120.0 and dcgm.dcgm_level(ctx) == 2
+    # nothing given: nothing passed, the checks' level defaults apply
+    seen.clear()
+    assert main(["eud", "--device", "cpu", "--state-dir", str(tmp_path), "--level", "3"]) == 0
+    assert seen[0].options == {}
+    ctx = Context(level=Level.EXTENDED, options=seen[0].options)
+    assert memtest.plan(ctx)["fraction"] == 1.0 and power.power_duration(ctx) == 120.0 and dcgm.dcgm_level(ctx) == 3
+
+
+def test_dcgm_level_reaches_dcgmi(tmp_path, capsys):
+    """`--dcgm-level 2` runs `dcgmi diag -r 2 -j` (a fake dcgmi that logs its arguments and prints
+    a hand-written DCGM 3.x document)."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "dcgm" / "v3_r3_all_pass.json"
+    log = tmp_path / "args.log"
+    fake = tmp_path / "dcgmi"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                    f'case "$1" in discovery) echo "2 GPUs found."; exit 0;; diag) cat {fixture}; exit 0;; esac\nexit 2\n')
+    fake.chmod(0o755)
+    cfg = tmp_path / "dcgm.toml"
+    cfg.write_text(f'[checks."eud.dcgm"]\ndcgmi_path = "{fake}"\n')
+    rc = main(["eud", "--check", "eud.dcgm", "--dcgm-level", "2", "--no-history", "--json",
+               "--state-dir", str(tmp_path / "s"), "--config", str(cfg)])
+    v = json.loads(capsys.readouterr().out)
+    assert rc == 0, [(r["subject"], r["status"], r["summary"]) for r in v["results"]]
+    assert log.read_text().splitlines() == ["discovery -l", "diag -r 2 -j"]
+    # (on a GPU machine a live snapshot adds the before/after settings comparison, node/settings)
+    dcgm_results = [r for r in v["results"] if r["check"] == "eud.dcgm" and r.get("subject") != "node/settings"]
+    assert len(dcgm_results) == 21 and all(r["status"] == "pass" for r in dcgm_results)
+    assert all(any("dcgmi diag -r 2 exit code 0" in e for e in r["evidence"]) for r in dcgm_results)
+    # CPU stand-ins never start DCGM on the real GPUs
+    log.write_text("")
+    rc = main(["eud", "--check", "eud.dcgm", "--device", "cpu", "--no-history", "--json",
+               "--state-dir", str(tmp_path / "s"), "--config", str(cfg)])
+    (r,) = [r for r in json.loads(capsys.readouterr().out)["results"] if r["check"] == "eud.dcgm"]
+    assert rc == 0 and r["status"] == "skip" and r["summary"].startswith("--device cpu:") and log.read_text() == ""
 
 
 def _run(tmp_path, capsys, *argv):
@@ -51,6 +111,9 @@ def test_level2_on_cpu_workers_passes_and_runs_only_level2_checks(tmp_path, caps
     assert {r["check"] for r in v["results"]} == {"eud.memtest", "eud.bandwidth"}
     mem = [r for r in v["results"] if r["check"] == "eud.memtest"]
     assert len(mem) == 2 and all("2 pattern(s)" in r["summary"] for r in mem)
+    for r in mem:  # the fraction and the patterns reached the workers
+        assert any(e.startswith("plan: memtest_fraction 0.5 of the free memory") and "patterns zeros, random" in e
+                   for e in r["evidence"]), r["evidence"]
 
 
 def test_injected_bitflip_fails_that_gpu_only(tmp_path, capsys):

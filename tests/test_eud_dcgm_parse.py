@@ -203,3 +203,32 @@ def test_fail_reading_prefers_the_strongest_error():
     (r,) = map_results(parse_diag(doc(w(200, 99, 3))))  # ids DCGM may add later
     assert r.status == Status.FAIL and r.action == Action.DRAIN
     assert r.evidence == ["DCGM: x [error id 200, category unknown (99), severity unknown]"]
+
+
+def test_error_ids_follow_dcgm_errors_h():
+    """dcgmError_t values (dcgmlib/dcgm_errors.h) at known anchors, up to the last id before
+    DCGM_FR_ERROR_SENTINEL (112); a later id is named by number, never by a wrong name."""
+    from gpucheck.eud.dcgm_parse import ERROR_NAMES, DcgmWarning
+
+    anchors = {4: "VOLATILE_DBE_DETECTED", 29: "PERSISTENCE_MODE", 52: "FAULTY_MEMORY", 58: "MEMORY_MISMATCH",
+               63: "TARGET_POWER", 77: "HAD_TO_RESTORE_STATE", 80: "ROW_REMAP_FAILURE", 85: "PENDING_ROW_REMAP",
+               98: "PCIE_H_REPLAY_VIOLATION", 101: "XID_ERROR", 109: "SXID_ERROR",
+               110: "GFLOPS_THRESHOLD_VIOLATION", 111: "NAN_VALUE"}
+    assert {i: ERROR_NAMES[i] for i in anchors} == anchors and len(ERROR_NAMES) == 112
+    assert DcgmWarning("x", 111).error_name == "DCGM_FR_NAN_VALUE (111)"
+    assert DcgmWarning("x", 112).error_name == "error id 112"
+
+
+def test_a_deployment_fail_without_any_error_is_not_a_finding():
+    """dcgmi 3.x prints a deployment test it did not run as "Fail" with no error (Diag.cpp
+    HelperJsonAddBasicTests): could not judge, not a drain. With an error it is a finding."""
+    def doc(result):
+        return json.dumps({"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": [
+            {"name": "Inforom", "results": [result]}]}]}})
+
+    (r,) = map_results(parse_diag(doc({"status": "Fail"})))
+    assert r.status == Status.ERROR and r.action == Action.INVESTIGATE and "without any error" in r.summary
+    (r,) = map_results(parse_diag(doc({"status": "Fail", "gpu_id": 0, "warnings": [
+        {"warnings": "A corrupt InfoROM has been detected in GPU 0.", "error_id": 9, "error_category": 15,
+         "error_severity": 2}]})))
+    assert r.status == Status.FAIL and r.action == Action.DRAIN and "corrupt InfoROM" in r.summary

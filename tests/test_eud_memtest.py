@@ -127,6 +127,24 @@ def test_error_log_tells_persistent_from_transient():
     assert s["patterns"] == ["zeros", "ones", "random"] and s["bits"] == [2]
 
 
+def test_error_log_tracks_the_exact_lowest_and_highest_error_word():
+    """A GPU keeps the first `max_errors` records it finds, in no fixed order: two runs over a region
+    full of errors may record different words. The exact lowest/highest error word of each step
+    (counted over every error) still shows that the same words failed again."""
+    log = P.ErrorLog()
+
+    def ev(recorded, lo, hi):
+        return {"errors": 1000, "up": [0] * 64, "down": [0] * 64, "first_word": lo, "last_word": hi,
+                "pattern": "zeros", "step": "verify", "pass": 0,
+                "records": [{"word": w, "offset": 8 * w, "expected": 0, "actual": 1, "bits": [0]} for w in recorded]}
+
+    log.add(ev([500, 501], 3, 9000), ("zeros", 0, 1, False))
+    log.add(ev([700, 702], 3, 9000), ("zeros", 0, 1, True))  # other records, same exact span
+    c = log.confirm("zeros", 0, 1000, 1000)
+    assert c["reproduced"] and c["same_words"] == 2
+    assert log.summary()["persistent_offsets"] == [24, 72000]
+
+
 # -- the NumPy path ------------------------------------------------------------------------------
 @pytest.mark.parametrize("pattern", P.NAMES)
 def test_numpy_path_finds_an_injected_flip_at_its_offset(pattern):
@@ -313,7 +331,7 @@ P_DEFAULTS = mt._params(Context())
 
 
 def _data(**over):
-    cfg = _cfg(patterns=["zeros", "random"], **over)
+    cfg = _cfg(**{"patterns": ["zeros", "random"], **over})
     return run_memtest(NumpyBackend(cfg), cfg, LocalChannel())
 
 
@@ -340,6 +358,38 @@ def test_judge_transient_error_drains_and_persistent_error_is_rma():
     r = mt.judge_data(3, d, P_DEFAULTS, "cpu", [], ecc_enabled=True)
     assert r.status == Status.FAIL and r.action == Action.RMA and "persistent" in r.summary
     assert "ECC is enabled" in r.summary
+
+
+def test_errors_that_recur_at_other_words_are_rma_and_a_clean_rerun_is_drain():
+    """The rerun found errors again, at a different word: two faults in two verify runs is not a
+    transient upset (rma), although no single word failed twice."""
+    cfg = _cfg(patterns=["zeros"])
+    backend = NumpyBackend(cfg)
+    real_fill, calls = backend.fill, []
+
+    def fill(buf, base, kind, seed, xw):
+        real_fill(buf, base, kind, seed, xw)
+        if base == 0:  # first chunk: flip a different word in each run
+            calls.append(1)
+            buf[100 + 7 * len(calls)] ^= np.uint64(1 << 9)
+
+    backend.fill = fill
+    d = run_memtest(backend, cfg, LocalChannel())
+    e = d["errors"]
+    assert e["errors"] == 2 and e["persistent_words"] == 0 and e["steps_with_errors"] == 2
+    assert e["confirmations"] == [{"pattern": "zeros", "pass": 0, "errors": 1, "errors_again": 1, "same_words": 0,
+                                   "reproduced": False}]
+    r = mt.judge_data(2, d, P_DEFAULTS, "cpu", [])
+    assert r.status == Status.FAIL and r.action == Action.RMA and r.gpu == 2
+    assert "recurring: 2 verify runs found errors, at different words (the rerun of zeros found 1 again)" in r.summary
+    # the same fault once, with a clean rerun: transient, drain
+    d = _data(inject={"offset": 808, "bit": 9})
+    r = mt.judge_data(2, d, P_DEFAULTS, "cpu", [])
+    assert r.action == Action.DRAIN and "transient: the rerun of the pattern was clean" in r.summary
+    # without a rerun (confirm off) and one pass, the summary says it was not re-tested
+    d = _data(inject={"offset": 808, "bit": 9}, confirm=False, patterns=["zeros"])
+    r = mt.judge_data(2, d, P_DEFAULTS, "cpu", [])
+    assert r.action == Action.DRAIN and "; not re-tested (errors=1 > 0)" in r.summary
 
 
 def test_many_errors_are_summarised_not_listed_one_per_line():

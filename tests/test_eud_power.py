@@ -81,6 +81,18 @@ def test_healthy_node_passes_then_injected_faults_fail_exactly_their_gpu():
     assert any(info.get("power_w") is not None for _, _, info in progress)
 
 
+def test_a_load_that_never_started_is_could_not_judge_not_a_verdict():
+    """The workers run but no GEMM window ever finishes (fp8 is refused on CPU workers): there is no
+    load window, so no power, clock or temperature verdict; each GPU is an error that says why."""
+    ctx = _ctx(2)
+    ctx.config = Config(checks={"eud.power": {**FAST, "dtype": "fp8"}})
+    res = _by_gpu(run_checks([power_check], ctx, install_signal_handlers=False).results)
+    assert set(res) == {0, 1}
+    for r in res.values():
+        assert r.status == Status.ERROR and r.action == Action.NONE
+        assert r.summary.startswith("could not load the GPU: fp8: fp8 runs only on CUDA GPUs"), r.summary
+
+
 def test_cpu_workers_without_telemetry_skip_and_say_why():
     ctx = Context(level=Level.EXTENDED, device="cpu", workers=2, options={"power_duration_s": 1.0})
     (r,) = run_checks([power_check], ctx, install_signal_handlers=False).results

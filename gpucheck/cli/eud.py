@@ -4,7 +4,7 @@
                                           # bandwidth, power/clock stability, DCGM diag if present
     gpucheck eud --level 2                # the short set: memtest on a fraction, copy bandwidth
     gpucheck eud --check eud.memtest --memtest-fraction 0.5 --pattern walking_ones,random
-    gpucheck eud --check eud.dcgm --dcgm-level 2
+    gpucheck eud --check eud.dcgm --dcgm-level 2       # or medium
     gpucheck eud --device cpu --workers 2 --level 2 --inject bitflip:gpu=1   # no GPU: CPU workers
 
 Exit codes as for `gpucheck run`: 0 healthy, 1 unhealthy, 2 usage error, 3 could not judge.
@@ -27,6 +27,17 @@ def eud_check_ids(level: int) -> list[str]:
     return [c.id for c in all_checks(EUD_MODULES) if int(c.spec.level) <= level]
 
 
+def _dcgm_level_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from ..eud.dcgm import parse_dcgm_level
+
+    try:
+        return parse_dcgm_level(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command("eud")
 @click.option("--level", "-l", default="3", show_default=True,
               help="2: memtest on a fraction of memory + copy bandwidth; 3: also full memtest, power "
@@ -40,11 +51,13 @@ def eud_check_ids(level: int) -> list[str]:
               callback=parsed_list(parse_patterns, PatternError),
               help="Memtest patterns to run (comma list; default all; see docs/eud.md).")
 @click.option("--duration", callback=duration_callback, default=None,
-              help="Level 4: how long the memtest loops (30s, 5m, 1h).")
+              help="How long the memtest loops over its patterns (30s, 5m, 1h; default: 1 h at level 4; "
+                   "given at level 2 or 3 it replaces the fixed passes).")
 @click.option("--power-duration", callback=duration_callback, default=None,
               help="How long eud.power sustains its GEMM load (default by level).")
-@click.option("--dcgm-level", type=click.IntRange(1, 4), default=None,
-              help="DCGM diagnostic level for eud.dcgm (dcgmi diag -r N; default in config).")
+@click.option("--dcgm-level", callback=_dcgm_level_callback, default=None,
+              help="DCGM diagnostic level for eud.dcgm: 1-4 or quick, medium, long, xlong (dcgmi diag -r N; "
+                   "default: 3 at level 3, 4 at level 4, see docs/eud.md).")
 @common_run_options
 def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], memtest_fraction: float | None,
                 patterns: list[str] | None, duration: float | None, power_duration: float | None,

@@ -19,8 +19,9 @@ Sources (checked 2026-11):
     - ND GB200 v6 (4x GB200, nd128isr_ndr_gb200_v6.conf): `check_gpu_bw 48 335`
     - NC H100 v5 (2x H100 NVL, nc80adis_h100_v5.conf): `check_gpu_bw 52 350`
   and for ND A100 v4 (8x A100 SXM 80GB, nd96amsr_a100_v4.conf) `check_cuda_bw 24`
-  (customTests/azure_cuda_bandwidth.nhc: pinned H2D and D2H copies of 128 MiB, the best NUMA node
-  per GPU, fail below 24 GB/s; no warning band).
+  (customTests/azure_cuda_bandwidth.nhc: SuperBench `gpu-copy --size 134217728 --htod` and
+  `--dtoh`, 128 MiB copies between every GPU and every NUMA node; each GPU's best NUMA node
+  counts, and the GPU fails when the lower of its H2D and D2H is below 24 GB/s; no warning band).
   Azure locks the GPU clocks for these tests (nvidia-smi -lgc); gpucheck never changes clocks,
   which matters little for copy-engine transfers over PCIe. gpucheck's P2P copy is issued from
   the source GPU (nvbandwidth's "read" test issues it from the destination); both cross the same

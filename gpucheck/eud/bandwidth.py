@@ -15,8 +15,11 @@ every ordered GPU pair. `judge_bandwidth` (pure) turns the numbers into one resu
   cause; a slow peer path is related to NVLink links the snapshot shows not active.
 
 Warn -> investigate; fail -> drain (a GPU with half its host bandwidth slows every job that
-loads data or checkpoints, and the fix is physical: reseat, riser, cable). A copy that raised a
-CUDA error fails the GPU (reset-gpu); a hung worker fails the GPU it was measuring.
+loads data or checkpoints, and the fix is physical: reseat, riser, cable). A GPU whose own copies
+raised an error fails (reset-gpu when CUDA named the error, else investigate); a failed peer copy
+fails both GPUs of the pair (reset-gpu), except a GPU whose failed pairs are all with partners
+that failed with most of their peers (failed_pair_suspects): it warns and names them. A hung
+worker fails the GPU it was measuring.
 
 `--device cpu --workers N` runs the same path with host memcpy standing in for every transfer;
 the results say so. `--inject slow:gpu=N,factor=F` scales GPU N's measured bandwidths by F.
@@ -183,6 +186,12 @@ def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entr
     if stopped:
         for r in res:
             r.evidence.append(f"stopped early ({stopped}): results are partial")
+    # A GPU the worker never reached (stopped before it) still gets a result: never a silent gap.
+    done = {r.gpu for r in res}
+    for g in gpus:
+        if g not in done:
+            why = f"stopped ({stopped}) before this GPU" if stopped else "the worker returned no measurement for it"
+            res.append(Result(CHECK_ID, Status.ERROR, f"not measured: {why}", gpu=g, injected=injected.get(g, [])))
     return res
 
 
@@ -230,6 +239,25 @@ def _nvlink_down(entry: dict[str, Any] | None) -> str:
     return f"; NVLink: {len(down)} of {len(links)} links not active in the snapshot (links {down})"
 
 
+def failed_pair_suspects(pairs: list[dict[str, Any]]) -> tuple[set[int], dict[int, set[int]]]:
+    """GPUs whose peer copies failed with at least two partners and with at least half of the
+    partners they were tried with (the common factor of the failures), and per GPU the partners it
+    failed with. Pairs without peer access were not tried and do not count."""
+    partners: dict[int, set[int]] = {}
+    failed_with: dict[int, set[int]] = {}
+    for pr in pairs:
+        if pr.get("gbps") is None and not pr.get("error"):
+            continue
+        s, d = int(pr["src"]), int(pr["dst"])
+        partners.setdefault(s, set()).add(d)
+        partners.setdefault(d, set()).add(s)
+        if pr.get("error"):
+            failed_with.setdefault(s, set()).add(d)
+            failed_with.setdefault(d, set()).add(s)
+    suspects = {g for g, f in failed_with.items() if len(f) >= 2 and 2 * len(f) >= len(partners.get(g, ()))}
+    return suspects, failed_with
+
+
 def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
                     injected: dict[int, list[str]]) -> list[Result]:
     """One result per measured GPU from the worker's data (see the module doc)."""
@@ -246,6 +274,7 @@ def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entrie
     per_gpu_pair_medians = [statistics.median([float(pr["gbps"]) for pr in pairs if g in (pr["src"], pr["dst"])])
                             for g in gpus if any(g in (pr["src"], pr["dst"]) for pr in pairs)]
     pair_median = statistics.median(per_gpu_pair_medians) if len(per_gpu_pair_medians) >= 3 else None
+    suspects, failed_with = failed_pair_suspects(data.get("pairs", []))
     pw, pf = 100.0 * float(p["peer_warn_fraction"]), 100.0 * float(p["peer_fail_fraction"])
     tw, tf = float(p["typical_warn_fraction"]), float(p["typical_fail_fraction"])
     cpu = device == "cpu"
@@ -346,10 +375,19 @@ def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entrie
                     f"have it{_nvlink_down(entry)}")
         metrics["p2p_pairs_failed"] = len(failed)
         units["p2p_pairs_failed"] = "count"
-        thresholds.append(Threshold("p2p_pairs_failed", ">", 0, Status.FAIL, "count"))
+        # Failed pairs all explained by partners that failed with most of their peers: those
+        # partners are the likely cause, and this GPU only warns (as with the P2P floor, one bad
+        # GPU must not fail every GPU it was paired with).
+        mine_failed = failed_with.get(g, set())
+        bystander = bool(mine_failed) and g not in suspects and mine_failed <= suspects
+        thresholds.append(Threshold("p2p_pairs_failed", ">", 0, Status.WARN if bystander else Status.FAIL, "count"))
         if failed:
             causes["p2p_pairs_failed"] = ("peer-to-peer copies failed: " + "; ".join(
                 f"gpu{pr['src']}->gpu{pr['dst']}: {pr['error']}" for pr in failed[:3]))
+            if bystander:
+                causes["p2p_pairs_failed"] += (
+                    f"; only with {', '.join(f'gpu{x}' for x in sorted(mine_failed))}, whose copies failed with most "
+                    "of their peers: the likely cause")
         ok_parts = [f"{k.upper()} {_fmt(_gbps(rec, k))}" for k in KINDS if _gbps(rec, k) is not None]
         ok = ", ".join(ok_parts) + " GB/s" + (" (D2D counts read + write)" if _gbps(rec, "d2d") is not None else "")
         if mine:

@@ -1,5 +1,6 @@
 """eud.dcgm: NVIDIA DCGM diagnostics (`dcgmi diag -r <level> -j`) when the node has DCGM (level 3).
 
+- `--device cpu` (CPU stand-ins) or a replayed snapshot: skip (DCGM loads the real GPUs).
 - No `dcgmi` (the `dcgmi_path` setting, a name on PATH or a path): skip "DCGM not installed".
 - The host engine does not answer `dcgmi discovery -l` within `probe_timeout_s`: skip "DCGM host
   engine not answering", with dcgmi's words (set `require_hostengine = false` to let dcgmi start
@@ -36,10 +37,11 @@ DEFAULTS: dict[str, Any] = {
     "host": "",  # host engine address for --host; empty: the local one
     "diag_level_level3": 3,  # dcgmi diag -r at gpucheck level 3 (DCGM: ~15 min)
     "diag_level_level4": 4,  # ... at level 4 (DCGM: extended, longer-running)
-    # Timeouts by DCGM level: about 4x the durations DCGM documents (r1 seconds, r2 ~2 min, r3 ~15 min,
-    # r4 longer-running; 1-1.5 h on 8-GPU nodes), rounded up.
+    # Timeouts by DCGM level (dcgmi diag reference: r1 "seconds", r2 ~2 min, r3 ~15 min, r4 no
+    # duration given): r2 and r3 about 4x the documented duration, rounded up; r1 five minutes
+    # (plugin loading and CUDA start-up dominate); r4 3 h, gpucheck's allowance (see docs/eud.md).
     "timeout_s_r1": 300.0,
-    "timeout_s_r2": 1200.0,
+    "timeout_s_r2": 600.0,
     "timeout_s_r3": 3600.0,
     "timeout_s_r4": 10800.0,
     "probe_timeout_s": 15.0,  # dcgmi discovery -l
@@ -177,6 +179,10 @@ def dcgm_check(ctx: Context) -> list[Result]:
     if ctx.options.get("snapshot_path"):
         return [Result(CHECK_ID, Status.SKIP,
                        "judging a recorded snapshot (--snapshot): DCGM diagnostics run on this node's live GPUs")]
+    if ctx.device == "cpu":
+        # --device cpu asks for CPU stand-ins: never start a GPU stress run behind the user's back.
+        return [Result(CHECK_ID, Status.SKIP,
+                       "--device cpu: DCGM diagnostics load this node's real GPUs, not CPU stand-ins")]
     try:
         level = dcgm_level(ctx, p)
     except ValueError as e:

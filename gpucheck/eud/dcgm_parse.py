@@ -25,7 +25,8 @@ and info). Sources (NVIDIA/DCGM on GitHub, Apache-2.0):
 
 Status words: dcgmi writes "Pass", "Skip" and "Fail" (`HelperDisplayDiagResult`: a DCGM *warn*
 result is printed as "Fail" in JSON by 3.x and 4.x); NVVS-style documents use PASS/FAIL/WARN/SKIPPED.
-A not-run test has no result entry (or an empty status). Text before the JSON object (dcgmi can
+A not-run test has no result entry (or an empty status), except in the Deployment category, where
+dcgmi 3.x writes a not-run test as "Fail" without any error (HelperJsonAddBasicTests). Text before the JSON object (dcgmi can
 print a warning line first) is cut off the way DCGM's own tests do (first "{" to last "}").
 
 Error ids, categories and severities are those of dcgmlib/dcgm_errors.h (dcgmError_t,
@@ -68,7 +69,8 @@ ERROR_NAMES = (
     "EUD_TEST_FAILED", "FILE_CREATE_PERMISSIONS", "PAUSE_RESUME_FAILED", "PCIE_H_REPLAY_VIOLATION",
     "GPU_EXPECTED_NVLINKS_UP", "NVSWITCH_EXPECTED_NVLINKS_UP", "XID_ERROR", "SBE_VIOLATION", "DBE_VIOLATION",
     "PCIE_REPLAY_VIOLATION", "SBE_THRESHOLD_VIOLATION", "DBE_THRESHOLD_VIOLATION",
-    "PCIE_REPLAY_THRESHOLD_VIOLATION", "CUDA_FM_NOT_INITIALIZED", "SXID_ERROR",
+    "PCIE_REPLAY_THRESHOLD_VIOLATION", "CUDA_FM_NOT_INITIALIZED", "SXID_ERROR", "GFLOPS_THRESHOLD_VIOLATION",
+    "NAN_VALUE",
 )
 # dcgmErrorCategory_t
 CATEGORY_NAMES = {
@@ -419,6 +421,13 @@ def _fail_verdict(test: DcgmTest) -> tuple[Status, Action, str]:
             best = cand
     if best is not None:
         return best
+    if not test.warnings and test.category.strip().lower() == "deployment":
+        # dcgmi 3.x writes every deployment test it did not run as "Fail" (HelperJsonAddBasicTests:
+        # HelperDisplayDiagResult maps anything but Pass and Skip to "Fail"), with no error: a Fail
+        # without a word is not a finding.
+        return (Status.ERROR, Action.INVESTIGATE,
+                "a deployment test marked Fail without any error (dcgmi writes a deployment test it did not "
+                "run as Fail)")
     # No error id or category (DCGM 2.x, or a Fail without warnings): judge by the test.
     if test.name.strip().lower() in SOFTWARE_TESTS:
         return Status.ERROR, Action.INVESTIGATE, "a deployment (software) test"

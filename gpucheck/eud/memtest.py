@@ -14,7 +14,8 @@ Per GPU one result:
   written, with the first errors (byte offset, expected and actual words, flipped bits), the bit
   histogram (0->1 and 1->0 per bit) and whether the errors reproduced. Action: rma when the fault
   is persistent (the same word failed in two verify runs: a confirmation rerun of the pattern, a
-  later pass, or another pattern), drain when it did not reproduce (re-test after a reset);
+  later pass, or another pattern) or recurring (two or more verify runs found errors, at different
+  words), drain when a single verify run saw errors and its rerun was clean (re-test after a reset);
 - fail when the worker hung (reset-gpu) or crashed (an uncorrectable ECC error while testing:
   reset-gpu, the row is remapped at the reset; see the memory-remap check);
 - error when gpucheck could not judge (no CuPy, no memory could be allocated, interrupted before
@@ -294,6 +295,13 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
     thresholds = [Threshold("errors", ">", 0, Status.FAIL, "count")]
     evidence: list[str] = []
     dev = d.get("device", {})
+    cfg = d.get("config") or {}
+    if cfg:
+        loop = (f"loop for {cfg['duration_s']:g} s" if cfg.get("duration_s") is not None
+                else f"{cfg.get('passes')} pass(es)")
+        evidence.append(f"plan: memtest_fraction {cfg.get('fraction'):g} of the free memory"
+                        + (" (GPUs only; a CPU stand-in tests cpu_bytes)" if device == "cpu" else "")
+                        + f", {loop}, patterns {', '.join(patterns)}, seed {cfg.get('seed')}")
     if device == "cpu":
         evidence.append(f"CPU worker {gpu} standing in for a GPU: the NumPy path over "
                         f"{human_bytes(region)} of host memory")
@@ -311,11 +319,21 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
         span = ""
         if e.get("first_offset") is not None and e.get("last_offset") != e.get("first_offset"):
             span = f" between offsets {e['first_offset']:#x} and {e['last_offset']:#x}"
+        runs_with_errors = int(e.get("steps_with_errors", 0))
         if persistent or reproduced:
             kind = (f"persistent: {max(persistent, 1)} word(s) failed again in another verify run")
             action = Action.RMA
-        elif confirmations or passes > 1 or len(e.get("patterns", [])) > 1:
-            kind = "transient: not reproduced when the pattern was run again"
+        elif runs_with_errors >= 2:
+            # Two verify runs saw errors, at different words: two separate faults, not one upset.
+            again = [c for c in confirmations if c.get("errors_again")]
+            kind = (f"recurring: {runs_with_errors} verify runs found errors, at different words"
+                    + (f" (the rerun of {again[0]['pattern']} found {again[0]['errors_again']} again)" if again else ""))
+            action = Action.RMA
+        elif confirmations:
+            kind = "transient: the rerun of the pattern was clean"
+            action = Action.DRAIN
+        elif passes > 1:
+            kind = "transient: not seen in the other passes"
             action = Action.DRAIN
         else:
             kind = "not re-tested"
@@ -339,9 +357,10 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
                             f"{c['errors_again']}, {c['same_words']} recorded word(s) in both")
         if e.get("persistent_offsets"):
             evidence.append("persistent offsets: " + ", ".join(f"{o:#x}" for o in e["persistent_offsets"]))
-        evidence.append("action: rma for a fault that reproduces at the same word (a reset does not fix a bad cell "
-                        "or row; row remapping only follows ECC-detected errors), drain for one that did not "
-                        "(re-test after a GPU reset; rma if it recurs)")
+        evidence.append("action: rma for a fault that reproduces at the same word or recurs in another verify run "
+                        "(a reset does not fix a bad cell or row; row remapping only follows ECC-detected errors), "
+                        "drain for one seen in a single verify run whose rerun was clean (re-test after a GPU "
+                        "reset; rma if it recurs)")
     ok = (f"no memory errors in {human_bytes(region)} tested ({how}); "
           f"{_fmt(gbps, ' GB/s')} written + read")
     if ratio is not None:

@@ -335,6 +335,11 @@ class ErrorLog:
     list of error records, which verify runs saw each recorded word (a word seen in two runs, of
     any pattern, pass or confirmation, is a persistent fault), and the confirmation reruns.
 
+    The words tracked are each step's records (the first `max_errors` found: on a GPU, in no fixed
+    order, so two runs over a region full of errors may record different words) and each step's
+    exact lowest and highest error word (counted over every error, so the same in two runs of a
+    region whose errors are all persistent).
+
     add(event, run_key): `event` is decode_step() output plus pattern / step / pass, its records
     carrying chunk and address; run_key identifies the verify run (pattern, pass, step, confirming).
     """
@@ -367,19 +372,24 @@ class ErrorLog:
             self.last_word = lw if self.last_word is None else max(self.last_word, lw)
         if ev.get("pattern") and ev["pattern"] not in self.patterns:
             self.patterns.append(ev["pattern"])
+        words = []
         for r in ev["records"]:
             rec = dict(r)
             for k in ("pattern", "step", "pass"):
                 rec.setdefault(k, ev.get(k))
             if len(self.records) < self.max_records:
                 self.records.append(rec)
-            w = int(r["word"])
+            words.append(int(r["word"]))
+        if ev.get("first_word") is not None:
+            words += [int(ev["first_word"]), int(ev["last_word"])]
+        for w in words:
             if w in self.word_runs or len(self.word_runs) < self.MAX_WORDS:
                 self.word_runs.setdefault(w, set()).add(tuple(run_key))
 
     def confirm(self, pattern: str, pass_index: int, found: int, again: int) -> dict[str, Any]:
         """Record a confirmation rerun of `pattern` in pass `pass_index`: how many errors the
-        first run and the rerun found, and how many recorded words failed in both."""
+        first run and the rerun found, and how many tracked words failed in both ("reproduced":
+        the same word failed again)."""
         def words(confirming: bool) -> set[int]:
             return {w for w, runs in self.word_runs.items()
                     if any(k[0] == pattern and k[1] == pass_index and k[-1] == confirming for k in runs)}
