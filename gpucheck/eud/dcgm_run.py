@@ -22,6 +22,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..processes import kill_group
+
 
 @dataclass
 class CommandOutput:
@@ -51,13 +53,6 @@ def find_dcgmi(setting: str) -> str | None:
     if os.sep in setting:
         return setting if os.path.isfile(setting) and os.access(setting, os.X_OK) else None
     return shutil.which(setting)
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_command(argv: list[str], *, timeout_s: float, cancel: threading.Event | None = None,
@@ -90,13 +85,13 @@ def run_command(argv: list[str], *, timeout_s: float, cancel: threading.Event | 
             out.timed_out = True
             break
     if chunks is None:  # stop the group: SIGTERM, grace, SIGKILL
-        _kill_group(proc, signal.SIGTERM)
+        kill_group(proc.pid, signal.SIGTERM)
         grace = min(term_grace_s, cancel_grace_s) if out.cancelled else term_grace_s
         try:
             chunks = proc.communicate(timeout=max(0.001, grace))
         except subprocess.TimeoutExpired:
             out.killed = True
-            _kill_group(proc, signal.SIGKILL)
+            kill_group(proc.pid, signal.SIGKILL)
             try:
                 chunks = proc.communicate(timeout=min(kill_wait_s, 1.5) if out.cancelled else kill_wait_s)
             except subprocess.TimeoutExpired:  # a member that left the group keeps the pipe open
@@ -107,7 +102,7 @@ def run_command(argv: list[str], *, timeout_s: float, cancel: threading.Event | 
                         pass
                 chunks = ("", "")
         # Whatever else is left in the group (children that outlived their parent) goes too.
-        _kill_group(proc, signal.SIGKILL)
+        kill_group(proc.pid, signal.SIGKILL)
     out.stdout, out.stderr = chunks[0] or "", chunks[1] or ""
     out.returncode = proc.returncode if not (out.timed_out or out.cancelled) else None
     out.duration_s = time.monotonic() - t0
