@@ -201,6 +201,10 @@ def poet_cli(monkeypatch, tmp_path):
     (("--size", "96", "--block", "64"), "96 is not a multiple of block size(s) 64"),
     (("--duration", "5x"), "bad duration"),
     (("--inject", "nosuchfault:gpu=1"), "no selected check honours 'nosuchfault'"),
+    (("--backend", "cupy"), "cupy runs the CUDA kernels on GPUs, not on CPU workers"),
+    (("--rows", "0"), "0 is not in the range x>=1"),
+    (("--size", "16"), "16 is not in the range x>=32"),
+    (("--backend", "tpu"), "'tpu' is not one of 'auto', 'cupy', 'torch'"),
 ])
 def test_cli_usage_errors_exit_2_with_one_line(poet_cli, capsys, args, message):
     assert poet_cli(*args) == 2
@@ -246,3 +250,109 @@ def test_a_stop_request_ends_the_loop_inside_a_problem():
     assert out["stopped"] == "stop" and out["seconds"] < 30
     assert out["combos"]["fp32/32"]["problems"] == out["problems"] >= 1
     assert out["violation_count"] == 0 and chan.progress_reports
+
+
+# -- review additions: bad configuration is "bad option", never a hardware verdict -------------------
+@pytest.mark.parametrize("cfg,message", [
+    ({"rho_max": 1.5}, "need 0 <= rho_min <= rho_max < 1"),
+    ({"backend": "cuda"}, "backend must be one of auto, cupy, torch, not 'cuda'"),
+    ({"max_events": 0}, "max_events must be at least 1"),
+    ({"chain_steps": 0}, "chain_steps must be at least 1"),
+])
+def test_bad_configuration_is_a_bad_option_error_before_any_worker(cfg, message):
+    ctx = _ctx()
+    ctx.config = Config(checks={"poet.ortho": {**FAST_CFG, **cfg}})
+    (r,) = run_checks([poet_ortho], ctx, install_signal_handlers=False).results
+    assert r.status == Status.ERROR and r.summary.startswith("bad option: ") and message in r.summary, r.summary
+    assert r.gpu is None  # judged before any worker started: no GPU was blamed
+
+
+def test_a_bit_the_flipped_dtype_does_not_have_is_a_usage_error_for_that_gpu():
+    settings = {"dtypes": ["bf16", "fp32"], "blocks": [32, 64]}
+    ctx = _ctx(injections=["bitflip:gpu=1,bit=20"])
+    _, texts, problem = poet_mod._injection_args(ctx, 1, settings)
+    assert texts == ["bitflip:gpu=1,bit=20"] and "bit must be in 0..15 for problem 0 (bf16), not 20" in problem
+    # problem 2 of the plan bf16/32, bf16/64, fp32/32, ... is fp32: bit 20 exists there
+    ctx = _ctx(injections=["bitflip:gpu=1,bit=20,problem=2"])
+    assert poet_mod._injection_args(ctx, 1, settings)[2] is None
+    assert poet_mod._injection_args(_ctx(injections=["bitflip:gpu=1,problem=-1"]), 1, settings)[2]
+
+
+def test_the_worker_answers_a_bad_option_with_a_setup_error_not_a_crash():
+    from gpucheck.poet.worker import poet_worker
+    from gpucheck.workers.pool import LocalChannel
+
+    out = poet_worker({"duration_s": 1.0, "rho_max": 2.0}, LocalChannel())
+    assert out == {"setup_error": "bad option: need 0 <= rho_min <= rho_max < 1, not 0.1, 2.0"}
+    out = poet_worker({"duration_s": 1.0, "dtypes": "fp16", "bitflip": {"op": "forward", "bit": 31}}, LocalChannel())
+    assert out["setup_error"].startswith("bad option: bitflip bit must be in 0..15")
+
+
+def test_a_partial_run_names_the_pairs_it_did_not_reach():
+    combos = {
+        "fp32/32": {"dtype": "fp32", "block": 32, "size": 64, "rows": 32, "problems": 3, "launches": 57,
+                    "violations": 0, "seconds": 0.5, "max_ratio": {"kernel_reference": 0.2}},
+        "fp32/256": {"dtype": "fp32", "block": 256, "size": 512, "rows": 32, "problems": 0, "launches": 0,
+                     "violations": 0, "seconds": 0.0, "max_ratio": {}},
+        "bf16/32": {"dtype": "bf16", "block": 32, "size": 64, "rows": 32, "problems": 0, "launches": 0,
+                    "violations": 0, "seconds": 0.0, "max_ratio": {}},
+    }
+    r = judge_data(0, _data(problems=3, combos=combos), [])
+    assert r.status == Status.PASS and "(fp32; blocks 32)" in r.summary
+    assert "; not reached: fp32/256, bf16/32 (of 3 dtype/block pairs" in r.summary
+    r = judge_data(0, _data(), [])
+    assert "not reached" not in r.summary
+
+
+def test_zero_problems_is_could_not_judge_never_a_pass():
+    r = judge_data(2, _data(problems=0, combos={}, stopped=None), ["bitflip:gpu=2"])
+    assert r.status == Status.ERROR and r.gpu == 2
+    assert r.summary == "no POET problem finished: the duration was too short for one problem"
+    assert "the bitflip injection did not fire: the run ended before its problem" in r.evidence
+
+
+def test_out_of_memory_is_could_not_judge_unless_corruption_was_already_seen():
+    """A too large --size/--rows (or memory held by another process) raises OutOfMemoryError in
+    the middle of a problem: that is not a GPU fault (it used to crash the worker: a FAIL with
+    reset-gpu). The loop stops; with no violation so far the GPU gets an error, with one a fail."""
+    torch = pytest.importorskip("torch")
+    from gpucheck.poet.ortho import TorchOps
+    from gpucheck.poet.worker import PoetConfig, PoetRunner
+    from gpucheck.workers.pool import LocalChannel
+
+    class OomAt(TorchOps):
+        def __init__(self, at):
+            super().__init__(torch, torch.device("cpu"))
+            self.at, self.calls = at, 0
+
+        def dense(self, A, B):
+            self.calls += 1
+            if self.calls >= self.at:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 GiB")
+            return super().dense(A, B)
+
+    def run(at, bitflip=None):
+        cfg = PoetConfig(duration_s=60.0, dtypes=["fp32"], blocks=[32], cpu_rows=16, chain_steps=1, bitflip=bitflip)
+        return PoetRunner(torch, torch.device("cpu"), LocalChannel(), cfg, OomAt(at)).run()
+
+    out = run(at=5)  # two dense GEMMs per problem: the third problem runs out of memory
+    assert out["problems"] == 2 and out["out_of_memory"].startswith("out of memory in problem 2 (fp32, block 32")
+    r = judge_data(0, out, [])
+    assert r.status == Status.ERROR and r.summary.startswith("could not run POET: out of memory in problem 2")
+    assert "2 problem(s) verified clean before that" in r.summary
+    out = run(at=5, bitflip={"op": "forward"})
+    r = judge_data(0, out, ["bitflip:gpu=0"])
+    assert r.status == Status.FAIL and r.summary.startswith("silent data corruption: kernel_reference (fp32, block 32)")
+    assert any(e.startswith("out of memory in problem 2") for e in r.evidence)
+    # any other exception is still a crash (re-raised to the pool), not swallowed
+    class Broken(OomAt):
+        def dense(self, A, B):
+            raise RuntimeError("CUBLAS_STATUS_EXECUTION_FAILED")
+    with pytest.raises(RuntimeError, match="CUBLAS"):
+        PoetRunner(torch, torch.device("cpu"), LocalChannel(), PoetConfig(duration_s=5.0, dtypes=["fp32"], blocks=[32]),
+                   Broken(1)).run()
+
+
+def test_the_summary_names_sdc_even_when_no_event_details_were_kept():
+    r = judge_data(0, _data(violation_count=3, violations=[]), [])
+    assert r.status == Status.FAIL and r.summary.startswith("silent data corruption: 3 violation(s)")

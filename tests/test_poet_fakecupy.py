@@ -19,7 +19,7 @@ pytest.importorskip("numpy")
 import cudaemu  # noqa: E402
 import fakecupy  # noqa: E402
 from gpucheck.kernels import cupy_module, source  # noqa: E402
-from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_theta, stage_floor  # noqa: E402
+from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_coeff, stage_floor  # noqa: E402
 from gpucheck.poet.cupy_ops import CupyOps, CupyUnavailable  # noqa: E402
 from gpucheck.poet.invariants import VerifyConfig, check_problem  # noqa: E402
 from gpucheck.poet.ortho import QPool, TorchOps, bd_torch, cnp_torch, make_problem  # noqa: E402
@@ -91,7 +91,7 @@ def _cnp_bound(Q, dtype):
     Q64 = Q.double()
     Gx = cnp_torch(torch, Q64, acc=F64)
     u = STORE_ROUNDOFF[dtype]
-    return Gx, u * Gx.abs() + (1 + u) * (cnp_theta(b) + 2.0**-50) * cnp_torch(torch, Q64.abs(), acc=F64) \
+    return Gx, u * Gx.abs() + cnp_coeff(b, u) * cnp_torch(torch, Q64.abs(), acc=F64) \
         + stage_floor(dtype, 4 * b)
 
 

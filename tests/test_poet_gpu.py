@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_theta, stage_floor
+from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_coeff, stage_floor
 from gpucheck.poet.invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
 
 needs_gpu = pytest.mark.gpu
@@ -72,7 +72,7 @@ def test_cupy_kernels_match_the_references(gpu, dtype, b):
     Q64 = p.t_in.Q.to(f64)
     Gx = cnp_torch(torch, Q64, acc=f64)
     P = cnp_torch(torch, Q64.abs(), acc=f64)
-    beta = u * Gx.abs() + (1 + u) * (cnp_theta(b) + 2.0**-50) * P + stage_floor(dtype, 4 * b)
+    beta = u * Gx.abs() + cnp_coeff(b, u) * P + stage_floor(dtype, 4 * b)
     assert bool(((G.to(f64) - Gx).abs() <= beta).all())
     assert bool(((G.to(f64) - tops.cnp(p.t_in.Q, dtype).to(f64)).abs() <= 2 * beta).all())
     # (1) block-diagonal apply in every mode

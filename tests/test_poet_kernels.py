@@ -9,7 +9,7 @@ import ctypes
 import pytest
 
 import cudaemu
-from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_theta, stage_floor
+from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_coeff, stage_floor
 from gpucheck.poet.invariants import VerifyConfig, check_problem
 
 torch = pytest.importorskip("torch")
@@ -126,7 +126,7 @@ def test_cnp_kernel_matches_the_float64_cayley_neumann(lib, dtype, b):
     Gx = cnp_torch(torch, Q64, acc=F64)
     P = cnp_torch(torch, Q64.abs(), acc=F64)
     u = STORE_ROUNDOFF[dtype]
-    beta = u * Gx.abs() + (1 + u) * (cnp_theta(b) + 2.0**-50) * P + stage_floor(dtype, 4 * b)
+    beta = u * Gx.abs() + cnp_coeff(b, u) * P + stage_floor(dtype, 4 * b)
     assert bool(((G.double() - Gx).abs() <= beta).all())
     # the torch backend evaluates the same Horner order: within the same bound, so within 2 beta
     Gt = TorchOps(torch, CPU).cnp(p.t_in.Q, dtype)

@@ -280,3 +280,148 @@ def test_flip_bit_helper():
     assert flip_bit(torch, t, 0, 31) == (1.0, -1.0)
     with pytest.raises(ValueError):
         flip_bit(torch, t, 0, 32)
+
+
+# -- review additions: conventions, non-finite outputs, two-sided orthogonality, the chain ----------
+class _Recording(TorchOps):
+    """TorchOps that keeps every block-diagonal output, in call order."""
+
+    def __init__(self):
+        super().__init__(torch, CPU)
+        self.bd_out = []
+
+    def bd(self, X, G, **kw):
+        Y = super().bd(X, G, **kw)
+        self.bd_out.append(Y)
+        return Y
+
+
+def test_the_checked_operations_follow_the_issues_formulas_with_explicit_permutation_matrices(env):
+    """Not only an identity between the two paths (which a consistently wrong permutation would
+    keep): Y1, y_in, W_eff and X2 as check_problem computes them equal the issue's formulas
+    y = x Pi_in BD(G_in) W^T BD(G_out) Pi_out, W_eff = Pi_out^T BD(G_out)^T W BD(G_in)^T Pi_in^T,
+    with (X Pi)[:, j] = X[:, perm[j]], evaluated with explicit matrices in float64."""
+    pool, _ = env
+    p = _problem(pool, "fp32", 32, seed=41, k=3, m=8, chain=2)
+    ops = _Recording()
+    assert check_problem(torch, ops, p, VerifyConfig())["violations"] == []
+    Y1, y_in, A, W_eff, X2, A2, W2 = ops.bd_out
+    n = p.n
+    Gi = torch.block_diag(*cnp_torch(torch, p.t_in.Q.double(), acc=F64))
+    Go = torch.block_diag(*cnp_torch(torch, p.t_out.Q.double(), acc=F64))
+    Pi = torch.eye(n, dtype=F64)[:, p.t_in.perm]
+    Po = torch.eye(n, dtype=F64)[:, p.t_out.perm]
+    x, W = p.x.double(), p.W.double()
+    close = dict(rtol=1e-4, atol=1e-4)
+    assert torch.allclose(Y1.double(), x @ Pi @ Gi, **close)
+    assert torch.allclose(y_in.double(), x @ Pi @ Gi @ W.T @ Go @ Po, **close)
+    assert torch.allclose(W_eff.double(), Po.T @ Go.T @ W @ Gi.T @ Pi.T, **close)
+    assert torch.allclose(X2.double(), x @ Pi @ Gi @ Gi.T @ Pi.T, **close)
+    t2i, t2o = p.chain[0]
+    Gi2 = torch.block_diag(*cnp_torch(torch, t2i.Q.double(), acc=F64))
+    Go2 = torch.block_diag(*cnp_torch(torch, t2o.Q.double(), acc=F64))
+    Pi2 = torch.eye(n, dtype=F64)[:, t2i.perm]
+    Po2 = torch.eye(n, dtype=F64)[:, t2o.perm]
+    assert torch.allclose(W2.double(), Po2.T @ Go2.T @ W_eff.double() @ Gi2.T @ Pi2.T, **close)
+    # and a permutation is not its own inverse here: the test would see Pi swapped for Pi^T
+    assert not torch.allclose(Pi, Pi.T)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+@pytest.mark.parametrize("where", ["cnp", "bd"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_nan_or_inf_output_is_an_sdc_violation_never_a_crash(env, value, where, dtype):
+    """An exponent flip can make Inf (bf16 1.0 with bit 14 flipped) or NaN. The check must report
+    it as a violation of the invariants, not raise (the float64 eigensolver refuses non-finite
+    input: that used to crash the worker and turn an SDC into 'worker crashed')."""
+    pool, _ = env
+
+    class Bad(TorchOps):
+        def cnp(self, Q, dtype):
+            G = super().cnp(Q, dtype)
+            if where == "cnp":
+                G[:, 3, 3] = value  # every block of every G: sampled by cnp_orthogonality for sure
+            return G
+
+        def bd(self, X, G, **kw):
+            Y = super().bd(X, G, **kw)
+            if where == "bd" and not self.hit:
+                Y.view(-1)[5] = value
+                self.hit = True
+            return Y
+
+    ops = Bad(torch, CPU)
+    ops.hit = False
+    out = check_problem(torch, ops, _problem(pool, dtype, 32, seed=3, m=16, chain=2), VerifyConfig(ortho_blocks=2))
+    fired = {v["invariant"] for v in out["violations"]}
+    first = out["violations"][0]
+    if where == "cnp":
+        assert {"cnp_reference", "cnp_orthogonality", "row_norms", "frobenius_norm", "norm_drift"} <= fired, fired
+        assert first["invariant"] == "cnp_reference"
+    else:
+        assert fired == {"kernel_reference", "forward_equivalence", "round_trip"}, fired  # Y1 feeds y_in and X2
+        assert first["invariant"] == "kernel_reference" and first["where"] == "row 0, col 5"
+    assert first["error"] == math.inf and out["ratios"][first["invariant"]] == math.inf
+
+
+def test_too_orthogonal_blocks_fail_cnp_orthogonality_it_is_two_sided(env):
+    """A kernel that computes the exact Cayley transform (orthogonal) instead of the three-term
+    Cayley-Neumann G is wrong: |0 - (2 rho^4 - rho^8)| is far outside the rounding slack, and the
+    round trip (expected x Pi BD((I - Q^4)^2) Pi^T, not x) sees it too."""
+    pool, _ = env
+
+    class ExactCayley(TorchOps):
+        def cnp(self, Q, dtype):
+            Q64 = Q.double()
+            eye = torch.eye(Q.shape[-1], dtype=F64)
+            return ((eye + Q64) @ torch.linalg.inv(eye - Q64)).to(torch.float32)
+
+    p = _problem(pool, "fp32", 32, seed=8, m=16, rho=(0.4, 0.5))
+    out = check_problem(torch, ExactCayley(torch, CPU), p, VerifyConfig(ortho_blocks=4))
+    orth = [v for v in out["violations"] if v["invariant"] == "cnp_orthogonality"]
+    assert orth and all(v["measured"] < 1e-5 and v["theory"] > 0.05 for v in orth)
+    assert {"cnp_reference", "round_trip"} <= {v["invariant"] for v in out["violations"]}
+
+
+def test_a_norm_changing_merge_in_the_chain_fails_norm_drift_at_that_merge(env):
+    """A merge kernel of the chain whose output is 1 + 2^-5 too large: norm_drift names the merge
+    step (and kernel_reference the element); the first merge (W_eff) stays clean."""
+    pool, _ = env
+
+    class LoudMerge(TorchOps):
+        calls = 0
+
+        def bd(self, X, G, **kw):
+            Y = super().bd(X, G, **kw)
+            self.calls += 1
+            if self.calls == 7:  # the second bd of merge 2 (calls: Y1, y_in, A, W_eff, X2, A2, W2)
+                Y = (Y.float() * (1 + 2.0**-5)).to(Y.dtype)
+            return Y
+
+    p = _problem(pool, "fp32", 64, seed=17, m=16, chain=3)
+    out = check_problem(torch, LoudMerge(torch, CPU), p, VerifyConfig())
+    drift = [v for v in out["violations"] if v["invariant"] == "norm_drift"]
+    assert drift and drift[0]["where"] == "merge 2" and drift[0]["value"] > drift[0]["hi"]
+    assert "frobenius_norm" not in {v["invariant"] for v in out["violations"]}
+
+
+def test_the_rho_shift_bound_covers_the_whole_interval_and_the_slope_alone_does_not():
+    """|f(r) - f(rho)| for every r within drho of rho (f = 2 r^4 - r^8, increasing on [0, 1)) is
+    bounded by cnp_orthogonality_shift; the slope at rho times drho is below it for rho < 0.81
+    (the slope still grows there), which is why the slope is not used."""
+    f = cnp_orthogonality_error
+    for rho in (0.1, 0.3, 0.5, 0.7, 0.9):
+        d = 1e-3
+        worst = max(abs(f(min(r, 0.999999)) - f(rho)) for r in (rho - d, rho + d))
+        assert bounds.cnp_orthogonality_shift(rho, d) >= worst
+    assert bounds.cnp_orthogonality_slope(0.5) * 1e-3 < f(0.501) - f(0.5)
+
+
+def test_the_float64_reference_error_is_budgeted_for_every_block_size():
+    """cnp_reference compares with a computed float64 Cayley-Neumann: its Horner error
+    (~3 (b + 1) 2^-53 of P) must be in the bound, not a constant 2^-50 (too small from b = 2)."""
+    for b in (32, 64, 128, 256):
+        theta64 = bounds.cnp_theta(b, bounds.U64)
+        assert theta64 > 2.0**-50 and theta64 == pytest.approx(3 * (b + 1) * 2.0**-53, rel=1e-3)
+        for u in (0.0, 2.0**-8, 2.0**-11):
+            assert bounds.cnp_coeff(b, u) == pytest.approx((1 + u) * (bounds.cnp_theta(b) + theta64), rel=1e-15)

@@ -51,6 +51,9 @@ def poet_command(duration: float | None, blocks: list[int] | None, dtypes: list[
         if bad:
             raise click.BadParameter(f"{size} is not a multiple of block size(s) {','.join(map(str, bad))}",
                                      param_hint="--size")
+    if backend == "cupy" and kw.get("device") == "cpu":
+        raise click.BadParameter("cupy runs the CUDA kernels on GPUs, not on CPU workers (--device cpu)",
+                                 param_hint="--backend")
     options = given(duration_s=duration, dtypes=dtypes, blocks=blocks, size=size, rows=rows, backend=backend)
     req = build_request(level=level, checks=["poet.ortho"], skips=(), options=options, **kw)
     return execute(req, display_factory=BurnDisplay)

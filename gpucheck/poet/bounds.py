@@ -91,11 +91,20 @@ def stage_floor(dtype: str, n: int) -> float:
     return SUBNORMAL_HALF_SPACING[dtype] + (n + 1) * ACC_FLOOR
 
 
-def cnp_theta(b: int) -> float:
-    """Relative (to P = I + 2|Q| + 2|Q|^2 + 2|Q|^3 + |Q|^4) bound of the fp32 Horner evaluation of
-    G = I + Q(2I + Q(2I + Q(2I + Q))): (1 + u)(1 + gamma_(b+1))^3 - 1 (one rounding for 2I + Q,
-    then three steps of a length-b dot product plus one addition)."""
-    return (1.0 + U32) * (1.0 + gamma(b + 1, U32)) ** 3 - 1.0
+def cnp_theta(b: int, u: float = U32) -> float:
+    """Relative (to P = I + 2|Q| + 2|Q|^2 + 2|Q|^3 + |Q|^4) bound of the Horner evaluation of
+    G = I + Q(2I + Q(2I + Q(2I + Q))) with unit roundoff u (fp32: the kernel; U64: the float64
+    reference): (1 + u)(1 + gamma_(b+1)(u))^3 - 1 (one rounding for 2I + Q, then three steps of a
+    length-b dot product plus one addition)."""
+    return (1.0 + u) * (1.0 + gamma(b + 1, u)) ** 3 - 1.0
+
+
+def cnp_coeff(b: int, u_s: float) -> float:
+    """Coefficient of P in the elementwise bound of |G_stored - G_ref64| (cnp_reference):
+    beta = u_s |G_ref64| + cnp_coeff(b, u_s) P + floor, with
+    cnp_coeff = (1 + u_s)(theta_b(u32) + theta_b(u64)): the fp32 evaluation, and the float64
+    reference's own Horner error (which also turns u_s |G| into u_s |G_ref64|)."""
+    return (1.0 + u_s) * (cnp_theta(b, U32) + cnp_theta(b, U64))
 
 
 def cnp_orthogonality_error(rho: float, terms: int = 3) -> float:
@@ -119,16 +128,28 @@ def cnp_orthogonality_error(rho: float, terms: int = 3) -> float:
 
 
 def cnp_orthogonality_slope(rho: float) -> float:
-    """d/drho (2 rho^4 - rho^8) = 8 rho^3 - 8 rho^7 (>= 0 on [0, 1)): turns an uncertainty of rho
-    into one of the expected error."""
+    """d/drho (2 rho^4 - rho^8) = 8 rho^3 - 8 rho^7 (>= 0 on [0, 1))."""
     return 8.0 * rho**3 - 8.0 * rho**7
 
 
+def cnp_orthogonality_shift(rho: float, drho: float) -> float:
+    """How far 2 r^4 - r^8 can be from its value at rho for any r in [rho - drho, rho + drho]
+    (within [0, 1)): the function is increasing there, so the larger of the two end differences.
+    (The slope at rho times drho is not a bound: the slope grows up to rho = (3/7)^(1/4).)"""
+    f = cnp_orthogonality_error
+    hi = min(rho + drho, 1.0 - 1e-12)
+    lo = max(rho - drho, 0.0)
+    # evaluated as a difference of two values near f(rho): add the rounding of that difference
+    return max(f(hi) - f(rho), f(rho) - f(lo)) + 4.0 * U64 * f(hi)
+
+
 def rho_uncertainty(rho: float, b: int) -> float:
-    """How far ||Q32||_2 can be from the target rho after rounding the (exactly scaled, float64) Q
-    to fp32: ||dQ||_2 <= ||dQ||_F <= u32 ||Q||_F <= u32 sqrt(b) rho; plus the float64 eigensolver
-    that measured the base matrix (b u64 relative, counted 64 times over)."""
-    return U32 * math.sqrt(b) * rho + 64.0 * b * U64 * rho
+    """How far ||Q32||_2 can be from the target rho after rounding the (scaled, float64) Q to
+    fp32: ||dQ||_2 <= ||dQ||_F <= u32 ||Q||_F <= u32 sqrt(b) rho; plus the float64 measurement
+    of the base matrix S: the product S^T S (gamma_b(u64) |S|^T|S|, and || |S| ||_2^2 <= b ||S||_2^2:
+    b^2 u64 relative), a backward-stable eigensolver (counted as 64 b u64), the square root, the
+    division and the scaling by rho (a few u64 each, inside the 64 b)."""
+    return U32 * math.sqrt(b) * rho + (b * b + 64.0 * b) * U64 * rho
 
 
 def float64_eig_error(b: int, abs_norm: float) -> float:

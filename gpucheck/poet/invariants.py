@@ -38,11 +38,13 @@ from typing import Any, Callable
 from .bounds import (
     STORE_ROUNDOFF,
     U32,
+    U64,
     acc_coeff,
+    cnp_coeff,
     cnp_orthogonality_error,
-    cnp_orthogonality_slope,
-    cnp_theta,
+    cnp_orthogonality_shift,
     float64_eig_error,
+    gamma,
     interval_check,
     norm_eval_error,
     stage_floor,
@@ -104,13 +106,16 @@ class _Checker:
 
     def elementwise(self, name: str, op: str, got: Any, expected: Any, bound: Any, shape_names: tuple[str, ...],
                     row_map: list[int] | None = None) -> None:
-        """|got - expected| <= bound element by element (float64; NaN/Inf fail). row_map: the
-        problem's row numbers of the compared rows (sampled rows)."""
+        """|got - expected| <= bound element by element (float64). A NaN or Inf in `got` always
+        fails, even where the bound is infinite (propagated from an earlier non-finite value).
+        row_map: the problem's row numbers of the compared rows (sampled rows)."""
         torch = self.torch
         bound = bound * self.cfg.bound_scale
-        err = (got.to(torch.float64) - expected).abs()
-        ratio = torch.nan_to_num(err / bound, nan=math.inf, posinf=math.inf)
-        bad = ~(err <= bound)
+        got64 = got.to(torch.float64)
+        err = (got64 - expected).abs()
+        nonfinite = ~torch.isfinite(got64)
+        ratio = torch.nan_to_num(err / bound, nan=math.inf, posinf=math.inf).masked_fill(nonfinite, math.inf)
+        bad = ~(err <= bound) | nonfinite
         nbad = int(bad.sum().item())
         flat = int(ratio.reshape(-1).argmax().item())
         worst = float(ratio.reshape(-1)[flat].item())
@@ -141,7 +146,7 @@ class _Checker:
         Q64 = t.Q.to(f64)
         Gx = cnp_torch(torch, Q64, acc=f64)
         P = cnp_torch(torch, Q64.abs(), acc=f64)
-        beta = self.u * Gx.abs() + (1.0 + self.u) * (cnp_theta(b) + 2.0**-50) * P + stage_floor(self.prob.dtype, 4 * b)
+        beta = self.u * Gx.abs() + cnp_coeff(b, self.u) * P + stage_floor(self.prob.dtype, 4 * b)
         self.elementwise("cnp_reference", f"cnp {name}", G, Gx, beta, ("block", "row", "col"))
         bs = beta * self.cfg.bound_scale
         eta = (bs.sum(2).amax(1) * bs.sum(1).amax(1)).sqrt()  # ||B||_2 <= sqrt(||B||_1 ||B||_inf)
@@ -154,7 +159,9 @@ class _Checker:
 
     def orthogonality(self, infos: list[dict[str, Any]]) -> None:
         """cnp_orthogonality on `ortho_blocks` blocks drawn from all G's of the problem:
-        | ||G_j^T G_j - I||_2 - (2 rho^4 - rho^8) | <= 2 eta + eta^2 + slope drho + float64 error."""
+        | ||G_j^T G_j - I||_2 - (2 rho^4 - rho^8) | <= 2 eta + eta^2 + shift(rho, drho) + float64
+        error. A block with a NaN or Inf (an exponent flip) is a violation with error inf; it never
+        reaches the eigensolver (which raises on non-finite input on CPUs)."""
         torch = self.torch
         pairs = [(i, j) for i, info in enumerate(infos) for j in range(len(info["eta"]))]
         if not pairs or self.cfg.ortho_blocks <= 0:
@@ -164,7 +171,10 @@ class _Checker:
         b = Gs.shape[-1]
         eye = torch.eye(b, dtype=Gs.dtype, device=Gs.device)
         M = Gs.transpose(1, 2) @ Gs - eye
+        finite = torch.isfinite(M).flatten(1).all(1)
+        M = torch.where(finite[:, None, None], M, torch.zeros_like(M))
         e = torch.linalg.eigvalsh(M).abs().amax(1)
+        e = torch.where(finite, e, torch.full_like(e, math.inf))
         absG = Gs.abs()
         a = (absG.sum(2).amax(1) * absG.sum(1).amax(1)).sqrt()
         for (i, j), ej, aj in zip(pick, e.tolist(), a.tolist()):
@@ -172,12 +182,14 @@ class _Checker:
             t: Transform = info["t"]
             rho, drho, eta = t.rho[j], t.drho[j], info["eta"][j]
             theory = cnp_orthogonality_error(rho)
-            slack = (2.0 * eta + eta * eta + cnp_orthogonality_slope(rho) * drho
+            slack = (2.0 * eta + eta * eta + cnp_orthogonality_shift(rho, drho)
                      + float64_eig_error(b, aj)) * self.cfg.bound_scale
             err = abs(ej - theory) if math.isfinite(ej) else math.inf
-            ratio = err / slack
+            if not math.isfinite(ej):  # NaN/Inf in the block: its slack (from |G|) may be inf too
+                slack = slack if math.isfinite(slack) else math.nan
+            ratio = err / slack if math.isfinite(ej) else math.inf
             self._ratio("cnp_orthogonality", ratio)
-            if not err <= slack:
+            if not (math.isfinite(ej) and err <= slack):
                 self._violation("cnp_orthogonality", f"cnp {info['name']}", err, slack, where=f"block {j}",
                                 measured=ej, theory=theory, rho=rho)
 
@@ -331,10 +343,11 @@ def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject
     above = v >= 1.0
     err = torch.where(above, v - 1.0, 1.0 - v)
     bnd = torch.where(above, hi - 1.0, 1.0 - lo)
-    ratio = torch.nan_to_num(err / bnd, nan=math.inf)
+    vbad = ~torch.isfinite(v)  # a NaN/Inf row always fails (its bound may be inf too)
+    ratio = torch.nan_to_num(err / bnd, nan=math.inf).masked_fill(vbad, math.inf)
     worst = int(ratio.argmax().item())
     ck._ratio("row_norms", float(ratio[worst].item()))
-    bad = ~((v >= lo) & (v <= hi))
+    bad = ~((v >= lo) & (v <= hi)) | vbad
     if bool(bad.any().item()):
         ck._violation("row_norms", "rows of W·BD(G_in)ᵀ·Π_inᵀ vs rows of W", float(err[worst].item()),
                       float(bnd[worst].item()), where=f"row {worst}", rows_bad=int(bad.sum().item()),
@@ -349,8 +362,9 @@ def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject
     Gx, beta = ci["Gx"], ci["beta"]
     aGx = Gx.abs() + beta
     D = Gx @ Gx.transpose(1, 2)  # = (I - Q^4)^2, the exact CNP round trip
+    # float64 evaluation of D and of x.D (expected): (1 + gamma_b)^2 - 1 <= gamma_2b of |x| |G| |G|^T
     Gerr = (beta @ aGx.transpose(1, 2) + aGx @ beta.transpose(1, 2) + beta @ beta.transpose(1, 2)
-            + 2.0**-45 * (Gx.abs() @ Gx.abs().transpose(1, 2)))
+            + gamma(2 * prob.b, U64) * (Gx.abs() @ Gx.abs().transpose(1, 2)))
     x64 = x.to(f64)
     expected = bd_torch(torch, x64, D, in_idx=ti.perm, out_idx=ti.perm, acc=f64)
     bound_rt = (loc2 + bd_torch(torch, e1, aGi, transpose=True, out_idx=ti.perm, acc=f64)

@@ -93,6 +93,27 @@ class PoetConfig:
             raise ValueError(f"bitflip op must be one of {', '.join(INJECT_OPS)}, not {self.bitflip.get('op')!r}")
         if self.bound_scale <= 0:
             raise ValueError("bound_scale must be positive")
+        if not 0.0 < self.dense_acc_roundoff < 1.0:
+            raise ValueError("dense_acc_roundoff must be in (0, 1)")
+        if self.max_events < 1:
+            raise ValueError("max_events must be at least 1 (the first violation names the failure)")
+        if self.bitflip is not None:
+            self._validate_bitflip()
+
+    def _validate_bitflip(self) -> None:
+        """The flip's problem and bit: the bit must exist in the storage format of the dtype that
+        problem runs (problems go round-robin over the (dtype, block) pairs)."""
+        problem = self.bitflip.get("problem")
+        problem = 0 if problem is None else int(problem)
+        if problem < 0:
+            raise ValueError(f"bitflip problem must be >= 0, not {problem}")
+        bit = self.bitflip.get("bit")
+        if bit is not None:
+            plan = [(dt, b) for dt in self.dtypes for b in self.blocks]
+            dt = plan[problem % len(plan)][0]
+            nbits = 32 if dt == "fp32" else 16
+            if not 0 <= int(bit) < nbits:
+                raise ValueError(f"bitflip bit must be in 0..{nbits - 1} for problem {problem} ({dt}), not {bit}")
 
     def n_for(self, b: int, device: str) -> int:
         if self.size is not None:
@@ -136,7 +157,10 @@ def poet_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
     """Worker target: select the device and backend, run the loop; plain data out."""
     from ..workers.pool import torch_and_device
 
-    cfg = PoetConfig.from_args(args)
+    try:
+        cfg = PoetConfig.from_args(args)
+    except (TypeError, ValueError) as e:  # a bad option, not a GPU fault
+        return {"setup_error": f"bad option: {e}"}
     torch, dev, setup_error = torch_and_device(chan)
     if setup_error:
         return setup_error
@@ -155,6 +179,10 @@ def poet_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
             why = size_problem(cfg.m_for(dev.type), cfg.n_for(b, dev.type))
             if why:
                 return {"setup_error": f"bad size for the CUDA kernels: {why}"}
+    for b in cfg.blocks:  # the dense GEMM's accumulation bound must exist for this n
+        n = cfg.n_for(b, dev.type)
+        if n * cfg.dense_acc_roundoff >= 1.0:
+            return {"setup_error": f"bad option: dense_acc_roundoff {cfg.dense_acc_roundoff} times n = {n} is >= 1"}
     chan.heartbeat(force=True)
     return PoetRunner(torch, dev, chan, cfg, ops, note).run()
 
@@ -238,13 +266,21 @@ class PoetRunner:
             dt, b = plan[i % len(plan)]
             c = combos[f"{dt}/{b}"]
             p_start = time.monotonic()
-            prob = make_problem(self.torch, self.dev, self.pool, index=i, seed=cfg.seed * 1_000_003 + i, dtype=dt,
-                                b=b, n=c["size"], m=c["rows"], rho_min=cfg.rho_min, rho_max=cfg.rho_max,
-                                chain_steps=cfg.chain_steps)
             try:
+                prob = make_problem(self.torch, self.dev, self.pool, index=i, seed=cfg.seed * 1_000_003 + i,
+                                    dtype=dt, b=b, n=c["size"], m=c["rows"], rho_min=cfg.rho_min,
+                                    rho_max=cfg.rho_max, chain_steps=cfg.chain_steps)
                 res = check_problem(self.torch, self.ops, prob, self.vcfg, inject=cfg.bitflip, beat=self._beat)
             except _Stopped:  # asked to stop in the middle of a problem: it is dropped, not judged
                 out["stopped"] = self.chan.stop_reason
+                break
+            except Exception as e:  # noqa: BLE001 - only out-of-memory is caught; the rest re-raised
+                if not self._out_of_memory(e):
+                    raise
+                # a sizing problem (--size/--rows too large, memory held by another process), not
+                # a GPU fault: could not judge, unless violations were already found
+                out["out_of_memory"] = (f"out of memory in problem {i} ({dt}, block {b}, n={c['size']}, "
+                                        f"m={c['rows']}): {str(e).splitlines()[0][:200]}")
                 break
             elapsed = time.monotonic() - p_start
             c["problems"] += 1
@@ -260,7 +296,7 @@ class PoetRunner:
             for v in res["violations"]:
                 c["violations"] += 1
                 self.event_count += 1
-                if len(self.events) < cfg.max_events:
+                if len(self.events) < max(1, cfg.max_events):
                     v["time_s"] = round(time.monotonic() - t0, 3)
                     self.events.append(v)
             if cfg.hang_after_s is not None and time.monotonic() - t0 >= cfg.hang_after_s:
@@ -289,6 +325,13 @@ class PoetRunner:
         for c in combos.values():
             c["max_ratio"] = {k: (v if math.isfinite(v) else None) for k, v in c["max_ratio"].items()}
         return out
+
+    def _out_of_memory(self, e: BaseException) -> bool:
+        torch = self.torch
+        oom = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None))
+                    if isinstance(t, type))
+        return bool(oom) and isinstance(e, oom)
 
     @staticmethod
     def _hang() -> None:

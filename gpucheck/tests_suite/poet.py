@@ -74,9 +74,12 @@ def _budget(ctx: Context) -> float:
     return poet_duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
 
 
-def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], str | None]:
-    """Worker args for the injections that target `gpu`, their texts, and a usage problem."""
+def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = None
+                    ) -> tuple[dict[str, Any], list[str], str | None]:
+    """Worker args for the injections that target `gpu`, their texts, and a usage problem (with
+    `settings`, a bit that the flipped problem's dtype does not have is one)."""
     from ..poet.invariants import INJECT_OPS
+    from ..poet.worker import PoetConfig
 
     args: dict[str, Any] = {}
     texts: list[str] = []
@@ -91,6 +94,9 @@ def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], 
                     return args, texts, f"--inject {inj}: op must be one of {', '.join(INJECT_OPS)}, not {op!r}"
                 args["bitflip"] = {"op": op, **{k: (None if inj.get(k) is None else int(inj.get(k)))
                                                 for k in ("bit", "row", "col", "problem")}}
+                if settings is not None:
+                    PoetConfig(dtypes=settings["dtypes"], blocks=settings["blocks"],
+                               bitflip=args["bitflip"])._validate_bitflip()
             else:
                 args["hang_after_s"] = float(inj.get("after", 1.0))
         except (TypeError, ValueError) as e:
@@ -99,8 +105,9 @@ def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], 
 
 
 def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
-    """dtypes, blocks, size and rows of this run (ctx.options over the config); ValueError."""
+    """dtypes, blocks, size, rows and backend of this run (ctx.options over the config); ValueError."""
     from ..poet.bounds import parse_blocks, parse_dtypes
+    from ..poet.worker import BACKENDS
 
     dtypes = parse_dtypes(ctx.options.get("dtypes") or p["dtypes"])
     blocks = parse_blocks(ctx.options.get("blocks") or p["blocks"])
@@ -112,7 +119,13 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
         bad = [b for b in blocks if size % b]
         if size <= 0 or bad:
             raise ValueError(f"size {size} is not a multiple of block size(s) {', '.join(map(str, bad))}")
+    if rows is not None and int(rows) < 1:
+        raise ValueError(f"rows must be positive, not {rows}")
     backend = str(ctx.options.get("backend") or p["backend"])
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    if backend == "cupy" and ctx.device == "cpu":
+        raise ValueError("backend cupy needs GPUs (the CUDA kernels), not CPU workers")
     return {"dtypes": dtypes, "blocks": blocks, "size": size, "rows": None if rows is None else int(rows),
             "backend": backend}
 
@@ -141,9 +154,18 @@ def poet_ortho(ctx: Context) -> list[Result]:
     duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "run")
     if note:
         notes.append(note)
+
+    def make_args(g: int | None) -> dict[str, Any]:
+        return {"duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
+                "size": settings["size"], "rows": settings["rows"], "gpu_size": p["size"], "gpu_rows": p["rows"],
+                "backend": settings["backend"], **{k: p[k] for k in _WORKER_KEYS}}
+
     try:
+        from ..poet.worker import PoetConfig
+
         settings = _run_settings(ctx, p)
-    except ValueError as e:
+        PoetConfig.from_args(make_args(None))  # every option as the workers will read it
+    except (TypeError, ValueError) as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad option: {e}")]
 
     targets, results = worker_targets(ctx, device, CHECK_ID, "tested")
@@ -153,12 +175,8 @@ def poet_ortho(ctx: Context) -> list[Result]:
     run = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.poet.worker:poet_worker", targets, device=device, p=p,
         budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
-        make_args=lambda g: {
-            "duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
-            "size": settings["size"], "rows": settings["rows"], "gpu_size": p["size"], "gpu_rows": p["rows"],
-            "backend": settings["backend"], **{k: p[k] for k in _WORKER_KEYS},
-        },
-        injection_args=lambda g: _injection_args(ctx, g),
+        make_args=make_args,
+        injection_args=lambda g: _injection_args(ctx, g, settings),
     )
     results.extend(run.results)
     if not run.jobs:
@@ -275,9 +293,17 @@ def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
     if any(x.startswith("bitflip") for x in inj) and not d.get("injected"):
         evidence.append("the bitflip injection did not fire: the run ended before its problem")
 
-    if n_viol == 0 and problems == 0:
-        why = f"stopped ({d['stopped']})" if d.get("stopped") else "the duration was too short for one problem"
-        res = Result(CHECK_ID, Status.ERROR, f"no POET problem finished: {why}", gpu=g, injected=list(inj))
+    if d.get("out_of_memory"):
+        evidence.append(str(d["out_of_memory"]))
+    if n_viol == 0 and (problems == 0 or d.get("out_of_memory")):
+        # nothing judged, or a run cut short by a sizing problem: could not judge, never a pass
+        if d.get("out_of_memory"):
+            summary = (f"could not run POET: {d['out_of_memory']} (a smaller --size/--rows, or GPU memory held "
+                       f"by another process?); {problems} problem(s) verified clean before that")
+        else:
+            why = f"stopped ({d['stopped']})" if d.get("stopped") else "the duration was too short for one problem"
+            summary = f"no POET problem finished: {why}"
+        res = Result(CHECK_ID, Status.ERROR, summary, gpu=g, injected=list(inj))
         res.metrics.update(metrics)
         res.units.update(units)
         res.evidence = evidence
@@ -291,6 +317,9 @@ def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
     if finite:
         name = max(finite, key=finite.get)
         ok += f", worst error/bound {finite[name]:.2g} ({name})"
+    missed = [f"{c['dtype']}/{c['block']}" for c in combos.values() if not c.get("problems")]
+    if missed:  # the dtype and block lists above are unions: say which pairs were never run
+        ok += f"; not reached: {', '.join(missed)} (of {len(combos)} dtype/block pairs; a longer --duration runs all)"
     if d.get("backend_note"):
         ok += f"; {d['backend_note']}"
     thresholds = [Threshold("violations", ">", 0, Status.FAIL, "count")]
@@ -298,6 +327,8 @@ def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
     if events:
         more = f"; {n_viol - 1} more violation(s)" if n_viol > 1 else ""
         causes["violations"] = f"silent data corruption: {describe_violation(events[0])}{more}"
+    elif n_viol:
+        causes["violations"] = f"silent data corruption: {n_viol} violation(s) (details not kept)"
     res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes,
                 actions={"violations": Action.DRAIN})
     res.evidence = evidence
