@@ -1,6 +1,8 @@
 """One worker per GPU for a compute check: the jobs, the NVML sampler beside them, live progress,
 and the supervised run. Shared by burn.gemm, poet.ortho, eud.memtest and eud.power; each check
-keeps its own arguments, injections and judging.
+keeps its own arguments, injections and judging. Also the rules they share: `level_duration`
+(how long a looping check runs), `fit_to_deadline` (shortened to fit --timeout) and
+`unfinished_result` (hang, crash, setup error, unfinished: the same verdicts everywhere).
 
     run = run_per_gpu(ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device,
                       p=p, budget_s=..., make_args=lambda gpu: {...},
