@@ -38,7 +38,6 @@ torch is imported only in burn_worker (inside the worker) and by callers that pa
 from __future__ import annotations
 
 import math
-import platform
 import random
 import statistics
 import time
@@ -207,21 +206,9 @@ class Burner:
 
     # -- device -------------------------------------------------------------------------------
     def device_info(self) -> dict[str, Any]:
-        torch = self.torch
-        info: dict[str, Any] = {"device": self.dev.type, "torch": torch.__version__,
-                                "cuda_runtime": getattr(torch.version, "cuda", None)}
-        if self.dev.type == "cuda":
-            p = torch.cuda.get_device_properties(self.dev)
-            info.update(name=p.name, capability=[p.major, p.minor], sms=p.multi_processor_count,
-                        memory_bytes=int(p.total_memory))
-            try:
-                info["cublas"] = int(torch._C._cuda_getCompiledVersion())
-            except Exception:  # noqa: BLE001 - informative only
-                pass
-        else:
-            info.update(name=platform.processor() or platform.machine() or "cpu", capability=None,
-                        threads=torch.get_num_threads())
-        return info
+        from ..workers.pool import device_info
+
+        return device_info(self.torch, self.dev)
 
     def unsupported(self, dtype: str, info: dict[str, Any]) -> str | None:
         torch = self.torch

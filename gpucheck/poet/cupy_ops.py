@@ -13,6 +13,7 @@ source under tests/cudaemu.py, so everything but the CuPy call itself is tested 
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 from .ortho import TorchOps, storage_dtype
@@ -146,15 +147,16 @@ def cnp_plan(Q: Any, H1: Any, H2: Any, G: Any) -> list[Launch]:
     ]
 
 
-class KernelOps(TorchOps):
+class KernelOps(TorchOps, abc.ABC):
     """The operations on poet.cu's kernels; subclasses say how a launch runs (`_run`). The dense
     GEMM stays torch's (TorchOps.dense)."""
 
     name = "kernels"
     cuda_kernels = True
 
+    @abc.abstractmethod
     def _run(self, kernel: str, grid: tuple[int, int, int], args: list[Arg]) -> None:  # pragma: no cover
-        raise NotImplementedError
+        """Launch `kernel` of poet.cu with `args` (see launch_args) on `grid`."""
 
     def cnp(self, Q: Any, dtype: str) -> Any:
         torch = self.torch

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import platform
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -208,20 +207,16 @@ class PoetRunner:
         self.injected: list[str] = []
 
     def device_info(self) -> dict[str, Any]:
-        torch = self.torch
-        info: dict[str, Any] = {"device": self.dev.type, "torch": torch.__version__,
-                                "cuda_runtime": getattr(torch.version, "cuda", None)}
+        from ..workers.pool import device_info
+
+        info = device_info(self.torch, self.dev)
         if self.dev.type == "cuda":
-            p = torch.cuda.get_device_properties(self.dev)
-            info.update(name=p.name, capability=[p.major, p.minor], sms=p.multi_processor_count)
             try:
                 import cupy  # noqa: PLC0415
 
                 info["cupy"] = cupy.__version__
             except ImportError:
                 info["cupy"] = None
-        else:
-            info.update(name=platform.processor() or platform.machine() or "cpu", threads=torch.get_num_threads())
         return info
 
     def _beat(self) -> None:

@@ -234,6 +234,27 @@ def torch_and_device(chan: WorkerChannel | LocalChannel) -> tuple[Any, Any, dict
     return torch, dev, None
 
 
+def device_info(torch: Any, dev: Any) -> dict[str, Any]:
+    """What a worker computed on, for its result: model, compute capability, SMs, memory, torch
+    and CUDA runtime versions (cuBLAS when torch tells); CPU model and threads for CPU workers."""
+    import platform  # noqa: PLC0415
+
+    info: dict[str, Any] = {"device": dev.type, "torch": torch.__version__,
+                            "cuda_runtime": getattr(torch.version, "cuda", None)}
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        info.update(name=p.name, capability=[p.major, p.minor], sms=p.multi_processor_count,
+                    memory_bytes=int(p.total_memory))
+        try:
+            info["cublas"] = int(torch._C._cuda_getCompiledVersion())
+        except Exception:  # noqa: BLE001 - informative only
+            pass
+    else:
+        info.update(name=platform.processor() or platform.machine() or "cpu", capability=None,
+                    threads=torch.get_num_threads())
+    return info
+
+
 def torch_device(chan: WorkerChannel | LocalChannel) -> Any:
     """Import torch in the worker and select the job's device: cuda:<gpu> (cuda:0 when
     visible_device narrowed CUDA_VISIBLE_DEVICES), or the CPU with one thread (workers stand in
