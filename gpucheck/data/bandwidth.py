@@ -41,8 +41,9 @@ goes over PCIe switches whose topology varies by server): all of those are judge
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from . import first_match, name_matches
 
 AZURE_WARN_FACTOR = 1.05  # azure_gpu_bandwidth.nhc: WARN_BW = EXP_BW * 1.05
 
@@ -63,7 +64,7 @@ class BandwidthSku:
     source: str = ""
 
     def matches(self, device_name: str) -> bool:
-        return re.search(self.pattern, device_name, flags=re.IGNORECASE) is not None
+        return name_matches(self.pattern, device_name)
 
 
 def _azure(fail: float) -> tuple[float, float]:
@@ -98,9 +99,4 @@ SKUS: tuple[BandwidthSku, ...] = (
 
 def lookup(device_name: str | None) -> BandwidthSku | None:
     """The table row for a device name ("NVIDIA H100 80GB HBM3"), or None."""
-    if not device_name:
-        return None
-    for sku in SKUS:
-        if sku.matches(device_name):
-            return sku
-    return None
+    return first_match(SKUS, device_name)

@@ -32,8 +32,9 @@ judged by peers only.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from . import first_match, name_matches
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class Sku:
     source: str
 
     def matches(self, device_name: str) -> bool:
-        return re.search(self.pattern, device_name, flags=re.IGNORECASE) is not None
+        return name_matches(self.pattern, device_name)
 
     def peak(self, dtype: str) -> float | None:
         return self.dense_tflops.get(dtype)
@@ -75,9 +76,4 @@ SKUS: tuple[Sku, ...] = (
 
 def lookup(device_name: str | None) -> Sku | None:
     """The table row for an NVML / torch device name ("NVIDIA H100 80GB HBM3"), or None."""
-    if not device_name:
-        return None
-    for sku in SKUS:
-        if sku.matches(device_name):
-            return sku
-    return None
+    return first_match(SKUS, device_name)
