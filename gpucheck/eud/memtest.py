@@ -151,7 +151,7 @@ def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[st
     injects=("bitflip",),
 )
 def memtest(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
+    from ..workers.per_gpu import fit_to_deadline, run_per_gpu, telemetry_summary
     from ..workers.targets import worker_targets
 
     p = _params(ctx)
@@ -195,20 +195,13 @@ def memtest(ctx: Context) -> list[Result]:
     ecc = {int(e["index"]): (e.get("ecc_mode") or {}).get("current") for e in ctx.selected_gpu_entries()
            if e.get("index") is not None}
     for j in jobs:
-        tel = _telemetry(sampler, j.gpu) if sampler is not None else None
+        tel = telemetry_summary(sampler, j.gpu, device) if sampler is not None else None
         r = judge_outcome(j.gpu, outcomes.get(j.worker_id), p, device, injected.get(j.gpu, []),
                           ecc_enabled=ecc.get(j.gpu), telemetry=tel)
         r.evidence.extend(notes)
         r.duration_s = elapsed
         results.append(r)
     return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
-
-
-def _telemetry(sampler: Any, gpu: int) -> dict[str, Any]:
-    s = sampler.summary(gpu)
-    if sampler.xid_note:
-        s["xid_note"] = sampler.xid_note
-    return s
 
 
 # ---------------------------------------------------------------------------------------------

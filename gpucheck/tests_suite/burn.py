@@ -182,19 +182,6 @@ def _describe_event(ev: dict[str, Any]) -> str:
             f"expected {_fmt(ev['expected'])}")
 
 
-def _telemetry(sampler: Any, gpu: int, device: str) -> dict[str, Any]:
-    from ..workers.sampler import summarize
-
-    if sampler is None:
-        s = summarize([], note="no NVML telemetry: CPU workers stand in for GPUs" if device == "cpu"
-                      else "no NVML telemetry")
-        return s
-    s = sampler.summary(gpu)
-    if sampler.xid_note:
-        s["xid_note"] = sampler.xid_note
-    return s
-
-
 def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str]) -> str:
     """Why a GPU is slow, from its telemetry: slowdown reasons its peers do not all share (a
     power cap every GPU hits under a GEMM burn explains nothing), and a low SM clock."""
@@ -218,10 +205,10 @@ def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str
 def _judge(ctx: Context, p: dict[str, Any], device: str, duration: float, jobs: list[Any],
            outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
            injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.per_gpu import unfinished_result
+    from ..workers.per_gpu import finish_result, telemetry_summary, unfinished_result
     from ..workers.pool import CANCELLED, OVER_BUDGET
 
-    tel = {j.gpu: _telemetry(sampler, j.gpu, device) for j in jobs}
+    tel = {j.gpu: telemetry_summary(sampler, j.gpu, device) for j in jobs}
     data: dict[int, dict[str, Any]] = {}
     for j in jobs:
         oc = outcomes.get(j.worker_id)
@@ -259,12 +246,7 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, duration: float, jobs: 
                     r.summary = f"not finished: stopped ({stopped}) before any measurement"
                 r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
                                   f"of {duration:.0f} s: results are partial")
-        _add_telemetry(r, t)
-        if device == "cpu":
-            r.evidence.append(f"CPU worker {g} standing in for a GPU")
-        r.evidence.extend(notes)
-        r.duration_s = elapsed
-        out.append(r)
+        out.append(finish_result(r, t, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
 
@@ -276,22 +258,6 @@ def _partial_metrics(r: Result, progress: dict[str, Any]) -> None:
     if progress:
         r.evidence.append("last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                         for k, v in progress.items()))
-
-
-def _add_telemetry(r: Result, t: dict[str, Any]) -> None:
-    for key, unit in (("sm_clock_min_mhz", "MHz"), ("sm_clock_median_mhz", "MHz"), ("sm_clock_max_mhz", "MHz"),
-                      ("temperature_max_c", "C"), ("power_mean_w", "W")):
-        if t["samples"]:
-            r.metric(key, t[key], unit)
-    if t["samples"]:
-        r.evidence.append(f"telemetry: {t['samples']} samples; throttle reasons seen: "
-                          + (", ".join(t["throttle_reasons"]) or "none"))
-        if t["errors"]:
-            r.evidence.append("NVML errors while sampling: " + ", ".join(t["errors"]))
-    elif t.get("note"):
-        r.evidence.append(t["note"])
-    if t.get("xid_note"):
-        r.evidence.append(t["xid_note"])
 
 
 def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_name: str | None,

@@ -220,16 +220,15 @@ def _violation_detail(v: dict[str, Any]) -> str:
 
 def judge_outcomes(device: str, duration: float, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
                    injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.per_gpu import unfinished_result
+    from ..workers.per_gpu import finish_result, telemetry_summary, unfinished_result
     from ..workers.pool import CANCELLED, OVER_BUDGET
-    from .burn import _add_telemetry, _telemetry
 
     out: list[Result] = []
     for j in jobs:
         g = j.gpu
         oc = outcomes.get(j.worker_id)
         inj = injected.get(g, [])
-        tel = _telemetry(sampler, g, device)
+        tel = telemetry_summary(sampler, g, device)
         r = unfinished_result(CHECK_ID, g, oc, inj, worker="poet", setup_verb="run POET", partial=_partial)
         if r is None:
             r = judge_data(g, oc.result, inj)
@@ -237,12 +236,7 @@ def judge_outcomes(device: str, duration: float, jobs: list[Any], outcomes: dict
                 stopped = oc.result.get("stopped") or oc.kind
                 r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
                                   f"of {duration:.0f} s: results are partial")
-        _add_telemetry(r, tel)
-        if device == "cpu":
-            r.evidence.append(f"CPU worker {g} standing in for a GPU")
-        r.evidence.extend(notes)
-        r.duration_s = elapsed
-        out.append(r)
+        out.append(finish_result(r, tel, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
 

@@ -126,6 +126,49 @@ def fit_to_deadline(ctx: Context, duration_s: float, startup_timeout_s: float, w
     return short, f"{what} shortened to {short:.0f} s to fit the run's timeout"
 
 
+def telemetry_summary(sampler: Any, gpu: int, device: str) -> dict[str, Any]:
+    """The sampler's summary of one GPU (workers.sampler.summarize), with why Xid events were not
+    watched; without a sampler, an empty summary that says why there is no telemetry."""
+    from .sampler import summarize
+
+    if sampler is None:
+        return summarize([], note="no NVML telemetry: CPU workers stand in for GPUs" if device == "cpu"
+                         else "no NVML telemetry")
+    s = sampler.summary(gpu)
+    if sampler.xid_note:
+        s["xid_note"] = sampler.xid_note
+    return s
+
+
+def add_telemetry(r: Result, t: dict[str, Any]) -> None:
+    """A GPU's telemetry summary as metrics (clocks, temperature, power) and evidence lines."""
+    for key, unit in (("sm_clock_min_mhz", "MHz"), ("sm_clock_median_mhz", "MHz"), ("sm_clock_max_mhz", "MHz"),
+                      ("temperature_max_c", "C"), ("power_mean_w", "W")):
+        if t["samples"]:
+            r.metric(key, t[key], unit)
+    if t["samples"]:
+        r.evidence.append(f"telemetry: {t['samples']} samples; throttle reasons seen: "
+                          + (", ".join(t["throttle_reasons"]) or "none"))
+        if t["errors"]:
+            r.evidence.append("NVML errors while sampling: " + ", ".join(t["errors"]))
+    elif t.get("note"):
+        r.evidence.append(t["note"])
+    if t.get("xid_note"):
+        r.evidence.append(t["xid_note"])
+
+
+def finish_result(r: Result, t: dict[str, Any], *, device: str, gpu: int, notes: list[str],
+                  elapsed_s: float) -> Result:
+    """What every per-GPU result of a worker check carries besides its verdict: the telemetry, a
+    note when a CPU worker stood in for the GPU, the run's notes and the time it took."""
+    add_telemetry(r, t)
+    if device == "cpu":
+        r.evidence.append(f"CPU worker {gpu} standing in for a GPU")
+    r.evidence.extend(notes)
+    r.duration_s = elapsed_s
+    return r
+
+
 def _cuda_crash(err: str) -> tuple[str, Any]:
     from ..result import Action
 
