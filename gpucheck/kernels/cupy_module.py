@@ -47,15 +47,22 @@ class KernelError(RuntimeError):
         self.kernel = kernel
 
 
-def module(name: str) -> Any:
-    """The compiled `cupy.RawModule` of source `name` for the current device (cached)."""
+def _device(name: str) -> int:
+    """The current CUDA device, or KernelError when CuPy cannot use one."""
     import cupy  # noqa: PLC0415
 
     try:
-        dev = int(cupy.cuda.runtime.getDevice())
+        return int(cupy.cuda.runtime.getDevice())
     except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as e:
         raise KernelError(name, "*", f"CuPy cannot use the CUDA device: {e}") from e
-    key = (name, dev)
+
+
+def module(name: str, dev: int | None = None) -> Any:
+    """The compiled `cupy.RawModule` of source `name` for device `dev` (default: the current
+    one), compiled once and cached."""
+    import cupy  # noqa: PLC0415
+
+    key = (name, _device(name) if dev is None else dev)
     with _lock:
         mod = _modules.get(key)
         if mod is None:
@@ -93,13 +100,13 @@ _functions: dict[tuple[str, int, str], Any] = {}
 
 
 def _function(name: str, kernel: str) -> Any:
-    """The kernel's `cupy.RawModule.get_function` result, looked up once per device."""
-    import cupy  # noqa: PLC0415
-
-    mod = module(name)  # raises KernelError when CuPy cannot use the device
-    key = (name, int(cupy.cuda.runtime.getDevice()), kernel)
+    """The kernel's `cupy.RawModule.get_function` result, looked up once per device: a launch
+    costs one device query and a dict lookup."""
+    dev = _device(name)
+    key = (name, dev, kernel)
     fn = _functions.get(key)
     if fn is None:
+        mod = module(name, dev)
         try:
             fn = mod.get_function(kernel)
         except Exception as e:
