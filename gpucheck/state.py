@@ -63,30 +63,35 @@ class State:
     def history_path(self) -> Path:
         return self.root / HISTORY_FILE
 
+    def _open_locked(self) -> int:
+        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
     def append_history(self, verdict: dict[str, Any]) -> None:
         self.ensure()
         line = (json.dumps(verdict, separators=(",", ":"), sort_keys=True) + "\n").encode()
-        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = self._open_locked()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if os.fstat(fd).st_size + len(line) > self.history_max_bytes and os.fstat(fd).st_size > 0:
-                # Rotate under the lock: whoever holds it renames, then appends to a fresh file.
-                # A writer that opened the old file before the rename and waits on its lock
-                # re-checks below that its descriptor still is the live file.
-                os.replace(self.history_path, self.rotated_path)
-                os.close(fd)
-                fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                fcntl.flock(fd, fcntl.LOCK_EX)
             while True:
+                # A writer that opened the file before someone else rotated it holds a lock on the
+                # old generation: it must never judge (or rotate) that one, or it would rename the
+                # fresh file over the full old generation and lose it. So: the live file first.
                 try:
                     live = os.stat(self.history_path).st_ino == os.fstat(fd).st_ino
-                except FileNotFoundError:
+                except FileNotFoundError:  # renamed away and not yet created again
                     live = False
-                if live:
+                if not live:
+                    os.close(fd)
+                    fd = self._open_locked()
+                    continue
+                size = os.fstat(fd).st_size
+                if size == 0 or size + len(line) <= self.history_max_bytes:
                     break
+                # Rotate under the lock of the live file, then append to a fresh one.
+                os.replace(self.history_path, self.rotated_path)
                 os.close(fd)
-                fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                fcntl.flock(fd, fcntl.LOCK_EX)
+                fd = self._open_locked()
             view = memoryview(line)
             while view:  # one write() in practice; loop only on a short write
                 n = os.write(fd, view)

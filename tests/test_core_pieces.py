@@ -231,6 +231,39 @@ def _append_rotating(root: str, who: int, n: int) -> None:
         st.append_history({"schema": "gpucheck.verdict", "who": who, "i": i, "pad": "y" * 1000, "results": []})
 
 
+def _doc(i: int) -> dict:
+    return {"schema": "gpucheck.verdict", "i": i, "pad": "x" * 60}
+
+
+def test_a_writer_holding_the_old_generation_does_not_rotate_it_away(tmp_path, monkeypatch):
+    """The race the concurrent test below hit once in CI: writer B opened history.jsonl and waited
+    on its lock while writer A rotated it. B then holds a lock on the full old generation; judging
+    that file's size, it used to rotate again and rename the fresh file over the old generation."""
+    import fcntl
+
+    line = len(json.dumps(_doc(0), separators=(",", ":"), sort_keys=True)) + 1
+    st = State(tmp_path, history_max_bytes=4 * line)
+    for i in range(4):  # the fourth fills the file
+        st.append_history(_doc(i))
+    st.append_history(_doc(4))  # writer A rotates
+    old = st.rotated_path.read_bytes()
+    assert len(old.splitlines()) == 4
+
+    stale = os.open(st.rotated_path, os.O_WRONLY | os.O_APPEND)  # what B opened before the rename
+    fcntl.flock(stale, fcntl.LOCK_EX)
+    real = State._open_locked
+    calls = []
+
+    def first_open_is_stale(self):
+        calls.append(1)
+        return stale if len(calls) == 1 else real(self)
+
+    monkeypatch.setattr(State, "_open_locked", first_open_is_stale)
+    st.append_history(_doc(5))  # writer B
+    assert st.rotated_path.read_bytes() == old  # the old generation is intact
+    assert [d["i"] for d in st.iter_history()] == [0, 1, 2, 3, 4, 5]
+
+
 def test_history_rotates_without_losing_or_tearing_lines(tmp_path):
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_append_rotating, args=(str(tmp_path), w, 40)) for w in range(3)]
