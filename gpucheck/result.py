@@ -131,6 +131,10 @@ class Result:
     evidence: list[str] = field(default_factory=list)
     injected: list[str] = field(default_factory=list)
     duration_s: float | None = None
+    # A skip that left unexamined something this run was asked to examine (a GPU in use by a job,
+    # a compute check asked for with --device cuda where no GPU is usable): never healthy, the
+    # run exits 3 ("could not judge") with the skip's reason. See verdict.exit_code_for.
+    unexamined: bool = False
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -139,6 +143,8 @@ class Result:
             self.subject = f"gpu{self.gpu}" if self.gpu is not None else "node"
         if self.status == Status.SKIP and not self.summary:
             raise ValueError("a skip must say why")
+        if self.unexamined and self.status != Status.SKIP:
+            raise ValueError("only a skip can be unexamined")
 
     def metric(self, name: str, value: Any, unit: str = "") -> "Result":
         self.metrics[name] = value
@@ -147,6 +153,12 @@ class Result:
         return self
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._base_dict()
+        if self.unexamined:  # optional (schema 1.1): present only when true
+            d["unexamined"] = True
+        return d
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "check": self.check,
             "subject": self.subject,
@@ -182,6 +194,7 @@ class Result:
             evidence=list(d.get("evidence", [])),
             injected=list(d.get("injected", [])),
             duration_s=d.get("duration_s"),
+            unexamined=bool(d.get("unexamined", False)),
         )
 
 

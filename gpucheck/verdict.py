@@ -16,7 +16,7 @@ from .check import Level
 from .result import Result, Status, strongest_action, worst_status
 
 SCHEMA_ID = "gpucheck.verdict"
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 EXIT_HEALTHY = 0
 EXIT_UNHEALTHY = 1
@@ -66,6 +66,8 @@ _RESULT = {
         "evidence": {"type": "array", "items": {"type": "string"}},
         "injected": {"type": "array", "items": {"type": "string"}},
         "duration_s": {"type": ["number", "null"]},
+        "unexamined": {"const": True, "description": "(1.1) this skip left unexamined something the "
+                       "run was asked to examine: the run exits 3"},
     },
 }
 
@@ -136,7 +138,8 @@ SCHEMA: dict[str, Any] = {
             },
         },
         "results": {"type": "array", "items": _RESULT},
-        "status": {"enum": _STATUSES, "description": "worst result status (fail > error > warn > pass > skip)"},
+        "status": {"enum": _STATUSES, "description": "worst result status (fail > error > warn > pass > skip); "
+                   "error also when nothing failed but the run could not judge everything (exit 3)"},
         "action": {"enum": _ACTIONS, "description": "strongest recommended action among fail/warn/error results"},
         "exit_code": {"enum": [0, 1, 3]},
         "counts": {
@@ -153,18 +156,29 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-def overall_status(results: list[Result]) -> Status:
-    return worst_status(r.status for r in results)
+def could_not_judge(results: list[Result], *, partial: bool = False) -> bool:
+    """Whether the run left something unjudged: an error result, a skip of something the run was
+    asked to examine (`unexamined`), or a run cut short."""
+    return partial or any(r.status is Status.ERROR or r.unexamined for r in results)
+
+
+def overall_status(results: list[Result], *, partial: bool = False) -> Status:
+    """The worst result status; `error` when nothing failed but the run could not judge
+    everything, so that no consumer reads `pass` or `skip` for a run that exits 3."""
+    worst = worst_status(r.status for r in results)
+    if worst is not Status.FAIL and could_not_judge(results, partial=partial):
+        return Status.ERROR
+    return worst
 
 
 def exit_code_for(results: list[Result], *, strict: bool = False, on_error: str = "pass",
                   partial: bool = False) -> int:
-    """The gate's contract (DESIGN.md): 1 if any fail; 3 if any error (or the run was cut short)
-    unless --on-error maps it; warn is healthy unless --strict."""
+    """The gate's contract (DESIGN.md): 1 if any fail; 3 if any error, unexamined skip or the
+    run was cut short, unless --on-error maps it; warn is healthy unless --strict."""
     statuses = {r.status for r in results}
     if Status.FAIL in statuses:
         return EXIT_UNHEALTHY
-    if Status.ERROR in statuses or partial:
+    if could_not_judge(results, partial=partial):
         if on_error == "fail":
             return EXIT_UNHEALTHY
         return EXIT_NO_JUDGEMENT
@@ -210,7 +224,7 @@ def build_verdict(
     on_error: str = "pass",
     host: str | None = None,
 ) -> dict[str, Any]:
-    status = overall_status(results)
+    status = overall_status(results, partial=interrupted is not None)
     action = strongest_action(
         r.action for r in results if r.status in (Status.FAIL, Status.WARN, Status.ERROR)
     )
