@@ -71,6 +71,12 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
         named[int(f["rank"])] += weight
         if weight == 2 or int(f["rank"]) not in detail:
             detail[int(f["rank"])] = {**f, "reported_by": rep["rank"]}
+    busy = [r for r in reports if (r.get("failure") or {}).get("kind") == "busy"]
+    if busy:  # a rank refused to load a GPU that a job is using: the peers' timeouts blame nobody
+        rep = busy[0]
+        summary = (f"rank {rep.get('rank')} on host {rep.get('host') or 'unknown'} did not start: "
+                   f"{rep['failure'].get('detail') or rep.get('summary')}")
+        return {**base, "status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
     cancelled = [r for r in reports if (r.get("failure") or {}).get("kind") == "cancelled"]
     if cancelled:  # the run was stopped (SIGTERM, whole-run timeout): no verdict on the hardware
         return {**base, "status": "error", "summary": f"stopped before the end ({cancelled[0]['failure']['detail']})",
