@@ -35,8 +35,10 @@ def parse_events(text: str) -> list[dict[str, Any]]:
 def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, Any]:
     """Fold rank result events into {status, summary, failure, results, ranks, hosts, ...}.
 
-    status: ok | fail | error. failure: the corruption if any rank saw one, else the timeout culprit
-    named by most survivors, else a rank that exited without a result, else the first error.
+    status: ok | fail | error. failure: the corruption if any rank saw one, else a rank that refused
+    to start on a GPU in use (kind "busy": error, whatever its peers' timeouts say), else the
+    timeout culprit named by most survivors, else a rank that exited without a result, else the
+    first error.
     """
     world = world or max((int(r.get("world") or 0) for r in reports), default=0)
     by_rank = {int(r["rank"]): r for r in reports if r.get("rank") is not None}
