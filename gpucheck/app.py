@@ -53,6 +53,7 @@ class RunRequest:
     state_dir: str | None = None
     timeout_s: float | None = None
     history: bool = True
+    force: bool = False  # load GPUs that are in use (gpucheck.busy)
 
 
 @dataclass
@@ -231,6 +232,7 @@ def prepare(req: RunRequest) -> Prepared:
         injections=injections,
         state=state,
         options=options,
+        force=req.force,
     )
     return Prepared(config, level, checks, ctx, strict, on_error, timeout_s, source_kind,
                     req.snapshot_path, injections)

@@ -148,6 +148,8 @@ class Context:
     cancel: threading.Event = field(default_factory=threading.Event)
     # Called by long checks with progress for the live display: progress(check_id, subject, dict).
     progress: Callable[[str, str, dict[str, Any]], None] | None = None
+    # --force: load checks load GPUs that a job is using (gpucheck.busy); the results say so.
+    force: bool = False
 
     def report(self, check_id: str, subject: str, info: dict[str, Any]) -> None:
         if self.progress is not None:

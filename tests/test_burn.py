@@ -264,8 +264,11 @@ def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail(monkeypatch):
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"},
                          {"index": 1, "uuid": "GPU-11111111-fake", "name": "NVIDIA H100 80GB HBM3", "state": "lost"}]}
+    from gpucheck.telemetry.nvml import GpuProcesses
+
+    idle = {"gpu_processes_fn": lambda gpus: {g: GpuProcesses(g, ()) for g in gpus}}  # no job on the GPUs
     ctx = Context(level=Level.STANDARD, config=Config(checks={"burn.gemm": dict(FAST_CFG)}), device="cuda",
-                  snapshot=snapshot, options={"duration_s": 1.0, "dtypes": ["bf16"], "size": 64})
+                  snapshot=snapshot, options={"duration_s": 1.0, "dtypes": ["bf16"], "size": 64, **idle})
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a usable GPU")

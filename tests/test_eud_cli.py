@@ -78,7 +78,8 @@ def test_dcgm_level_reaches_dcgmi(tmp_path, capsys):
     fake.chmod(0o755)
     cfg = tmp_path / "dcgm.toml"
     cfg.write_text(f'[checks."eud.dcgm"]\ndcgmi_path = "{fake}"\n')
-    rc = main(["eud", "--check", "eud.dcgm", "--dcgm-level", "2", "--no-history", "--json",
+    # --force: without a GPU, NVML lists none, so whether they are in use cannot be told (gpucheck.busy)
+    rc = main(["eud", "--check", "eud.dcgm", "--dcgm-level", "2", "--no-history", "--json", "--force",
                "--state-dir", str(tmp_path / "s"), "--config", str(cfg)])
     v = json.loads(capsys.readouterr().out)
     assert rc == 0, [(r["subject"], r["status"], r["summary"]) for r in v["results"]]

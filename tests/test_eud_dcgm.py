@@ -90,8 +90,17 @@ def fake(tmp_path, monkeypatch):
     return Fake
 
 
+def _idle(gpus):
+    """The load-test guard's reader (gpucheck.busy): no job on any GPU."""
+    from gpucheck.telemetry.nvml import GpuProcesses
+
+    return {g: GpuProcesses(g, ()) for g in gpus}
+
+
 def _ctx(level=Level.EXTENDED, checks=None, **options):
-    return Context(level=level, config=Config(checks={"eud.dcgm": dict(checks or {})}), options=options)
+    """A node with GPUs 0 and 1 (a snapshot without NVML settings) that no job is using."""
+    return Context(level=level, config=Config(checks={"eud.dcgm": dict(checks or {})}),
+                   snapshot={"gpus": [{"index": 0}, {"index": 1}]}, options={"gpu_processes_fn": _idle, **options})
 
 
 def _run(ctx):

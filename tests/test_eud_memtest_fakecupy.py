@@ -186,6 +186,8 @@ def _in_process_workers(target, jobs, *, sampler=None, **_):
 
 
 def _cuda_ctx(injections=()):
+    from gpucheck.telemetry.nvml import GpuProcesses
+
     snapshot = {"gpus": [{"index": i, "uuid": f"GPU-0000000{i}-fake", "name": "Fake GPU", "state": "ok"}
                          for i in range(2)]}
     # the check's own launch geometry (256 threads, 8 blocks per SM), small memory
@@ -193,7 +195,8 @@ def _cuda_ctx(injections=()):
     return Context(level=Level.STANDARD, device="cuda", snapshot=snapshot,
                    config=Config(checks={"eud.memtest": {**params, "fraction_level2": 0.5}}),
                    injections=[parse_injection(t) for t in injections],
-                   options={"sample_fn": lambda gpu: {"temperature_c": 40.0}})
+                   options={"sample_fn": lambda gpu: {"temperature_c": 40.0},
+                            "gpu_processes_fn": lambda gpus: {g: GpuProcesses(g, ()) for g in gpus}})  # no job
 
 
 def test_the_whole_check_on_cuda_fails_exactly_the_gpu_with_the_flip(monkeypatch, fake):

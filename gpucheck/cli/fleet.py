@@ -52,6 +52,9 @@ def remote_options(f):
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None,
                      help="Where compute checks run on the nodes (passed through)."),
         click.option("--strict", is_flag=True, help="Treat warn as bad (on the nodes and in the sweep)."),
+        click.option("--force", is_flag=True,
+                     help="Load GPUs that a job is using on the nodes (passed through; default: such GPUs are "
+                          "skipped and the node could not be judged)."),
         click.option("--run-arg", "run_args", multiple=True, metavar="ARG",
                      help="Any other argument for `gpucheck run` on the nodes (repeatable)."),
         click.option("--node-args", "node_args", multiple=True, metavar="NODESET=ARGS",
@@ -77,7 +80,7 @@ def remote_options(f):
 
 def build_plan(nodes: list[str], *, subset: list[str] | None = None, level, checks, skips, snapshot_path,
                injections, device, strict, run_args, node_args, remote_cmd, fanout, timeout_text, use_srun,
-               **_ignored):
+               force=False, **_ignored):
     from ..fleet.nodeset import NodeSetError, parse_node_map
     from ..fleet.sweep import SweepPlan, remote_command
 
@@ -96,6 +99,8 @@ def build_plan(nodes: list[str], *, subset: list[str] | None = None, level, chec
         args += ["--device", device]
     if strict:
         args.append("--strict")
+    if force:
+        args.append("--force")
     args += list(run_args)
     try:
         per_node = parse_node_map(node_args, nodes, what="--node-args")
@@ -278,6 +283,8 @@ def hook_options(kind: str):
             click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True),
             click.option("--no-drain", is_flag=True, help="Judge and exit 1 when unhealthy, but do not drain."),
             click.option("--all-gpus", is_flag=True, help="Test all GPUs even when the job has only some."),
+            click.option("--force", is_flag=True,
+                         help="Load GPUs that processes are using (default: skipped, could not judge)."),
             click.option("--scontrol", metavar="PATH", help="scontrol to use (default: found in the usual places)."),
             click.option("--json", "as_json", is_flag=True, help="Print the verdict JSON instead of the table."),
         ]
@@ -310,7 +317,7 @@ def _hook(kind: str, kw: dict[str, Any]) -> int:
         failed_checks=[c for s in kw.get("failed_checks", ()) for c in s.split(",") if c.strip()],
         on_error=kw["on_error"], strict=kw["strict"], snapshot=kw["snapshot"], state_dir=kw["state_dir"],
         config_path=kw["config_path"], device=kw["device"], workers=kw["workers"], drain=not kw["no_drain"],
-        scontrol=kw["scontrol"], as_json=kw["as_json"], all_gpus=kw["all_gpus"],
+        scontrol=kw["scontrol"], as_json=kw["as_json"], all_gpus=kw["all_gpus"], force=kw["force"],
     )
     outcome = run_hook(opts, os.environ)
     click.echo(f"gpucheck: {outcome.log_line}", err=True)

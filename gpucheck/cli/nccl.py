@@ -247,9 +247,11 @@ def nccl_group() -> None:
               help="corrupt:rank=N[,op=OP,iter=K,index=I]: rank N corrupts one element of its output once.")
 @click.option("--deadline", "deadline_text", default=None,
               help="Hard limit for the whole run (default: estimated from the sweep).")
+@click.option("--force", is_flag=True,
+              help="Start on GPUs that a job is using (NVML lists its processes) instead of refusing (exit 3).")
 @_sweep_options
 def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, master_port, host_label,
-                peer_hosts, injections, deadline_text, ops, sizes_text, iters, warmup, timeout_text,
+                peer_hosts, injections, deadline_text, force, ops, sizes_text, iters, warmup, timeout_text,
                 backend, ifname, nproc_per_node) -> int:
     """Run this node's ranks of a collective test; print one JSON line per event.
 
@@ -257,6 +259,8 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
     {"event": "ready"} per rank, and {"event": "result", ...} per rank with the measurements
     (per collective and size: time, algbw, busbw, per-rank times, verification errors) or the
     failure ("timeout waiting for rank N on host H", "data corruption in OP on rank N ...").
+    A GPU that a job is using is not loaded: every rank of this invocation reports an error
+    (failure kind "busy") naming the processes, and the exit code is 3, unless --force.
     Exit 0 verified, 1 fail, 2 usage, 3 could not judge.
     """
     from ..nccl.collective import RankSpec
@@ -299,12 +303,19 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
     if topo.master_port == "stdin" and any(s.master_port is None for s in specs):
         port_source = _stdin_port()
     lock = threading.Lock()
+    notes: list[str] = []
 
     def emit(ev: dict[str, Any]) -> None:
+        if notes and ev.get("event") == "result":
+            ev = {**ev, "notes": [*ev.get("notes", []), *notes]}
         with lock:
             sys.stdout.write(json.dumps(ev, separators=(",", ":")) + "\n")
             sys.stdout.flush()
 
+    if backend == "nccl" or (backend == "auto" and _cuda_likely()):  # gloo ranks run on the CPU
+        refused = _refuse_busy_gpus(specs, topo.local_ranks, force=force, emit=emit, notes=notes)
+        if refused:
+            return EXIT_NO_JUDGEMENT
     from ..nccl.procs import run_ranks
 
     reports = run_ranks(specs, deadline_s=deadline, on_event=emit, port_source=port_source)
@@ -315,6 +326,30 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
         ("ok" if all(r.get("status") == "ok" for r in reports) else
          "fail" if any(r.get("status") == "fail" for r in reports) else "error")
     return {"ok": EXIT_OK, "fail": EXIT_FAIL}.get(status, EXIT_NO_JUDGEMENT)
+
+
+def _refuse_busy_gpus(specs: list[Any], local_ranks: list[int], *, force: bool, emit, notes: list[str]) -> bool:
+    """The load-test guard (gpucheck.busy) for this invocation's GPUs: when one is in use (or
+    whether it is cannot be read), emit an error result for every rank (failure kind "busy",
+    which report.merge turns into a could-not-judge group, blaming no host) and return True.
+    With --force, the notes go to stderr and into every result event."""
+    from ..busy import guard_ranks
+    from ..nccl.collective import base_report
+
+    refusals, forced = guard_ranks(local_ranks, force=force, environ=os.environ)
+    for line in forced:
+        notes.append(line)
+        click.echo(f"gpucheck nccl run: {line}", err=True)
+    if not refusals:
+        return False
+    detail = "; ".join(refusals)
+    for spec in specs:
+        rep = base_report(spec)
+        rep.update(summary=f"not started: {detail}",
+                   failure={"kind": "busy", "rank": spec.rank, "host": rep["host"], "detail": detail})
+        emit(rep)
+    click.echo(f"gpucheck nccl run: not started: {detail}", err=True)
+    return True
 
 
 def _spec_port(rank: int, topo: Topology) -> int | None:

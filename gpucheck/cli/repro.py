@@ -110,9 +110,11 @@ def _check_out(path: str) -> None:
               help="Fault injection (demo/test): the run is judged, and nothing is ever written.")
 @click.option("--dry-run", is_flag=True, help="Run and judge, but do not write the file.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary alone on stdout.")
+@click.option("--force", is_flag=True,
+              help="Run on GPUs that a job is using (default: refuse to record, exit 3).")
 def record_command(out: str | None, level: str, workloads: list[str] | None, device: str, workers: int,
                    gpus_text: str | None, config_path: str | None, injections: tuple[str, ...], dry_run: bool,
-                   as_json: bool) -> int:
+                   as_json: bool, force: bool) -> int:
     """On a known-good node: run the reference workloads twice on every GPU and record the
     digests under this node's fingerprint."""
     from ..app import RunRequest, UsageError, parse_gpu_list, prepare
@@ -130,7 +132,7 @@ def record_command(out: str | None, level: str, workloads: list[str] | None, dev
         raise click.BadParameter(str(e).removeprefix("--gpus: "), param_hint="--gpus") from None
     req = RunRequest(level=level, check_patterns=[CHECK_ID], gpus=gpus, device=device, workers=workers,
                      injections=list(injections), options={"workloads": workloads} if workloads else {},
-                     config_path=config_path, history=False)
+                     config_path=config_path, history=False, force=force)
     try:
         prep = prepare(req)
     except UsageError as e:

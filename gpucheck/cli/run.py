@@ -75,6 +75,9 @@ def common_run_options(f):
         click.option("--inject", "injections", multiple=True, metavar="SPEC",
                      help="Fault injection for tests/demos, e.g. bitflip:gpu=1 (shown in the verdict)."),
         gpus_option,
+        click.option("--force", is_flag=True,
+                     help="Load GPUs that a job is using (NVML lists its processes) instead of skipping them "
+                          "(exit 3); the results say so."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -83,7 +86,7 @@ def common_run_options(f):
 
 def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, strict, on_error,
                   config_path, snapshot_path, state_dir, no_history, timeout_text, device, workers,
-                  injections, options=None) -> RunRequest:
+                  injections, options=None, force=False) -> RunRequest:
     try:
         gpus = parse_gpu_list(gpus_text)
     except UsageError as e:
@@ -107,6 +110,7 @@ def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, str
         state_dir=state_dir,
         timeout_s=parse_duration(timeout_text),
         history=not no_history,
+        force=force,
     )
 
 

@@ -100,12 +100,12 @@ def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], 
     injects=("slow",),
 )
 def bandwidth(ctx: Context) -> list[Result]:
+    from ..busy import guarded_targets
     from ..workers.pool import WorkerJob, run_workers
-    from ..workers.targets import worker_targets
 
     p = _params(ctx)
     device = "cpu" if ctx.device == "cpu" else "cuda"
-    targets, results = worker_targets(ctx, device, CHECK_ID, "measured")
+    targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "measured")  # GPUs in use: skipped
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to measure")]
     factors, texts, problem = injection_factors(ctx, [t["gpu"] for t in targets])
@@ -137,7 +137,7 @@ def bandwidth(ctx: Context) -> list[Result]:
     for r in out:
         r.duration_s = elapsed
     results.extend(out)
-    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+    return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -202,6 +202,9 @@ def dcgm_check(ctx: Context) -> list[Result]:
             return [Result(CHECK_ID, Status.SKIP,
                            f"DCGM host engine not answering (is nv-hostengine running{' on ' + host if host else ''}?): "
                            f"{detail}", evidence=[f"dcgmi: {dcgmi}"])]
+    gpus, guard = _gpus_not_in_use(ctx)
+    if gpus == []:
+        return guard.skipped
     timeout = float(p[f"timeout_s_r{level}"])
     notes: list[str] = []
     if ctx.deadline is not None:
@@ -209,8 +212,32 @@ def dcgm_check(ctx: Context) -> list[Result]:
         if left < timeout:
             timeout = max(1.0, left)
             notes.append(f"timeout shortened to {timeout:.0f} s to fit the run's timeout")
-    res = run_diag(dcgmi, level, gpus=ctx.gpus, host=host, timeout_s=timeout, cancel=ctx.cancel,
+    res = run_diag(dcgmi, level, gpus=gpus, host=host, timeout_s=timeout, cancel=ctx.cancel,
                    term_grace_s=float(p["term_grace_s"]))
+    return guard.skipped + guard.annotate(_diag_results(ctx, p, level, dcgmi, res, notes, timeout))
+
+
+def _gpus_not_in_use(ctx: Context) -> tuple[list[int] | None, Any]:
+    """The load-test guard (gpucheck.busy) for DCGM, which runs on a GPU list: the GPUs for
+    `dcgmi diag -i` (None: all, as asked; []: none may be loaded) and the guard, whose skips name
+    the GPUs in use. The node's GPUs are the selection, else every GPU of the telemetry snapshot."""
+    from ..busy import guard_context, unknown_gpus
+
+    asked = ctx.gpus if ctx.gpus is not None else sorted(
+        int(g["index"]) for g in (ctx.snapshot or {}).get("gpus", []) if isinstance(g.get("index"), int))
+    if not asked:  # DCGM would test the GPUs it finds: none of them is known to be free
+        err = ((ctx.snapshot or {}).get("nvml") or {}).get("error") or {}
+        why = "NVML lists no GPU" + (f" ({err.get('kind')}: {err.get('message')})" if err else "")
+        return (None if ctx.force else []), unknown_gpus(CHECK_ID, force=ctx.force, why=why)
+    guard = guard_context(ctx, "cuda", CHECK_ID, asked)
+    if not guard.skipped:
+        return ctx.gpus, guard
+    return list(guard.loaded), guard
+
+
+def _diag_results(ctx: Context, p: dict[str, Any], level: int, dcgmi: str, res: Any, notes: list[str],
+                  timeout: float) -> list[Result]:
+    """Results from a finished (or stopped) `dcgmi diag` run."""
     cmd = " ".join(res.argv[1:])
     head = [f"dcgmi: {dcgmi}", f"ran: dcgmi {cmd}"] + notes
     if res.error:

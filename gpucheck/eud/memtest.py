@@ -151,8 +151,8 @@ def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[st
     injects=("bitflip",),
 )
 def memtest(ctx: Context) -> list[Result]:
+    from ..busy import guarded_targets
     from ..workers.per_gpu import fit_to_deadline, run_per_gpu, telemetry_summary
-    from ..workers.targets import worker_targets
 
     p = _params(ctx)
     device = _device(ctx)
@@ -169,7 +169,7 @@ def memtest(ctx: Context) -> list[Result]:
         duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "pattern loop")
         if note:
             notes.append(note)
-    targets, results = worker_targets(ctx, device, CHECK_ID, "tested")
+    targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "tested")  # GPUs in use: skipped
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to test")]
 
@@ -201,7 +201,7 @@ def memtest(ctx: Context) -> list[Result]:
         r.evidence.extend(notes)
         r.duration_s = elapsed
         results.append(r)
-    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+    return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
 
 # ---------------------------------------------------------------------------------------------

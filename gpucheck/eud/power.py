@@ -180,8 +180,8 @@ def power_check(ctx: Context) -> list[Result]:
                            f"could not judge: NVML is not working ({err.get('kind', 'unknown')}: "
                            f"{err.get('message', '')}), so power, clocks and clock-event reasons cannot be read")]
 
+    from ..busy import guarded_targets
     from ..workers.per_gpu import fit_to_deadline, run_per_gpu
-    from ..workers.targets import worker_targets
 
     duration = power_duration(ctx, p)
     warmup = float(p["warmup_s"])
@@ -191,7 +191,7 @@ def power_check(ctx: Context) -> list[Result]:
         duration = max(1.0, total - warmup)
         notes.append(note)
 
-    targets, results = worker_targets(ctx, device, CHECK_ID, "loaded")
+    targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "loaded")  # GPUs in use: skipped
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to load")]
 
@@ -231,7 +231,7 @@ def power_check(ctx: Context) -> list[Result]:
                           sample_fn is not None))
     for r in results:
         r.duration_s = elapsed
-    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+    return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
 
 def _sdc_detail(d: dict[str, Any]) -> str:

@@ -209,6 +209,7 @@ class HookOptions:
     scontrol: str | None = None
     as_json: bool = False
     all_gpus: bool = False  # ignore the job's GPU list
+    force: bool = False  # load GPUs that processes are using (gpucheck.busy)
 
 
 PROLOG_DEFAULTS = {"level": "1", "budget_s": 15.0}
@@ -395,7 +396,7 @@ def run_hook(
                          device=opts.device, workers=opts.workers, options=options, json=opts.as_json,
                          strict=opts.strict, on_error="pass", config_path=opts.config_path,
                          snapshot_path=_expand(opts.snapshot, env.node), state_dir=state_root,
-                         timeout_s=budget, history=True)
+                         timeout_s=budget, history=True, force=opts.force)
         code, verdict = _run_gpucheck(req, execute)
         if opts.kind == "prolog":
             try:

@@ -171,10 +171,11 @@ def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
 
 def verdict_cause(verdict: Mapping[str, Any]) -> str:
     """One line naming why a verdict is not a plain pass: its first fail (else error, else
-    warn) result, or the interruption of a partial run."""
+    unexamined skip, else warn) result, or the interruption of a partial run."""
     results = [r for r in verdict.get("results", []) if isinstance(r, dict)]
     bad = [r for r in results if r.get("status") == "fail"] or \
           [r for r in results if r.get("status") == "error"] or \
+          [r for r in results if r.get("unexamined")] or \
           [r for r in results if r.get("status") == "warn"]
     if not bad:
         if verdict.get("partial"):

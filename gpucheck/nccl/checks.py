@@ -91,9 +91,12 @@ def intra_check(ctx: Context) -> list[Result]:
         plan = _plan(ctx, params)
     except ValueError as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad nccl.intra parameters: {e}")]
+    guard = _without_busy_gpus(ctx, plan)
     if plan["ranks"] < 2:
         unit = "CPU workers" if plan["cpu"] else "GPUs"
-        return [Result(CHECK_ID, Status.SKIP, f"needs at least 2 {unit}, {plan['ranks']} selected")]
+        free = " and not in use" if guard.skipped else ""
+        return guard.skipped + [Result(CHECK_ID, Status.SKIP, f"needs at least 2 {unit}, {plan['ranks']} selected"
+                                                              f"{free}")]
     injections = ctx.injections_for("corrupt")
     corrupt = None
     injected: list[str] = []
@@ -137,8 +140,20 @@ def intra_check(ctx: Context) -> list[Result]:
     largest_size = align_size(max(plan["sizes"]), plan["ranks"])
     baselines = baselines_from_history(ctx.state, ranks=plan["ranks"], backend=backend,
                                        sizes={op: largest_size for op in plan["ops"]})
-    return judge(outcome, ops=plan["ops"], params=params, devices=plan["devices"], gpu_name=gpu_name,
-                 baselines=baselines, injected=injected)
+    results = judge(outcome, ops=plan["ops"], params=params, devices=plan["devices"], gpu_name=gpu_name,
+                    baselines=baselines, injected=injected)
+    return guard.skipped + guard.annotate(results)
+
+
+def _without_busy_gpus(ctx: Context, plan: dict[str, Any]):
+    """The load-test guard (gpucheck.busy): GPUs a job is using get no rank (plan updated); their
+    skips are in the returned guard."""
+    from ..busy import guard_context
+
+    guard = guard_context(ctx, "cpu" if plan["cpu"] else "cuda", CHECK_ID, plan["devices"])
+    plan["devices"] = list(guard.loaded)
+    plan["ranks"] = len(plan["devices"])
+    return guard
 
 
 def _snapshot_name(ctx: Context) -> str | None:

@@ -35,8 +35,10 @@ def parse_events(text: str) -> list[dict[str, Any]]:
 def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, Any]:
     """Fold rank result events into {status, summary, failure, results, ranks, hosts, ...}.
 
-    status: ok | fail | error. failure: the corruption if any rank saw one, else the timeout culprit
-    named by most survivors, else a rank that exited without a result, else the first error.
+    status: ok | fail | error. failure: the corruption if any rank saw one, else a rank that refused
+    to start on a GPU in use (kind "busy": error, whatever its peers' timeouts say), else the
+    timeout culprit named by most survivors, else a rank that exited without a result, else the
+    first error.
     """
     world = world or max((int(r.get("world") or 0) for r in reports), default=0)
     by_rank = {int(r["rank"]): r for r in reports if r.get("rank") is not None}
@@ -71,6 +73,12 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
         named[int(f["rank"])] += weight
         if weight == 2 or int(f["rank"]) not in detail:
             detail[int(f["rank"])] = {**f, "reported_by": rep["rank"]}
+    busy = [r for r in reports if (r.get("failure") or {}).get("kind") == "busy"]
+    if busy:  # a rank refused to load a GPU that a job is using: the peers' timeouts blame nobody
+        rep = busy[0]
+        summary = (f"rank {rep.get('rank')} on host {rep.get('host') or 'unknown'} did not start: "
+                   f"{rep['failure'].get('detail') or rep.get('summary')}")
+        return {**base, "status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
     cancelled = [r for r in reports if (r.get("failure") or {}).get("kind") == "cancelled"]
     if cancelled:  # the run was stopped (SIGTERM, whole-run timeout): no verdict on the hardware
         return {**base, "status": "error", "summary": f"stopped before the end ({cancelled[0]['failure']['detail']})",

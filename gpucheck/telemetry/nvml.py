@@ -357,3 +357,111 @@ def field_value(v: Any) -> Any:
     member = _VALUE_MEMBER.get(int(getattr(v, "valueType", 1)), "uiVal")
     val = getattr(v.value, member)
     return float(val) if member == "dVal" else int(val)
+
+
+# -- running processes: what the load-test guard (gpucheck.busy) reads ------------------------------
+# Each list is read with the newest call this pynvml and driver have: the _v3 struct first, then
+# _v2, then the unversioned name (older pynvml maps it to v1). A call missing from pynvml or from
+# the driver (FUNCTION_NOT_FOUND) falls through to the next; any other failure is the answer.
+PROCESS_LISTS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    # (kind, pynvml names, required: a failure of a required list means "could not read")
+    ("compute", ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+                 "nvmlDeviceGetComputeRunningProcesses"), True),
+    ("graphics", ("nvmlDeviceGetGraphicsRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v2",
+                  "nvmlDeviceGetGraphicsRunningProcesses"), False),
+    ("mps", ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+             "nvmlDeviceGetMPSComputeRunningProcesses"), False),
+)
+_FUNCTION_NOT_FOUND = 13
+_NOT_AVAILABLE_ULL = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE: older pynvml versions pass it through
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a context on a GPU, as NVML lists it."""
+
+    pid: int
+    used_memory_bytes: int | None  # None: NVML did not report it (MIG without privileges, WDDM)
+    kinds: tuple[str, ...]  # "compute", "graphics", "mps" (an MPS client)
+    name: str | None = None  # /proc/<pid>/comm; None when not readable (another PID namespace)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "used_memory_bytes": self.used_memory_bytes, "kinds": list(self.kinds),
+                "name": self.name}
+
+
+@dataclass(frozen=True)
+class GpuProcesses:
+    """What runs on GPU `index`: `processes`, or None when the list could not be read, with
+    `failure` saying why. An unreadable list is never "no processes"."""
+
+    index: int
+    processes: tuple[GpuProcess, ...] | None
+    failure: NvmlFailure | None = None
+    notes: tuple[str, ...] = ()  # lists this GPU or driver does not support (graphics, MPS)
+
+    @property
+    def readable(self) -> bool:
+        return self.processes is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index,
+                "processes": None if self.processes is None else [p.to_dict() for p in self.processes],
+                "failure": None if self.failure is None else self.failure.to_dict(), "notes": list(self.notes)}
+
+
+def process_name(pid: int, proc_root: str = "/proc") -> str | None:
+    """The command name of `pid` (/proc/<pid>/comm), or None when it cannot be read."""
+    try:
+        with open(f"{proc_root}/{int(pid)}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read(64).strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def _read_process_list(session: NvmlSession, handle: Any, names: tuple[str, ...]
+                       ) -> tuple[list[Any] | None, NvmlFailure | None]:
+    failure: NvmlFailure | None = None
+    for name in names:
+        value, failure = session.read(name, handle)
+        if failure is None:
+            return list(value or []), None
+        missing_call = failure.code == _FUNCTION_NOT_FOUND or (failure.code is None and failure.kind == NOT_SUPPORTED)
+        if not missing_call:
+            break
+    return None, failure
+
+
+def read_gpu_processes(session: NvmlSession, index: int, proc_root: str = "/proc") -> GpuProcesses:
+    """The compute, graphics and MPS-client processes on GPU `index`, merged by PID, with their
+    used memory and names. Never raises. The compute list must be read (any failure, a plain
+    not_supported included, makes the GPU unreadable); graphics and MPS lists the GPU or driver
+    does not support are noted; any other failure of theirs makes the GPU unreadable too."""
+    if not session.ok:
+        return GpuProcesses(index, None, session.error or NvmlFailure(LIBRARY_NOT_FOUND, "NVML is not initialised"))
+    try:
+        handle = session.handle(index)
+    except NvmlCallError as e:
+        return GpuProcesses(index, None, e.failure)
+    found: dict[int, dict[str, Any]] = {}
+    notes: list[str] = []
+    for kind, names, required in PROCESS_LISTS:
+        entries, failure = _read_process_list(session, handle, names)
+        if failure is not None:
+            if required or failure.kind != NOT_SUPPORTED:
+                return GpuProcesses(index, None, NvmlFailure(failure.kind, f"{kind} processes: {failure.message}",
+                                                             failure.code))
+            notes.append(f"{kind} process list not supported here ({failure.message})")
+            continue
+        for e in entries or []:
+            pid = int(getattr(e, "pid"))
+            mem = getattr(e, "usedGpuMemory", None)
+            slot = found.setdefault(pid, {"kinds": [], "memory": None})
+            if kind not in slot["kinds"]:
+                slot["kinds"].append(kind)
+            known = isinstance(mem, int) and 0 <= mem < _NOT_AVAILABLE_ULL
+            if known and (slot["memory"] is None or mem > slot["memory"]):
+                slot["memory"] = mem
+    procs = tuple(GpuProcess(pid, s["memory"], tuple(s["kinds"]), process_name(pid, proc_root))
+                  for pid, s in sorted(found.items()))
+    return GpuProcesses(index, procs, None, tuple(notes))

@@ -136,8 +136,8 @@ def burn_gemm(ctx: Context) -> list[Result]:
         return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
     size = int(ctx.options.get("size") or (p["cpu_size"] if device == "cpu" else p["size"]))
 
-    from ..workers.targets import worker_targets  # the pool is imported only to run
-    targets, results = worker_targets(ctx, device, CHECK_ID, "burned")
+    from ..busy import guarded_targets  # the pool is imported only to run
+    targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "burned")  # GPUs in use: skipped
     if not targets:
         if results:
             return results
@@ -159,7 +159,7 @@ def burn_gemm(ctx: Context) -> list[Result]:
     names = {t["gpu"]: t["name"] for t in targets}
     results.extend(_judge(ctx, p, device, duration, run.jobs, run.outcomes, run.sampler, names, run.injected,
                           notes, run.elapsed_s))
-    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+    return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -144,8 +144,8 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     injects=("bitflip", "hang"),
 )
 def poet_ortho(ctx: Context) -> list[Result]:
+    from ..busy import guarded_targets
     from ..workers.per_gpu import fit_to_deadline, run_per_gpu
-    from ..workers.targets import worker_targets
 
     p = _params(ctx)
     device = "cpu" if ctx.device == "cpu" else "cuda"
@@ -168,7 +168,7 @@ def poet_ortho(ctx: Context) -> list[Result]:
     except (TypeError, ValueError) as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad option: {e}")]
 
-    targets, results = worker_targets(ctx, device, CHECK_ID, "tested")
+    targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "tested")  # GPUs in use: skipped
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected")]
 
@@ -183,7 +183,7 @@ def poet_ortho(ctx: Context) -> list[Result]:
         return results
     results.extend(judge_outcomes(device, duration, run.jobs, run.outcomes, run.sampler, run.injected, notes,
                                   run.elapsed_s))
-    return sorted(results, key=lambda r: (r.gpu is None, r.gpu or 0))
+    return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,6 +75,7 @@ class Collected:
     injected: dict[int, list[str]] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)  # skips and errors for GPUs not run
     elapsed_s: float = 0.0
+    guard: Any = None  # gpucheck.busy.Guard: GPUs in use were not run; --force notes
 
 
 def selected_workloads(ctx: Context, p: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -130,8 +131,8 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
                                       f"not {inj.get('gpu')!r}; nothing was run", subject="injection",
                                       injected=[str(inj)]))
             return col
-    from ..workers.targets import worker_targets  # the pool is imported only to run
-    targets, col.results = worker_targets(ctx, device, CHECK_ID, "tested")
+    from ..busy import guarded_targets  # the pool is imported only to run
+    targets, col.results, col.guard = guarded_targets(ctx, device, CHECK_ID, "tested")  # GPUs in use: skipped
     jobs = []
     driver = (ctx.snapshot or {}).get("driver_version") if device == "cuda" else None
     for t in targets:
@@ -234,6 +235,8 @@ def repro_bitwise(ctx: Context) -> list[Result]:
         if device == "cpu" and r.gpu is not None:
             r.evidence.append(f"CPU worker {r.gpu} standing in for a GPU")
     out = pre + col.results + results
+    if col.guard is not None:
+        col.guard.annotate(out)
     return sorted(out, key=lambda r: (r.gpu is None, r.gpu or 0))
 
 
