@@ -161,6 +161,11 @@ def test_gpucheck_killed_by_a_signal(hooks, sig):
     assert r.returncode == 0
     (line,) = hooks.calls("logger")
     assert f"gpucheck exited {128 + getattr(signal, 'SIG' + sig)} (killed by signal {sig})" in line
+    hooks.settings(gpucheck=str(hooks.root / "killed"), extra="GPUCHECK_ON_ERROR=fail\n")
+    assert hooks.run().returncode == 1
+    (call,) = hooks.calls("scontrol")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: gpucheck exited "
+                           f"{128 + getattr(signal, 'SIG' + sig)} (killed by signal {sig})")
 
 
 def test_missing_gpucheck_is_logged_not_a_drain(hooks):
