@@ -243,8 +243,12 @@ def execute(
     *,
     progress: Callable[[str, str, dict[str, Any]], None] | None = None,
     display_factory: Callable[[], Any] | None = None,
+    on_verdict: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
     """Run the pipeline; print the table (or JSON); write outputs; return the exit code.
+
+    `on_verdict(verdict)` receives the verdict as soon as it is built, before any output is
+    written (the Slurm hooks judge from it, so that no output step can mask it).
 
     On a terminal (and not --json) a live display shows progress: `display_factory()` builds it
     (an object with started(check), progress(check_id, subject, info), finished(run), close()),
@@ -298,6 +302,8 @@ def execute(
         on_error=prep.on_error,
     )
     code = int(verdict["exit_code"])
+    if on_verdict is not None:
+        on_verdict(verdict)
 
     text = json.dumps(verdict, indent=2, sort_keys=False) + "\n"
     if req.json:

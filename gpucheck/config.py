@@ -153,3 +153,37 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
     if not isinstance(checks, dict) or not all(isinstance(v, dict) for v in checks.values()):
         raise ConfigError(f"{p}: [checks] must hold one table per check, like [checks.ecc]")
     return Config(path=p, node=node, run=run, checks={k: dict(v) for k, v in checks.items()})
+
+
+def read_on_error(path: str | os.PathLike[str] | None) -> str | None:
+    """`[run] on_error` ("pass" or "fail") of a config file, read on its own so that a site's
+    fail-closed choice survives every other error in the file; None when the file (or the key)
+    is missing, unreadable or not pass/fail. Valid TOML is read with tomllib; a file that is not
+    valid TOML is scanned line by line: an `on_error = "fail"` inside `[run]` (or a top-level
+    `run.on_error = "fail"`) makes it "fail", else "pass" if the key says so. Never raises."""
+    import re
+
+    run_table = re.compile(r"\s*\[\s*run\s*\]\s*(#.*)?")
+    on_error_line = re.compile(r"\s*(run\s*\.\s*)?on_error\s*=\s*([\"']?)(\w*)\2\s*(#.*)?")
+    p = Path(path) if path is not None else DEFAULT_PATH
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+    try:
+        run = tomllib.loads(text).get("run")
+    except tomllib.TOMLDecodeError:
+        run = None
+    else:
+        value = run.get("on_error") if isinstance(run, dict) else None
+        return value if value in ("pass", "fail") else None
+    found: set[str] = set()
+    in_run, in_table = False, False
+    for line in text.splitlines():
+        if line.lstrip().startswith("["):
+            in_run, in_table = bool(run_table.fullmatch(line)), True
+            continue
+        m = on_error_line.fullmatch(line)
+        if m and (in_run and not m.group(1) or not in_table and m.group(1)):
+            found.add(m.group(3))
+    return "fail" if "fail" in found else ("pass" if "pass" in found else None)

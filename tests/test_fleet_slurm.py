@@ -6,7 +6,11 @@ What each node's hook judges comes from a per-node snapshot file ({node} in the 
 during the job. Checked: a healthy prolog lets the job run; a failing prolog drains only its
 node with the gpucheck reason and the job fails (srun) or is requeued (sbatch); the epilog
 drains on ECC growth; `slurm resume` brings back only gpucheck's drains that pass now; a
-sweep with srun. Every srun runs under `timeout` (srun waits forever on a drained node)."""
+sweep with srun. gpucheck's own failures never drain: a usage error in a node's hook settings
+(a per-node settings file, hooks/extra-<node>.env, sourced by the shared one) lets the job run
+and is recorded; a python that cannot start gpucheck, with on-error fail, drains with a
+`gpucheck: could not judge` reason that `slurm resume` undoes. Every srun runs under `timeout`
+(srun waits forever on a drained node)."""
 
 from __future__ import annotations
 
@@ -55,7 +59,10 @@ def cluster():
         "export PYTHONPATH\n"
         f'GPUCHECK_ARGS="--state-dir {root}/gpucheck-state/{{node}}"\n'
         f'GPUCHECK_PROLOG_ARGS="--snapshot {snaps}/{{node}}.json"\n'
-        f'GPUCHECK_EPILOG_ARGS="--snapshot {snaps}/{{node}}-after.json"\n')
+        f'GPUCHECK_EPILOG_ARGS="--snapshot {snaps}/{{node}}-after.json"\n'
+        # per-node settings, as docs/fleet.md shows: SLURMD_NODENAME is set when this is read
+        f'extra="{hooks}/extra-$SLURMD_NODENAME.env"\n'
+        'if [ -r "$extra" ]; then . "$extra"; fi\n')
     cl = SlurmHarness(root, NODES, prolog=str(hooks / "gpucheck-prolog.sh"), epilog=str(hooks / "gpucheck-epilog.sh"),
                       extra_conf="PrologFlags=Alloc\nPrologEpilogTimeout=300")  # as docs/fleet.md recommends
     sshd = SshdHarness(root / "sshd", {n: f"127.0.0.{i + 1}" for i, n in enumerate(NODES)})
@@ -63,6 +70,7 @@ def cluster():
         with cl:
             sshd.start()
             cl.snaps = snaps
+            cl.hooks = hooks
             cl.sshd = sshd
             yield cl
     finally:
@@ -163,3 +171,39 @@ def test_resume_brings_back_only_gpucheck_drains_that_pass(env, capsys):
     shutil.copy(HEALTHY, env.snaps / "n2.json")
     r = env.run(["srun", "-w", "n2", "echo", "back"], timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "back", r.stderr
+
+
+def test_a_usage_error_in_a_nodes_hook_settings_does_not_drain_it(env):
+    env.wait_for(lambda: env.sinfo_states().get("n4") == "idle", 60, "n4 idle")
+    extra = env.hooks / "extra-n4.env"
+    extra.write_text('GPUCHECK_PROLOG_ARGS="$GPUCHECK_PROLOG_ARGS --budget 5x"\n')
+    try:
+        r = env.run(["srun", "-w", "n4", "echo", "job-ran"], timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == "job-ran", r.stderr
+        assert "DRAIN" not in env.node_info("n4")["state"], env.node_info("n4")
+        recorded = [v for v in history(env, "n4") if v["results"] and v["results"][0]["check"] == "slurm.prolog"]
+        assert recorded and recorded[-1]["status"] == "error"
+        assert "usage error in the hook's arguments" in recorded[-1]["results"][0]["summary"]
+        assert "bad duration '5x'" in recorded[-1]["results"][0]["summary"]
+    finally:
+        extra.unlink()
+
+
+def test_gpucheck_that_cannot_start_fails_closed_with_a_gpucheck_reason_that_resume_undoes(env, capsys):
+    env.wait_for(lambda: env.sinfo_states().get("n4") == "idle", 60, "n4 idle")
+    extra = env.hooks / "extra-n4.env"
+    extra.write_text(f'GPUCHECK="{sys.executable} -I -S -m gpucheck"\nGPUCHECK_ON_ERROR=fail\n')
+    try:
+        r = env.run(["srun", "-w", "n4", "echo", "job-ran"], timeout=60)
+        assert r.returncode != 0 and "job-ran" not in r.stdout, (r.returncode, r.stdout, r.stderr)
+        env.wait_for(lambda: "DRAIN" in env.node_info("n4")["state"], 60, "n4 drained")
+        reason = env.node_info("n4")["reason"]
+        assert reason.startswith("gpucheck: could not judge: gpucheck exited 1 (crashed)"), reason
+        assert "No module named gpucheck" in reason
+    finally:
+        extra.unlink()
+    rc = main(["slurm", "resume", "n4", "--remote-cmd", GPUCHECK, "--snapshot", str(HEALTHY), "--timeout", "60s",
+               "--json"])
+    (decision,) = json.loads(capsys.readouterr().out)
+    assert rc == 0 and decision["decision"] == "resumed", decision
+    env.wait_for(lambda: env.sinfo_states().get("n4") == "idle", 60, "n4 idle again")

@@ -253,13 +253,13 @@ class FakeSlurm:
 
 
 def fake_execute(code, verdict=None, seen=None, boom=None):
-    def execute(req):
+    def execute(req, on_verdict=None):
         if seen is not None:
             seen.append(req)
         if boom:
             raise boom
         if verdict is not None:
-            Path(req.output).write_text(json.dumps(verdict))
+            on_verdict(verdict)
         return code
     return execute
 
@@ -282,7 +282,7 @@ def test_prolog_unhealthy_drains_with_gpucheck_reason(tmp_path, capsys):
     sl, logs, seen = FakeSlurm(), [], []
     out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path / "{node}"), scontrol="/x/scontrol"),
                          ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(1, bad, seen))
-    assert out.exit_code == 1 and out.judgement == "unhealthy" and out.drained
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and out.drained
     (req,) = seen
     assert req.gpus == [2, 3] and str(req.level) == "1" and req.timeout_s == 15.0 and req.on_error == "pass"
     assert req.state_dir == str(tmp_path / "gpu7") and req.history
@@ -291,7 +291,7 @@ def test_prolog_unhealthy_drains_with_gpucheck_reason(tmp_path, capsys):
     assert call[4].startswith("Reason=gpucheck: ecc gpu3: uncorrectable") and len(call[4]) <= 7 + slurm.REASON_MAX
     (p, line), = logs
     assert p == syslog.LOG_ERR and line.startswith("slurm prolog job=4242 node=gpu7 user=alice: UNHEALTHY")
-    assert "drained, exit 1" in line
+    assert "drained, exit 42" in line
     # the prolog remembered the job's start and ECC counters for the epilog
     jobs = json.loads((tmp_path / "gpu7" / "cursor-slurm-jobs.json").read_text())
     assert jobs["4242"]["ecc"]["GPU-5e1f0c3a-77d2-4b1e-9a3c-000000000003"]["volatile_uncorrected"] == 2
@@ -315,12 +315,13 @@ def test_prolog_healthy_and_could_not_judge(tmp_path, capsys):
     # fail-closed: the site asked for it
     closed = slurm.HookOptions("prolog", state_dir=str(tmp_path), on_error="fail")
     out = slurm.run_hook(closed, ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(3))
-    assert out.exit_code == 1 and out.drained and sl.calls[-1][4].startswith("Reason=gpucheck: could not judge")
-    # --no-drain: judged unhealthy, exit 1, but scontrol untouched
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.drained
+    assert sl.calls[-1][4].startswith("Reason=gpucheck: could not judge")
+    # --no-drain: judged unhealthy (exit 42: the wrapper exits 1), but scontrol untouched
     sl2 = FakeSlurm()
     out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), drain=False), ENV, runner=sl2,
-                         log=lambda p, m: None, execute=fake_execute(1, good))
-    assert out.exit_code == 1 and not out.drained and sl2.calls == []
+                         log=lambda p, m: None, execute=fake_execute(1))
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained and sl2.calls == []
 
 
 def test_a_config_problem_is_named_and_does_not_drain(tmp_path):
@@ -337,7 +338,7 @@ def test_drain_failure_is_logged_and_still_exits_1(tmp_path, capsys):
     sl.rc = 1
     out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path)), ENV, runner=sl,
                          log=lambda p, m: logs.append((p, m)), execute=fake_execute(1, bad))
-    assert out.exit_code == 1 and not out.drained
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained
     assert any("cannot drain" in m and "Invalid node name" in m for _, m in logs)
 
 

@@ -1,62 +1,342 @@
 """scripts/slurm/gpucheck-hook.sh: one wrapper for both Slurm hooks. It picks the hook from the
-name it is installed under (or SLURM_SCRIPT_CONTEXT), passes the site's per-hook arguments, and
-never blocks a node when gpucheck cannot be started unless the site asks for fail-closed."""
+name it is installed under (or SLURM_SCRIPT_CONTEXT), passes the site's per-hook arguments, runs
+gpucheck as a child (signals forwarded), and exits 1 only when gpucheck judged the node
+unhealthy (its exit 42): every other outcome of gpucheck (a usage error, a traceback, a python
+without the package, not found, killed) is logged with its exit code and the end of its stderr
+and follows on-error (pass: exit 0; fail: the wrapper drains with a `gpucheck:` reason, exit 1).
+
+Real scripts run under /bin/sh with fake `logger` and `scontrol` first on the PATH (the settings
+file extends the PATH, as a site's may); the fakes append their arguments to files."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm" / "gpucheck-hook.sh"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "slurm" / "gpucheck-hook.sh"
+SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
+HEALTHY, DBE = SNAPS / "h100-healthy.json", SNAPS / "h100-ecc-dbe.json"
+REAL = f"/usr/bin/env PYTHONPATH={ROOT} {sys.executable} -m gpucheck"
+
+
+class Hooks:
+    def __init__(self, root: Path):
+        self.root = root
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        for tool in ("logger", "scontrol"):
+            self.fake(self.bin / tool, f'printf "%s\\n" "$*" >> "{root}/{tool}.calls"\n')
+        for name in ("gpucheck-prolog.sh", "gpucheck-epilog.sh", "gpucheck-hook.sh"):
+            shutil.copy(SCRIPT, root / name)
+        self.settings(gpucheck=self.gpucheck_exiting(0))
+
+    @staticmethod
+    def fake(path: Path, body: str) -> str:
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+        return str(path)
+
+    def gpucheck_exiting(self, rc: int, stderr: str = "") -> str:
+        body = 'echo "ARGS: $*"\n'
+        if stderr:
+            body += f"printf '%s\\n' '{stderr}' >&2\n"
+        return self.fake(self.root / f"fake-gpucheck-{rc}", body + f"exit {rc}\n")
+
+    def settings(self, *, gpucheck: str, args: str = "", prolog_args: str = "", epilog_args: str = "",
+                 extra: str = "") -> None:
+        (self.root / "gpucheck-slurm.env").write_text(
+            f'PATH="{self.bin}:$PATH"\nGPUCHECK="{gpucheck}"\nGPUCHECK_ARGS="{args}"\n'
+            f'GPUCHECK_PROLOG_ARGS="{prolog_args}"\nGPUCHECK_EPILOG_ARGS="{epilog_args}"\n{extra}')
+
+    def calls(self, tool: str) -> list[str]:
+        path = self.root / f"{tool}.calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def run(self, name: str = "gpucheck-prolog.sh", **env: str) -> subprocess.CompletedProcess:
+        base = {"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1"}
+        return subprocess.run(["/bin/sh", str(self.root / name)], env={**base, **env}, capture_output=True,
+                              text=True, timeout=120)
 
 
 @pytest.fixture
 def hooks(tmp_path):
-    fake = tmp_path / "fake-gpucheck"
-    fake.write_text('#!/bin/sh\necho "ARGS: $*"\nexit 7\n')
-    fake.chmod(0o755)
-    (tmp_path / "gpucheck-slurm.env").write_text(
-        f'GPUCHECK="{fake}"\nGPUCHECK_ARGS="--state-dir /s"\n'
-        'GPUCHECK_PROLOG_ARGS="--budget 9s"\nGPUCHECK_EPILOG_ARGS="--failed-level 2"\n')
-    for name in ("gpucheck-prolog.sh", "gpucheck-epilog.sh", "gpucheck-hook.sh"):
-        shutil.copy(SCRIPT, tmp_path / name)
-    return tmp_path
+    return Hooks(tmp_path)
 
 
-def _run(path: Path, **env: str) -> subprocess.CompletedProcess:
-    base = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURMD_NODENAME": "n1"}
-    return subprocess.run(["/bin/sh", str(path)], env={**base, **env}, capture_output=True, text=True, timeout=30)
-
+# -- which hook, which arguments ------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, want", [
     ("gpucheck-prolog.sh", "ARGS: slurm prolog --state-dir /s --budget 9s"),
     ("gpucheck-epilog.sh", "ARGS: slurm epilog --state-dir /s --failed-level 2"),
 ])
 def test_hook_from_the_installed_name(hooks, name, want):
-    r = _run(hooks / name, SLURM_SCRIPT_CONTEXT="epilog_slurmd" if "prolog" in name else "prolog_slurmd")
-    assert r.stdout.strip() == want and r.returncode == 7  # gpucheck's own exit status
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), args="--state-dir /s", prolog_args="--budget 9s",
+                   epilog_args="--failed-level 2")
+    r = hooks.run(name, SLURM_SCRIPT_CONTEXT="epilog_slurmd" if "prolog" in name else "prolog_slurmd")
+    assert r.stdout.strip() == want and r.returncode == 0
 
 
 @pytest.mark.parametrize("context, hook", [("prolog_slurmd", "prolog"), ("epilog_slurmd", "epilog")])
 def test_hook_from_slurm_script_context_under_a_neutral_name(hooks, context, hook):
-    r = _run(hooks / "gpucheck-hook.sh", SLURM_SCRIPT_CONTEXT=context)
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), args="--state-dir /s")
+    r = hooks.run("gpucheck-hook.sh", SLURM_SCRIPT_CONTEXT=context)
     assert r.stdout.startswith(f"ARGS: slurm {hook} --state-dir /s")
 
 
+def test_arguments_are_words_never_globbed_or_run(hooks, tmp_path):
+    (tmp_path / "planted").write_text("")
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0),  # single quotes: the settings file itself expands nothing
+                   extra=f"GPUCHECK_ARGS='--x {tmp_path}/* $(touch {tmp_path}/pwned) `touch {tmp_path}/pwned` a\tb'\n")
+    r = hooks.run()
+    want = f"ARGS: slurm prolog --x {tmp_path}/* $(touch {tmp_path}/pwned) `touch {tmp_path}/pwned` a b"
+    assert r.stdout.strip() == want, r.stdout
+    assert not (tmp_path / "pwned").exists()
+
+
 def test_unknown_hook_passes_by_default_and_fails_closed_on_request(hooks):
-    r = _run(hooks / "gpucheck-hook.sh")
+    r = hooks.run("gpucheck-hook.sh")
     assert r.returncode == 0 and "cannot tell prolog from epilog" in r.stderr and not r.stdout
-    env = hooks / "gpucheck-slurm.env"
-    env.write_text(env.read_text() + "GPUCHECK_ON_ERROR=fail\n")
-    assert _run(hooks / "gpucheck-hook.sh").returncode == 1
+    assert hooks.calls("scontrol") == []
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), extra="GPUCHECK_ON_ERROR=fail\n")
+    r = hooks.run("gpucheck-hook.sh")
+    assert r.returncode == 1
+    (call,) = hooks.calls("scontrol")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: cannot tell prolog")
+
+
+# -- only exit 42 is a verdict; every other outcome is on-error ---------------------------------------
+
+OUTCOMES = [  # gpucheck's exit status, what the log names
+    (1, "crashed"), (2, "usage error"), (3, "could not judge"), (120, "could not write its output"),
+    (126, "cannot be executed"), (127, "not found"), (7, "not an outcome of a gpucheck hook"),
+]
+
+
+@pytest.mark.parametrize("rc, meaning", OUTCOMES)
+def test_gpucheck_failure_is_logged_and_passes_by_default(hooks, rc, meaning):
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(rc, stderr=f"something broke {rc}"))
+    r = hooks.run()
+    assert r.returncode == 0, r.stderr
+    (line,) = hooks.calls("logger")
+    assert line.startswith("-t gpucheck -p daemon.warning -- slurm prolog job=42 node=n1: could not judge: "
+                           f"gpucheck exited {rc} ({meaning}): something broke {rc}")
+    assert line.endswith("-> not drained (on-error pass), exit 0")
+    assert hooks.calls("scontrol") == []
+    assert f"something broke {rc}" in r.stderr  # gpucheck's stderr still reaches slurmd's log
+
+
+@pytest.mark.parametrize("rc, meaning", OUTCOMES)
+def test_gpucheck_failure_fails_closed_with_a_gpucheck_reason(hooks, rc, meaning):
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(rc, stderr="boom"), extra="GPUCHECK_ON_ERROR=fail\n")
+    r = hooks.run()
+    assert r.returncode == 1
+    (call,) = hooks.calls("scontrol")
+    assert call == f"update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: gpucheck exited {rc} ({meaning}): boom"
+    (line,) = hooks.calls("logger")
+    assert "-p daemon.err" in line and line.endswith("-> drained (on-error fail), exit 1")
+
+
+@pytest.mark.parametrize("on_error", ["pass", "fail"])
+def test_only_the_unhealthy_code_makes_the_hook_fail(hooks, on_error):
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(42), extra=f"GPUCHECK_ON_ERROR={on_error}\n")
+    r = hooks.run()
+    assert r.returncode == 1 and hooks.calls("logger") == [] and hooks.calls("scontrol") == []  # gpucheck drained
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), extra=f"GPUCHECK_ON_ERROR={on_error}\n")
+    assert hooks.run().returncode == 0 and hooks.calls("logger") == []
+
+
+@pytest.mark.parametrize("sig", ["KILL", "SEGV"])
+def test_gpucheck_killed_by_a_signal(hooks, sig):
+    hooks.settings(gpucheck=hooks.fake(hooks.root / "killed", f"kill -{sig} $$\n"))
+    r = hooks.run()
+    assert r.returncode == 0
+    (line,) = hooks.calls("logger")
+    assert f"gpucheck exited {128 + getattr(signal, 'SIG' + sig)} (killed by signal {sig})" in line
+    hooks.settings(gpucheck=str(hooks.root / "killed"), extra="GPUCHECK_ON_ERROR=fail\n")
+    assert hooks.run().returncode == 1
+    (call,) = hooks.calls("scontrol")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: gpucheck exited "
+                           f"{128 + getattr(signal, 'SIG' + sig)} (killed by signal {sig})")
 
 
 def test_missing_gpucheck_is_logged_not_a_drain(hooks):
-    env = hooks / "gpucheck-slurm.env"
-    env.write_text(f'GPUCHECK="{hooks}/nowhere"\n')
-    r = _run(hooks / "gpucheck-prolog.sh")
-    assert r.returncode == 0 and "cannot start gpucheck" in r.stderr and os.fspath(hooks / "nowhere") in r.stderr
+    hooks.settings(gpucheck=f"{hooks.root}/nowhere")
+    r = hooks.run()
+    assert r.returncode == 0 and hooks.calls("scontrol") == []
+    (line,) = hooks.calls("logger")
+    assert "gpucheck exited 127 (not found)" in line and f"{hooks.root}/nowhere" in line
+
+
+def test_a_python_without_the_package(hooks):
+    hooks.settings(gpucheck=f"{sys.executable} -I -S -m gpucheck")  # no site-packages, no PYTHONPATH
+    r = hooks.run()
+    assert r.returncode == 0
+    (line,) = hooks.calls("logger")
+    assert "gpucheck exited 1 (crashed)" in line and "No module named gpucheck" in line
+    hooks.settings(gpucheck=f"{sys.executable} -I -S -m gpucheck", extra="GPUCHECK_ON_ERROR=fail\n")
+    assert hooks.run().returncode == 1
+    (call,) = hooks.calls("scontrol")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: gpucheck exited 1")
+
+
+def test_a_traceback_from_a_broken_dependency(hooks, tmp_path):
+    broken = tmp_path / "broken" / "click"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('click 99 is half installed')\n")
+    hooks.settings(gpucheck=f"/usr/bin/env PYTHONPATH={broken.parent}:{ROOT} {sys.executable} -m gpucheck")
+    r = hooks.run()
+    assert r.returncode == 0 and "Traceback" in r.stderr
+    (line,) = hooks.calls("logger")
+    assert "gpucheck exited 1 (crashed)" in line and "ImportError: click 99 is half installed" in line
+
+
+# -- the real gpucheck behind the wrapper ----------------------------------------------------------
+
+def history(state: Path) -> list[dict]:
+    path = state / "history.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_real_gpucheck_judged_fault_drains_and_exits_1(hooks, tmp_path):
+    hooks.settings(gpucheck=REAL, args=f"--state-dir {tmp_path}/state --snapshot {DBE}")
+    r = hooks.run()
+    assert r.returncode == 1, r.stderr
+    (call,) = hooks.calls("scontrol")  # gpucheck found the fake scontrol on the wrapper's PATH
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: ecc gpu3: uncorrectable")
+    assert [v["status"] for v in history(tmp_path / "state")] == ["fail"]
+
+
+@pytest.mark.parametrize("bad", ["--budget 5x", "--workers 0", "--level 9", "--no-such-option"])
+def test_real_gpucheck_usage_error_in_the_settings_never_drains(hooks, tmp_path, bad):
+    hooks.settings(gpucheck=REAL, args=f"--state-dir {tmp_path}/state --snapshot {HEALTHY}", prolog_args=bad)
+    r = hooks.run()
+    assert r.returncode == 0, r.stderr
+    assert hooks.calls("scontrol") == []
+    assert "could not judge" in r.stderr and "-> not drained (on-error pass), exit 0" in r.stderr
+    (v,) = history(tmp_path / "state")  # recorded: a could-not-judge verdict naming the cause
+    assert v["status"] == "error" and v["exit_code"] == 3
+    assert v["results"][0]["check"] == "slurm.prolog" and "usage" in v["results"][0]["summary"]
+
+
+def test_real_gpucheck_usage_error_fails_closed_with_a_gpucheck_reason(hooks, tmp_path):
+    hooks.settings(gpucheck=REAL, args=f"--state-dir {tmp_path}/state --workers 0", extra="GPUCHECK_ON_ERROR=fail\n")
+    r = hooks.run()
+    assert r.returncode == 1, r.stderr
+    (call,) = hooks.calls("scontrol")  # drained by gpucheck itself (it exited 42), once
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: usage error in the "
+                           "hook's arguments: Invalid value for '--workers'")
+
+
+# -- on-error from the config, even a broken one, when gpucheck cannot start ------------------------
+
+@pytest.mark.parametrize("config", [
+    '[run]\non_error = "fail"\nno_such_key = 1\n',  # valid TOML, invalid config
+    "[run]\non_error = 'fail'   # fail closed\n[node\n",  # not TOML at all
+    'run.on_error = "fail"\n[checks.ecc]\nx = = 1\n',
+])
+def test_fail_closed_config_survives_its_own_errors_in_the_wrapper(hooks, tmp_path, config):
+    (tmp_path / "config.toml").write_text(config)
+    hooks.settings(gpucheck=f"{hooks.root}/nowhere", args=f"--config {tmp_path}/config.toml")
+    r = hooks.run()
+    assert r.returncode == 1, r.stderr
+    (call,) = hooks.calls("scontrol")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: gpucheck exited 127")
+
+
+def test_on_error_precedence_in_the_wrapper(hooks, tmp_path):
+    (tmp_path / "config.toml").write_text('[run]\non_error = "fail"\n')
+    (tmp_path / "other.toml").write_text('[checks.x]\non_error = "fail"\n')  # not [run]: no effect
+    nowhere = f"{hooks.root}/nowhere"
+    cases = [  # (arguments, settings) -> wrapper exit
+        (f"--config={tmp_path}/config.toml", "", 1),
+        (f"--config {tmp_path}/config.toml", "GPUCHECK_ON_ERROR=pass\n", 0),  # the env file wins
+        (f"--config {tmp_path}/config.toml --on-error pass", "GPUCHECK_ON_ERROR=fail\n", 0),  # --on-error wins
+        ("--on-error=fail", "GPUCHECK_ON_ERROR=pass\n", 1),
+        (f"--config {tmp_path}/other.toml", "", 0),
+        (f"--config {tmp_path}/config.toml", "GPUCHECK_ON_ERROR=maybe\n", 1),  # not pass/fail: passed over
+    ]
+    for args, extra, want in cases:
+        hooks.settings(gpucheck=nowhere, args=args, extra=extra)
+        assert hooks.run().returncode == want, (args, extra)
+
+
+def test_fail_closed_never_drains_a_node_list_or_with_no_drain(hooks):
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(3), extra="GPUCHECK_ON_ERROR=fail\n")
+    r = hooks.run(SLURMD_NODENAME="n[1-99]")
+    assert r.returncode == 1 and hooks.calls("scontrol") == []
+    assert "not drained ('n[1-99]' is not a single node name)" in hooks.calls("logger")[0]
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(3), args="--no-drain", extra="GPUCHECK_ON_ERROR=fail\n")
+    assert hooks.run().returncode == 1 and hooks.calls("scontrol") == []
+
+
+# -- a settings file the shell cannot read ------------------------------------------------------------
+
+@pytest.mark.parametrize("text, why", [
+    ('GPUCHECK_ARGS="--budget 5s\n', "not valid shell"),
+    ("exit 3\n", "reading it stops the shell"),
+    ("readonly PATH\nPATH=/x\n", "reading it stops the shell"),
+])
+def test_broken_settings_file_is_logged_not_a_drain(hooks, text, why):
+    (hooks.root / "gpucheck-slurm.env").write_text(text)
+    r = hooks.run()
+    assert r.returncode == 0, r.stderr
+    assert why in r.stderr and "-> not drained (on-error pass), exit 0" in r.stderr
+
+
+def test_settings_may_vary_per_node(hooks):
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), prolog_args="--budget 15s",
+                   extra='case "$SLURMD_NODENAME" in n1) GPUCHECK_PROLOG_ARGS="--budget 30s" ;; esac\n')
+    assert hooks.run().stdout.strip() == "ARGS: slurm prolog --budget 30s"
+    assert hooks.run(SLURMD_NODENAME="n2").stdout.strip() == "ARGS: slurm prolog --budget 15s"
+
+
+# -- signals: forwarded to gpucheck, which the wrapper waits for ------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_are_forwarded_and_waited_for(hooks, tmp_path, sig):
+    marks = tmp_path / "marks"
+    child = hooks.fake(tmp_path / "slow-gpucheck", (
+        f"trap 'echo term >> {marks}; sleep 1; echo exiting >> {marks}; exit 3' TERM\n"
+        f"echo started >> {marks}\n"
+        "i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done\nexit 0\n"))
+    hooks.settings(gpucheck=child)
+    p = subprocess.Popen(["/bin/sh", str(hooks.root / "gpucheck-prolog.sh")],
+                         env={"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "42"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (marks.exists() and "started" in marks.read_text()):
+            assert time.monotonic() < deadline and p.poll() is None, "the child never started"
+            time.sleep(0.05)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    # the child got SIGTERM (SIGINT too: an asynchronous child of sh ignores SIGINT), and the
+    # wrapper returned only after it exited; its could-not-judge exit went through on-error
+    assert marks.read_text().split() == ["started", "term", "exiting"]
+    assert p.returncode == 0 and "gpucheck exited 3 (could not judge)" in err
+
+
+def test_a_failing_scontrol_is_logged_and_still_fails_closed(hooks):
+    hooks.fake(hooks.bin / "scontrol", 'echo "slurm_update error: Invalid node name specified" >&2\nexit 1\n')
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(3), extra="GPUCHECK_ON_ERROR=fail\n")
+    r = hooks.run(SLURMD_NODENAME="n1\ngpucheck: forged line")
+    assert r.returncode == 1
+    (line,) = hooks.calls("logger")  # one line, the node name's newline flattened
+    assert "-> not drained ('n1 gpucheck: forged line' is not a single node name)" in line
+    r = hooks.run()
+    assert r.returncode == 1
+    assert ("-> not drained (scontrol exit 1: slurm_update error: Invalid node name specified) (on-error fail), "
+            "exit 1") in hooks.calls("logger")[-1]

@@ -2,12 +2,14 @@
 
 See docs/fleet.md. The logic lives in gpucheck.fleet; this module parses options, shows progress
 and tables, and maps outcomes to exit codes (0 healthy, 1 bad nodes found, 2 usage error,
-3 could not judge).
+3 could not judge). `slurm prolog|epilog` are the exception: 0 (go) or 42 (judged unhealthy),
+and a usage error in their arguments is one more could-not-judge outcome (gpucheck.fleet.slurm).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -272,7 +274,8 @@ def hook_options(kind: str):
             click.option("--budget", "budget_text", default=budget_default, show_default=True, metavar="DURATION",
                          help="Time budget of the run; past it the verdict is partial (could not judge)."),
             click.option("--on-error", type=click.Choice(["pass", "fail"]), default=None,
-                         help="Could not judge: pass (default: log, do not drain) or fail (drain, exit 1)."),
+                         help="Could not judge: pass (log, do not drain) or fail (drain, exit 42). Default: "
+                              "$GPUCHECK_ON_ERROR, else the config's run.on_error, else pass."),
             click.option("--strict", is_flag=True, default=None, help="Treat warn as unhealthy."),
             click.option("--snapshot", metavar="FILE",
                          help="Judge a recorded snapshot instead of live NVML ({node} is replaced by the node name)."),
@@ -304,8 +307,6 @@ def hook_options(kind: str):
 
 
 def _hook(kind: str, kw: dict[str, Any]) -> int:
-    import os
-
     from ..fleet.slurm import HookOptions, run_hook
 
     opts = HookOptions(
@@ -319,22 +320,97 @@ def _hook(kind: str, kw: dict[str, Any]) -> int:
         config_path=kw["config_path"], device=kw["device"], workers=kw["workers"], drain=not kw["no_drain"],
         scontrol=kw["scontrol"], as_json=kw["as_json"], all_gpus=kw["all_gpus"], force=kw["force"],
     )
-    outcome = run_hook(opts, os.environ)
-    click.echo(f"gpucheck: {outcome.log_line}", err=True)
+    return _hook_exit(run_hook(opts, os.environ))
+
+
+def _hook_exit(outcome) -> int:
+    """Print the hook's line; make sure that no output left unwritten (stdout on a full disk,
+    /dev/full) turns the exit code into Python's 120 at exit."""
+    for stream, text in ((sys.stderr, f"gpucheck: {outcome.log_line}\n"), (sys.stdout, "")):
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            try:  # what could not be written goes nowhere
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
     return outcome.exit_code
 
 
-@slurm_group.command("prolog")
+def _option_value(args: list[str], name: str) -> str | None:
+    """The last value of `name` in raw arguments (`--name V` or `--name=V`), for a hook whose
+    arguments could not be parsed."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg[len(name) + 1:]
+    return value
+
+
+def _hook_failed(kind: str, args: list[str], cause: str) -> int:
+    """The hook could not run (a usage error in its settings, a crash before the pipeline): a
+    could-not-judge outcome like any other, logged, recorded and on-error, with what can be read
+    from its arguments."""
+    from ..fleet.slurm import HookOptions, hook_failed
+
+    on_error = _option_value(args, "--on-error")
+    opts = HookOptions(kind=kind, on_error=on_error if on_error in ("pass", "fail") else None,
+                       state_dir=_option_value(args, "--state-dir"), config_path=_option_value(args, "--config"),
+                       scontrol=_option_value(args, "--scontrol"), drain="--no-drain" not in args)
+    return _hook_exit(hook_failed(opts, os.environ, cause))
+
+
+class HookCommand(click.Command):
+    """`slurm prolog|epilog`: a usage error in the hook's arguments (or a crash of gpucheck before
+    it can judge) is one more could-not-judge outcome of the hook (logged, recorded in the history,
+    then on-error: exit 0 or EXIT_HOOK_UNHEALTHY), never exit 2 that Slurm would take for a
+    fault and drain the node for."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["gpucheck.hook_args"] = list(args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            ctx.meta["gpucheck.hook_usage"] = e
+            return []
+
+    def invoke(self, ctx: click.Context) -> Any:
+        args = ctx.meta.get("gpucheck.hook_args", [])
+        error = ctx.meta.get("gpucheck.hook_usage")
+        if error is None:
+            try:
+                return super().invoke(ctx)
+            except click.UsageError as e:
+                error = e
+            except Exception as e:  # gpucheck's own bug before the hook could judge
+                return _hook_failed(self.name, args, f"internal error: {type(e).__name__}: {e}")
+        return _hook_failed(self.name, args, f"usage error in the hook's arguments: {error.format_message()}")
+
+
+@slurm_group.command("prolog", cls=HookCommand)
 @hook_options("prolog")
 def prolog_command(**kw) -> int:
-    """Slurm Prolog: quick checks of the job's GPUs; drain the node and exit 1 when unhealthy."""
+    """Slurm Prolog: quick checks of the job's GPUs; drain the node when unhealthy.
+
+    Exit 0: go (healthy, or could not judge with on-error pass); 42: judged unhealthy (or could
+    not judge with on-error fail): drained. The wrapper scripts/slurm/gpucheck-hook.sh turns 42
+    into exit 1 and any other exit (gpucheck itself failed) into on-error.
+    """
     return _hook("prolog", kw)
 
 
-@slurm_group.command("epilog")
+@slurm_group.command("epilog", cls=HookCommand)
 @hook_options("epilog")
 def epilog_command(**kw) -> int:
-    """Slurm Epilog: Xid/ECC changes since the job started, deeper checks after a failed job."""
+    """Slurm Epilog: Xid/ECC changes since the job started, deeper checks after a failed job.
+
+    Exit codes as for the prolog: 0 go, 42 judged unhealthy (drained).
+    """
     return _hook("epilog", kw)
 
 

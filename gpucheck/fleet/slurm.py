@@ -5,16 +5,24 @@ but SLURMD_NODENAME, SLURM_JOB_ID, SLURM_JOB_USER, SLURM_SCRIPT_CONTEXT, SLURM_C
 GPUs (SLURM_JOB_GPUS, where GRES gives them) and, in the epilog, the job's exit code
 (SLURM_JOB_EXIT_CODE2 "code:signal", SLURM_JOB_EXIT_CODE the raw wait status).
 
-A prolog or epilog that exits non-zero makes Slurm drain the node; a failed prolog also fails
-an interactive job (srun) and requeues a batch job (held). A drain reason set before the hook
-exits is kept, so on an unhealthy verdict the hook drains the node itself with
-`scontrol update NodeName=<node> State=DRAIN Reason="gpucheck: <cause>"` and exits 1.
+A prolog or epilog that exits non-zero makes Slurm drain the node ("Prolog error", a reason
+`resume` never undoes); a failed prolog also fails an interactive job (srun) and requeues a
+batch job (held). A drain reason set before the hook exits is kept, so on an unhealthy verdict
+the hook drains the node itself with
+`scontrol update NodeName=<node> State=DRAIN Reason="gpucheck: <cause>"` and exits
+EXIT_HOOK_UNHEALTHY (42), which the wrapper (scripts/slurm/gpucheck-hook.sh) turns into exit 1.
+Only that code means "judged unhealthy": any other non-zero exit is gpucheck's own failure,
+which the wrapper logs and passes through on-error.
 
-Could not judge (an error result, a run cut short by the budget, a usage/config problem, a bug
-in gpucheck): the node is not drained and the hook exits 0, unless the site chose fail-closed
-(`--on-error fail`), in which case it drains with "gpucheck: could not judge: ..." and exits 1.
-Either way one line goes to syslog (LOG_DAEMON, ident "gpucheck"), and every verdict is
-appended to the history in the state directory.
+Could not judge (an error result, a run cut short by the budget, a usage error in the hook's
+settings, a config problem, a bug in gpucheck): the node is not drained and the hook exits 0,
+unless the site chose fail-closed (on-error fail: `--on-error`, else GPUCHECK_ON_ERROR, else
+the config's `[run] on_error`, read on its own so that it survives other errors in the file),
+in which case it drains with "gpucheck: could not judge: ..." and exits 42. Either way one line
+goes to syslog (LOG_DAEMON, ident "gpucheck"), and the history in the state directory gets the
+verdict, or, when there is none, a could-not-judge verdict naming the cause. The verdict is
+captured in memory as soon as it is built: no write (history, cursors, syslog, stdout) can
+change the judgement.
 
 `resume` resumes only nodes that are drained with a reason starting with "gpucheck:" and that
 pass now; nodes drained by people or other tools are never touched.
@@ -25,17 +33,16 @@ injectable logger, so all of this is tested without a cluster too.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 import syslog
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 REASON_PREFIX = "gpucheck:"
@@ -43,6 +50,14 @@ REASON_MAX = 200
 JOBS_CURSOR = "slurm-jobs"
 JOBS_KEPT = 64
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
+# `gpucheck slurm prolog|epilog` exits with this code, and only with it, when the node was
+# judged unhealthy (drained, or to be failed): a code that neither Python (1: a traceback,
+# 2: its own usage error, 120: output it could not flush), nor the shell (126, 127), nor a
+# signal (128+N) produces by itself, so that the wrapper (scripts/slurm/gpucheck-hook.sh) can
+# tell a verdict from gpucheck's own failure. It turns it into exit 1 for Slurm.
+EXIT_HOOK_UNHEALTHY = 42
+ON_ERROR_ENV = "GPUCHECK_ON_ERROR"
+_NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
 Logger = Callable[[int, str], None]
@@ -53,6 +68,8 @@ def default_runner(argv: list[str], timeout_s: float = 30.0) -> tuple[int, str, 
         p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError as e:
         return 127, "", str(e)
+    except OSError as e:  # not executable, ...: a failed call, never an exception out of a hook
+        return 126, "", str(e)
     except subprocess.TimeoutExpired:
         return 124, "", f"{argv[0]} did not answer within {timeout_s:g} s"
     return p.returncode, p.stdout, p.stderr
@@ -179,6 +196,8 @@ def drain_reason(cause: str) -> str:
 
 
 def drain(node: str, cause: str, *, scontrol: str, runner: Runner) -> tuple[bool, str]:
+    if not _NODE_NAME_RE.fullmatch(node):  # "n[1-99]" or "a,b" would drain many nodes
+        return False, f"refusing to drain {node!r}: not a single node name"
     reason = drain_reason(cause)
     rc, out, err = runner([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
     if rc != 0:
@@ -198,7 +217,7 @@ class HookOptions:
     failed_level: str | None = None  # epilog: level after a failed job
     failed_budget_s: float | None = None
     failed_checks: list[str] = field(default_factory=list)
-    on_error: str | None = None  # pass | fail; None: the config's run.on_error, else pass
+    on_error: str | None = None  # pass | fail; None: GPUCHECK_ON_ERROR, the config's run.on_error, pass
     strict: bool | None = None
     snapshot: str | None = None  # may hold {node}
     state_dir: str | None = None  # may hold {node}
@@ -219,7 +238,7 @@ EPILOG_DEFAULTS = {"checks": ["xid", "ecc", "memory-remap"], "budget_s": 60.0, "
 
 @dataclass
 class HookOutcome:
-    exit_code: int
+    exit_code: int  # 0 or EXIT_HOOK_UNHEALTHY
     judgement: str  # healthy | unhealthy | could-not-judge
     cause: str
     verdict: dict[str, Any] | None = None
@@ -276,24 +295,59 @@ def _gpu_labels(verdict: Mapping[str, Any] | None) -> dict[str, str]:
             if isinstance(g, dict) and g.get("uuid") and isinstance(g.get("index"), int)}
 
 
-def _run_gpucheck(req, execute) -> tuple[int, dict[str, Any] | None]:
-    """Run the pipeline, capturing the verdict through --output (a private temporary file)."""
-    fd, tmp = tempfile.mkstemp(prefix="gpucheck-hook-", suffix=".json")
-    os.close(fd)
-    req.output = tmp
-    try:
-        code = execute(req)
+class _StderrTail:
+    """sys.stderr while the pipeline runs: every write goes on to the real stream (a failing
+    write there, /dev/full or a full disk, is dropped: it must not change the judgement) and the
+    last lines are kept, so that a usage error's one line can be named in the log."""
+
+    def __init__(self, stream: Any, keep: int = 4000):
+        self._stream = stream
+        self._keep = keep
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text = (self.text + text)[-self._keep:]
         try:
-            text = Path(tmp).read_text(encoding="utf-8")
-            verdict = json.loads(text) if text.strip() else None
+            self._stream.write(text)
         except (OSError, ValueError):
-            verdict = None
-        return code, verdict
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
             pass
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def error_line(self) -> str:
+        """The last `gpucheck: error: ...` line, without that prefix ("" if none)."""
+        for line in reversed(self.text.splitlines()):
+            if line.startswith("gpucheck: error: "):
+                return line[len("gpucheck: error: "):].strip()
+        return ""
+
+
+def _run_gpucheck(req, execute, plan: dict[str, Any]) -> tuple[int, dict[str, Any] | None, str]:
+    """Run the pipeline and capture the verdict in memory, the moment it is built: no output
+    (history, the table on stdout) written after it can change it. Returns the exit code the
+    verdict says (else the pipeline's), the verdict, and the pipeline's error line."""
+    captured: list[dict[str, Any]] = []
+    tail = _StderrTail(sys.stderr)
+    try:
+        with contextlib.redirect_stderr(tail):
+            code = execute(req, on_verdict=captured.append)
+    except Exception as e:
+        if not captured:
+            raise
+        code = None
+        plan["output_error"] = f"{type(e).__name__}: {e} (after the verdict; the verdict stands)"
+    if captured:
+        verdict = captured[-1]
+        return int(verdict["exit_code"]), verdict, tail.error_line()
+    return int(code), None, tail.error_line()
 
 
 def _job_start(env: JobEnv, state, scontrol: str, runner: Runner) -> tuple[float | None, dict[str, Any] | None, str]:
@@ -336,6 +390,150 @@ def _forget_job(state, env: JobEnv) -> None:
         state.write_cursor(JOBS_CURSOR, jobs)
 
 
+@dataclass
+class _Hook:
+    """One run of a hook: what it was asked, the job, where it logs, drains and records."""
+
+    opts: HookOptions
+    env: JobEnv
+    runner: Runner
+    log: Logger
+    now: Callable[[], float]
+    started: float
+    scontrol: str
+    on_error: str
+    state: Any  # gpucheck.state.State
+    plan: dict[str, Any]
+
+    @property
+    def what(self) -> str:
+        return f"slurm {self.opts.kind}"
+
+    def say(self, priority: int, line: str) -> None:
+        """One line to syslog (a cause or a node name with a newline forges no other line); a
+        logger that fails must not change the judgement."""
+        try:
+            self.log(priority, " ".join(line.split()))
+        except Exception:
+            pass
+
+
+@dataclass
+class _Judged:
+    judgement: str  # healthy | unhealthy | could-not-judge
+    cause: str
+    verdict: dict[str, Any] | None = None
+    changes: list[str] = field(default_factory=list)
+
+
+def resolve_on_error(explicit: str | None, environ: Mapping[str, str], config_path: str | None) -> tuple[str, str]:
+    """What a hook does when it cannot judge, and which setting said so: --on-error, else
+    GPUCHECK_ON_ERROR (the wrapper's env file), else the config's `[run] on_error` (read on its
+    own, so that it survives any other error in the file), else pass. A value other than pass
+    or fail is passed over."""
+    from ..config import read_on_error
+
+    if explicit in ("pass", "fail"):
+        return explicit, "--on-error"
+    if environ.get(ON_ERROR_ENV) in ("pass", "fail"):
+        return environ[ON_ERROR_ENV], ON_ERROR_ENV
+    configured = read_on_error(config_path)
+    if configured:
+        return configured, "config"
+    return "pass", "default"
+
+
+def _setup(opts: HookOptions, environ: Mapping[str, str], runner: Runner, log: Logger,
+           now: Callable[[], float]) -> _Hook:
+    from ..state import State, default_state_dir
+
+    started = now()
+    env = job_env(environ)
+    on_error, on_error_from = resolve_on_error(opts.on_error, environ, opts.config_path)
+    state_root = _expand(opts.state_dir, env.node) or str(default_state_dir())
+    plan: dict[str, Any] = {"node": env.node, "job": env.job_id, "on_error": on_error,
+                            "on_error_from": on_error_from, "state_dir": state_root}
+    return _Hook(opts=opts, env=env, runner=runner, log=log, now=now, started=started,
+                 scontrol=find_scontrol(opts.scontrol), on_error=on_error, state=State(state_root), plan=plan)
+
+
+def _plan_request(hook: _Hook):
+    """The pipeline request for this hook and job (and, in the epilog, the prolog's ECC reading)."""
+    from ..app import RunRequest
+
+    opts, env, plan = hook.opts, hook.env, hook.plan
+    defaults = PROLOG_DEFAULTS if opts.kind == "prolog" else EPILOG_DEFAULTS
+    level = opts.level or defaults.get("level")
+    checks = list(opts.checks) or list(defaults.get("checks", []))
+    budget = opts.budget_s if opts.budget_s is not None else defaults["budget_s"]
+    options: dict[str, Any] = {}
+    prior_ecc: dict[str, Any] | None = None
+    if opts.kind == "epilog":
+        start, prior_ecc, start_from = _job_start(env, hook.state, hook.scontrol, hook.runner)
+        if start is not None:
+            options["xid_since"] = f"@{start:.3f}"
+        plan.update(job_start=start, job_start_from=start_from, job_failed=env.failed)
+        if env.failed:
+            level = opts.failed_level or defaults["failed_level"]
+            checks = list(opts.failed_checks)
+            budget = opts.failed_budget_s if opts.failed_budget_s is not None else defaults["failed_budget_s"]
+    gpus = None if opts.all_gpus else env.gpus
+    plan.update(level=level, checks=checks, budget_s=budget, gpus=gpus, gpus_from=env.gpus_from,
+                gpus_note=env.gpus_note)
+    req = RunRequest(level=level, check_patterns=checks, skip_patterns=list(opts.skips), gpus=gpus,
+                     device=opts.device, workers=opts.workers, options=options, json=opts.as_json,
+                     strict=opts.strict, on_error="pass", config_path=opts.config_path,
+                     snapshot_path=_expand(opts.snapshot, env.node), state_dir=str(hook.state.root),
+                     timeout_s=budget, history=True, force=opts.force)
+    return req, prior_ecc
+
+
+def _bookkeeping(hook: _Hook, verdict: dict[str, Any] | None, prior_ecc: dict[str, Any] | None) -> list[str]:
+    """The prolog remembers the job for the epilog; the epilog names ECC growth and forgets the
+    job. A failed write here (full disk, read-only state) is noted and never changes the judgement."""
+    changes: list[str] = []
+    try:
+        if hook.opts.kind == "prolog":
+            _remember_job(hook.state, hook.env, hook.started, verdict)
+        else:
+            changes = ecc_changes(prior_ecc or {}, ecc_by_uuid(verdict), _gpu_labels(verdict))
+            _forget_job(hook.state, hook.env)
+    except Exception as e:
+        hook.plan["cursor_error"] = f"{type(e).__name__}: {e}"
+    return changes
+
+
+def _usage_problem(hook: _Hook, error_line: str) -> str:
+    """Why the pipeline refused to run (exit 2): its error line, else what is wrong with the config."""
+    from ..config import ConfigError, load_config
+
+    if error_line:
+        return error_line
+    try:
+        load_config(hook.opts.config_path)
+    except ConfigError as e:
+        return str(e)
+    return "see stderr"
+
+
+def _judge_node(hook: _Hook, execute) -> _Judged:
+    from .sweep import verdict_cause
+
+    req, prior_ecc = _plan_request(hook)
+    code, verdict, error_line = _run_gpucheck(req, execute, hook.plan)
+    changes = _bookkeeping(hook, verdict, prior_ecc)
+    if code == 0:
+        warned = verdict is not None and verdict.get("status") == "warn"
+        return _Judged("healthy", verdict_cause(verdict) if warned else "", verdict, changes)
+    if code == 1:
+        return _Judged("unhealthy", verdict_cause(verdict) if verdict else "unhealthy", verdict, changes)
+    if verdict is not None:
+        return _Judged("could-not-judge", verdict_cause(verdict), verdict, changes)
+    if code == 2:
+        return _Judged("could-not-judge", f"usage or configuration error: {_usage_problem(hook, error_line)}")
+    return _Judged("could-not-judge", error_line or f"gpucheck exited {code} without a verdict")
+
+
 def run_hook(
     opts: HookOptions,
     environ: Mapping[str, str],
@@ -345,118 +543,110 @@ def run_hook(
     execute: Callable[..., int] | None = None,
     now: Callable[[], float] = time.time,
 ) -> HookOutcome:
-    """Run the prolog or epilog for the job described by `environ`; drain on unhealthy."""
-    from ..app import RunRequest
-    from ..config import ConfigError, load_config
-    from ..state import State, default_state_dir
-    from .sweep import verdict_cause
+    """Run the prolog or epilog for the job described by `environ`; drain on unhealthy.
 
+    Exit code EXIT_HOOK_UNHEALTHY when the node was judged unhealthy (or could not be judged and
+    on-error is fail), else 0. gpucheck's own failures never raise out of here."""
     if execute is None:
         from ..app import execute
-    started = now()
-    env = job_env(environ)
-    scontrol = find_scontrol(opts.scontrol)
-    what = f"slurm {opts.kind}"
-    plan: dict[str, Any] = {"node": env.node, "job": env.job_id}
-
-    on_error = opts.on_error
-    config_problem = None
+    hook = _setup(opts, environ, runner, log, now)
     try:
-        config_on_error = load_config(opts.config_path).run.get("on_error", "pass")
-    except ConfigError as e:
-        config_on_error, config_problem = "pass", str(e)
-    on_error = on_error or config_on_error
-    if on_error not in ("pass", "fail"):
-        on_error = "pass"
-
-    state_root = _expand(opts.state_dir, env.node) or str(default_state_dir())
-    state = State(state_root)
-    verdict = None
-    changes: list[str] = []
-    try:
-        defaults = PROLOG_DEFAULTS if opts.kind == "prolog" else EPILOG_DEFAULTS
-        level = opts.level or defaults.get("level")
-        checks = list(opts.checks) or list(defaults.get("checks", []))
-        budget = opts.budget_s if opts.budget_s is not None else defaults["budget_s"]
-        options: dict[str, Any] = {}
-        prior_ecc: dict[str, Any] | None = None
-        if opts.kind == "epilog":
-            start, prior_ecc, start_from = _job_start(env, state, scontrol, runner)
-            if start is not None:
-                options["xid_since"] = f"@{start:.3f}"
-            plan.update(job_start=start, job_start_from=start_from, job_failed=env.failed)
-            if env.failed:
-                level = opts.failed_level or defaults["failed_level"]
-                checks = list(opts.failed_checks)
-                budget = opts.failed_budget_s if opts.failed_budget_s is not None else defaults["failed_budget_s"]
-        gpus = None if opts.all_gpus else env.gpus
-        plan.update(level=level, checks=checks, budget_s=budget, gpus=gpus, gpus_from=env.gpus_from,
-                    gpus_note=env.gpus_note, on_error=on_error)
-        req = RunRequest(level=level, check_patterns=checks, skip_patterns=list(opts.skips), gpus=gpus,
-                         device=opts.device, workers=opts.workers, options=options, json=opts.as_json,
-                         strict=opts.strict, on_error="pass", config_path=opts.config_path,
-                         snapshot_path=_expand(opts.snapshot, env.node), state_dir=state_root,
-                         timeout_s=budget, history=True, force=opts.force)
-        code, verdict = _run_gpucheck(req, execute)
-        if opts.kind == "prolog":
-            try:
-                _remember_job(state, env, started, verdict)
-            except OSError:
-                pass
-        else:
-            changes = ecc_changes(prior_ecc or {}, ecc_by_uuid(verdict), _gpu_labels(verdict))
-            try:
-                _forget_job(state, env)
-            except OSError:
-                pass
-        if code == 0:
-            warned = verdict is not None and verdict.get("status") == "warn"
-            judgement, cause = "healthy", verdict_cause(verdict) if warned else ""
-        elif code == 1:
-            judgement, cause = "unhealthy", verdict_cause(verdict) if verdict else "unhealthy"
-        elif code == 2:
-            judgement, cause = "could-not-judge", config_problem or "usage or configuration error (see stderr)"
-        else:
-            judgement, cause = "could-not-judge", verdict_cause(verdict) if verdict else f"exit {code}"
+        judged = _judge_node(hook, execute)
     except Exception as e:  # gpucheck's own bug: never let it take the node down by itself
-        judgement = "could-not-judge"
-        cause = f"internal error: {type(e).__name__}: {e}"
-        plan["traceback"] = traceback.format_exc(limit=5)
+        judged = _Judged("could-not-judge", f"internal error: {type(e).__name__}: {e}")
+        hook.plan["traceback"] = traceback.format_exc(limit=5)
+    return _conclude(hook, judged)
 
+
+def hook_failed(
+    opts: HookOptions,
+    environ: Mapping[str, str],
+    cause: str,
+    *,
+    runner: Runner = default_runner,
+    log: Logger = syslog_logger,
+    now: Callable[[], float] = time.time,
+) -> HookOutcome:
+    """A hook that could not run at all (a usage error in its settings, a crash before the
+    pipeline): like any could-not-judge outcome, logged, recorded in the history, then on-error."""
+    hook = _setup(opts, environ, runner, log, now)
+    return _conclude(hook, _Judged("could-not-judge", cause))
+
+
+def _record_unjudged(hook: _Hook, cause: str) -> str:
+    """Append a could-not-judge verdict (one `error` result, check `slurm.<hook>`) to the history
+    for a run that produced none; "" or why it could not be written."""
+    from ..check import Level
+    from ..fingerprint import software_fingerprint
+    from ..result import Action, Result, Status
+    from ..verdict import build_verdict
+
+    try:
+        try:
+            level = Level.parse(hook.plan.get("level") or 1)
+        except ValueError:
+            level = Level.QUICK
+        check = f"slurm.{hook.opts.kind}"
+        duration = max(0.0, hook.now() - hook.started)
+        verdict = build_verdict(
+            [Result(check, Status.ERROR, cause, action=Action.INVESTIGATE)], level=level,
+            started_at=hook.started, duration_s=duration,
+            checks=[{"id": check, "level": int(level), "status": "error", "duration_s": round(duration, 3)}],
+            software=software_fingerprint(None), snapshot=None, source_kind="none", source_path=None,
+            interrupted=None, injected=[], host=hook.env.node)
+        hook.state.append_history(verdict)
+    except Exception as e:
+        return f"history not written: {type(e).__name__}: {e}"
+    return ""
+
+
+def _drain_node(hook: _Hook, cause: str) -> tuple[bool, str | None]:
+    if not hook.opts.drain:
+        return False, None
+    try:
+        drained, reason = drain(hook.env.node, cause, scontrol=hook.scontrol, runner=hook.runner)
+    except Exception as e:
+        drained, reason = False, f"{type(e).__name__}: {e}"
+    if not drained:
+        hook.say(syslog.LOG_ERR, f"{hook.what} {hook.env.label()}: cannot drain: {reason}")
+        return False, None
+    return True, reason
+
+
+def _conclude(hook: _Hook, judged: _Judged) -> HookOutcome:
+    """Apply on-error, drain, record what the history lacks, log one line: the hook's outcome."""
+    judgement, cause, changes = judged.judgement, judged.cause, judged.changes
     if judgement == "unhealthy" and changes:  # the most specific news first: the reason is cut at REASON_MAX
-        cause = f"during job {env.job_id}: {', '.join(changes)}; {cause}"
-    if judgement == "could-not-judge" and on_error == "fail":
-        cause = f"could not judge: {cause}"
-        judgement = "unhealthy"
+        cause = f"during job {hook.env.job_id}: {', '.join(changes)}; {cause}"
+    closed = judgement == "could-not-judge" and hook.on_error == "fail"
+    drained, reason = False, None
+    if judgement == "unhealthy" or closed:
+        drained, reason = _drain_node(hook, f"could not judge: {cause}" if closed else cause)
+    exit_code = EXIT_HOOK_UNHEALTHY if judgement == "unhealthy" or closed else 0
+    note = _record_unjudged(hook, cause) if judgement == "could-not-judge" and judged.verdict is None else ""
 
-    drained, reason, exit_code = False, None, 0
-    if judgement == "unhealthy":
-        exit_code = 1
-        if opts.drain:
-            drained, reason = drain(env.node, cause, scontrol=scontrol, runner=runner)
-            if not drained:
-                log(syslog.LOG_ERR, f"{what} {env.label()}: cannot drain: {reason}")
-                reason = None
-
-    elapsed = now() - started
-    level_txt = f" level {plan.get('level')}" if plan.get("level") else ""
-    action = "drained" if drained else ("not drained (--no-drain)" if judgement == "unhealthy" and not opts.drain
+    elapsed = hook.now() - hook.started
+    head = f"{hook.what} {hook.env.label()}"
+    level_txt = f" level {hook.plan.get('level')}" if hook.plan.get("level") else ""
+    action = "drained" if drained else ("not drained (--no-drain)" if not hook.opts.drain and exit_code
                                         else "not drained")
     if judgement == "healthy":
-        line = f"{what} {env.label()}: healthy{level_txt} in {elapsed:.1f} s" + (f" ({cause})" if cause else "")
+        line = f"{head}: healthy{level_txt} in {elapsed:.1f} s" + (f" ({cause})" if cause else "")
         priority = syslog.LOG_INFO
     elif judgement == "unhealthy":
-        line = f"{what} {env.label()}: UNHEALTHY{level_txt}: {cause} -> {action}, exit 1"
+        line = f"{head}: UNHEALTHY{level_txt}: {cause} -> {action}, exit {exit_code}"
         priority = syslog.LOG_ERR
     else:
-        line = (f"{what} {env.label()}: could not judge{level_txt}: {cause} -> not drained "
-                f"(on-error {on_error}), exit 0")
-        priority = syslog.LOG_WARNING
+        line = f"{head}: could not judge{level_txt}: {cause} -> {action} (on-error {hook.on_error}), exit {exit_code}"
+        priority = syslog.LOG_ERR if closed else syslog.LOG_WARNING
     if changes and judgement != "unhealthy":
         line += f"; ECC during the job: {', '.join(changes)}"
-    log(priority, line)
-    return HookOutcome(exit_code=exit_code, judgement=judgement, cause=cause, verdict=verdict, drained=drained,
-                       reason=reason, log_line=line, plan=plan, ecc_changes=changes)
+    if note:
+        line += f"; {note}"
+    line = " ".join(line.split())
+    hook.say(priority, line)
+    return HookOutcome(exit_code=exit_code, judgement=judgement, cause=cause, verdict=judged.verdict,
+                       drained=drained, reason=reason, log_line=line, plan=hook.plan, ecc_changes=changes)
 
 
 # -- resume ---------------------------------------------------------------------------------

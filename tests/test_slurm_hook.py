@@ -1,0 +1,283 @@
+"""`gpucheck slurm prolog|epilog` never drains a node because gpucheck itself failed.
+
+- only a judged fault (or could-not-judge with on-error fail) exits EXIT_HOOK_UNHEALTHY (42);
+  every other outcome exits 0 after one syslog line and a history record;
+- a usage error in the hook's arguments is such an outcome (not exit 2), and so is a crash;
+- on-error: --on-error, else GPUCHECK_ON_ERROR, else the config's [run] on_error, read on its
+  own so that a fail-closed choice survives the config's other errors;
+- the verdict is captured in memory: no failed write (TMPDIR, history, cursors, syslog, a
+  full stdout/stderr) changes the judgement.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import syslog
+from pathlib import Path
+
+import pytest
+
+from gpucheck import app, state as state_mod
+from gpucheck.config import read_on_error
+from gpucheck.fleet import slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
+HEALTHY, DBE = SNAPS / "h100-healthy.json", SNAPS / "h100-ecc-dbe.json"
+ENV = {"SLURMD_NODENAME": "gpu7", "SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "alice"}
+
+
+class FakeSlurm:
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv):
+        self.calls.append(list(argv))
+        return 0, "", ""
+
+
+def history(root: Path) -> list[dict]:
+    path = root / "history.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def hook(tmp_path, environ=ENV, execute=None, log=None, **opts):
+    sl, logs = FakeSlurm(), []
+    options = slurm.HookOptions("prolog", state_dir=str(tmp_path / "state"), **opts)
+    out = slurm.run_hook(options, environ, runner=sl, log=log or (lambda p, m: logs.append((p, m))),
+                         execute=execute)
+    return out, sl.calls, logs
+
+
+# -- on-error: read on its own -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, want", [
+    ('[run]\non_error = "fail"\n', "fail"),
+    ('[run]\non_error = "pass"\n', "pass"),
+    ('[run]\non_error = "fail"\nno_such_key = 1\n', "fail"),  # valid TOML, invalid config
+    ('[run]\non_error = "fail"\n[checks.nope]\nx = 1\n', "fail"),
+    ("[run]\non_error = 'fail'  # closed\n[node\n", "fail"),  # not TOML
+    ('run.on_error = "fail"\nlevel = = 2\n', "fail"),
+    ('[node]\non_error = "fail"\n[run\n', None),  # not in [run]
+    ('[run]\non_error = "maybe"\n', None),
+    ('[run]\nlevel = 1\n', None),
+    ("", None),
+])
+def test_read_on_error_survives_the_configs_other_errors(tmp_path, text, want):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    assert read_on_error(path) == want
+
+
+def test_read_on_error_of_a_missing_or_unreadable_file(tmp_path):
+    assert read_on_error(tmp_path / "none.toml") is None
+    assert read_on_error(tmp_path) is None  # a folder
+    (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\n[run]\non_error = 'fail'\n")
+    assert read_on_error(tmp_path / "bin.toml") == "fail"
+
+
+def test_fail_closed_config_with_another_error_drains(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('[run]\non_error = "fail"\nno_such_key = 1\n')
+    out, calls, logs = hook(tmp_path, config_path=str(config), snapshot=str(HEALTHY))
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "could-not-judge" and out.drained
+    (call,) = calls
+    assert call[4].startswith("Reason=gpucheck: could not judge: usage or configuration error: ")
+    assert "run.no_such_key: unknown key" in call[4]
+    (priority, line), = logs
+    assert priority == syslog.LOG_ERR and line.endswith("-> drained (on-error fail), exit 42")
+    (v,) = history(tmp_path / "state")  # no verdict came out of the pipeline: the hook records one
+    assert v["status"] == "error" and v["results"][0]["check"] == "slurm.prolog"
+    assert "no_such_key" in v["results"][0]["summary"]
+
+
+@pytest.mark.parametrize("explicit, env_value, config, want", [
+    (None, None, None, "pass"),
+    (None, None, "fail", "fail"),
+    (None, "fail", None, "fail"),
+    (None, "pass", "fail", "pass"),  # the hook's own setting wins over the config
+    ("pass", "fail", "fail", "pass"),  # --on-error wins over everything
+    ("fail", "pass", None, "fail"),
+    (None, "FAIL ", "fail", "fail"),  # not pass/fail: passed over
+])
+def test_on_error_precedence(tmp_path, explicit, env_value, config, want):
+    path = tmp_path / "config.toml"
+    if config:
+        path.write_text(f'[run]\non_error = "{config}"\n')
+    environ = {slurm.ON_ERROR_ENV: env_value} if env_value is not None else {}
+    assert slurm.resolve_on_error(explicit, environ, str(path))[0] == want
+
+
+def test_gpucheck_on_error_from_the_environment_fails_closed(tmp_path):
+    out, calls, _ = hook(tmp_path, environ={**ENV, "GPUCHECK_ON_ERROR": "fail"}, execute=lambda req, on_verdict: 3)
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and calls and out.plan["on_error_from"] == "GPUCHECK_ON_ERROR"
+
+
+# -- outputs never mask the verdict ------------------------------------------------------------------
+
+def test_failing_writes_never_change_an_unhealthy_judgement(tmp_path, monkeypatch):
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_mod, "atomic_write_text", full)  # cursors
+    monkeypatch.setattr(app, "atomic_write_text", full)  # --output / the old hook's temporary file
+    monkeypatch.setattr(state_mod.State, "append_history", full)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "no-such-folder"))
+
+    def broken_syslog(priority, line):
+        raise OSError(errno.ENOSPC, "syslog is gone")
+
+    out, calls, _ = hook(tmp_path, execute=app.execute, log=broken_syslog, snapshot=str(DBE))
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and out.drained
+    assert calls[0][4].startswith("Reason=gpucheck: ecc gpu3: uncorrectable")
+    assert "ENOSPC" in out.plan["cursor_error"] or "No space" in out.plan["cursor_error"]
+
+
+def test_an_output_failure_after_the_verdict_keeps_the_verdict(tmp_path, capsys):
+    rc = subprocess.run([sys.executable, "-m", "gpucheck", "run", "--json", "--no-history", "--snapshot", str(DBE)],
+                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    bad = json.loads(rc.stdout)
+
+    def execute(req, on_verdict):
+        on_verdict(bad)
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")  # printing the table failed
+
+    out, calls, _ = hook(tmp_path, execute=execute)
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and calls
+    assert "BrokenPipeError" in out.plan["output_error"]
+
+
+@pytest.fixture
+def full_tmpdir(tmp_path):
+    """A nearly full TMPDIR: a 16 KiB tmpfs with one 4 KiB page left, room for Python's probe
+    of a usable temporary folder but not for a verdict (needs root and mount rights)."""
+    where = tmp_path / "full"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k,mode=1777", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {r.stderr.strip()}")
+    try:
+        fd = os.open(where / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b"x" * 12 * 1024)
+        finally:
+            os.close(fd)
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def _prolog_on_dbe(tmp_path, sink, **env):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {tmp_path}/calls\n')
+    scontrol.chmod(0o755)
+    argv = [sys.executable, "-m", "gpucheck", "slurm", "prolog", "--snapshot", str(DBE),
+            "--state-dir", str(tmp_path / "state"), "--scontrol", str(scontrol)]
+    r = subprocess.run(argv, env={**os.environ, **ENV, "PYTHONPATH": str(ROOT), **env}, stdout=sink, stderr=sink,
+                       timeout=120)
+    calls = tmp_path / "calls"
+    return r, calls.read_text() if calls.exists() else ""
+
+
+def test_a_full_tmpdir_never_masks_an_unhealthy_verdict(tmp_path, full_tmpdir):
+    """The old hook captured the verdict through a temporary --output file: with TMPDIR full its
+    write failed and the write error (exit 2) turned an unhealthy node into could-not-judge."""
+    with open(os.devnull, "w") as sink:
+        r, calls = _prolog_on_dbe(tmp_path, sink, TMPDIR=str(full_tmpdir))
+    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY
+    assert calls.startswith("update NodeName=gpu7 State=DRAIN Reason=gpucheck: ecc gpu3")
+
+
+def test_full_stdout_and_stderr_never_mask_an_unhealthy_verdict(tmp_path):
+    """/dev/full as stdout made Python exit 120 at its final flush, instead of the verdict's code."""
+    with open("/dev/full", "w") as sink:
+        r, calls = _prolog_on_dbe(tmp_path, sink)
+    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY
+    assert calls.startswith("update NodeName=gpu7 State=DRAIN Reason=gpucheck: ecc gpu3")
+
+
+# -- gpucheck's own failures: logged, recorded, on-error -----------------------------------------------
+
+def test_a_crash_is_logged_and_recorded_and_passes(tmp_path):
+    def execute(req, on_verdict):
+        raise KeyError("gpus")
+
+    out, calls, logs = hook(tmp_path, execute=execute)
+    assert (out.exit_code, out.judgement, calls) == (0, "could-not-judge", [])
+    assert logs[-1][0] == syslog.LOG_WARNING and "internal error: KeyError" in logs[-1][1]
+    (v,) = history(tmp_path / "state")
+    assert v["exit_code"] == 3 and "internal error: KeyError" in v["results"][0]["summary"]
+
+
+def test_a_hostile_node_name_is_never_drained(tmp_path):
+    def execute(req, on_verdict):
+        return 1
+
+    out, calls, logs = hook(tmp_path, environ={**ENV, "SLURMD_NODENAME": "gpu[1-512]"}, execute=execute)
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained and calls == []
+    assert any("refusing to drain 'gpu[1-512]'" in m for _, m in logs)
+    out, calls, logs = hook(tmp_path, environ={**ENV, "SLURMD_NODENAME": "gpu7\nslurm prolog: forged"},
+                            execute=execute)
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and calls == []
+    assert all("\n" not in m for _, m in logs) and "\n" not in out.log_line
+
+
+def test_an_scontrol_that_cannot_run_is_logged_not_a_crash(tmp_path):
+    not_executable = tmp_path / "scontrol"
+    not_executable.write_text("")
+    logs = []
+    out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), scontrol=str(not_executable)),
+                         ENV, log=lambda p, m: logs.append(m), execute=lambda req, on_verdict: 1)
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained
+    assert any("cannot drain" in m and "exit 126" in m for m in logs)
+
+
+def _cli(tmp_path, *args, **env):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {tmp_path}/calls\n')
+    scontrol.chmod(0o755)
+    argv = [sys.executable, "-m", "gpucheck", "slurm", *args, "--state-dir", str(tmp_path / "state"),
+            "--scontrol", str(scontrol)]
+    r = subprocess.run(argv, env={**os.environ, **ENV, "PYTHONPATH": str(ROOT), **env}, capture_output=True,
+                       text=True, timeout=120)
+    calls = (tmp_path / "calls").read_text().splitlines() if (tmp_path / "calls").exists() else []
+    return r, calls
+
+
+@pytest.mark.parametrize("bad, named", [
+    (["--budget", "5x"], "bad duration '5x'"),
+    (["--workers", "0"], "'--workers': 0 is not in the range"),
+    (["--device", "gpu"], "'--device'"),
+    (["--bogus"], "No such option '--bogus'"),
+    (["--on-error", "maybe"], "'--on-error'"),
+])
+def test_usage_error_in_the_hook_arguments_is_could_not_judge(tmp_path, bad, named):
+    r, calls = _cli(tmp_path, "prolog", "--snapshot", str(HEALTHY), *bad)
+    assert r.returncode == 0 and calls == [], r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith("gpucheck: slurm prolog job=4242 node=gpu7 user=alice: could not judge: usage error "
+                           "in the hook's arguments: ") and named in line
+    assert line.endswith("-> not drained (on-error pass), exit 0")
+    (v,) = history(tmp_path / "state")
+    assert v["status"] == "error" and named in v["results"][0]["summary"]
+
+
+def test_usage_error_in_the_hook_arguments_fails_closed_when_asked(tmp_path):
+    r, calls = _cli(tmp_path, "epilog", "--workers", "0", "--on-error", "fail")
+    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY, r.stderr
+    (call,) = calls
+    assert call.startswith("update NodeName=gpu7 State=DRAIN Reason=gpucheck: could not judge: usage error")
+    r, calls = _cli(tmp_path, "prolog", "--budget", "5x", GPUCHECK_ON_ERROR="fail")
+    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY and len(calls) == 2
+    assert history(tmp_path / "state")[-1]["results"][0]["check"] == "slurm.prolog"
+
+
+def test_hook_help_still_exits_0(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpucheck", "slurm", "prolog", "--help"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert r.returncode == 0 and "42" in r.stdout
