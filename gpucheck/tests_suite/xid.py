@@ -16,14 +16,24 @@ import time
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..kernlog import judge as J
 from ..kernlog.mapping import GpuInfo, from_announcements, from_snapshot
 from ..kernlog.scan import Window, read_from_snapshot, resolve_window, scan, scan_read
+from ..kernlog.sources import SOURCES
+from ..kernlog.timeparse import validate_since
 from ..pci import short_bus_id
 from ..result import Result, Status
 
 ID = "xid"
 DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)
+LIMITS = {
+    "since": Limit("str", parse=validate_since),
+    "source": Limit("str", choices=SOURCES),
+    "files": Limit("list", item="str"),
+    "ignore_xids": Limit("list", item="int", low=1),  # Xid numbers start at 1
+    "max_evidence_lines": Limit("int", 1),
+}
 
 
 def _inventory(ctx: Context) -> list[GpuInfo]:
@@ -113,6 +123,7 @@ CHECK = define(
     budget_s=15.0,
     detects="GPU fell off the bus, double-bit ECC, GSP timeouts, NVLink and NVSwitch faults (Xid/SXid)",
     defaults=DEFAULTS,
+    limits=LIMITS,
 )(run)
 
 CHECKS = [CHECK]
