@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import calendar
+import time
 from pathlib import Path
 
 
@@ -18,11 +18,13 @@ from gpucheck.state import State
 from gpucheck.tests_suite import xid as xid_mod
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"
-T0 = calendar.timegm((2027, 1, 15, 8, 0, 0, 0, 0, 0))
+# Five minutes ago: the check reads this machine's clock and boot time; its events must come after
+# the boot (a window since boot) and a window start ahead of the clock is ignored.
+T0 = (int(time.time()) - 300) // 60 * 60
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-66666666-7777-8888-9999-000000000000"
 SNAP = {
-    "captured_at": "2027-01-15T10:00:00Z",
+    "captured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 + 7200)),
     "nvml": {"ok": True},
     "gpus": [
         {"index": 0, "uuid": UUID0, "pci_bus_id": "00000000:3B:00.0", "state": "ok"},
@@ -32,8 +34,6 @@ SNAP = {
 
 
 def iso(offset_s: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(T0 + offset_s))
 
 
