@@ -221,3 +221,13 @@ def test_judge_is_pure_and_orders_results():
                 read_summary="test", window_label="since boot", inventory=gm.gpus())
     assert [r.subject for r in res] == ["node", "gpu0", "gpu1", "gpu2"]
     assert [r.status for r in res] == [Status.PASS, Status.FAIL, Status.PASS, Status.PASS]
+
+
+def test_a_job_start_that_is_no_time_or_ahead_of_now_is_ignored_and_the_boot_judged(tmp_path):
+    """The epilog's job start is a cursor too (its record in the state directory): "@nan" made
+    every event "before the window" (a pass), a start in the future did the same."""
+    lines = [xid_line(10, "0000:3b:00", 79, "GPU has fallen off the bus.")]
+    for start in ("@nan", float("nan"), f"@{time.time() + 86400:.3f}"):
+        r = by_subject(xid_mod.run(ctx_for(tmp_path, lines, options={"xid_since": start}, since="last-pass")))
+        assert r["gpu0"].status == Status.FAIL, (start, r["gpu0"].summary)
+        assert any(e.startswith(("warning: ignored the job start", "ignored --since")) for e in r["node"].evidence)

@@ -54,10 +54,23 @@ def _snapshot_epoch(snap: dict[str, Any]) -> float | None:
     return parse_timestamp(v) if isinstance(v, str) else None
 
 
+def _since(ctx: Context, params: dict[str, Any]) -> tuple[str, str | None]:
+    """The window of this run and a note: the job start the Slurm epilog passes
+    (`ctx.options["xid_since"]`, from its record in the state directory) wins over the configured
+    `since`; one that is no time (a NaN record) is ignored, and the whole boot judged."""
+    given = ctx.options.get("xid_since")
+    if given in (None, ""):
+        return str(params.get("since", "last-pass")), None
+    try:
+        validate_since(str(given))
+    except ValueError:
+        return "boot", f"warning: ignored the job start {given!r}: it is no time"
+    return str(given), None
+
+
 def run(ctx: Context) -> list[Result]:
     params = ctx.params(ID, DEFAULTS)
-    since = ctx.options.get("xid_since")
-    since = str(since) if since not in (None, "") else str(params.get("since", "last-pass"))
+    since, since_note = _since(ctx, params)
     snapshot = ctx.snapshot or {}
 
     try:
@@ -98,7 +111,7 @@ def run(ctx: Context) -> list[Result]:
         params=params,
         read_summary=sc.read.describe(),
         window_label=sc.window.label,
-        notes=_notes(sc.window, sc),
+        notes=([since_note] if since_note else []) + _notes(sc.window, sc),
         selection=ctx.gpus,
         inventory=_inventory(ctx),
     )
