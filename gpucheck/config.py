@@ -56,6 +56,7 @@ class Limit:
     choices: the strings allowed (of a str, or of each item of a list of strings).
     nonempty: a str must not be empty.
     parse: a function that raises ValueError (naming what is allowed) for a bad str or item.
+    words: how to say what is allowed, where the above do not say it (a parsed str).
     """
 
     kind: str | None = None
@@ -67,9 +68,12 @@ class Limit:
     choices: tuple[str, ...] = ()
     nonempty: bool = False
     parse: Callable[[Any], Any] | None = None
+    words: str = ""
 
     def describe(self, kind: str) -> str:
         """The allowed values in words, for messages and `gpucheck list --defaults`."""
+        if self.words:
+            return self.words
         if kind == "bool":
             return "true or false"
         if kind == "list":

@@ -28,7 +28,7 @@ from ..result import Result, Status
 ID = "xid"
 DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)
 LIMITS = {
-    "since": Limit("str", parse=validate_since),
+    "since": Limit("str", parse=validate_since, words="a window: a duration (2h), a timestamp, boot, all or last-pass"),
     "source": Limit("str", choices=SOURCES),
     "files": Limit("list", item="str"),
     "ignore_xids": Limit("list", item="int", low=1),  # Xid numbers start at 1
