@@ -2,8 +2,10 @@
 
 A check is a `Check`: a `CheckSpec` (id, description, level, needs, budget, defaults) and a run
 function `run(ctx) -> list[Result]`. It never prints and never exits. Thresholds are data: every
-check declares its defaults in `spec.defaults`; a site's config overrides them per check, and the
-merged values reach the check as `ctx.params(check_id)`.
+check declares its defaults in `spec.defaults` (and, where the convention of
+gpucheck.config.conventional_limit does not fit, what each may be set to in `spec.limits`); a
+site's config overrides them per check, and the merged values reach the check as
+`ctx.params(check_id)`.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class CheckSpec:
     budget_s: float = 10.0
     detects: str = ""
     defaults: dict[str, Any] = field(default_factory=dict)
+    # What each default may be set to (gpucheck.config.Limit per key); a key not listed follows
+    # gpucheck.config.conventional_limit. Validated by Config.validate_checks.
+    limits: dict[str, Any] = field(default_factory=dict)
     injects: tuple[str, ...] = ()  # fault-injection kinds this check honours
     # Budget that depends on the run (a burn's --duration): budget_fn(ctx) -> seconds.
     budget_fn: Callable[["Context"], float] | None = None
@@ -97,6 +102,7 @@ def define(
     budget_s: float = 10.0,
     detects: str = "",
     defaults: dict[str, Any] | None = None,
+    limits: dict[str, Any] | None = None,
     injects: tuple[str, ...] = (),
     budget_fn: Callable[["Context"], float] | None = None,
 ) -> Callable[[Callable[["Context"], list[Result]]], Check]:
@@ -112,6 +118,7 @@ def define(
                 budget_s=budget_s,
                 detects=detects,
                 defaults=dict(defaults or {}),
+                limits=dict(limits or {}),
                 injects=tuple(injects),
                 budget_fn=budget_fn,
             ),

@@ -82,6 +82,17 @@ _OPS = {
 }
 
 
+_ORDERING = (">", ">=", "<", "<=")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float))  # bool included: flags are compared as 0/1
+
+
+def _is_nan(v: Any) -> bool:
+    return isinstance(v, float) and math.isnan(v)
+
+
 @dataclass(frozen=True)
 class Threshold:
     """A limit a metric was compared with: the result is `status` when `value <op> limit` holds."""
@@ -97,9 +108,22 @@ class Threshold:
             raise ValueError(f"unknown threshold operator {self.op!r}")
 
     def violated_by(self, value: Any) -> bool:
-        if value is None:
+        if value is None or self.unjudgeable(value) is not None:
             return False
         return bool(_OPS[self.op](value, self.limit))
+
+    def unjudgeable(self, value: Any) -> str | None:
+        """Why `value` cannot be compared with this threshold (NaN, a non-number against an
+        ordering, a NaN limit), or None. None (not supported) is not unjudgeable: it is skipped."""
+        if value is None:
+            return None
+        if _is_nan(self.limit) or (self.op in _ORDERING and not _is_number(self.limit)):
+            return f"the limit {self.limit!r} is not a number"
+        if _is_nan(value):
+            return "the value is not a number (NaN)"
+        if self.op in _ORDERING and not _is_number(value):
+            return f"the value {value!r} is not a number"
+        return None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -215,33 +239,30 @@ def judge(
     The status is the worst status of the thresholds that are violated; the summary names every
     violated threshold (its cause from `causes`, else "<metric> <value> <op> <limit>"); the action
     is the strongest action (from `actions`, keyed by metric) among the violations at the final
-    status. A metric whose value is None (not supported) never violates anything.
+    status. A metric whose value is None (not supported) never violates anything. A metric that
+    cannot be compared (NaN, a non-number; see Threshold.unjudgeable) is never a pass: the result
+    is `error` naming it, unless a threshold that could be judged fails.
     """
     units = units or {}
     causes = causes or {}
     actions = actions or {}
+    unjudged: dict[str, str] = {}
+    for t in thresholds:
+        why = t.unjudgeable(metrics.get(t.metric))
+        if why is not None and t.metric not in unjudged:
+            unjudged[t.metric] = f"could not judge {t.metric}: {why}"
     violated = [t for t in thresholds if t.violated_by(metrics.get(t.metric))]
     status = worst_status([t.status for t in violated]) if violated else Status.PASS
+    evidence: list[str] = []
     if violated:
-        # Report the most severe first, each metric once.
-        violated.sort(key=lambda t: -_STATUS_RANK[t.status])
-        seen: set[str] = set()
-        parts = []
-        for t in violated:
-            if t.metric in seen:
-                continue
-            seen.add(t.metric)
-            unit = units.get(t.metric, t.unit)
-            u = f" {unit}" if unit and unit != "count" else ""
-            cause = causes.get(t.metric)
-            detail = f"{t.metric}={metrics[t.metric]}{u} {t.op} {t.limit}{u}"
-            parts.append(f"{cause} ({detail})" if cause else detail)
-        summary = "; ".join(parts)
-        action = strongest_action(
-            actions.get(t.metric, Action.INVESTIGATE) for t in violated if t.status == status
-        )
+        summary, action = _violations(violated, status, metrics, units, causes, actions)
     else:
         summary, action = ok_summary, Action.NONE
+    if unjudged and status == Status.FAIL:
+        evidence = list(unjudged.values())
+    elif unjudged:
+        summary = "; ".join(unjudged.values()) + (f"; {summary}" if violated else "")
+        status, action = Status.ERROR, Action.NONE
     return Result(
         check=check,
         status=status,
@@ -252,4 +273,27 @@ def judge(
         metrics=dict(metrics),
         units=dict(units),
         thresholds=list(thresholds),
+        evidence=evidence,
     )
+
+
+def _violations(violated: list[Threshold], status: Status, metrics: dict[str, Any], units: dict[str, str],
+                causes: dict[str, str], actions: dict[str, Action]) -> tuple[str, Action]:
+    """The summary naming every violated threshold (most severe first, each metric once) and the
+    strongest action among those at `status`."""
+    violated = sorted(violated, key=lambda t: -_STATUS_RANK[t.status])
+    seen: set[str] = set()
+    parts = []
+    for t in violated:
+        if t.metric in seen:
+            continue
+        seen.add(t.metric)
+        unit = units.get(t.metric, t.unit)
+        u = f" {unit}" if unit and unit != "count" else ""
+        cause = causes.get(t.metric)
+        detail = f"{t.metric}={metrics[t.metric]}{u} {t.op} {t.limit}{u}"
+        parts.append(f"{cause} ({detail})" if cause else detail)
+    action = strongest_action(
+        actions.get(t.metric, Action.INVESTIGATE) for t in violated if t.status == status
+    )
+    return "; ".join(parts), action

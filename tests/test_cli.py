@@ -160,7 +160,7 @@ def test_bad_config_exit_2(capsys, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[checks.ecc]\nvolatile_uncorrected_fail = 'zero'\n")
     rc, out, err = run_cli(capsys, "run", "--config", str(cfg), "--snapshot", str(SNAPS / "h100-healthy.json"))
-    assert rc == 2 and f"{cfg}: checks.ecc.volatile_uncorrected_fail: expected int" in err
+    assert rc == 2 and f"{cfg}: checks.ecc.volatile_uncorrected_fail: expected an integer" in err
     cfg.write_text("[checks.ecc]\nvolatile_uncorrected_fail = 0\n[node]\nexpected_gpus = 9\n")
     rc, v = run_json(capsys, "--config", str(cfg), "--snapshot", str(SNAPS / "h100-healthy.json"))
     assert rc == 1 and any(r["check"] == "inventory" and r["status"] == "fail" for r in v["results"])

@@ -104,7 +104,7 @@ def _cfg(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     "text,needle",
     [
-        ("[node]\nexpected_gpus = 'eight'\n", "node.expected_gpus: expected int"),
+        ("[node]\nexpected_gpus = 'eight'\n", "node.expected_gpus: expected an integer"),
         ("[node]\ngpus = 8\n", "node.gpus: unknown key"),
         ("[nodes]\n", "nodes: unknown key"),
         ("[run]\non_error = 'maybe'\n", "run.on_error"),
@@ -127,7 +127,7 @@ def test_config_check_overrides_validated(tmp_path):
     assert cfg.check_overrides("ecc") == {"limit": 5}
     with pytest.raises(ConfigError, match="checks.ecc.limitt: unknown key"):
         load_config(_cfg(tmp_path, "[checks.ecc]\nlimitt = 5\n")).validate_checks([spec])
-    with pytest.raises(ConfigError, match="checks.ecc.on: expected bool"):
+    with pytest.raises(ConfigError, match="checks.ecc.on: expected true or false"):
         load_config(_cfg(tmp_path, "[checks.ecc]\non = 1\n")).validate_checks([spec])
     with pytest.raises(ConfigError, match=r"\[checks.nope\]: unknown check"):
         load_config(_cfg(tmp_path, "[checks.nope]\nx = 1\n")).validate_checks([spec])

@@ -550,17 +550,17 @@ def test_nvlink_link_read_failures():
     set_link(s, 1, 7, state="inactive")
     s["gpus"][1]["errors"] = {"nvlink.links[4].state": "other"}
     set_link(s, 2, 3, replay_errors=None)
-    s["gpus"][2]["errors"] = {"nvlink.links[3].replay_errors": "no_permission"}  # not needed for the main rule
+    s["gpus"][2]["errors"] = {"nvlink.links[3].replay_errors": "no_permission"}  # the growth rule needs it
     for lk in s["gpus"][3]["nvlink"]["links"]:
         lk["state"] = None  # not supported, not a failure
     out = run(s, only={"nvlink"})
     assert not_pass(out) == {("nvlink", "gpu0", E, Action.NONE), ("nvlink", "gpu1", F, Action.REBOOT),
-                             ("nvlink", "gpu3", S, Action.NONE)}
+                             ("nvlink", "gpu2", E, Action.NONE), ("nvlink", "gpu3", S, Action.NONE)}
     res = by_subject(out, "nvlink")
     assert res["gpu0"].summary == "could not read nvlink.links[4].state (other)"
     assert res["gpu1"].summary == "GPU 1: NvLink 7 down (inactive)"
-    assert "could not read nvlink.links[4].state: other" in res["gpu1"].evidence
-    assert "could not read nvlink.links[3].replay_errors: no_permission" in res["gpu2"].evidence
+    assert "could not read nvlink.links[4].state (other)" in res["gpu1"].evidence
+    assert res["gpu2"].summary == "could not read nvlink.links[3].replay_errors (no_permission)"
     assert res["gpu3"].summary == "GPU 3: the state of its 18 NvLinks is not supported"
 
 
@@ -620,15 +620,17 @@ def test_a_failed_read_is_an_error_unless_something_else_fails():
     s["gpus"][0]["ecc_errors"]["volatile_uncorrected"] = None
     s["gpus"][0]["errors"] = {"ecc_errors.volatile_uncorrected": "no_permission"}
     s["gpus"][1]["ecc_errors"]["aggregate_corrected"] = None
-    s["gpus"][1]["errors"] = {"ecc_errors.aggregate_corrected": "other"}  # not needed for the verdict
+    s["gpus"][1]["errors"] = {"ecc_errors.aggregate_corrected": "other"}  # an advisory limit needs it: warn
     s["gpus"][2]["ecc_errors"]["sram_volatile_uncorrected"] = 1
     s["gpus"][2]["errors"] = {"ecc_errors.volatile_uncorrected": "other"}
     s["gpus"][2]["ecc_errors"]["volatile_uncorrected"] = None
     out = run(s, only={"ecc"})
-    assert not_pass(out) == {("ecc", "gpu0", E, Action.NONE), ("ecc", "gpu2", F, Action.RESET_GPU)}
+    assert not_pass(out) == {("ecc", "gpu0", E, Action.NONE), ("ecc", "gpu1", W, Action.INVESTIGATE),
+                             ("ecc", "gpu2", F, Action.RESET_GPU)}
     r0 = by_subject(out, "ecc")["gpu0"]
     assert "could not read ecc_errors.volatile_uncorrected (no_permission)" in r0.summary
-    assert any("aggregate_corrected" in e for e in by_subject(out, "ecc")["gpu1"].evidence)
+    assert "could not read ecc_errors.aggregate_corrected (other)" in by_subject(out, "ecc")["gpu1"].summary
+    assert "could not read ecc_errors.volatile_uncorrected (other)" in by_subject(out, "ecc")["gpu2"].evidence
 
 
 def test_ecc_corrected_limits_come_from_config():
@@ -646,3 +648,24 @@ def test_config_overrides_are_validated_against_the_defaults():
     Config(checks={"nvlink": {"crc_rate_fail_per_s": 50}}).validate_checks(specs)
     with pytest.raises(ConfigError, match="unknown key"):
         Config(checks={"pcie": {"replay_rate": 3}}).validate_checks(specs)
+
+
+def test_a_previous_reading_whose_time_is_not_a_number_gives_no_delta(tmp_path):
+    """A tampered history time (NaN) made every rate NaN, and a NaN rate passed every limit."""
+    state = State(tmp_path / "state")
+    first = snap("h100-healthy.json")
+    doc = {"schema": "gpucheck.verdict", "time": first["captured_at"],
+           "results": [r.to_dict() for r in run(first, only={"nvlink", "pcie"}).results]}
+    for r in doc["results"]:
+        r["metrics"]["snapshot_time"]["value"] = float("nan")
+    state.append_history(doc)
+    later = copy.deepcopy(first)
+    later["captured_at"] = "2025-06-02T10:16:40Z"
+    set_link(later, 0, 0, crc_flit_errors=5000)  # 50/s over the 100 s, if the time could be trusted
+    later["gpus"][1]["pcie"]["replay_counter"] = 10000
+    out = run(later, state=state, only={"nvlink", "pcie"})
+    assert not_pass(out) == {("nvlink", "gpu0", W, Action.INVESTIGATE)}
+    r = by_subject(out, "nvlink")["gpu0"]
+    assert r.summary == "GPU 0: NvLink 0 CRC errors 5000 since driver load (no previous reading)"
+    assert "no delta available (the previous reading has no usable time)" in " ".join(r.evidence)
+    assert "no delta available (the previous reading has no usable time)" in by_subject(out, "pcie")["gpu1"].summary

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import calendar
+import time
 from pathlib import Path
 
 
@@ -18,11 +18,13 @@ from gpucheck.state import State
 from gpucheck.tests_suite import xid as xid_mod
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"
-T0 = calendar.timegm((2027, 1, 15, 8, 0, 0, 0, 0, 0))
+# Five minutes ago: the check reads this machine's clock and boot time; its events must come after
+# the boot (a window since boot) and a window start ahead of the clock is ignored.
+T0 = (int(time.time()) - 300) // 60 * 60
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-66666666-7777-8888-9999-000000000000"
 SNAP = {
-    "captured_at": "2027-01-15T10:00:00Z",
+    "captured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(T0 + 7200)),
     "nvml": {"ok": True},
     "gpus": [
         {"index": 0, "uuid": UUID0, "pci_bus_id": "00000000:3B:00.0", "state": "ok"},
@@ -32,8 +34,6 @@ SNAP = {
 
 
 def iso(offset_s: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(T0 + offset_s))
 
 
@@ -221,3 +221,13 @@ def test_judge_is_pure_and_orders_results():
                 read_summary="test", window_label="since boot", inventory=gm.gpus())
     assert [r.subject for r in res] == ["node", "gpu0", "gpu1", "gpu2"]
     assert [r.status for r in res] == [Status.PASS, Status.FAIL, Status.PASS, Status.PASS]
+
+
+def test_a_job_start_that_is_no_time_or_ahead_of_now_is_ignored_and_the_boot_judged(tmp_path):
+    """The epilog's job start is a cursor too (its record in the state directory): "@nan" made
+    every event "before the window" (a pass), a start in the future did the same."""
+    lines = [xid_line(10, "0000:3b:00", 79, "GPU has fallen off the bus.")]
+    for start in ("@nan", float("nan"), f"@{time.time() + 86400:.3f}"):
+        r = by_subject(xid_mod.run(ctx_for(tmp_path, lines, options={"xid_since": start}, since="last-pass")))
+        assert r["gpu0"].status == Status.FAIL, (start, r["gpu0"].summary)
+        assert any(e.startswith(("warning: ignored the job start", "ignored --since")) for e in r["node"].evidence)

@@ -96,5 +96,80 @@ def test_scan_end_to_end_with_a_cursor(tmp_path):
                                   "epoch": calendar.timegm((2027, 1, 15, 8, 0, 0, 0, 0, 0))})
     stat = tmp_path / "stat"
     stat.write_text("btime 1700000000\n")
-    sc = scan(files=[str(log)], since="last-pass", state=st, paths=LogPaths(proc_stat=str(stat)))
+    sc = scan(files=[str(log)], since="last-pass", state=st, paths=LogPaths(proc_stat=str(stat)),
+              now=calendar.timegm((2027, 1, 15, 10, 0, 0, 0, 0, 0)))
     assert [e.xid for e in sc.events] == [48] and sc.before_window == 1
+
+
+# -- a window start that cannot be trusted is ignored, never hides events ------------------------
+@pytest.mark.parametrize("cursor,why", [
+    ({"time": "2027-01-15T09:00:00Z", "epoch": NOW + 3600}, "ahead of now"),  # clock stepped back
+    ({"epoch": 1e308}, "ahead of now"),
+    ({"epoch": float("nan")}, "no time that can be read"),
+    ({"epoch": float("inf")}, "no time that can be read"),
+    ({"epoch": -5.0}, "not a time since 1970"),
+    ({"time": "junk"}, "no time that can be read"),
+    ({"time": "9999-12-31T23:59:59Z"}, "ahead of now"),
+    ("a string", "no time that can be read"),
+])
+def test_a_last_pass_cursor_ahead_of_now_or_absurd_is_ignored_and_the_boot_judged(tmp_path, cursor, why):
+    st = State(tmp_path)
+    st.write_cursor("last-pass", cursor)
+    w = resolve_window("last-pass", now=NOW, boot_time=BOOT, state=st)
+    assert w.start == BOOT and w.since == "last-pass"
+    assert w.note.startswith("warning: ignored the last-pass cursor") and why in w.note and "since boot" in w.note
+    sc = scan_read(_read(["[ 9000.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, GPU has fallen off the bus."]), w)
+    assert [e.xid for e in sc.events] == [79] and sc.before_window == 0
+
+
+def test_a_cursor_of_now_or_earlier_is_honoured():
+    assert resolve_window("last-pass", now=NOW, boot_time=BOOT, state=_Cursor({"epoch": NOW})).start == NOW
+
+
+class _Cursor:
+    def __init__(self, value):
+        self.value = value
+
+    def read_cursor(self, name):
+        return self.value
+
+
+def test_since_values_that_are_no_time_are_usage_errors():
+    for bad in ("@nan", "@inf", "@1e308", "@-5", "@"):
+        assert parse_timestamp(bad) is None
+        with pytest.raises(ValueError):
+            validate_since(bad)
+
+
+def test_a_since_timestamp_ahead_of_now_is_ignored_and_a_huge_duration_is_everything():
+    w = resolve_window("@%d" % (NOW + 86400), now=NOW, boot_time=BOOT)
+    assert w.start == BOOT and "ahead of now" in w.note and w.note.startswith("ignored --since")
+    w = resolve_window("9" * 400 + "d", now=NOW, boot_time=BOOT)  # inf seconds ago
+    assert w.start is None and "everything" in w.label
+    w.to_dict()
+
+
+def test_the_xid_check_judges_the_whole_boot_under_a_cursor_from_the_future(tmp_path):
+    """The reproduced bug: a last-pass cursor in the future hid every Xid ("1 older event not
+    judged"); a NaN or 1e308 cursor made the check error forever."""
+    import time
+
+    from gpucheck.check import Context
+    from gpucheck.config import Config
+    from gpucheck.result import Status
+    from gpucheck.tests_suite import xid as xid_mod
+
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now - 60))
+    log = tmp_path / "kern.log"
+    log.write_text(f"{stamp} n kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, GPU has fallen off the bus.\n")
+    snap = {"nvml": {"ok": True}, "gpus": [{"index": 0, "pci_bus_id": "0000:3b:00.0", "state": "ok"}]}
+    for cursor in ({"epoch": now + 86400 * 365}, {"epoch": float("nan")}, {"epoch": 1e308}):
+        st = State(tmp_path / "state")
+        st.write_cursor("last-pass", cursor)
+        ctx = Context(config=Config(checks={"xid": {"files": [str(log)], "since": "last-pass"}}), snapshot=snap,
+                      state=st)
+        res = {r.subject: r for r in xid_mod.run(ctx)}
+        assert res["gpu0"].status == Status.FAIL, (cursor, res["gpu0"].summary)
+        assert any("ignored the last-pass cursor" in e for e in res["node"].evidence)
+        assert not any("before the window" in e for e in res["node"].evidence)

@@ -145,6 +145,7 @@ def _listed_budget(check) -> float:
 def list_command(level, as_json, defaults) -> int:
     """Show every check: id, level, needs, time budget, what it detects."""
     from ..check import Level
+    from ..config import limit_of
     from ..registry import all_checks
 
     checks = all_checks()
@@ -164,6 +165,7 @@ def list_command(level, as_json, defaults) -> int:
             "title": c.spec.title,
             "detects": c.spec.detects,
             "defaults": c.spec.defaults,
+            "ranges": {k: _range_text(limit_of(c.spec, k)) for k in c.spec.defaults},
             "injects": list(c.spec.injects),
         }
         for c in checks
@@ -181,9 +183,14 @@ def list_command(level, as_json, defaults) -> int:
         table.add_row(r["id"], f"{r['level']} {r['level_name']}", ", ".join(r["needs"]) or "-",
                       f"{r['budget_s']:g} s", r["detects"] or r["title"])
         if defaults and r["defaults"]:
-            table.add_row("", "", "", "", "  " + ", ".join(f"{k}={v}" for k, v in r["defaults"].items()))
+            table.add_row("", "", "", "", "  " + ", ".join(f"{k}={v} ({r['ranges'][k]})"
+                                                          for k, v in r["defaults"].items()))
     Console(file=sys.stdout, highlight=False).print(table)
     return 0
+
+
+def _range_text(limit) -> str:  # a gpucheck.config.Limit
+    return limit.describe(limit.kind)
 
 
 @click.command("schema")

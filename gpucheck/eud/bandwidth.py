@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..data.bandwidth import BandwidthSku, lookup
 from ..result import Action, Result, Status, Threshold, judge
 
@@ -56,6 +57,10 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat_timeout_s": 60.0,
     "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init of every GPU
 }
+# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# of work are at least 1 (0 would examine nothing).
+LIMITS = {k: Limit("int", 1) for k in ("h2d_bytes", "d2d_bytes", "p2p_bytes", "repeats", "cpu_bytes",
+                                        "cpu_repeats")}
 
 KINDS = ("h2d", "d2h", "d2d")
 LABEL = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device", "p2p": "peer-to-peer"}
@@ -97,6 +102,7 @@ def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], 
     budget_fn=_budget,
     detects="PCIe links trained below width/generation, slow host paths, slow HBM copies, slow or missing peer paths",
     defaults=DEFAULTS,
+    limits=LIMITS,
     injects=("slow",),
 )
 def bandwidth(ctx: Context) -> list[Result]:

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from ..check import Context, Level, define
+from ..config import Limit
 from ..result import Action, Result, Status
 from .dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 
@@ -48,6 +49,13 @@ DEFAULTS: dict[str, Any] = {
     "require_hostengine": True,  # skip when nv-hostengine does not answer
     "term_grace_s": 30.0,  # SIGTERM -> SIGKILL on timeout (dcgmi stops the diag in the host engine)
     "check_settings": True,  # compare site settings before and after the run
+}
+# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# of work are at least 1 (0 would examine nothing).
+LIMITS = {
+    "diag_level_level3": Limit("int", 1, 4),  # dcgmi diag -r 1-4
+    "diag_level_level4": Limit("int", 1, 4),
+    "term_grace_s": Limit("real", 0),  # 0: SIGKILL right after SIGTERM
 }
 
 LEVEL_NAMES = {"quick": 1, "short": 1, "medium": 2, "long": 3, "xlong": 4}
@@ -171,6 +179,7 @@ def _settings_result(ctx: Context) -> Result | None:
     budget_fn=_budget,
     detects="what DCGM's diagnostics find: memory, PCIe, NVLink, stress, power and EUD test failures",
     defaults=DEFAULTS,
+    limits=LIMITS,
 )
 def dcgm_check(ctx: Context) -> list[Result]:
     from .dcgm_run import find_dcgmi, probe_hostengine, run_diag

@@ -36,6 +36,7 @@ import importlib.util
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
 from .patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 
@@ -66,6 +67,13 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat_timeout_s": 60.0,  # a worker silent this long is hung
     "startup_timeout_s": 120.0,  # spawn + CuPy import + kernel compile + CUDA init
     "sample_interval_s": 1.0,  # NVML sampling period (Xid events during the test)
+}
+# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# of work are at least 1 (0 would examine nothing).
+LIMITS = {
+    **{k: Limit("int", 1) for k in ("chunk_bytes", "passes_level2", "passes_level3", "max_errors", "copy_bytes",
+                                     "copy_repeats", "cpu_bytes", "cpu_chunk_bytes", "block", "blocks_per_sm")},
+    **{f"fraction_level{n}": Limit("real", 0, 1, above=True) for n in (2, 3, 4)},  # of the free memory
 }
 
 _LEVELS = (2, 3, 4)
@@ -148,6 +156,7 @@ def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[st
     budget_fn=_budget,
     detects="HBM cells, rows and address faults that return wrong data (stuck, coupled, weak bits)",
     defaults=DEFAULTS,
+    limits=LIMITS,
     injects=("bitflip",),
 )
 def memtest(ctx: Context) -> list[Result]:

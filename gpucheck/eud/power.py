@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..result import Result, Status
 from .power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
 
@@ -52,6 +53,13 @@ DEFAULTS: dict[str, Any] = {
     "temp_peer_warn_c": 10.0,  # warn when the median load temperature is this far above the peers'
     "heartbeat_timeout_s": 30.0,
     "startup_timeout_s": 120.0,
+}
+# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# of work are at least 1 (0 would examine nothing).
+LIMITS = {
+    **{k: Limit("int", 1) for k in ("size", "cpu_size", "repeats", "min_load_samples", "hw_min_samples",
+                                     "power_top_min_samples")},
+    "warmup_s": Limit("real", 0),  # 0: judge from the first sample
 }
 
 _INJECTS = ("throttle", "hot", "lowpower")
@@ -162,6 +170,7 @@ def power_limit(ctx: Context, gpu: int, samples: list[dict[str, Any]]) -> tuple[
     detects="clocks cut by hardware under load (HW slowdown, HW thermal, power brake), GPUs that cannot reach "
             "their power limit, GPUs much hotter than their peers",
     defaults=DEFAULTS,
+    limits=LIMITS,
     injects=_INJECTS,
 )
 def power_check(ctx: Context) -> list[Result]:

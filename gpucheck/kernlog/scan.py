@@ -4,6 +4,7 @@ window (--since) -> read -> parse -> keep what is in the window.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,51 +29,84 @@ class Window:
 
 
 def cursor_epoch(cursor: Any) -> float | None:
-    """The time of a last-pass cursor ({"time": ISO, "epoch": float}), or None."""
+    """The time of a last-pass cursor ({"time": ISO, "epoch": float}), or None when it has no
+    time that parses to a finite epoch."""
     if not isinstance(cursor, dict):
         return None
     ep = cursor.get("epoch")
     if isinstance(ep, (int, float)) and not isinstance(ep, bool):
-        return float(ep)
+        return float(ep) if math.isfinite(ep) else None
     t = cursor.get("time")
     return parse_timestamp(t) if isinstance(t, str) else None
 
 
+def usable_start(start: float | None, now: float) -> str | None:
+    """Why a window start cannot be trusted (None when it can): a time ahead of now (the clock
+    stepped back since it was written, or it was tampered with) would hide every event, and
+    one before 1970 is no time a kernel logged anything at."""
+    if start is None:
+        return "it has no time that can be read"
+    if not math.isfinite(start) or start < 0:
+        return f"its time {start!r} is not a time since 1970"
+    if start > now:
+        return f"it is ahead of now ({_when(start)} > {iso_utc(now)}: clock stepped back, or tampering)"
+    return None
+
+
+def _when(t: float) -> str:
+    try:
+        return str(iso_utc(t))
+    except (OverflowError, ValueError, OSError):  # beyond what a date can hold
+        return repr(t)
+
+
+def _whole_boot(since: str, now: float, boot_time: float | None, note: str) -> Window:
+    w = resolve_window("boot", now=now, boot_time=boot_time)
+    w.since = since
+    w.note = f"{note}: judging everything {w.label}"
+    return w
+
+
 def resolve_window(since: str, *, now: float, boot_time: float | None, state: Any = None) -> Window:
-    """Turn a --since value into a window start. Raises ValueError for a bad value."""
+    """Turn a --since value into a window start. Raises ValueError for a bad value. A start that
+    cannot be trusted (see `usable_start`: a last-pass cursor or a timestamp ahead of now, an
+    unreadable or absurd cursor) is ignored with a note, and the whole boot is judged."""
     s = validate_since(since)
     if s == "all":
         return Window("all", None, "in everything read")
     if s == "last-pass":
-        if state is None:
-            w = resolve_window("boot", now=now, boot_time=boot_time)
-            w.since = "last-pass"
-            w.note = "no state directory: no last-pass cursor, judging everything " + w.label
-            return w
-        try:
-            cur = state.read_cursor(LAST_PASS_CURSOR)
-        except (OSError, ValueError) as e:
-            cur = None
-            why = f"cannot read the last-pass cursor ({e})"
-        else:
-            why = f"no last-pass cursor in {getattr(state, 'root', 'the state directory')}"
-        ep = cursor_epoch(cur)
-        if ep is None:
-            w = resolve_window("boot", now=now, boot_time=boot_time)
-            w.since = "last-pass"
-            w.note = f"{why}: judging everything {w.label}"
-            return w
-        return Window("last-pass", ep, f"since the last passing run ({iso_utc(ep)})")
+        return _last_pass_window(now, boot_time, state)
     if s == "boot":
         if boot_time is None:
             return Window("boot", None, "since boot", "boot time unknown: judging everything read")
         return Window("boot", boot_time, f"since boot ({iso_utc(boot_time)})")
     d = parse_duration(s)
     if d is not None:
+        if not now - d > 0:  # longer ago than the epoch: everything
+            return Window(s, None, f"in the last {s} (everything read)")
         return Window(s, now - d, f"in the last {s} (since {iso_utc(now - d)})")
     t = parse_timestamp(s)
-    assert t is not None  # validate_since accepted it
+    why = usable_start(t, now)
+    if why is not None:
+        return _whole_boot(s, now, boot_time, f"ignored --since {s}: {why}")
     return Window(s, t, f"since {iso_utc(t)}")
+
+
+def _last_pass_window(now: float, boot_time: float | None, state: Any) -> Window:
+    if state is None:
+        return _whole_boot("last-pass", now, boot_time, "no state directory: no last-pass cursor")
+    try:
+        cur = state.read_cursor(LAST_PASS_CURSOR)
+    except (OSError, ValueError) as e:
+        return _whole_boot("last-pass", now, boot_time, f"cannot read the last-pass cursor ({e})")
+    if cur is None:
+        where = getattr(state, "root", "the state directory")
+        return _whole_boot("last-pass", now, boot_time, f"no last-pass cursor in {where}")
+    ep = cursor_epoch(cur)
+    why = usable_start(ep, now)
+    if why is not None:
+        return _whole_boot("last-pass", now, boot_time, f"warning: ignored the last-pass cursor: {why}")
+    return Window("last-pass", ep, f"since the last passing run ({iso_utc(ep)})")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import calendar
 import functools
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -179,17 +180,18 @@ def parse_duration(text: str) -> float | None:
 def parse_timestamp(text: str) -> float | None:
     """'2024-05-18T19:02:39Z', '2024-05-18 19:02', '@1716058959', '1716058959.5' -> epoch.
 
-    A timestamp without a zone is local time. None when `text` is no timestamp.
+    A timestamp without a zone is local time. None when `text` is no timestamp (an epoch is
+    digits only: `@nan`, `@inf`, `@1e308` are none).
     """
     s = text.strip()
     if not s:
         return None
     if s.startswith("@"):
         s = s[1:]
-        try:
-            return float(s)
-        except ValueError:
+        if not re.fullmatch(r"\d+(?:\.\d+)?", s):  # no nan, inf, 1e308, signs: digits only
             return None
+        t = float(s)
+        return t if math.isfinite(t) else None
     if re.fullmatch(r"\d{9,11}(?:\.\d+)?", s):
         return float(s)
     iso = s[:-1] + "+00:00" if s.endswith(("Z", "z")) else s

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..result import Result, Status
 from .bandwidth import align_size, normalize_op, parse_ops, parse_sizes
 from .intra import CHECK_ID, baselines_from_history, judge, run_local
@@ -32,6 +33,9 @@ DEFAULTS: dict[str, Any] = {
     "expected_all_gather_gbs": 0.0,
     "expected_all_to_all_gbs": 0.0,
 }
+# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# of work are at least 1 (0 would examine nothing).
+LIMITS = {k: Limit("int", 1) for k in ("iters", "cpu_iters")}
 
 # Rough worst-case rates used only for the time budget (never for judging).
 _BUDGET_BPS = {"cpu": 5e7, "cuda": 5e9}
@@ -83,6 +87,7 @@ def _budget(ctx: Context) -> float:
     detects="NVLink/PCIe bandwidth below the SKU table or the node's baseline, corrupted collective data, "
             "a hung or unbalanced GPU rank",
     defaults=DEFAULTS,
+    limits=LIMITS,
     injects=("corrupt",),
 )
 def intra_check(ctx: Context) -> list[Result]:

@@ -263,17 +263,48 @@ def read_gpu(s: N.NvmlSession, index: int) -> dict[str, Any]:
             errors[field] = err.kind
         return None
 
+    sections = (
+        (lambda: _read_identity(g, rd, h), ("uuid", "name", "serial", "pci_bus_id", "architecture")),
+        (lambda: _read_modes(g, rd, h), ("persistence_mode", "ecc_mode", "mig_mode")),
+        (lambda: _read_memory(g, rd, h, s), ("ecc_errors", "remapped_rows", "retired_pages")),
+        (lambda: _read_thermal_clocks(g, rd, h, s, errors), ("temperature", "clocks", "power")),
+        (lambda: _read_pcie(g, rd, h), ("pcie",)),
+        (lambda: _read_fields_and_nvlink(g, rd, h, s, errors), ("recovery_action", "nvlink")),
+    )
     try:
-        _read_identity(g, rd, h)
-        _read_modes(g, rd, h)
-        _read_memory(g, rd, h, s)
-        _read_thermal_clocks(g, rd, h, s, errors)
-        _read_pcie(g, rd, h)
-        _read_fields_and_nvlink(g, rd, h, s, errors)
+        for read_section, fields in sections:
+            try:
+                read_section()
+            except (_Gone, KeyboardInterrupt):
+                raise
+            except Exception:  # noqa: BLE001 - an answer the reader did not expect is a failed read
+                _unread_after_crash(g, fields)
     except _Gone as e:
         g["state"] = _STATE_OF_KIND[e.failure.kind]
         g["error"] = e.failure.to_dict()
     return g
+
+
+_READ_WHOLE = ("ecc_mode", "mig_mode", "remapped_rows")  # groups read by one NVML call: one field in `errors`
+
+
+def _unread_after_crash(g: dict[str, Any], fields: tuple[str, ...]) -> None:
+    """A section of the reader raised (an NVML binding that answered something unexpected):
+    every field of it still unread is a failed read (kind other), never "not supported"."""
+    errors: dict[str, str] = g["errors"]
+    for name in fields:
+        value = g.get(name)
+        if name in _READ_WHOLE:
+            if all(v is None for v in value.values()):
+                errors.setdefault(name, N.OTHER)
+        elif isinstance(value, dict) and name != "nvlink":
+            for key, v in value.items():
+                if v is None and not key.endswith("_names"):
+                    errors.setdefault(f"{name}.{key}", N.OTHER)
+        elif name == "nvlink" and not g["nvlink"].get("links"):
+            errors.setdefault("nvlink", N.OTHER)
+        elif value is None:
+            errors.setdefault(name, N.OTHER)
 
 
 def _read_identity(g: dict[str, Any], rd: Any, h: Any) -> None:
@@ -287,6 +318,8 @@ def _read_identity(g: dict[str, Any], rd: Any, h: Any) -> None:
     if pci is not None:
         bus = getattr(pci, "busId", None) or getattr(pci, "busIdLegacy", None)
         g["pci_bus_id"] = normalize_bus_id(N.text(bus)) if bus is not None else None
+        if g["pci_bus_id"] is None:  # NVML answered, but with no PCI address we can read
+            g["errors"]["pci_bus_id"] = N.OTHER
         dev_id = getattr(pci, "pciDeviceId", None)
         if isinstance(dev_id, int):
             g["pci_device_id"] = f"{(dev_id >> 16) & 0xFFFF:#06x}"
@@ -328,10 +361,13 @@ def _read_memory(g: dict[str, Any], rd: Any, h: Any, s: N.NvmlSession) -> None:
         st = status_cls()
         if rd("ecc_errors.sram_threshold_exceeded", "nvmlDeviceGetSramEccErrorStatus", h, ctypes.byref(st)) is not None:
             e["sram_threshold_exceeded"] = bool(st.bThresholdExceeded)
+            # Where the location-based counter gave nothing, the status has it: read after all.
             if e["sram_volatile_uncorrected"] is None:
                 e["sram_volatile_uncorrected"] = int(st.volatileUncParity) + int(st.volatileUncSecDed)
+                g["errors"].pop("ecc_errors.sram_volatile_uncorrected", None)
             if e["sram_aggregate_uncorrected"] is None:
                 e["sram_aggregate_uncorrected"] = int(st.aggregateUncParity) + int(st.aggregateUncSecDed)
+                g["errors"].pop("ecc_errors.sram_aggregate_uncorrected", None)
 
     v = rd("remapped_rows", "nvmlDeviceGetRemappedRows", h)
     if v is not None:

@@ -10,10 +10,12 @@ skipped: a run restricted to one check (`--check ecc`) must not pass a node whos
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+from typing import Any, Mapping
 
 from ..check import Context
 from ..result import Action, Result, Status
+from ..telemetry.fields import judged_view
 
 STATE_TEXT = {
     "lost": "GPU is lost (fell off the bus or stopped answering; NVML GPU_IS_LOST)",
@@ -35,11 +37,13 @@ def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:
 
 
 def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[dict[str, Any]], list[Result] | None]:
-    """The selected snapshot GPUs, or a skip saying why there is nothing to judge."""
+    """The selected snapshot GPUs as the checks judge them (telemetry.fields.judged_view: values
+    a field cannot hold are None and listed as invalid), or a skip saying why there is nothing to
+    judge."""
     skip = nvml_unavailable(check_id, ctx)
     if skip:
         return [], skip
-    gpus = sorted(ctx.selected_gpu_entries(), key=lambda g: g.get("index", 0))
+    gpus = sorted((judged_view(g) for g in ctx.selected_gpu_entries()), key=lambda g: g.get("index", 0))
     if not gpus:
         total = len((ctx.snapshot or {}).get("gpus", []))
         why = (f"none of the selected GPUs {ctx.gpus} is among the {total} GPUs NVML reports"
@@ -72,26 +76,57 @@ def gpu_state_result(check_id: str, g: dict[str, Any]) -> Result | None:
     return r
 
 
-def read_failures(g: dict[str, Any], prefixes: Iterable[str]) -> dict[str, str]:
-    """The GPU's failed reads (field -> kind) under the given field prefixes."""
-    errs = g.get("errors") or {}
-    pre = tuple(prefixes)
-    return {k: v for k, v in sorted(errs.items()) if k.startswith(pre)}
+def unreadable_fields(g: dict[str, Any]) -> dict[str, str]:
+    """Every field of GPU entry `g` that could not be read (its `errors` map: field -> kind) or
+    holds a value its field cannot hold (the "invalid" map of telemetry.fields.judged_view),
+    field -> why, in words that name the field."""
+    errors = g.get("errors") if isinstance(g.get("errors"), dict) else {}
+    out = {str(f): f"could not read {f} ({kind})" for f, kind in sorted(errors.items())}
+    for f, value in sorted((g.get("invalid") or {}).items()):
+        out[f] = f"invalid value in {f} ({value})"
+    return out
 
 
-def apply_read_failures(r: Result, g: dict[str, Any], core: Iterable[str], other: Iterable[str] = ()) -> Result:
-    """Note failed reads on a result. A failed read of a field the check needs for its main rule
-    (`core` prefixes) turns a pass into `error` (no judgement was possible); failed reads of the
-    other fields are evidence only. A fail or warn found from the fields that were read stands."""
-    core_f = read_failures(g, core)
-    other_f = read_failures(g, other)
-    for field, kind in {**core_f, **other_f}.items():
-        r.evidence.append(f"could not read {field}: {kind}")
-    if core_f and r.status in (Status.PASS, Status.SKIP):
-        names = ", ".join(f"{f} ({k})" for f, k in core_f.items())
-        r.status = Status.ERROR
-        r.summary = f"could not read {names}"
-        r.action = Action.NONE
+def status_if_unreadable(field: str, reads: Mapping[str, Status]) -> Status | None:
+    """What an unreadable `field` makes a result that reads `reads` (field or group -> ERROR or
+    WARN), or None when the result does not read it. The longest entry that is the field or a
+    group holding it counts, and so does every entry inside the field when a whole group (or link)
+    is unreadable; ERROR wins over WARN."""
+    covering = [k for k in reads if field == k or field.startswith((k + ".", k + "["))]
+    inside = [k for k in reads if k.startswith((field + ".", field + "["))]
+    found = ([reads[max(covering, key=len)]] if covering else []) + [reads[k] for k in inside]
+    if not found:
+        return None
+    return Status.ERROR if Status.ERROR in found else Status.WARN
+
+
+def apply_unreadable(r: Result, g: dict[str, Any], reads: Mapping[str, Status]) -> Result:
+    """Note on `r` every field of `g` it reads (`reads`: field -> ERROR where a fail rule needs
+    it, WARN where only an advisory rule or the report does) that could not be read or holds an
+    invalid value. A pass or skip becomes the worst of those statuses, and the summary names the
+    fields; a warn becomes error when a field of an ERROR rule is among them; a fail found from
+    the fields that were read stands (the fields are evidence). Never a silent pass."""
+    hit: dict[str, tuple[str, Status]] = {}
+    for f, why in unreadable_fields(g).items():
+        st = status_if_unreadable(f, reads)
+        if st is not None:
+            hit[f] = (why, st)
+    if not hit:
+        return r
+    r.evidence.extend(why for why, _ in hit.values())
+    if r.status == Status.FAIL:
+        return r
+    worst = Status.ERROR if any(st == Status.ERROR for _, st in hit.values()) else Status.WARN
+    words = "; ".join(why for why, st in hit.values() if st == worst or worst == Status.WARN)
+    old_status, old_summary = r.status, r.summary
+    if worst == Status.ERROR:
+        r.status, r.action = Status.ERROR, Action.NONE
+        r.summary = words + (f"; {old_summary}" if old_status in (Status.WARN, Status.ERROR) else "")
+    elif old_status in (Status.PASS, Status.SKIP):
+        r.status, r.action = Status.WARN, Action.INVESTIGATE
+        r.summary = f"{words}; {old_summary}"
+    else:
+        r.summary = f"{old_summary}; {words}"
     return r
 
 
@@ -126,10 +161,12 @@ def previous_interval(prev: tuple[dict[str, Any], Any] | None, now: float | None
     metrics, verdict_time = prev
     then = metrics.get("snapshot_time")
     then = parse_time(then) if then is not None else parse_time(verdict_time)
-    if then is None or now is None:
+    if now is None or not math.isfinite(now):
+        return None, "this snapshot has no usable time"
+    if then is None or not math.isfinite(then) or then < 0:
         return None, "the previous reading has no usable time"
     if now < then:
-        return None, "the previous reading is newer than this snapshot"
+        return None, "the previous reading is newer than this snapshot (clock stepped back?)"
     return now - then, None
 
 

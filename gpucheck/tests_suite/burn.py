@@ -26,6 +26,7 @@ import statistics
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..result import Action, Result, Status, Threshold, judge
@@ -58,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init
     "sample_interval_s": 1.0,  # NVML sampling period
 }
+# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# of work are at least 1 (0 would examine nothing).
+LIMITS = {k: Limit("int", 1) for k in ("size", "cpu_size", "repeats", "ref_rows")}
 
 _LEVEL_KEYS = (2, 3, 4)
 
@@ -118,6 +122,7 @@ def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], 
     budget_fn=_budget,
     detects="silent data corruption in GEMMs, slow (throttled, degraded) GPUs, GPUs that hang or crash under load",
     defaults=DEFAULTS,
+    limits=LIMITS,
     injects=("bitflip", "slow", "hang"),
 )
 def burn_gemm(ctx: Context) -> list[Result]:

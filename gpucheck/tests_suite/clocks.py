@@ -14,15 +14,23 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
 from ..telemetry.throttle import is_set, reason_names
-from . import apply_read_failures, get, gpu_state_result, selected_gpus_or_skip
+from . import apply_unreadable, get, gpu_state_result, selected_gpus_or_skip
 
 ID = "clocks"
 
 DEFAULTS = {
     "thermal_margin_c": 10,  # warn when the GPU is less than this far below its slowdown temperature
 }
+LIMITS = {"thermal_margin_c": Limit("real", 0)}  # degrees: a fraction of one is a valid margin
+
+# The snapshot fields a GPU's result depends on: the clock-event reasons feed the fail rules
+# (error when unreadable); temperatures feed the advisory headroom rule, and clocks and power are
+# reported (warn).
+READS = {"clocks.throttle_reasons": Status.ERROR, "clocks": Status.WARN, "temperature": Status.WARN,
+         "power": Status.WARN}
 
 _HW = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
@@ -66,7 +74,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     if mask is None and headroom is None:
         r = Result(ID, Status.SKIP, f"GPU {idx}: neither clock-event reasons nor temperature thresholds are "
                    "supported on this GPU/driver", gpu=idx, metrics=metrics, thresholds=thresholds)
-        return apply_read_failures(r, g, core=("clocks.throttle_reasons", "temperature.gpu_c"))
+        return apply_unreadable(r, g, READS)
     r = judge(
         ID,
         thresholds,
@@ -87,7 +95,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     )
     if mask is None:
         r.evidence.append("clock-event reasons not supported on this GPU/driver: throttling not judged")
-    return apply_read_failures(r, g, core=("clocks.throttle_reasons",), other=("temperature", "clocks", "power"))
+    return apply_unreadable(r, g, READS)
 
 
 @define(
@@ -98,6 +106,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     budget_s=5.0,
     detects="GPUs held in HW slowdown / power brake, overheating before a job starts",
     defaults=DEFAULTS,
+    limits=LIMITS,
 )
 def clocks(ctx: Context) -> list[Result]:
     gpus, skip = selected_gpus_or_skip(ID, ctx)

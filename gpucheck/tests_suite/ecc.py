@@ -14,7 +14,7 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..result import Action, Result, Status, Threshold, judge
-from . import apply_read_failures, get, gpu_state_result, selected_gpus_or_skip
+from . import apply_unreadable, get, gpu_state_result, selected_gpus_or_skip
 
 ID = "ecc"
 
@@ -25,6 +25,15 @@ DEFAULTS = {
     "sram_aggregate_uncorrected_warn": 0,  # warn when lifetime SRAM uncorrected > this
     "corrected_volatile_warn": 1000,  # warn when corrected (SBE) since driver load > this
     "corrected_aggregate_warn": 10000,  # warn when lifetime corrected > this
+}
+
+# The snapshot fields each GPU's result depends on, and what it is when one could not be read
+# (or holds an invalid value): error where a fail rule needs it, warn for the advisory limits.
+READS = {
+    "ecc_errors.volatile_uncorrected": Status.ERROR,
+    "ecc_errors.sram_volatile_uncorrected": Status.ERROR,
+    "ecc_errors.sram_threshold_exceeded": Status.ERROR,
+    "ecc_errors": Status.WARN,  # lifetime uncorrected, corrected volumes
 }
 
 _FIELDS = (
@@ -64,7 +73,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     if all(metrics[k] is None for k in _FIELDS) and metrics["sram_threshold_exceeded"] is None:
         r = Result(ID, Status.SKIP, f"GPU {idx}: ECC counters not supported on this GPU/driver", gpu=idx,
                    metrics=metrics, thresholds=thresholds)
-        return apply_read_failures(r, g, core=("ecc_errors.volatile_uncorrected",), other=("ecc_errors",))
+        return apply_unreadable(r, g, READS)
     r = judge(
         ID,
         thresholds,
@@ -92,7 +101,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
             "aggregate_corrected": Action.INVESTIGATE,
         },
     )
-    return apply_read_failures(r, g, core=("ecc_errors.volatile_uncorrected",), other=("ecc_errors",))
+    return apply_unreadable(r, g, READS)
 
 
 @define(

@@ -17,7 +17,8 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..result import Action, Result, Status, Threshold, judge
-from . import apply_read_failures, get, gpu_state_result
+from ..telemetry.fields import judged_view
+from . import apply_unreadable, get, gpu_state_result, unreadable_fields
 
 ID = "inventory"
 
@@ -27,6 +28,26 @@ DEFAULTS = {
     "allow_mig": False,  # warn when MIG mode is enabled
     "compare_pci_bus": True,  # fail for NVIDIA GPUs on the PCI bus that NVML does not report
 }
+
+
+def gpu_reads(p: dict[str, Any]) -> dict[str, Status]:
+    """The snapshot fields a GPU's result depends on, and what it is when one could not be read
+    (or holds an invalid value): error for the ECC mode where ECC is required (a fail rule), warn
+    for the advisory modes and the identity it reports."""
+    reads = {k: Status.WARN for k in ("uuid", "name", "serial", "pci_bus_id", "pci_device_id", "persistence_mode",
+                                       "mig_mode", "ecc_mode")}
+    if p["require_ecc"]:
+        reads["ecc_mode"] = Status.ERROR
+    return reads
+
+
+def node_reads(p: dict[str, Any], snap: dict[str, Any]) -> dict[str, Status]:
+    """The fields of every GPU the node result depends on: the model (mixed or unexpected models
+    fail) and, when NVIDIA GPUs are on the PCI bus and compared, the PCI bus id."""
+    reads = {"name": Status.ERROR}
+    if p["compare_pci_bus"] and snap.get("pci_nvidia_devices"):
+        reads["pci_bus_id"] = Status.ERROR
+    return reads
 
 
 def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
@@ -65,16 +86,12 @@ def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
 
 
 def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
-    gpus = snap.get("gpus") or []
+    gpus = [judged_view(g) for g in snap.get("gpus") or []]
     pci = snap.get("pci_nvidia_devices") or []
     expected = ctx.config.expected_gpus if ctx.config is not None else None
     expected_model = ctx.config.expected_model if ctx.config is not None else None
     count = len(gpus)
-    nvml_bus = {g.get("pci_bus_id") for g in gpus if g.get("pci_bus_id")}
-    unseen = [d["bus_id"] for d in pci if d.get("bus_id") not in nvml_bus] if p["compare_pci_bus"] else []
-    # GPUs NVML lists but cannot open have no bus id: the unmatched bus ids are theirs first.
-    unreadable = [g.get("index") for g in gpus if g.get("state", "ok") != "ok" and not g.get("pci_bus_id")]
-    not_in_nvml = max(len(unseen) - len(unreadable), 0)
+    unseen, not_in_nvml = _bus_ids_not_in_nvml(gpus, pci) if p["compare_pci_bus"] else ([], 0)
     names = sorted({g.get("name") for g in gpus if g.get("state", "ok") == "ok" and g.get("name")})
     mismatched = [
         g.get("index") for g in gpus
@@ -147,6 +164,32 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
         r.evidence.append("GPUs NVML lists but cannot read (see their results): " + ", ".join(lost))
     if expected is not None and count < expected and pci:
         r.evidence.append("NVIDIA GPUs on the PCI bus: " + ", ".join(d["bus_id"] for d in pci))
+    return _unreadable_on_the_node(r, gpus, node_reads(p, snap))
+
+
+def _bus_ids_not_in_nvml(gpus: list[dict[str, Any]], pci: list[dict[str, Any]]) -> tuple[list[str], int]:
+    """The sysfs bus ids no NVML GPU has, and how many of them no GPU without a readable bus id
+    (NVML lists it but cannot open it, or the read failed) can account for: those are theirs
+    first."""
+    nvml_bus = {g.get("pci_bus_id") for g in gpus if g.get("pci_bus_id")}
+    unseen = [d["bus_id"] for d in pci if d.get("bus_id") not in nvml_bus]
+    unreadable = [g.get("index") for g in gpus if not g.get("pci_bus_id")
+                  and (g.get("state", "ok") != "ok" or "pci_bus_id" in unreadable_fields(g))]
+    return unseen, max(len(unseen) - len(unreadable), 0)
+
+
+def _unreadable_on_the_node(r: Result, gpus: list[dict[str, Any]], reads: dict[str, Status]) -> Result:
+    """The node result depends on every readable GPU's model and bus id: one that could not be
+    read (or is invalid) leaves it unjudged (error) unless what was read already fails it."""
+    whys = [f"GPU {g.get('index')}: {why}" for g in gpus if g.get("state", "ok") == "ok"
+            for f, why in unreadable_fields(g).items() if f in reads]
+    if not whys:
+        return r
+    r.evidence.extend(whys)
+    if r.status != Status.FAIL:
+        kept = f"; {r.summary}" if r.status in (Status.WARN, Status.ERROR) else ""
+        r.status, r.action = Status.ERROR, Action.NONE
+        r.summary = "; ".join(whys) + kept
     return r
 
 
@@ -203,7 +246,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
             "mig_current": Action.INVESTIGATE,
         },
     )
-    return apply_read_failures(r, g, core=(), other=("uuid", "name", "serial", "pci_bus_id", "persistence_mode", "ecc_mode", "mig_mode"))
+    return apply_unreadable(r, g, gpu_reads(p))
 
 
 @define(
@@ -226,7 +269,7 @@ def inventory(ctx: Context) -> list[Result]:
     if not gpus and not pci and not expected:
         return [Result(ID, Status.SKIP, "no NVIDIA GPU on this machine (NVML reports none, none on the PCI bus)")]
     results = [_node(ctx, snap, p)]
-    results.extend(_gpu(g, p) for g in sorted(ctx.selected_gpu_entries(), key=lambda g: g.get("index", 0)))
+    results.extend(_gpu(judged_view(g), p) for g in sorted(ctx.selected_gpu_entries(), key=lambda g: g.get("index", 0)))
     return results
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
-from . import apply_read_failures, get, gpu_state_result, selected_gpus_or_skip
+from . import apply_unreadable, get, gpu_state_result, selected_gpus_or_skip
 
 ID = "memory-remap"
 ARCH_AMPERE = 7  # nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_AMPERE
@@ -26,6 +27,17 @@ DEFAULTS = {
     "retired_pages_warn": 15,  # pre-Ampere: warn when retired pages (SBE + DBE) >= this
     "retired_pages_fail": 60,  # pre-Ampere: fail (rma) when retired pages >= this
 }
+# The snapshot fields a GPU's result depends on, by the mechanism judged (Ampere+ row remapping,
+# or page retirement before Ampere): error where its fail rules need the field; warn for the
+# architecture (it chose the mechanism; the GPU's own answers confirm it) and for the other
+# mechanism's fields (reported, not judged).
+READS_REMAP = {"remapped_rows": Status.ERROR, "retired_pages": Status.WARN, "architecture": Status.WARN,
+               "architecture_id": Status.WARN}
+READS_RETIRED = {"retired_pages": Status.ERROR, "remapped_rows": Status.WARN, "architecture": Status.WARN,
+                 "architecture_id": Status.WARN}
+
+# ">= 0" would fire on every GPU: each limit is at least 1.
+LIMITS = {k: Limit("int", 1) for k in DEFAULTS}
 
 
 def _arch_id(g: dict[str, Any]) -> int | None:
@@ -55,7 +67,7 @@ def _remap(g: dict[str, Any], p: dict[str, Any]) -> Result:
     if all(metrics[k] is None for k in ("remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure")):
         r = Result(ID, Status.SKIP, f"GPU {idx}: remapped rows not supported (MIG with active instances, or driver)",
                    gpu=idx, metrics=metrics, thresholds=thresholds)
-        return apply_read_failures(r, g, core=("remapped_rows",))
+        return apply_unreadable(r, g, READS_REMAP)
     r = judge(
         ID,
         thresholds,
@@ -75,7 +87,7 @@ def _remap(g: dict[str, Any], p: dict[str, Any]) -> Result:
             "remapped_uncorrectable": Action.INVESTIGATE,
         },
     )
-    return apply_read_failures(r, g, core=("remapped_rows",))
+    return apply_unreadable(r, g, READS_REMAP)
 
 
 def _retired(g: dict[str, Any], p: dict[str, Any]) -> Result:
@@ -99,7 +111,7 @@ def _retired(g: dict[str, Any], p: dict[str, Any]) -> Result:
     if total is None and metrics["retired_pages_pending"] is None:
         r = Result(ID, Status.SKIP, f"GPU {idx}: retired pages not supported on this GPU/driver", gpu=idx,
                    metrics=metrics, thresholds=thresholds)
-        return apply_read_failures(r, g, core=("retired_pages",))
+        return apply_unreadable(r, g, READS_RETIRED)
     r = judge(
         ID,
         thresholds,
@@ -115,19 +127,27 @@ def _retired(g: dict[str, Any], p: dict[str, Any]) -> Result:
     )
     if r.status == Status.WARN:
         r.action = Action.INVESTIGATE  # the soft limit asks for a look, the hard one for an RMA
-    return apply_read_failures(r, g, core=("retired_pages",))
+    return apply_unreadable(r, g, READS_RETIRED)
+
+
+def judges_retired_pages(g: dict[str, Any]) -> bool:
+    """Page retirement is judged before Ampere, and where the architecture is unknown and the GPU
+    has no row remapper (judge what the GPU keeps); row remapping otherwise."""
+    arch = _arch_id(g)
+    if arch is not None:
+        return arch < ARCH_AMPERE
+    return all(v is None for v in (get(g, "remapped_rows") or {}).values())
+
+
+def reads_for(g: dict[str, Any]) -> dict[str, Status]:
+    return READS_RETIRED if judges_retired_pages(g) else READS_REMAP
 
 
 def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     bad = gpu_state_result(ID, g)
     if bad is not None:
         return bad
-    arch = _arch_id(g)
-    if arch is not None and arch < ARCH_AMPERE:
-        return _retired(g, p)
-    if arch is None and all(v is None for v in (get(g, "remapped_rows") or {}).values()):
-        return _retired(g, p)  # architecture unknown and no row remapper: judge what the GPU keeps
-    return _remap(g, p)
+    return _retired(g, p) if judges_retired_pages(g) else _remap(g, p)
 
 
 @define(
@@ -138,6 +158,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     budget_s=5.0,
     detects="pending row remaps / page retirements (reset needed), remap failure and retired-page RMA limits",
     defaults=DEFAULTS,
+    limits=LIMITS,
 )
 def memory_remap(ctx: Context) -> list[Result]:
     gpus, skip = selected_gpus_or_skip(ID, ctx)

@@ -28,18 +28,18 @@ A GPU without NvLink (not supported) gets one skip saying so.
 from __future__ import annotations
 
 import datetime as _dt
-import re
 from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..result import Action, Result, Status, Threshold, strongest_action, worst_status
 from . import (
-    apply_read_failures,
+    apply_unreadable,
     counter_growth,
     gpu_state_result,
     previous_interval,
     selected_gpus_or_skip,
     snapshot_time,
+    unreadable_fields,
 )
 
 ID = "nvlink"
@@ -54,7 +54,10 @@ DEFAULTS = {
     "crc_abs_warn": 1000,  # no history: warn when a link's CRC errors since driver load exceed this
 }
 
-_STATE_ERR = re.compile(r"^nvlink\.links\[(\d+)\]\.state$")
+# The snapshot fields a GPU's result depends on: every link's state and error counters feed fail
+# rules (error when one could not be read or is invalid); the link count only sizes the read (the
+# reader probes the links without it) and the UUID keys the history (warn).
+READS = {"nvlink": Status.ERROR, "nvlink.link_count": Status.WARN, "uuid": Status.WARN}
 UP_STATES = ("active", "sleep")  # sleep: a trained link in its low-power state
 COUNTERS = ("replay", "recovery", "crc")  # keys of a link in the `links` metric
 
@@ -315,20 +318,19 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[str, Reading], now:
     if not links:
         r = Result(ID, Status.SKIP, f"GPU {idx}: NvLink state could not be read", gpu=idx)
         r.metric("uuid", g.get("uuid"))
-        return apply_read_failures(r, g, core=("nvlink",))
+        return apply_unreadable(r, g, READS)
     uuid = g.get("uuid")
     r = _judge_links(g, links, p, history.get(uuid) if uuid else None, now)
     if r.metrics["links_unknown"] == len(links) and r.status == Status.PASS:
         r.status = Status.SKIP
         r.summary = f"GPU {idx}: the state of its {len(links)} NvLinks is not supported"
-    # A link whose state could not be read (listed or not) leaves the GPU unjudged unless another
-    # link already fails or warns it.
-    state_fields = tuple(f for f in sorted(g.get("errors") or {}) if _STATE_ERR.match(f))
-    return apply_read_failures(r, g, core=state_fields, other=("nvlink",))
+    # A link whose state or counters could not be read (listed or not) leaves the GPU unjudged
+    # unless another link already fails it.
+    return apply_unreadable(r, g, READS)
 
 
 def _link_errors(g: dict[str, Any]) -> bool:
-    return any(k.startswith("nvlink") for k in (g.get("errors") or {}))
+    return any(k.startswith("nvlink") for k in unreadable_fields(g))
 
 
 @define(

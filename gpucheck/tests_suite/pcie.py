@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
 from . import (
-    apply_read_failures,
+    apply_unreadable,
     counter_growth,
     gpu_state_result,
     latest_metrics_by,
@@ -34,6 +35,11 @@ DEFAULTS = {
     "replay_min_window_s": 60,  # growth over a shorter interval is judged as if over this long
     "warn_gen_below_max": True,  # false: generation below max is reported but passes
 }
+# The snapshot fields a GPU's result depends on: the width rule fails (error when unreadable);
+# the generation and replay rules warn, and the UUID keys the replay history (warn).
+READS = {"pcie.link_width": Status.ERROR, "pcie.link_width_max": Status.ERROR, "pcie": Status.WARN,
+         "uuid": Status.WARN}
+LIMITS = {"replay_rate_warn_per_min": Limit("real", 0), "replay_min_window_s": Limit("real", 0, above=True)}
 
 
 def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: float | None) -> Result:
@@ -75,7 +81,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: flo
     if width is None and gen is None and replays is None:
         r = Result(ID, Status.SKIP, f"GPU {idx}: PCIe link state not supported on this GPU/driver", gpu=idx,
                    metrics=metrics, thresholds=thresholds)
-        return apply_read_failures(r, g, core=("pcie.link_width",), other=("pcie",))
+        return apply_unreadable(r, g, READS)
     r = judge(
         ID,
         thresholds,
@@ -102,7 +108,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: flo
             r.summary += f"; {note}"
     elif rate is not None and r.status == Status.PASS:
         r.summary += f"; {growth} replays in {interval:.0f} s"
-    return apply_read_failures(r, g, core=("pcie.link_width", "pcie.link_width_max"), other=("pcie",))
+    return apply_unreadable(r, g, READS)
 
 
 @define(
@@ -113,6 +119,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: flo
     budget_s=5.0,
     detects="down-trained PCIe links (width), reduced generation, replay storms",
     defaults=DEFAULTS,
+    limits=LIMITS,
 )
 def pcie(ctx: Context) -> list[Result]:
     gpus, skip = selected_gpus_or_skip(ID, ctx)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
 
 CHECK_ID = "poet.ortho"
@@ -53,6 +54,19 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat_timeout_s": 30.0,  # a worker sends a heartbeat after every operation
     "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init (the kernel compile comes after)
     "sample_interval_s": 1.0,
+}
+# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# of work are at least 1 (0 would examine nothing).
+LIMITS = {
+    **{k: Limit("int", 1) for k in ("size", "rows", "cpu_blocks", "cpu_rows", "chain_steps", "verify_rows",
+                                     "ortho_blocks", "q_pool")},
+    "blocks": Limit("list", item="int", low=1),
+    "rho_min": Limit("real", 0, 1, below=True),  # ||Q||_2 of a block: in [0, 1) (rho_min <= rho_max: checked by
+    "rho_max": Limit("real", 0, 1, below=True),  # the worker's PoetConfig.validate)
+    "max_events": Limit("int", 1),
+    "dense_acc_roundoff": Limit("real", 0, above=True),
+    "bound_scale": Limit("real", 0, above=True),
+    "backend": Limit("str", choices=("auto", "cupy", "torch")),
 }
 
 _WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_blocks", "q_pool", "dense_acc_roundoff",
@@ -141,6 +155,7 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     detects="silent data corruption in batched small matmuls, permutation gathers and custom CUDA kernels; "
             "GPUs that hang or crash under that load",
     defaults=DEFAULTS,
+    limits=LIMITS,
     injects=("bitflip", "hang"),
 )
 def poet_ortho(ctx: Context) -> list[Result]:

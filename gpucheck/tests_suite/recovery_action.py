@@ -22,9 +22,11 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..result import Action, Result, Status, Threshold
-from . import apply_read_failures, gpu_state_result, selected_gpus_or_skip
+from . import apply_unreadable, gpu_state_result, selected_gpus_or_skip
 
 ID = "recovery-action"
+
+READS = {"recovery_action": Status.ERROR}  # the one field the rule needs
 
 # value -> (name, gpucheck action, what to tell the operator)
 ACTIONS: dict[int, tuple[str, Action, str]] = {
@@ -51,7 +53,7 @@ def _gpu(g: dict[str, Any]) -> Result:
     if value is None:
         r.metric("recovery_action_name", None)
         r.summary = f"GPU {idx}: recovery action not supported by this driver"
-        return apply_read_failures(r, g, core=("recovery_action",))
+        return apply_unreadable(r, g, READS)
     value = int(value)
     if value == 0:
         r.metric("recovery_action_name", "none")

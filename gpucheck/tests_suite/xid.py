@@ -16,14 +16,24 @@ import time
 from typing import Any
 
 from ..check import Context, Level, Need, define
+from ..config import Limit
 from ..kernlog import judge as J
 from ..kernlog.mapping import GpuInfo, from_announcements, from_snapshot
 from ..kernlog.scan import Window, read_from_snapshot, resolve_window, scan, scan_read
+from ..kernlog.sources import SOURCES
+from ..kernlog.timeparse import validate_since
 from ..pci import short_bus_id
 from ..result import Result, Status
 
 ID = "xid"
 DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)
+LIMITS = {
+    "since": Limit("str", parse=validate_since, words="a window: a duration (2h), a timestamp, boot, all or last-pass"),
+    "source": Limit("str", choices=SOURCES),
+    "files": Limit("list", item="str"),
+    "ignore_xids": Limit("list", item="int", low=1),  # Xid numbers start at 1
+    "max_evidence_lines": Limit("int", 1),
+}
 
 
 def _inventory(ctx: Context) -> list[GpuInfo]:
@@ -44,10 +54,23 @@ def _snapshot_epoch(snap: dict[str, Any]) -> float | None:
     return parse_timestamp(v) if isinstance(v, str) else None
 
 
+def _since(ctx: Context, params: dict[str, Any]) -> tuple[str, str | None]:
+    """The window of this run and a note: the job start the Slurm epilog passes
+    (`ctx.options["xid_since"]`, from its record in the state directory) wins over the configured
+    `since`; one that is no time (a NaN record) is ignored, and the whole boot judged."""
+    given = ctx.options.get("xid_since")
+    if given in (None, ""):
+        return str(params.get("since", "last-pass")), None
+    try:
+        validate_since(str(given))
+    except ValueError:
+        return "boot", f"warning: ignored the job start {given!r}: it is no time"
+    return str(given), None
+
+
 def run(ctx: Context) -> list[Result]:
     params = ctx.params(ID, DEFAULTS)
-    since = ctx.options.get("xid_since")
-    since = str(since) if since not in (None, "") else str(params.get("since", "last-pass"))
+    since, since_note = _since(ctx, params)
     snapshot = ctx.snapshot or {}
 
     try:
@@ -88,7 +111,7 @@ def run(ctx: Context) -> list[Result]:
         params=params,
         read_summary=sc.read.describe(),
         window_label=sc.window.label,
-        notes=_notes(sc.window, sc),
+        notes=([since_note] if since_note else []) + _notes(sc.window, sc),
         selection=ctx.gpus,
         inventory=_inventory(ctx),
     )
@@ -113,6 +136,7 @@ CHECK = define(
     budget_s=15.0,
     detects="GPU fell off the bus, double-bit ECC, GSP timeouts, NVLink and NVSwitch faults (Xid/SXid)",
     defaults=DEFAULTS,
+    limits=LIMITS,
 )(run)
 
 CHECKS = [CHECK]
