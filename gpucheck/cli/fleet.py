@@ -206,7 +206,8 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     """Run `gpucheck run --json` on every node of NODESET, compare them, list the bad ones.
 
     NODESET uses Slurm/ClusterShell syntax, e.g. gpu[001-128,130]. Exit 0 when every node is
-    healthy, 1 when any node fails, cannot be reached, times out or gives no verdict.
+    healthy, 1 when any node fails, cannot be reached, times out or gives no verdict, 3 when
+    SIGTERM/SIGINT stopped it (the nodes that answered are reported).
     """
     from ..app import _check_writable, UsageError
     from ..fleet import compare
@@ -380,7 +381,8 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
 
     Nodes drained by people or other tools (a reason not starting with "gpucheck:") are never
     touched. The candidates are tested with a sweep (ssh, or --srun); exit 0 when every node
-    gpucheck had drained is back, 1 when some still fail.
+    gpucheck had drained is back, 1 when some still fail, 3 when SIGTERM/SIGINT stopped it
+    (nothing is resumed after the signal).
     """
     from ..fleet.nodeset import fold
     from ..fleet.slurm import default_runner, find_scontrol, resume_nodes
@@ -472,7 +474,7 @@ def bisect_command(nodeset, test_cmd, builtin, strategy, group_size, max_bad, re
     """Find the bad node(s) of a failing job's NODESET with group tests.
 
     Exit 0 when no bad node is found, 1 when some are (printed as a node set), 2 on usage
-    errors, 3 when the tests could not localize a fault.
+    errors, 3 when the tests could not localize a fault or SIGTERM/SIGINT stopped them.
     """
     from ..fleet import bisect as B
     from ..processes import stop_on_signals

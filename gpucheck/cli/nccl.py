@@ -395,7 +395,8 @@ def pairs_command(nodeset, strategy, rounds, seed, good_text, suspects_text, lau
     Every pair runs `gpucheck nccl run` on its two nodes (over ssh, a launcher template, or srun),
     with the rendezvous on the pair's first node. Output: a per-pair table, a per-node score and
     the nodes judged bad with their evidence. Exit 1 when a node is bad or suspect, 0 when all
-    are healthy, 2 on usage errors, 3 when nothing could be measured.
+    are healthy, 2 on usage errors, 3 when nothing could be measured or SIGTERM/SIGINT stopped it
+    (the pairs measured before are reported).
     """
     import shlex
 
