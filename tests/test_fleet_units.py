@@ -15,8 +15,8 @@ from gpucheck.cli.main import main
 from gpucheck.fleet import compare, fanout, slurm
 from gpucheck.fleet.fanout import NodeRun
 from gpucheck.fleet.nodeset import NodeSetError, fold, parse_node_map, parse_nodeset
-from gpucheck.fleet.sweep import (NodeOutcome, SweepPlan, apply_fleet, build_report, classify, failing_text,
-                                  one_line, parse_verdict, remote_command, run_sweep)
+from gpucheck.fleet.sweep import (NodeOutcome, SweepPlan, apply_fleet, build_report, classify, die_with_session,
+                                  failing_text, one_line, parse_verdict, remote_command, run_sweep)
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -163,7 +163,7 @@ def test_run_sweep_with_a_fake_fanout_and_report():
 
     def runner(commands, *, mode, fanout, timeout_s, on_done):
         assert mode == "ssh" and fanout == 8 and timeout_s == 60
-        assert commands["n2"] == one_line("gpucheck run --json --level 2 --strict")
+        assert commands["n2"] == one_line(die_with_session("gpucheck run --json --level 2 --strict", 60))
         runs = {n: NodeRun(n, 0, json.dumps(verdicts["n1"])) if n == "n1" else NodeRun(n, 255, "", "No route")
                 for n in commands}
         for r in runs.values():

@@ -193,8 +193,11 @@ def _print_sweep(outcomes, report: dict[str, Any], strict: bool) -> None:
         for status, ns in report["by_status"].items():
             if status not in ("pass", "skip") and (status != "warn" or strict):
                 click.echo(f"  {status}: {ns}")
-    else:
+    elif not report.get("interrupted"):
         click.echo("all nodes healthy")
+    if report.get("interrupted"):
+        click.echo(f"interrupted by {report['interrupted']}: {len(outcomes)} of {report['planned']} node(s) "
+                   f"answered; not answered: {report['unanswered'] or 'none'}")
 
 
 @click.command("sweep")
@@ -210,12 +213,13 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     """Run `gpucheck run --json` on every node of NODESET, compare them, list the bad ones.
 
     NODESET uses Slurm/ClusterShell syntax, e.g. gpu[001-128,130]. Exit 0 when every node is
-    healthy, 1 when any node fails, cannot be reached, times out or gives no verdict.
+    healthy, 1 when any node fails, cannot be reached, times out or gives no verdict, 3 when
+    SIGTERM/SIGINT stopped it (the nodes that answered are reported).
     """
     from ..app import _check_writable, UsageError
     from ..fleet import compare
-    from ..fleet.fanout import run_nodes
-    from ..fleet.sweep import apply_fleet, build_report, run_sweep
+    from ..fleet.sweep import apply_fleet, build_report
+    from ..processes import stop_on_signals
     from ..state import atomic_write_text
 
     nodes = _nodes(nodeset)
@@ -229,27 +233,62 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     thresholds = {k: v for k, v in (("mad_z", mad_z), ("rel_floor", rel_floor)) if v is not None}
 
     started = time.time()
-    progress = _Progress(len(nodes), f"sweep {plan.mode}", kw["strict"])
+    with stop_on_signals():  # SIGTERM/SIGINT: stop the clients, report the nodes that answered, exit 3
+        outcomes, duration, interrupted = sweep_until_stopped(plan, settings, kw["strict"])
+        comparison = compare.compare_fleet({o.node: o.verdict for o in outcomes if o.verdict}, **thresholds)
+        apply_fleet(outcomes, compare.findings_by_node(comparison))
+        report = build_report(outcomes, comparison, plan=plan, started_at=started, duration_s=duration,
+                              strict=kw["strict"])
+        if interrupted:
+            mark_interrupted(report, plan, outcomes, interrupted)
+        text = json.dumps(report) + "\n"  # one line: the indented encoder is ten times slower on a big fleet
+        if report_path:
+            try:
+                atomic_write_text(report_path, text)
+            except OSError as e:
+                click.echo(f"gpucheck sweep: error: --report {report_path}: {e.strerror or e}", err=True)
+                return 2
+        if as_json:
+            sys.stdout.write(text)
+        else:
+            _print_sweep(outcomes, report, kw["strict"])
+    return int(report["exit_code"])
+
+
+def sweep_until_stopped(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None):
+    """run_sweep with the fan-out; on a stop (processes.Interrupted) the outcomes of the nodes
+    that answered before it. Returns (outcomes in node order, wall time, the signal or None)."""
+    from ..fleet.fanout import run_nodes
+    from ..fleet.sweep import run_sweep
+    from ..processes import Interrupted
+
+    t0 = time.monotonic()
+    answered = {}
+    progress = _Progress(len(plan.nodes), progress_label or f"sweep {plan.mode}", strict)
+
+    def on_node(outcome) -> None:
+        answered[outcome.node] = outcome
+        progress.node(outcome)
+
     try:
-        outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=progress.node, **settings)
+        outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=on_node, **settings)
+        return outcomes, duration, None
+    except Interrupted as e:
+        return [answered[n] for n in plan.nodes if n in answered], time.monotonic() - t0, e.signame
     finally:
         progress.close()
-    comparison = compare.compare_fleet({o.node: o.verdict for o in outcomes if o.verdict}, **thresholds)
-    apply_fleet(outcomes, compare.findings_by_node(comparison))
-    report = build_report(outcomes, comparison, plan=plan, started_at=started, duration_s=duration,
-                          strict=kw["strict"])
-    text = json.dumps(report) + "\n"  # one line: the indented encoder is ten times slower on a big fleet
-    if report_path:
-        try:
-            atomic_write_text(report_path, text)
-        except OSError as e:
-            click.echo(f"gpucheck sweep: error: --report {report_path}: {e.strerror or e}", err=True)
-            return 2
-    if as_json:
-        sys.stdout.write(text)
-    else:
-        _print_sweep(outcomes, report, kw["strict"])
-    return int(report["exit_code"])
+
+
+def mark_interrupted(report: dict[str, Any], plan, outcomes, signame: str) -> None:
+    """A sweep report cut short: it covers only the nodes that answered, names the others, and
+    its exit code is 3 (could not judge the node set)."""
+    from ..fleet.nodeset import fold
+
+    seen = {o.node for o in outcomes}
+    report["interrupted"] = signame
+    report["unanswered"] = fold(n for n in plan.nodes if n not in seen)
+    report["planned"] = len(plan.nodes)
+    report["exit_code"] = 3
 
 
 # -- slurm ------------------------------------------------------------------------------------
@@ -425,12 +464,12 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
 
     Nodes drained by people or other tools (a reason not starting with "gpucheck:") are never
     touched. The candidates are tested with a sweep (ssh, or --srun); exit 0 when every node
-    gpucheck had drained is back, 1 when some still fail.
+    gpucheck had drained is back, 1 when some still fail, 3 when SIGTERM/SIGINT stopped it
+    (nothing is resumed after the signal).
     """
-    from ..fleet.fanout import run_nodes
     from ..fleet.nodeset import fold
     from ..fleet.slurm import default_runner, find_scontrol, resume_nodes
-    from ..fleet.sweep import run_sweep
+    from ..processes import Interrupted, stop_on_signals
 
     nodes = _nodes(nodeset)
     build_plan(nodes, **kw)  # validate the options before touching anything
@@ -438,26 +477,33 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
 
     def test(candidates: list[str]):
         plan = build_plan(nodes, subset=candidates, **kw)
-        outcomes, _ = run_sweep(plan, runner=run_nodes, **settings)
-        return {o.node: (not o.is_bad(kw["strict"]), f"{o.status}" + (f": {o.reason}" if o.reason else ""))
-                for o in outcomes}
+        outcomes, _, interrupted = sweep_until_stopped(plan, settings, kw["strict"], "resume: sweep")
+        judged = {o.node: (not o.is_bad(kw["strict"]), f"{o.status}" + (f": {o.reason}" if o.reason else ""))
+                  for o in outcomes}
+        if interrupted:
+            raise Interrupted(interrupted, partial=judged)
+        return judged
 
-    try:
-        decisions = resume_nodes(nodes, test=test, scontrol=find_scontrol(scontrol), runner=default_runner,
-                                 dry_run=dry_run)
-    except RuntimeError as e:
-        click.echo(f"gpucheck slurm resume: {e}", err=True)
+    with stop_on_signals():  # SIGTERM/SIGINT: stop the sweep, resume nothing more, report, exit 3
+        try:
+            decisions = resume_nodes(nodes, test=test, scontrol=find_scontrol(scontrol), runner=default_runner,
+                                     dry_run=dry_run)
+        except RuntimeError as e:
+            click.echo(f"gpucheck slurm resume: {e}", err=True)
+            return 3
+        if as_json:
+            click.echo(json.dumps([d.to_dict() for d in decisions], indent=2))
+        else:
+            for d in decisions:
+                extra = f" ({d.reason})" if d.reason else ""
+                click.echo(f"{d.node}: {d.decision}{extra}" + (f": {d.detail}" if d.detail else ""))
+            for label, key in (("resumed", "resumed"), ("would resume", "would-resume"), ("still bad", "still-bad"),
+                               ("not resumed (interrupted)", "interrupted")):
+                ns = fold(d.node for d in decisions if d.decision == key)
+                if ns:
+                    click.echo(f"{label}: {ns}")
+    if any(d.decision == "interrupted" for d in decisions):
         return 3
-    if as_json:
-        click.echo(json.dumps([d.to_dict() for d in decisions], indent=2))
-    else:
-        for d in decisions:
-            extra = f" ({d.reason})" if d.reason else ""
-            click.echo(f"{d.node}: {d.decision}{extra}" + (f": {d.detail}" if d.detail else ""))
-        for label, key in (("resumed", "resumed"), ("would resume", "would-resume"), ("still bad", "still-bad")):
-            ns = fold(d.node for d in decisions if d.decision == key)
-            if ns:
-                click.echo(f"{label}: {ns}")
     return 1 if any(d.decision == "still-bad" for d in decisions) else 0
 
 
@@ -511,10 +557,10 @@ def bisect_command(nodeset, test_cmd, builtin, strategy, group_size, max_bad, re
     """Find the bad node(s) of a failing job's NODESET with group tests.
 
     Exit 0 when no bad node is found, 1 when some are (printed as a node set), 2 on usage
-    errors, 3 when the tests could not localize a fault.
+    errors, 3 when the tests could not localize a fault or SIGTERM/SIGINT stopped them.
     """
     from ..fleet import bisect as B
-    from ..fleet.nodeset import fold
+    from ..processes import stop_on_signals
 
     nodes = _nodes(nodeset)
     if bool(test_cmd) == bool(builtin):
@@ -551,12 +597,19 @@ def bisect_command(nodeset, test_cmd, builtin, strategy, group_size, max_bad, re
         if len(shown) < len(records):
             print(f"  ... {len(records) - len(shown)} more passed", file=out, flush=True)
 
-    try:
-        result = B.bisect(nodes, test, strategy=strategy, group_size=group_size, min_group=min_group,
-                          max_bad=max_bad, repeats=repeats, flake_rate=flake_rate, parallel=parallel,
-                          on_round=on_round)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    with stop_on_signals():  # SIGTERM/SIGINT: stop the running tests, print the rounds so far, exit 3
+        try:
+            result = B.bisect(nodes, test, strategy=strategy, group_size=group_size, min_group=min_group,
+                              max_bad=max_bad, repeats=repeats, flake_rate=flake_rate, parallel=parallel,
+                              on_round=on_round)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+        return _print_bisect(result, as_json)
+
+
+def _print_bisect(result, as_json: bool) -> int:
+    from ..fleet.nodeset import fold
+
     doc = result.to_dict()
     if as_json:
         click.echo(json.dumps(doc, indent=2))
@@ -571,7 +624,9 @@ def bisect_command(nodeset, test_cmd, builtin, strategy, group_size, max_bad, re
         click.echo(f"note: {note}")
     click.echo(f"{result.tests} test(s) in {result.rounds} round(s) ({result.search_tests} test(s) in "
                f"{result.search_rounds} round(s) to search, the rest to confirm), {result.duration_s:.1f} s")
-    if result.bad:
+    if result.interrupted:
+        click.echo(f"interrupted by {result.interrupted}: the bisection did not finish, no node was judged")
+    elif result.bad:
         click.echo(f"bad nodes: {fold(result.bad_nodes)}")
     elif not result.verified:
         click.echo("no single bad node found, but the nodes do not pass together: could not localize the fault")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -429,13 +430,15 @@ def pairs_command(nodeset, strategy, rounds, seed, good_text, suspects_text, lau
     Every pair runs `gpucheck nccl run` on its two nodes (over ssh, a launcher template, or srun),
     with the rendezvous on the pair's first node. Output: a per-pair table, a per-node score and
     the nodes judged bad with their evidence. Exit 1 when a node is bad or suspect, 0 when all
-    are healthy, 2 on usage errors, 3 when nothing could be measured.
+    are healthy, 2 on usage errors, 3 when nothing could be measured or SIGTERM/SIGINT stopped it
+    (the pairs measured before are reported).
     """
     import shlex
 
     from ..nccl import launch as L
     from ..nccl import pairs as P
     from ..nccl.bandwidth import parse_sizes
+    from ..processes import Interrupted, stop_on_signals
 
     nodes = parse_nodeset(nodeset)
     if len(nodes) < 2:
@@ -484,18 +487,23 @@ def pairs_command(nodeset, strategy, rounds, seed, good_text, suspects_text, lau
                       backend=backend, ifname=ifname, nproc_per_node=nproc_per_node)
     if pair_deadline is None:
         pair_deadline = _estimate_deadline(op_list, sizes, iters, warmup, timeout_s, backend) + 30.0
-    outcomes = run_plan(plan, lau, args, deadline_s=pair_deadline, fanout=fanout, op=op_list[0],
-                        corrupt=corrupt, nproc_per_node=nproc_per_node,
-                        progress=None if as_json else _progress)
-    judgement = P.judge_pairs(outcomes, nodes, slow_limit=slow_limit, min_busbw=min_busbw)
-    code = EXIT_NO_JUDGEMENT if judgement.measured == 0 else \
-        EXIT_FAIL if (judgement.bad or judgement.suspects) else EXIT_OK
-    doc = pairs_document(judgement, nodes=nodes, strategy=strategy, plan=plan, op=op_list[0], code=code,
-                         injected=[corrupt["text"]] if corrupt else [])
-    if as_json:
-        click.echo(json.dumps(doc, indent=2))
-    else:
-        print_pairs(doc)
+    run = functools.partial(run_plan, plan, lau, args, deadline_s=pair_deadline, fanout=fanout, op=op_list[0],
+                            corrupt=corrupt, nproc_per_node=nproc_per_node, progress=None if as_json else _progress)
+    with stop_on_signals():  # SIGTERM/SIGINT: stop every pair's processes, print what was measured
+        interrupted = None
+        try:
+            outcomes = run()
+        except Interrupted as e:
+            outcomes, interrupted = list(e.partial or []), e.signame
+        judgement = P.judge_pairs(outcomes, nodes, slow_limit=slow_limit, min_busbw=min_busbw)
+        code = EXIT_NO_JUDGEMENT if (interrupted or judgement.measured == 0) else \
+            EXIT_FAIL if (judgement.bad or judgement.suspects) else EXIT_OK
+        doc = pairs_document(judgement, nodes=nodes, strategy=strategy, plan=plan, op=op_list[0], code=code,
+                             injected=[corrupt["text"]] if corrupt else [], interrupted=interrupted)
+        if as_json:
+            click.echo(json.dumps(doc, indent=2))
+        else:
+            print_pairs(doc)
     return code
 
 
@@ -505,15 +513,21 @@ def _progress(msg: str) -> None:
 
 def run_plan(plan, lau, args, *, deadline_s: float, fanout: int, op: str, corrupt: dict[str, Any] | None,
              nproc_per_node: int = 1, progress=None):
-    """Run every round's pairs (concurrently within a round) and build PairOutcomes."""
+    """Run every round's pairs (concurrently within a round) and build PairOutcomes.
+
+    On a stop (SIGTERM/SIGINT) raises Interrupted with the outcomes of the pairs that finished
+    before it as `partial`: the pairs it cut short are left out, and no further round starts."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..nccl import launch as L
     from ..nccl.pairs import PairOutcome
+    from ..processes import Interrupted, stopping
 
     outcomes: list[PairOutcome] = []
     index = 0
     for rnd, pairs in enumerate(plan, start=1):
+        if stopping():
+            raise Interrupted(stopping(), partial=outcomes)
         if progress:
             progress(f"round {rnd}/{len(plan)}: " + ", ".join(f"{a}+{b}" for a, b in pairs))
         jobs = []
@@ -529,8 +543,13 @@ def run_plan(plan, lau, args, *, deadline_s: float, fanout: int, op: str, corrup
                 index += 1
             for (a, b), fut in jobs:
                 hit = corrupt is not None and corrupt.get("host") in (a, b)
-                outcomes.append(pair_outcome(rnd, (a, b), fut.result(), op,
-                                             injected=[corrupt["text"]] if hit else []))
+                try:
+                    group = fut.result()
+                except Interrupted:
+                    continue  # the round ends below
+                outcomes.append(pair_outcome(rnd, (a, b), group, op, injected=[corrupt["text"]] if hit else []))
+        if stopping():
+            raise Interrupted(stopping(), partial=outcomes)
     return outcomes
 
 
@@ -570,7 +589,9 @@ def pair_outcome(rnd: int, nodes: tuple[str, str], group: dict[str, Any], op: st
     return PairOutcome(rnd, nodes, "error", summary=summary, failure=failure, injected=injected or [])
 
 
-def pairs_document(j, *, nodes, strategy, plan, op, code, injected) -> dict[str, Any]:
+def pairs_document(j, *, nodes, strategy, plan, op, code, injected, interrupted=None) -> dict[str, Any]:
+    """The `gpucheck.nccl.pairs` document. `interrupted`: the signal that stopped the run; the
+    pairs and the judgement then cover only the pairs measured before it (exit 3)."""
     return {
         "schema": "gpucheck.nccl.pairs",
         "version": 1,
@@ -586,6 +607,8 @@ def pairs_document(j, *, nodes, strategy, plan, op, code, injected) -> dict[str,
         "bad": j.bad,
         "suspects": j.suspects,
         "injected": list(injected),
+        "interrupted": interrupted,
+        "pairs_planned": sum(len(r) for r in plan),
         "exit_code": code,
     }
 
@@ -618,6 +641,9 @@ def print_pairs(doc: dict[str, Any]) -> None:
         con.print("bad nodes: " + ",".join(doc["bad"]))
     if doc["suspects"]:
         con.print("suspect nodes: " + ",".join(doc["suspects"]))
-    if not doc["bad"] and not doc["suspects"]:
+    if not doc["bad"] and not doc["suspects"] and not doc["interrupted"]:
         con.print("no bad node")
+    if doc["interrupted"]:
+        con.print(f"interrupted by {doc['interrupted']}: {len(doc['pairs'])} of {doc['pairs_planned']} pair(s) "
+                  "measured; the judgement above covers only those")
     con.print(f"exit code {doc['exit_code']}")

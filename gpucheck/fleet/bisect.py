@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..processes import Interrupted, check_stop
+
 STRATEGIES = ("binary", "grid")
 DEFAULT_FLAKE_RATE = 0.05
 MAX_RESTARTS = 4
@@ -75,7 +77,8 @@ class GroupRecord:
 
 
 class Session:
-    """Runs rounds of group tests, keeps every record, counts tests and rounds."""
+    """Runs rounds of group tests, keeps every record, counts tests and rounds. A stop
+    (gpucheck.processes) raises Interrupted out of run(); the round it cut short is not kept."""
 
     def __init__(self, test: GroupTest, *, parallel: int = 0,
                  on_round: Callable[[int, list[GroupRecord]], None] | None = None):
@@ -126,9 +129,11 @@ class Session:
                 else:
                     batch.append(i)
                     used |= g
-            self.rounds += 1
+            check_stop()
             with ThreadPoolExecutor(max_workers=max(1, len(batch))) as pool:
                 outs = list(pool.map(lambda i: self._one(groups[i]), batch))
+            check_stop()  # tests cut short by a stop are no results: the round is dropped
+            self.rounds += 1
             judge_round = getattr(self.test, "judge_round", None)
             if judge_round is not None:  # e.g. bandwidth judged against the best group so far
                 judge_round([groups[i] for i in batch], outs)
@@ -388,6 +393,7 @@ class BisectResult:
     records: list[GroupRecord]
     notes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    interrupted: str | None = None  # the signal that stopped it (a partial result)
 
     @property
     def bad_nodes(self) -> list[str]:
@@ -407,8 +413,9 @@ class BisectResult:
             "confirm_tests": self.tests - self.search_tests, "confirm_rounds": self.rounds - self.search_rounds,
             "duration_s": round(self.duration_s, 3), "settings": self.settings, "notes": list(self.notes),
             "records": [r.to_dict() for r in self.records],
-            # 3: no single bad node explains why the nodes fail together
-            "exit_code": 1 if self.bad else (0 if self.verified else 3),
+            "interrupted": self.interrupted,
+            # 3: no single bad node explains why the nodes fail together, or it was interrupted
+            "exit_code": 3 if self.interrupted else 1 if self.bad else (0 if self.verified else 3),
         }
 
 
@@ -437,7 +444,10 @@ def bisect(
     parallel: int = 0,
     on_round: Callable[[int, list[GroupRecord]], None] | None = None,
 ) -> BisectResult:
-    """Find the bad nodes of `nodes` (order matters for the grid: it is the job's layout)."""
+    """Find the bad nodes of `nodes` (order matters for the grid: it is the job's layout).
+
+    A stop (SIGTERM/SIGINT inside gpucheck.processes.stop_on_signals) ends it at once: the
+    result then holds the rounds that completed, no verdict on any node, and `interrupted`."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} (use {', '.join(STRATEGIES)})")
     if len(set(nodes)) != len(nodes) or not nodes:
@@ -446,6 +456,24 @@ def bisect(
         raise ValueError("repeats must be at least 1")
     t0 = time.monotonic()
     session = Session(test, parallel=parallel, on_round=on_round)
+    try:
+        return _bisect(session, nodes, t0=t0, strategy=strategy, group_size=group_size, min_group=min_group,
+                       max_bad=max_bad, repeats=repeats, confirm_size=confirm_size, flake_rate=flake_rate,
+                       parallel=parallel)
+    except Interrupted as e:
+        return BisectResult(
+            strategy=strategy, nodes=list(nodes), bad=[], cleared=[], search_tests=session.tests,
+            search_rounds=session.rounds, tests=session.tests, rounds=session.rounds,
+            duration_s=time.monotonic() - t0, verified=False, records=session.records, interrupted=e.signame,
+            notes=[f"interrupted by {e.signame} after {session.rounds} complete round(s): no node was judged"],
+            settings={"group_size": group_size, "min_group": min_group, "max_bad": max_bad, "repeats": repeats,
+                      "flake_rate": flake_rate, "parallel": parallel},
+        )
+
+
+def _bisect(session: Session, nodes: list[str], *, t0: float, strategy: str, group_size: int | None,
+            min_group: int, max_bad: int | None, repeats: int, confirm_size: int | None, flake_rate: float,
+            parallel: int) -> BisectResult:
     good: list[str] = []
     gsize = group_size or max(min_group, int(round(math.sqrt(len(nodes)))) or 1)
     notes: list[str] = []
@@ -580,8 +608,8 @@ class CommandTest:
 
     Placeholders: {nodes} (the group as a folded node set, e.g. n[1-4,7]), {nodes_comma}
     (n1,n2,...), {count}. Each is substituted shell-quoted. The command runs with /bin/sh in a
-    process group of its own; past `timeout_s` the whole group is killed and the test counts as
-    failed (a hang is what bad nodes often do).
+    process group of its own; past `timeout_s` the whole group is stopped (SIGTERM, SIGKILL a
+    second later) and the test counts as failed (a hang is what bad nodes often do).
     """
 
     PLACEHOLDERS = ("{nodes}", "{nodes_comma}")
@@ -602,28 +630,21 @@ class CommandTest:
                 .replace("{nodes}", shlex.quote(fold(nodes))).replace("{count}", str(len(nodes))))
 
     def __call__(self, nodes: list[str]) -> GroupOutcome:
-        import subprocess
-
-        from ..processes import kill_group
+        from ..processes import run
 
         cmd = self.command(nodes)
         t0 = time.monotonic()
         try:
-            p = subprocess.Popen([self.shell, "-c", cmd], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+            done = run([self.shell, "-c", cmd], timeout_s=self.timeout_s)
         except OSError as e:
             return GroupOutcome(False, f"cannot start {self.shell}: {e.strerror or e}")
-        try:
-            out, err = p.communicate(timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_group(p.pid)
-            out, err = p.communicate()
-            return GroupOutcome(False, f"timed out after {self.timeout_s:g} s (killed)", time.monotonic() - t0)
         dt = time.monotonic() - t0
-        if p.returncode == 0:
+        if done.timed_out:
+            return GroupOutcome(False, f"timed out after {self.timeout_s:g} s (killed)", dt)
+        if done.rc == 0:
             return GroupOutcome(True, "exit 0", dt)
-        why = _tail(err) or _tail(out)
-        return GroupOutcome(False, f"exit {p.returncode}" + (f": {why}" if why else ""), dt)
+        why = _tail(done.stderr) or _tail(done.stdout)
+        return GroupOutcome(False, f"exit {done.rc}" + (f": {why}" if why else ""), dt)
 
 
 class BitwiseProbe:
@@ -643,20 +664,19 @@ class BitwiseProbe:
         self._lock = threading.Lock()
 
     def _probe(self, node: str) -> None:
-        import subprocess
-
+        from ..processes import run
         from .sweep import parse_verdict
 
         cmd = [*self.launcher.program, "run", "--json", "--no-history", "--check", "repro.bitwise",
                *self.extra_args]
         try:
-            p = subprocess.run(self.launcher.argv(node, cmd), capture_output=True, text=True, timeout=self.timeout_s,
-                               stdin=subprocess.DEVNULL)
-            verdict, why = parse_verdict(p.stdout)
-            if verdict is None:
-                why = f"{why} (exit {p.returncode}{': ' + _tail(p.stderr) if _tail(p.stderr) else ''})"
-        except subprocess.TimeoutExpired:
-            verdict, why = None, f"no verdict within {self.timeout_s:g} s"
+            p = run(self.launcher.argv(node, cmd), timeout_s=self.timeout_s)
+            if p.timed_out:
+                verdict, why = None, f"no verdict within {self.timeout_s:g} s"
+            else:
+                verdict, why = parse_verdict(p.stdout)
+                if verdict is None:
+                    why = f"{why} (exit {p.rc}{': ' + _tail(p.stderr) if _tail(p.stderr) else ''})"
         except OSError as e:
             verdict, why = None, f"cannot start: {e.strerror or e}"
         with self._lock:

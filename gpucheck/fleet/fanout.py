@@ -15,19 +15,34 @@ worker substitutes the node name), so every node has its own exit code, output a
 Inside an allocation the steps run in it (`--overlap`); outside one each srun gets its own job.
 
 The fan-out runs in a thread of its own (a ClusterShell Task is bound to its thread), so several
-sweeps in one process never share task state; Ctrl-C in the caller aborts it and kills the
-children.
+sweeps in one process never share task state.
+
+Stopping: every local command (the ssh client, the shell around srun) runs in a session of its
+own (`setsid`, util-linux) and is tracked by gpucheck.processes, so what kills it reaches its
+whole process group and not only the client: a per-node timeout or an abort sends SIGKILL to
+the group (ClusterShell's signal), a stop (SIGTERM/SIGINT inside processes.stop_on_signals)
+SIGTERM and SIGKILL after processes.GRACE_S. On a stop the task is aborted (no further node
+starts) and run_nodes raises processes.Interrupted with the NodeRuns of the nodes that had
+answered before it as `partial`; nodes cut short are not reported (`on_done` is not called for
+them). In ssh and srun modes the commands' standard input stays open and is never written, so
+the remote side sees it close when the session ends (the sweep's remote command uses that:
+gpucheck.fleet.sweep.remote_command).
 """
 
 from __future__ import annotations
 
 import configparser
+import functools
 import math
 import shlex
+import shutil
+import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
+
+from ..processes import Interrupted, stopping
 
 DEFAULT_FANOUT = 64
 
@@ -113,6 +128,47 @@ def srun_command(command: str, settings: SrunSettings, timeout_s: float | None) 
     return shlex.join(argv).replace("%", "%%").replace(mark, "%h")
 
 
+_SETSID = shutil.which("setsid")
+
+
+@functools.lru_cache(maxsize=None)
+def _in_own_session(worker_cls: type) -> type:
+    """`worker_cls` (a ClusterShell ExecWorker: exec, ssh) whose clients run their command under
+    `setsid` (a session and process group of its own), tracked by gpucheck.processes while it
+    runs, and killed as a group when ClusterShell kills it (per-node timeout, abort): SIGKILL,
+    as ClusterShell sends to the client alone (a client ended by SIGTERM would exit "normally",
+    ssh with 255, and the timeout would read as unreachable). A stop (processes) sends SIGTERM
+    to the groups first. Without `setsid` on the PATH the command stays in our process group
+    and only the client is signalled, as ClusterShell does."""
+    from .. import processes
+
+    base = worker_cls.SHELL_CLASS
+
+    class GroupClient(base):  # type: ignore[misc, valid-type]
+        def _build_cmd(self):
+            cmd, env = super()._build_cmd()
+            if _SETSID:
+                cmd = [_SETSID, "/bin/sh", "-c", cmd] if isinstance(cmd, str) else [_SETSID, *cmd]
+            return cmd, env
+
+        def _start(self):
+            started = super()._start()
+            processes.track(self.popen.pid)
+            return started
+
+        def _close(self, abort, timeout):
+            popen = self.popen
+            if abort and popen is not None and popen.poll() is None:
+                processes.kill_group(popen.pid, signal.SIGKILL)
+            try:
+                super()._close(abort, timeout)
+            finally:
+                if popen is not None:
+                    processes.untrack(popen.pid)
+
+    return type(f"Group{worker_cls.__name__}", (worker_cls,), {"SHELL_CLASS": GroupClient})
+
+
 class _Collector:
     """ClusterShell event handler: buffers per node, reports each finished node once."""
 
@@ -150,7 +206,7 @@ class _Collector:
 
     def finish(self, node: str, rc: int | None, *, timed_out: bool) -> None:
         with self.lock:
-            if node in self.done:
+            if node in self.done or stopping() is not None:  # after a stop: cut short, no answer
                 return
             run = NodeRun(
                 node=node,
@@ -218,6 +274,10 @@ def run_nodes(
             # line a second time.
             task.set_default("stdout_msgtree", False)
             task.set_default("stderr_msgtree", False)
+            for key in ("local_worker", "distant_worker"):
+                cls = task.default(key)
+                if getattr(cls, "SHELL_CLASS", None) is not None:
+                    task.set_default(key, _in_own_session(cls))
             if mode == "ssh":
                 s = resolve_ssh(ssh)
                 task.set_info("ssh_path", s.ssh_path)
@@ -226,7 +286,7 @@ def run_nodes(
                 task.set_info("connect_timeout", float(s.connect_timeout_s or 0))
             for cmd, nodes in groups.items():
                 task.shell(cmd, nodes=NodeSet.fromlist(nodes), handler=collector.handler,
-                           timeout=timeout_s, stderr=True, stdin=False, tree=False,
+                           timeout=timeout_s, stderr=True, stdin=(mode != "exec"), tree=False,
                            remote=(mode == "ssh"))
             ready.set()
             task.resume()
@@ -241,19 +301,9 @@ def run_nodes(
 
     th = threading.Thread(target=target, name="gpucheck-fanout", daemon=True)
     th.start()
-    try:
-        while th.is_alive():
-            th.join(0.2)
-    except BaseException:
-        ready.wait(5)
-        task = task_box.get("task")
-        if task is not None:
-            try:
-                task.abort(kill=True)  # type: ignore[attr-defined]
-            except Exception:
-                pass
-        th.join(10)
-        raise
+    _wait(th, task_box, ready)
+    if stopping() is not None:
+        raise Interrupted(stopping(), partial={n: r for n, r in collector.done.items()})
     if "error" in box:
         raise box["error"]
 
@@ -265,3 +315,31 @@ def run_nodes(
                           via=mode, command=commands[node])
         out[node] = run
     return out
+
+
+def _wait(th: threading.Thread, task_box: dict[str, object], ready: threading.Event) -> None:
+    """Wait for the fan-out thread; abort its task on a stop (the stopper is killing the
+    clients: no further node may start) or when the wait itself is interrupted."""
+    try:
+        while th.is_alive():
+            th.join(0.1)
+            if stopping() is not None:
+                _abort(task_box, ready)
+                th.join(10)
+                return
+    except BaseException:
+        _abort(task_box, ready)
+        th.join(10)
+        raise
+
+
+def _abort(task_box: dict[str, object], ready: threading.Event) -> None:
+    """Abort the fan-out's task from the calling thread (ClusterShell delegates the call to the
+    task's own thread): no further node starts, running clients are stopped."""
+    ready.wait(5)
+    task = task_box.get("task")
+    if task is not None:
+        try:
+            task.abort(kill=True)  # type: ignore[attr-defined]
+        except Exception:
+            pass

@@ -656,7 +656,7 @@ class ResumeDecision:
     node: str
     state: str
     reason: str
-    decision: str  # resumed | still-bad | not-ours | not-drained | unknown | would-resume
+    decision: str  # resumed | still-bad | not-ours | not-drained | unknown | would-resume | interrupted
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -701,14 +701,28 @@ def resume_nodes(
 ) -> list[ResumeDecision]:
     """Resume the nodes of `nodes` that gpucheck drained and that pass `test` now.
 
-    test(candidates) -> {node: (passes, why)}: a sweep of the candidates.
+    test(candidates) -> {node: (passes, why)}: a sweep of the candidates. A stop (SIGTERM/SIGINT,
+    gpucheck.processes) resumes nothing more: test() raising Interrupted (with the nodes that
+    answered as `partial`), or a signal while resuming, makes every candidate not yet resumed
+    `interrupted` (`still-bad` when its answer was bad).
     """
+    from ..processes import Interrupted, stopping
+
     states = node_states(nodes, scontrol=scontrol, runner=runner)
     candidates, decisions = plan_resume(nodes, states)
-    results = test(candidates) if candidates else {}
+    try:
+        results = test(candidates) if candidates and not stopping() else {}
+    except Interrupted as e:
+        results = dict(e.partial or {})
     for n in candidates:
         st = states[n]
         ok, why = results.get(n, (False, "not tested"))
+        signame = stopping()
+        if signame and (ok or n not in results):
+            what = f"passes ({why}) but" if ok else "not tested:"
+            decisions.append(ResumeDecision(n, st.state, st.reason, "interrupted",
+                                            f"{what} not resumed: interrupted by {signame}"))
+            continue
         if not ok:
             decisions.append(ResumeDecision(n, st.state, st.reason, "still-bad", why))
             continue

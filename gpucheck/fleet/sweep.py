@@ -12,6 +12,7 @@ Everything here but `run_sweep` is pure: plain data in, plain data out.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import time
@@ -75,6 +76,36 @@ def remote_command(remote_cmd: str, run_args: list[str], extra: str = "") -> str
     if extra.strip():
         parts.append(shlex.join(shlex.split(extra)))
     return " ".join(parts)
+
+
+# The node-side limit's SIGKILL follows its SIGTERM after twice the runner's cancel grace
+# (gpucheck.runner.CANCEL_GRACE_S, 5 s): time for the node's gpucheck to stop its checks.
+NODE_KILL_AFTER_S = 10
+# ssh -n or srun --input=none give the command no standard input: it reads end-of-file within
+# the session's start. An end-of-file this long after the start is the session ending.
+NO_STDIN_S = 2
+
+
+def die_with_session(command: str, timeout_s: float | None) -> str:
+    """`command` (shell text) wrapped so that it dies with its ssh session or srun step and
+    never outlives the sweep's `timeout_s` on the node.
+
+    The command runs in the background under `timeout -k 10 <timeout_s>` (coreutils, where the
+    node has it: SIGTERM at the limit, SIGKILL 10 s later, to the command's whole process
+    group), and a watcher reads the session's standard input, which the fan-out keeps open and
+    never writes: when the local ssh or srun client is killed (the sweep's --timeout, a
+    SIGTERM/SIGINT of the sweep), the session closes it, the watcher reads end-of-file and sends
+    SIGTERM to the command (timeout passes it on and arms its SIGKILL). An end-of-file within
+    NO_STDIN_S of the start means there was no standard input at all (ssh -n): the command is
+    then left to its time limit. The exit status is the command's (124: the node-side limit)."""
+    limit = ""
+    if timeout_s:
+        limit = (f"command -v timeout >/dev/null 2>&1 && "
+                 f"set -- timeout -k {NODE_KILL_AFTER_S} {max(1, math.ceil(timeout_s))}; ")
+    return ("exec 3<&0 </dev/null; s=$(date +%s); set --; " + limit
+            + f'"$@" sh -c {shlex.quote(command)} & p=$!; '
+            + f'{{ IFS= read -r _ <&3; [ $(($(date +%s) - s)) -ge {NO_STDIN_S} ] && kill -TERM "$p"; }} '
+            + '>/dev/null 2>&1 & w=$!; exec 3<&-; wait "$p"; r=$?; kill "$w" 2>/dev/null; exit "$r"')
 
 
 def one_line(command: str) -> str:
@@ -216,7 +247,8 @@ class SweepPlan:
     timeout_s: float | None = None
 
     def commands(self) -> dict[str, str]:
-        return {n: one_line(remote_command(self.remote_cmd, self.run_args, self.node_args.get(n, "")))
+        return {n: one_line(die_with_session(remote_command(self.remote_cmd, self.run_args,
+                                                            self.node_args.get(n, "")), self.timeout_s))
                 for n in self.nodes}
 
 

@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import processes
 from ..processes import kill_group
 from .report import merge, parse_events
 
@@ -119,7 +120,9 @@ def run_group(
     """Run one collective across `hosts` (node rank = position) and merge the ranks' events.
 
     `corrupt` maps a host to the --inject text its ranks get. Returns report.merge()'s outcome plus
-    'launch_errors' {host: why} for hosts that gave no result."""
+    'launch_errors' {host: why} for hosts that gave no result. Each host's process leads a session
+    of its own, tracked by gpucheck.processes: a stop (SIGTERM/SIGINT of the command) ends them,
+    and run_group raises Interrupted instead of returning what the stopped ranks left."""
     world_nodes = len(hosts)
     master = launcher.addr(hosts[0])
     procs: list[_Proc] = []
@@ -168,9 +171,8 @@ def run_group(
     try:
         for p in procs:
             try:
-                p.popen = subprocess.Popen(p.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE, text=True, bufsize=1,
-                                           start_new_session=True)
+                p.popen = processes.start(p.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, bufsize=1)
             except OSError as e:
                 p.error = f"cannot start {p.argv[0]}: {e.strerror or e}"
                 continue
@@ -208,10 +210,12 @@ def run_group(
             if p.popen is not None:
                 try:
                     p.popen.wait(timeout=5)
+                    processes.untrack(p.popen.pid)
                 except subprocess.TimeoutExpired:
                     pass
             for th in p.threads:
                 th.join(timeout=2)
+    processes.check_stop()  # ranks stopped by a signal gave no result worth judging
 
     reports = [ev for p in procs for ev in p.events if ev.get("event") == "result"]
     world = world_nodes * nproc_per_node
