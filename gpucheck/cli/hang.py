@@ -30,7 +30,7 @@ def _duration(text: str | None, param: str) -> float | None:
     try:
         return parse_duration(text)
     except click.BadParameter as e:
-        raise click.BadParameter(e.format_message(), param_hint=param) from None
+        raise click.BadParameter(e.message, param_hint=param) from None
 
 
 def _check_sources(nodeset, job, local, from_files, match) -> None:
