@@ -7,8 +7,11 @@ HANG_RANK=R HANG_AFTER=K: rank R stops in load_batch at step K (stuck in data lo
 other ranks block in the all_reduce of step K, waiting for it. Every rank prints "step N" after
 each step and "hanging" when it stops, flushed, on stdout.
 
-FR_EVERY=S: a thread writes this rank's flight-recorder dump (TORCH_FR_BUFFER_SIZE is on) to
-$TORCH_FR_DUMP_TEMP_FILE<rank> every S seconds (atomically), as the NCCL watchdog does on a timeout.
+FR_AFTER=S: once no step has finished for S seconds, a thread writes this rank's flight-recorder
+dump (TORCH_FR_BUFFER_SIZE is on) to $TORCH_FR_DUMP_TEMP_FILE<rank> (atomically, again every
+second), as the NCCL watchdog does on a timeout. Only then: torch 2.13 can deadlock when a dump
+runs while the main thread records a collective (the dump holds the GIL and waits for the
+recorder's lock; the recorder holds the lock and waits for the GIL to capture the Python stack).
 """
 
 from __future__ import annotations
@@ -40,29 +43,36 @@ def train_step(batch: torch.Tensor) -> torch.Tensor:
     return grad
 
 
-def dump_flight_recorder(prefix: str, rank: int, every_s: float) -> None:
+LAST_STEP = [time.monotonic()]
+
+
+def dump_flight_recorder(prefix: str, rank: int, after_s: float) -> None:
     import torch._C._distributed_c10d as c10d
 
     path = f"{prefix}{rank}"
     while True:
+        time.sleep(0.2)
+        if time.monotonic() - LAST_STEP[0] < after_s:
+            continue
         data = c10d._dump_fr_trace()
         with open(path + ".tmp", "wb") as f:
             f.write(data)
         os.replace(path + ".tmp", path)
-        time.sleep(every_s)
+        time.sleep(1.0)
 
 
 def main() -> int:
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=timedelta(seconds=int(os.environ.get("COLLECTIVE_TIMEOUT", "600"))))
-    if os.environ.get("FR_EVERY"):
+    if os.environ.get("FR_AFTER"):
         threading.Thread(target=dump_flight_recorder, name="fr-dump", daemon=True,
-                         args=(os.environ["TORCH_FR_DUMP_TEMP_FILE"], rank, float(os.environ["FR_EVERY"]))).start()
+                         args=(os.environ["TORCH_FR_DUMP_TEMP_FILE"], rank, float(os.environ["FR_AFTER"]))).start()
     step = 0
     while True:
         train_step(load_batch(step, rank))
         step += 1
+        LAST_STEP[0] = time.monotonic()
         print(f"step {step}", flush=True)
         time.sleep(float(os.environ.get("STEP_SLEEP", "0.05")))
 
