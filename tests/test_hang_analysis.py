@@ -245,3 +245,17 @@ def test_recorded_fixtures_are_real_py_spy_dumps():
     main = [next(t for t in stacks if t["main"]) for stacks in (ALL_REDUCE, LOAD_BATCH)]
     assert [m["frames"][0]["function"] for m in main] == ["all_reduce", "load_batch"]
     assert {t["name"] for t in ALL_REDUCE} == {"MainThread", "fr-dump"}
+
+
+def test_fast_fold_is_the_fleets_fold():
+    import random
+
+    from gpucheck.fleet.nodeset import fold as fleet_fold
+    from gpucheck.hang.folding import fold
+
+    rng = random.Random(16)
+    for _ in range(200):
+        names = {rng.choice(["gpu", "n", "r1n", "r2n", "rack-a-", "login"]) + rng.choice(["", "0", "00"])
+                 + str(rng.randrange(0, 120)) + rng.choice(["", "-ib", "x"]) for _ in range(rng.randrange(1, 40))}
+        assert fold(names) == fleet_fold(names), names
+    assert fold(f"n{i:04d}" for i in range(1, 2049)) == "n[0001-2048]" and fold([]) == ""

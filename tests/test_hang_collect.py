@@ -264,6 +264,8 @@ def _mutated(path, value):
     ('{"schema": "gpucheck.verdict"}', "not a hang document"),
     (_mutated(["schema_version"], "2.0"), "schema_version 2.0 is not supported"),
     (_mutated(["status"], "fine"), "status: 'fine' is not a node status"),
+    (_mutated(["node"], "n[1-3],evil"), "node: 'n[1-3],evil' is not a host name"),
+    (_mutated(["node"], None), "node: 'None' is not a host name"),
     (_mutated(["processes"], {}), "processes: not a list"),
     (_mutated(["processes", 0, "rank"], "0"), "processes[0]: rank is not a non-negative integer"),
     (_mutated(["processes", 1, "pid"], -4), "processes[1]: pid is not a positive integer"),

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from operator import itemgetter
 from typing import Any, Iterable
 
+from .folding import fold
 from .topology import Topology, evict_plan
 
 SCHEMA = "gpucheck.hang"
@@ -36,6 +38,7 @@ COLLECTIVE_FILES = ("torch/distributed/distributed_c10d.py", "torch/distributed/
 COLLECTIVE_FUNCTIONS = re.compile(r"nccl|gloo::|c10d::")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _STDLIB = re.compile(r"/lib/python[0-9.]+/(.+)$")
+_FUNCTION_FILE = itemgetter("function", "file")
 BAD_NODE_STATUSES = ("unreachable", "timeout", "error", "no-processes", "partial", "interrupted")
 
 
@@ -74,7 +77,7 @@ class _Labels:
         self.coll: dict[tuple[str, ...], bool] = {}
 
     def stack(self, frames: list[dict]) -> tuple[str, ...]:
-        raw = tuple((f["function"], f["file"]) for f in frames)
+        raw = tuple(map(_FUNCTION_FILE, frames))
         got = self.by_stack.get(raw)
         if got is None:
             by_frame = self.by_frame
@@ -238,17 +241,18 @@ def flight_divergence(dumped_or_not: list[dict]) -> dict[str, Any]:
 
 def _identity(ranks: list[dict]) -> tuple[list[dict], set[int], int | None]:
     """(ranks claimed by several processes, the WORLD_SIZEs seen, the world size when one)."""
+    claims = Counter(r["rank"] for r in ranks)
+    twice = {k for k, n in claims.items() if n > 1}
     where: dict[int, list[str]] = defaultdict(list)
     for r in ranks:
-        where[r["rank"]].append(f"{r['node']}:{r['pid']}")
-    dups = [{"rank": k, "where": v} for k, v in sorted(where.items()) if len(v) > 1]
-    worlds = {r["world_size"] for r in ranks if isinstance(r.get("world_size"), int)}
+        if r["rank"] in twice:
+            where[r["rank"]].append(f"{r['node']}:{r['pid']}")
+    dups = [{"rank": k, "where": v} for k, v in sorted(where.items())]
+    worlds = {r.get("world_size") for r in ranks} - {None}
     return dups, worlds, (next(iter(worlds)) if len(worlds) == 1 else None)
 
 
 def _group_docs(groups: list[dict], dumped: list[dict], dominant: dict | None) -> list[dict[str, Any]]:
-    from ..fleet.nodeset import fold
-
     docs = []
     for g in groups:
         members = [dumped[i] for i in g["members"]]
@@ -296,8 +300,6 @@ def _flight_suspects(fr: dict, ranks: list[dict], already: set[int]) -> list[dic
 
 
 def _problems(*, ranks, undumped, nodes, missing, dups, worlds, dominant_why, dominant, scope) -> list[str]:
-    from ..fleet.nodeset import fold
-
     out = []
     if not ranks:
         out.append("no rank process was found" + (" on any node" if scope == "job" else ""))
@@ -329,8 +331,6 @@ def analyze(ranks: list[dict], nodes: list[dict] | None = None, *, topology: Top
             scope: str = "job") -> dict[str, Any]:
     """The analysis document's body (see the module text). scope "local": one node's ranks, so
     ranks of the world found elsewhere are not missing."""
-    from ..fleet.nodeset import fold
-
     nodes = nodes or []
     dumped = [r for r in ranks if r.get("status") == "dumped" and r.get("threads")]
     undumped = [{"rank": r["rank"], "node": r["node"], "pid": r["pid"], "error": r.get("error") or "no stacks"}

@@ -22,6 +22,7 @@ from .local import NODE_SCHEMA
 
 NODE_STATUSES = ("ok", "partial", "error", "no-processes", "interrupted")
 _VERSION = re.compile(r"1\.\d+")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SNIPPET = 200
 
 
@@ -124,6 +125,8 @@ def validate_node_doc(doc: Any) -> tuple[dict[str, Any] | None, str]:
     if not _VERSION.fullmatch(version):
         return None, f"hang document schema_version {version or '?'} is not supported (want 1.x)"
     try:
+        _need(isinstance(doc.get("node"), str) and bool(NODE_NAME.fullmatch(doc["node"])), "node",
+              f"{str(doc.get('node'))[:40]!r} is not a host name")
         _need(doc.get("status") in NODE_STATUSES, "status", f"{str(doc.get('status'))[:40]!r} is not a node status")
         _need(isinstance(doc.get("reason", ""), str), "reason", "not a string")
         _need(isinstance(doc.get("processes"), list), "processes", "not a list")
@@ -255,5 +258,6 @@ def load_recorded(path: str, text: str) -> list[NodeResult]:
         doc, why = validate_node_doc(d)
         if doc is None:
             raise ValueError(f"{path}: document {i + 1}: {why}")
-        out.append(from_doc(str(doc.get("node") or f"{path}#{i + 1}"), doc, float(doc.get("duration_s") or 0)))
+        duration = doc.get("duration_s")
+        out.append(from_doc(doc["node"], doc, float(duration) if isinstance(duration, (int, float)) else 0.0))
     return out

@@ -130,7 +130,7 @@ def load_groups(path: str) -> Topology:
 
 def evict_plan(topology: Topology, suspects: list[int], node_of: dict[int, str]) -> dict[str, Any]:
     """The suspects' parallel groups in every dimension and the nodes to evict (module text)."""
-    from ..fleet.nodeset import fold
+    from .folding import fold
 
     wanted = set(suspects)
     dims_doc: dict[str, list[dict]] = {}
