@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -88,6 +89,7 @@ def test_topology_on_recorded_documents(capsys, tmp_path):
     (["--local", "--match", "x", "--record", "/tmp/r.json"], "--record saves what a fan-out collected"),
     (["n1", "--match", "x", "--record", "/nonexistent/dir/r.json"], "folder /nonexistent/dir does not exist"),
     (["--from", "/nonexistent.json"], "Invalid value for --from: /nonexistent.json: No such file or directory"),
+    (["n1", "--match", "x", "--node", "n1"], "--node names this node in a --local run"),
 ])
 def test_usage_errors_are_one_line_exit_2(capsys, argv, msg):
     rc, out, err = hang(capsys, *argv)
@@ -232,3 +234,34 @@ def test_local_without_py_spy_reports_every_rank_undumped(local_ranks, tmp_path)
     assert r.returncode == 3 and doc["status"] == "error"
     assert doc["reason"].startswith("no rank process could be dumped: rank 0 (pid")
     assert {p["error"] for p in doc["processes"]} == {"py-spy not found (pip install 'gpucheck[hang]', or --py-spy PATH)"}
+
+
+def test_sigterm_on_a_node_stops_py_spy_and_prints_what_it_has(local_ranks, tmp_path):
+    marker, procs = local_ranks
+    fake = tmp_path / "py-spy"
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = --version ] && {{ echo 'py-spy 0.4.3'; exit 0; }}\n"
+                    f"echo $$ >> {tmp_path}/spies\nexec sleep 120\n")
+    fake.chmod(0o755)
+    p = subprocess.Popen([sys.executable, "-m", "gpucheck", "hang", "--local", "--json", "--match", marker,
+                          "--py-spy", str(fake), "--dump-timeout", "100s"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            spies = (tmp_path / "spies").read_text().split() if (tmp_path / "spies").exists() else []
+            if len(spies) == 3:  # one dump per rank, all hanging
+                break
+            time.sleep(0.05)
+        assert len(spies) == 3, "py-spy was not started for every rank"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    doc = json.loads(out)
+    assert p.returncode == 3 and doc["status"] == "interrupted" and doc["exit_code"] == 3, err
+    assert {x["error"] for x in doc["processes"]} == {"interrupted"} and doc["py_spy"]["version"] == "0.4.3"
+    for pid in map(int, spies):  # every py-spy stopped (its whole process group), the ranks untouched
+        assert not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    assert all(x.poll() is None for x in procs)

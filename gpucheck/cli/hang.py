@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 import time
 from typing import Any
@@ -135,6 +136,8 @@ def hang_command(nodeset, job, match, local, from_files, as_json, topology, grou
             raise click.BadParameter(str(e), param_hint="--job") from None
     make_topology = _topology_source(topology, groups_file)
     dump_timeout_s = _duration(dump_timeout_text, "--dump-timeout")
+    if node_name and not local:
+        raise click.UsageError("--node names this node in a --local run")
     if record_path and (local or from_files):
         raise click.UsageError("--record saves what a fan-out collected: give NODESET or --job")
     if record_path:
@@ -221,12 +224,18 @@ def _local(match, job, node_name, dump_timeout_s, native, py_spy, flight_prefix,
                           py_spy=py_spy, flight=not no_flight, flight_prefix=flight_prefix)
     children = Children()
     started = time.time()
-    with on_signals(lambda signum: children.stop_all()):
+    caught: list[str] = []
+
+    def stop(signum: int) -> None:
+        caught.append(signal.Signals(signum).name)
+        children.stop_all()
+
+    with on_signals(stop):
         doc = L.collect_node(opts, children)
     if as_json:
         sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
         return int(doc["exit_code"])
-    interrupted = "signal" if doc["status"] == "interrupted" else None
+    interrupted = (caught or ["signal"])[0] if doc["status"] == "interrupted" else None
     return _finish([from_doc(doc["node"], doc, doc["duration_s"])], interrupted, make_topology,
                    {"local": doc["node"], "match": match, "job": job}, False, "local", started)
 

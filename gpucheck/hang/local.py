@@ -118,6 +118,7 @@ def collect_node(opts: LocalOptions, children: pyspy.Children | None = None) -> 
     match = re.compile(opts.match) if opts.match is not None else None
     name = node_name(opts.node)
     py_spy = pyspy.find_py_spy(opts.py_spy)
+    version = pyspy.py_spy_version(py_spy) if py_spy else None
     scope = ptrace_scope()
     refusal = _dump_refusal(py_spy, scope)
     infos = procs.scan_procs(opts.proc_root, want_cgroup=opts.job is not None,
@@ -139,7 +140,7 @@ def collect_node(opts: LocalOptions, children: pyspy.Children | None = None) -> 
         "time": iso_utc(t0),
         "duration_s": round(time.time() - t0, 3),
         "selector": {"match": opts.match, "job": opts.job, "by": sel.by},
-        "py_spy": {"path": py_spy, "version": pyspy.py_spy_version(py_spy) if py_spy else None,
+        "py_spy": {"path": py_spy, "version": version,
                    "mode": "native" if opts.native else "nonblocking"},
         "ptrace_scope": scope,
         "status": status,
