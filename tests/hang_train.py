@@ -1,7 +1,8 @@
 """A small torch.distributed (gloo) training loop for the `gpucheck hang` tests.
 
-Each rank is its own process, started with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in its
-environment (as torchrun or srun would), steps forever: load a batch, all_reduce its gradient.
+Each rank is its own process, started with RANK and WORLD_SIZE (as torchrun sets them; under srun
+SLURM_PROCID and SLURM_NTASKS), MASTER_ADDR and MASTER_PORT in its environment, and steps forever:
+load a batch, all_reduce its gradient.
 
 HANG_RANK=R HANG_AFTER=K: rank R stops in load_batch at step K (stuck in data loading) and the
 other ranks block in the all_reduce of step K, waiting for it. Every rank prints "step N" after
@@ -26,6 +27,11 @@ os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "200")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+
+
+def rank_and_world() -> tuple[int, int]:
+    env = os.environ
+    return int(env.get("RANK", env.get("SLURM_PROCID", "-1"))), int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", "0")))
 
 
 def load_batch(step: int, rank: int) -> torch.Tensor:
@@ -62,8 +68,8 @@ def dump_flight_recorder(prefix: str, rank: int, after_s: float) -> None:
 
 
 def main() -> int:
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+    rank, world = rank_and_world()
+    dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=int(os.environ.get("COLLECTIVE_TIMEOUT", "600"))))
     if os.environ.get("FR_AFTER"):
         threading.Thread(target=dump_flight_recorder, name="fr-dump", daemon=True,
