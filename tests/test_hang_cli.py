@@ -265,3 +265,11 @@ def test_sigterm_on_a_node_stops_py_spy_and_prints_what_it_has(local_ranks, tmp_
     for pid in map(int, spies):  # every py-spy stopped (its whole process group), the ranks untouched
         assert not os.path.exists(f"/proc/{pid}") or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
     assert all(x.poll() is None for x in procs)
+
+
+def test_nodeset_with_job_selects_by_job_without_asking_slurm(capsys, fake_cluster):
+    rc, out, err = hang(capsys, "gpu[001-002]", "--job", "77", "--json")
+    assert rc == 1, err
+    assert fake_cluster["scontrol"] == [] and fake_cluster["kw"]["mode"] == "ssh"
+    assert all(" --job 77 " in c for c in fake_cluster["commands"].values())
+    assert json.loads(out)["source"] == {"nodeset": "gpu[001-002]", "job": "77", "match": None, "mode": "ssh"}
