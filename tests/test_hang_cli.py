@@ -132,7 +132,7 @@ def test_job_resolves_nodes_and_selects_by_job(capsys, fake_cluster, tmp_path):
     assert rc == 1, err
     assert fake_cluster["scontrol"] == [["/opt/slurm/bin/scontrol", "-o", "show", "job", "77"]]
     assert fake_cluster["commands"] == {
-        n: f"gpucheck hang --local --json --node {n} --job 77 --dump-timeout 5s --no-flight-recorder"
+        n: f"sh -c 'gpucheck hang --local --json --node {n} --job 77 --dump-timeout 5s --no-flight-recorder'"
         for n in ("gpu001", "gpu002")}
     assert fake_cluster["kw"]["mode"] == "srun" and fake_cluster["kw"]["srun"].extra_args == ["--jobid=77"]
     doc = json.loads(out)

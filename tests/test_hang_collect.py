@@ -298,13 +298,15 @@ def test_node_results_from_runs():
         assert res.status == status and res.reason.startswith(reason)
 
 
-def test_the_remote_command_quotes_everything():
-    plan = C.FanoutPlan(nodes=["n1"], local_args=["--match", "$(touch /tmp/pwned) 'x'; y"], remote_cmd="gpucheck")
+def test_the_remote_command_quotes_everything(tmp_path):
+    hostile = f"$(touch {tmp_path}/pwned) 'x'; y`id`!"
+    plan = C.FanoutPlan(nodes=["n1"], local_args=["--match", hostile], remote_cmd="printf '%s\\n'")
     cmd = plan.command("n1")
-    argv = shlex.split(cmd)
-    assert argv == ["gpucheck", "hang", "--local", "--json", "--node", "n1", "--match", "$(touch /tmp/pwned) 'x'; y"]
-    out = subprocess.run(["sh", "-c", cmd.replace("gpucheck", "printf '%s\\n'", 1)], capture_output=True, text=True)
-    assert out.stdout.splitlines()[-1] == "$(touch /tmp/pwned) 'x'; y"
+    assert shlex.split(cmd)[:2] == ["sh", "-c"]
+    for login_shell in ("sh", "bash"):
+        out = subprocess.run([login_shell, "-c", cmd], capture_output=True, text=True)
+        assert out.stdout.splitlines() == ["hang", "--local", "--json", "--node", "n1", "--match", hostile]
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_collect_nodes_keeps_what_answered_when_interrupted():

@@ -204,9 +204,11 @@ class FanoutPlan:
     timeout_s: float | None = None
 
     def command(self, node: str) -> str:
-        """The shell text run on `node` (remote_cmd is shell text on purpose, like sweep's)."""
+        """The shell text run on `node`: `sh -c '<remote_cmd> hang --local --json ...'`, so that
+        the user's login shell (csh, fish) never parses the arguments; remote_cmd is shell text on
+        purpose, like sweep's (`env PYTHONPATH=/x python3 -m gpucheck`)."""
         args = ["hang", "--local", "--json", "--node", node, *self.local_args]
-        return f"{self.remote_cmd.strip()} {shlex.join(args)}"
+        return "sh -c " + shlex.quote(f"{self.remote_cmd.strip()} {shlex.join(args)}")
 
     def commands(self) -> dict[str, str]:
         return {n: self.command(n) for n in self.nodes}
