@@ -86,6 +86,22 @@ def test_a_communication_thread_counts_when_the_main_thread_is_not_in_a_collecti
     assert g["distinct_frames"] == [] and rep["groups"][0]["collective_frames"][0].startswith("all_gather")
 
 
+def test_ranks_waiting_for_a_stalled_majority_are_not_suspects():
+    """Most ranks stuck reading data (a shared filesystem hangs), one made it to the all_reduce: that
+    one is waiting for the others, not the culprit; stacks cannot localize a job-wide stall."""
+    ranks = [_rank(r, f"n{r // 2}", LOADING, world=8) for r in range(7)] + [_rank(7, "n3", WAITING, world=8)]
+    rep = A.analyze(ranks)
+    assert rep["exit_code"] == 3 and rep["suspects"] == [] and rep["dominant_group"] == 1
+    assert ("the majority (7 ranks) is outside any collective, in load_batch (train.py), and 1 rank(s) wait in a "
+            "collective for them: a stall of the whole job, not of one rank") in rep["summary"]
+    # a rank elsewhere still stands out from such a majority
+    ranks.append(_rank(8, "n4", _stack("save_checkpoint", "main", "<module>"), world=9))
+    for r in ranks:
+        r["world_size"] = 9
+    rep = A.analyze(ranks)
+    assert rep["exit_code"] == 1 and [s["rank"] for s in rep["suspects"]] == [8]
+
+
 def test_no_majority_is_could_not_judge():
     stacks = [WAITING, LOADING, _stack("a"), _stack("b")]
     ranks = [_rank(r, "n1", stacks[r % 4]) for r in range(8)]

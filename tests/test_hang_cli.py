@@ -160,7 +160,18 @@ def test_slurm_not_answering_is_could_not_judge(capsys, monkeypatch):
 
 # -- real processes, real py-spy ------------------------------------------------------------------
 
-needs_py_spy = pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (pip install '.[hang]')")
+def _py_spy_unusable() -> str | None:
+    from gpucheck.hang.local import ptrace_scope
+
+    if find_py_spy() is None:
+        return "py-spy is not installed (pip install '.[hang]')"
+    scope = ptrace_scope()
+    if scope == 3 or (scope in (1, 2) and os.geteuid() != 0):
+        return f"kernel.yama.ptrace_scope={scope}: py-spy may not read this user's other processes"
+    return None
+
+
+needs_py_spy = pytest.mark.skipif(_py_spy_unusable() is not None, reason=str(_py_spy_unusable()))
 
 
 @pytest.fixture

@@ -273,8 +273,8 @@ def _stack_suspects(groups: list[dict], docs: list[dict], dumped: list[dict], do
     out = []
     where = f"the collective the other {dominant['size']} rank(s) wait in" if dominant["in_collective"] else None
     for g, doc in sorted(zip(groups, docs), key=lambda gd: gd[0]["size"]):
-        if g is dominant:
-            continue
+        if g is dominant or (g["in_collective"] and not dominant["in_collective"]):
+            continue  # ranks in a collective while the majority is not: they wait for the majority
         shown = doc["distinct_frames"][:3] or doc["main_frames"][:3]
         if where and not g["in_collective"]:
             why = f"not in {where}: " + " <- ".join(shown)
@@ -327,6 +327,20 @@ def _problems(*, ranks, undumped, nodes, missing, dups, worlds, dominant_why, do
     return out
 
 
+def _waiting_for_the_majority(groups: list[dict], dominant: dict | None) -> str | None:
+    """When the majority is outside any collective and some ranks wait in one, those ranks wait
+    for the majority: a stall of the whole job (data loading, a shared filesystem), which
+    stacks do not localize to a rank."""
+    if dominant is None or dominant["in_collective"]:
+        return None
+    waiting = sum(g["size"] for g in groups if g is not dominant and g["in_collective"])
+    if not waiting:
+        return None
+    top = dominant["main_frames"][0] if dominant["main_frames"] else "?"
+    return (f"the majority ({dominant['size']} ranks) is outside any collective, in {top}, and {waiting} rank(s) "
+            "wait in a collective for them: a stall of the whole job, not of one rank")
+
+
 def analyze(ranks: list[dict], nodes: list[dict] | None = None, *, topology: Topology | None = None,
             scope: str = "job") -> dict[str, Any]:
     """The analysis document's body (see the module text). scope "local": one node's ranks, so
@@ -348,6 +362,9 @@ def analyze(ranks: list[dict], nodes: list[dict] | None = None, *, topology: Top
     evict = evict_plan(topology, [s["rank"] for s in suspects], node_of) if topology and suspects else None
     problems = _problems(ranks=ranks, undumped=undumped, nodes=nodes, missing=missing, dups=dups, worlds=worlds,
                          dominant_why=dominant_why, dominant=dominant, scope=scope)
+    stall = _waiting_for_the_majority(groups, dominant)
+    if stall:
+        problems.append(stall)
     invalid = not ranks or bool(dups) or len(worlds) > 1
     if suspects and not invalid:
         status, code = "suspects", 1

@@ -23,7 +23,6 @@ import os
 import pickle
 import re
 import stat
-from collections import Counter
 from typing import Any
 
 DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
@@ -161,6 +160,3 @@ def read_rank(prefix: str, rank: int, *, owner_uid: int | None, not_before: floa
     summary["file"] = path
     return summary, None
 
-
-def most_common(values: list[str]) -> str | None:
-    return Counter(values).most_common(1)[0][0] if values else None
