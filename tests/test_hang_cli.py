@@ -90,6 +90,7 @@ def test_topology_on_recorded_documents(capsys, tmp_path):
     (["n1", "--match", "x", "--record", "/nonexistent/dir/r.json"], "folder /nonexistent/dir does not exist"),
     (["--from", "/nonexistent.json"], "Invalid value for --from: /nonexistent.json: No such file or directory"),
     (["n1", "--match", "x", "--node", "n1"], "--node names this node in a --local run"),
+    (["--local", "--match", "x", "--node", "n[1-2]"], "Invalid value for --node: 'n[1-2]' is not a host name"),
 ])
 def test_usage_errors_are_one_line_exit_2(capsys, argv, msg):
     rc, out, err = hang(capsys, *argv)

@@ -97,6 +97,8 @@ def test_select_by_job_environment_and_this_node():
              _p(24, env={"SLURM_JOB_ID": "42"}, exe="/usr/bin/bash")]  # the batch script: not listed
     sel = P.select_ranks(procs, job="42", node="n1")
     assert [r.pid for r in sel.ranks] == [20, 23] and sel.by == "environ" and sel.skipped == []
+    # reached by another name (an ssh alias), the node still knows its Slurm name from its hostname
+    assert [r.pid for r in P.select_ranks(procs, job="42", node={"n1.cluster", "n1"}).ranks] == [20, 23]
 
 
 def test_job_cgroups_win_over_a_forged_environment():

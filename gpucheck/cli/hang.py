@@ -136,8 +136,13 @@ def hang_command(nodeset, job, match, local, from_files, as_json, topology, grou
             raise click.BadParameter(str(e), param_hint="--job") from None
     make_topology = _topology_source(topology, groups_file)
     dump_timeout_s = _duration(dump_timeout_text, "--dump-timeout")
-    if node_name and not local:
-        raise click.UsageError("--node names this node in a --local run")
+    if node_name is not None:
+        from ..hang.collect import NODE_NAME
+
+        if not local:
+            raise click.UsageError("--node names this node in a --local run")
+        if not NODE_NAME.fullmatch(node_name):
+            raise click.BadParameter(f"{node_name!r} is not a host name", param_hint="--node")
     if record_path and (local or from_files):
         raise click.UsageError("--record saves what a fan-out collected: give NODESET or --job")
     if record_path:

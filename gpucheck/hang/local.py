@@ -123,7 +123,8 @@ def collect_node(opts: LocalOptions, children: pyspy.Children | None = None) -> 
     refusal = _dump_refusal(py_spy, scope)
     infos = procs.scan_procs(opts.proc_root, want_cgroup=opts.job is not None,
                              prefilter=lambda p: procs.may_belong(p, match=match, job=opts.job))
-    sel = procs.select_ranks(infos, match=match, job=opts.job, node=name,
+    host = socket.gethostname()
+    sel = procs.select_ranks(infos, match=match, job=opts.job, node={name, host, host.split(".")[0]},
                              exclude=procs.own_lineage(proc_root=opts.proc_root))
     workers = max(1, min(opts.parallel, len(sel.ranks)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="py-spy") as pool:

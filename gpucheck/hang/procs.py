@@ -253,7 +253,7 @@ def may_belong(p: ProcInfo, *, match: re.Pattern | None, job: str | None) -> boo
     return job in p.cgroup_jobs or any((p.environ or {}).get(v) == job for v in JOB_VARS)
 
 
-def _belongs(p: ProcInfo, *, match: re.Pattern | None, job: str | None, node: str | None,
+def _belongs(p: ProcInfo, *, match: re.Pattern | None, job: str | None, node: frozenset[str],
              by_cgroup: bool) -> bool:
     if match is not None:
         return bool(match.search(" ".join(p.cmdline)))
@@ -262,13 +262,16 @@ def _belongs(p: ProcInfo, *, match: re.Pattern | None, job: str | None, node: st
     env = p.environ or {}
     if not any(env.get(v) == job for v in JOB_VARS):
         return False
-    return not (node and env.get("SLURMD_NODENAME") and env["SLURMD_NODENAME"] != node)
+    return not (node and env.get("SLURMD_NODENAME") and env["SLURMD_NODENAME"] not in node)
 
 
 def select_ranks(procs: list[ProcInfo], *, match: re.Pattern | None = None, job: str | None = None,
-                 node: str | None = None, exclude: set[int] | frozenset[int] = frozenset()) -> Selection:
-    """The rank processes among `procs` (see the module text). `exclude`: our own process and its
-    ancestors (a gpucheck step started in the job by srun is in the job too)."""
+                 node: str | set[str] | None = None, exclude: set[int] | frozenset[int] = frozenset()) -> Selection:
+    """The rank processes among `procs` (see the module text). `node`: this node's names (the
+    collector's, the hostname); a job process whose SLURMD_NODENAME is none of them runs on another
+    node of the job (several slurmd on one host). `exclude`: our own process and its ancestors (a
+    gpucheck step started in the job by srun is in the job too)."""
+    node = frozenset([node] if isinstance(node, str) else (node or ()))
     if (match is None) == (job is None):
         raise ValueError("select by exactly one of match and job")
     by_cgroup = job is not None and any(p.cgroup_jobs for p in procs)
