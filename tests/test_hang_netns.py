@@ -51,6 +51,10 @@ def _why_not() -> str | None:
         return "kernel.yama.ptrace_scope=3: py-spy cannot read any process here"
     if not (shutil.which("unshare") and shutil.which("nsenter")):
         return "unshare/nsenter (util-linux) missing"
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True,
+                           timeout=30)
+    if probe.returncode != 0:
+        return f"cannot give a host its own PID namespace and /proc: {probe.stderr.strip()[:200]}"
     try:
         import torch.distributed  # noqa: F401
     except ImportError:
