@@ -285,3 +285,12 @@ def test_nodeset_with_job_selects_by_job_without_asking_slurm(capsys, fake_clust
     assert fake_cluster["scontrol"] == [] and fake_cluster["kw"]["mode"] == "ssh"
     assert all(" --job 77 " in c for c in fake_cluster["commands"].values())
     assert json.loads(out)["source"] == {"nodeset": "gpu[001-002]", "job": "77", "match": None, "mode": "ssh"}
+
+
+def test_an_internal_error_is_could_not_judge_never_a_suspect(capsys, monkeypatch):
+    def broken(*a, **kw):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("gpucheck.fleet.fanout.run_nodes", broken)
+    rc, out, err = hang(capsys, "n[1-2]", "--match", "x")
+    assert rc == 3 and err == "gpucheck hang: could not judge: internal error: OSError: [Errno 24] Too many open files\n"

@@ -117,15 +117,25 @@ def _local_args(match, job, dump_timeout_s, native, py_spy, flight_prefix, no_fl
 @click.option("--ssh-user", metavar="USER", help="ssh user.")
 @click.option("--connect-timeout", "connect_timeout_text", metavar="DURATION", help="ssh connect timeout.")
 @click.option("--scontrol", metavar="PATH", help="scontrol for --job (default: PATH and the usual places).")
-def hang_command(nodeset, job, match, local, from_files, as_json, topology, groups_file, flight_prefix, no_flight,
-                 dump_timeout_text, native, py_spy, record_path, node_name, remote_cmd, fanout, timeout_text,
-                 use_srun, srun_args, ssh_options, ssh_user, connect_timeout_text, scontrol) -> int:
+def hang_command(**kw) -> int:
     """Which rank hung the job? Dump every rank's Python stacks (py-spy), group ranks by stack,
     name the outliers, their nodes and (with a topology) the nodes to evict.
 
     Exit 1 suspects found, 0 every rank agrees (use `gpucheck bisect` then), 3 some nodes or ranks
     could not be collected, 2 usage error.
     """
+    try:
+        return _hang(**kw)
+    except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except Exception as e:  # gpucheck's own failure is "could not judge", never a suspect (exit 1)
+        click.echo(f"gpucheck hang: could not judge: internal error: {type(e).__name__}: {e}", err=True)
+        return 3
+
+
+def _hang(nodeset, job, match, local, from_files, as_json, topology, groups_file, flight_prefix, no_flight,
+          dump_timeout_text, native, py_spy, record_path, node_name, remote_cmd, fanout, timeout_text,
+          use_srun, srun_args, ssh_options, ssh_user, connect_timeout_text, scontrol) -> int:
     from ..hang.slurmjob import JobUsageError, valid_job_id
 
     _check_sources(nodeset, job, local, from_files, match)
