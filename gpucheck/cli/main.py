@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "slurm": "gpucheck.cli.fleet:slurm_group",
     "bisect": "gpucheck.cli.fleet:bisect_command",
     "nccl": "gpucheck.cli.nccl:nccl_group",
+    "hang": "gpucheck.cli.hang:hang_command",
 }
 
 
