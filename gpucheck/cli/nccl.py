@@ -349,13 +349,13 @@ def _stdin_port():
 
 # -- pairs --------------------------------------------------------------------------------------
 def parse_nodeset(text: str, what: str = "NODESET") -> list[str]:
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    """gpucheck.fleet.nodeset's parse (names checked, size bounded); a bad one is a usage error."""
+    from ..fleet.nodeset import NodeSetError, parse_nodeset as parse
 
     try:
-        ns = NodeSet(text)
-    except (NodeSetParseError, ValueError) as e:
-        raise _usage(f"bad node set {text!r}: {e}", what) from None
-    return list(ns)
+        return parse(text)
+    except NodeSetError as e:
+        raise _usage(str(e), what) from None
 
 
 @nccl_group.command("pairs")
