@@ -205,11 +205,13 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     NODESET uses Slurm/ClusterShell syntax, e.g. gpu[001-128,130]. Exit 0 when every node is
     healthy, 1 when any node fails, cannot be reached, times out or gives no verdict.
     """
+    import contextlib
+    import os
+
     from ..app import _check_writable, UsageError
     from ..fleet import compare
     from ..fleet.fanout import run_nodes
-    from ..fleet.sweep import apply_fleet, build_report, run_sweep
-    from ..state import atomic_write_text
+    from ..fleet.sweep import VerdictSpool, apply_fleet, build_report, report_chunks, run_sweep
 
     nodes = _nodes(nodeset)
     plan = build_plan(nodes, **kw)
@@ -223,26 +225,65 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
 
     started = time.time()
     progress = _Progress(len(nodes), f"sweep {plan.mode}", kw["strict"])
-    try:
-        outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=progress.node, **settings)
-    finally:
-        progress.close()
-    comparison = compare.compare_fleet({o.node: o.verdict for o in outcomes if o.verdict}, **thresholds)
-    apply_fleet(outcomes, compare.findings_by_node(comparison))
-    report = build_report(outcomes, comparison, plan=plan, started_at=started, duration_s=duration,
-                          strict=kw["strict"])
-    text = json.dumps(report) + "\n"  # one line: the indented encoder is ten times slower on a big fleet
-    if report_path:
+    with contextlib.ExitStack() as stack:
+        spool = None
+        if report_path or as_json:  # the verdicts wait on disk, next to the report, for the report
+            try:
+                spool = stack.enter_context(VerdictSpool(os.path.dirname(os.path.abspath(report_path))
+                                                         if report_path else None))
+            except OSError as e:
+                click.echo(f"gpucheck sweep: error: cannot create a temporary file: {e.strerror or e}", err=True)
+                return 3
         try:
-            atomic_write_text(report_path, text)
-        except OSError as e:
-            click.echo(f"gpucheck sweep: error: --report {report_path}: {e.strerror or e}", err=True)
-            return 2
-    if as_json:
-        sys.stdout.write(text)
-    else:
-        _print_sweep(outcomes, report, kw["strict"])
+            outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=progress.node, spool=spool,
+                                           **settings)
+        finally:
+            progress.close()
+        if spool is not None and spool.error:
+            click.echo(f"gpucheck sweep: error: {spool.error}; no report written", err=True)
+            return 3
+        comparison = compare.compare_inputs({o.node: o.inputs for o in outcomes if o.inputs is not None},
+                                            **thresholds)
+        apply_fleet(outcomes, compare.findings_by_node(comparison))
+        report = build_report(outcomes, comparison, plan=plan, started_at=started, duration_s=duration,
+                              strict=kw["strict"])
+        if report_path:
+            try:
+                write_report(report_path, report_chunks(report, spool))
+            except OSError as e:
+                click.echo(f"gpucheck sweep: error: --report {report_path}: {e.strerror or e}", err=True)
+                return 2
+        if as_json:
+            for chunk in report_chunks(report, spool):
+                sys.stdout.write(chunk)
+        else:
+            _print_sweep(outcomes, report, kw["strict"])
     return int(report["exit_code"])
+
+
+def write_report(path: str, chunks) -> None:
+    """Write the report's text chunks to `path` through a temporary file and a rename (nothing
+    half-written is left behind). The report is written as one line: the indented encoder is
+    ten times slower on a big fleet."""
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # -- slurm ------------------------------------------------------------------------------------
