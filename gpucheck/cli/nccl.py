@@ -369,7 +369,7 @@ def parse_nodeset(text: str, what: str = "NODESET") -> list[str]:
                                                                "NODESET minus --good).")
 @click.option("--launcher", default=None, metavar="TEMPLATE",
               help="Per-host argv template with {host} {addr} and {cmd} or {qcmd}; 'srun' inside a Slurm "
-                   "allocation. Default: 'ssh -o BatchMode=yes -o ConnectTimeout=10 {host} {qcmd}'.")
+                   "allocation. Default: 'ssh -o BatchMode=yes -o ConnectTimeout=10 -- {host} {qcmd}'.")
 @click.option("--addr", "addrs", multiple=True, metavar="HOST=ADDR",
               help="Rendezvous address of a host (repeatable; default: the host name).")
 @click.option("--program", default="gpucheck", show_default=True,

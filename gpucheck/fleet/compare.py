@@ -96,14 +96,14 @@ def fleet_inputs(verdict: Mapping[str, Any]) -> FleetInputs:
     for r in verdict.get("results", []):
         if not isinstance(r, dict) or r.get("status") in ("skip", "error"):
             continue
-        model = models.get(r.get("gpu"), "node") if r.get("gpu") is not None else "node"
         for name, m in (r.get("metrics") or {}).items():
-            if not isinstance(m, dict):
+            unit = m.get("unit") if isinstance(m, dict) else None
+            if not isinstance(unit, str) or not unit.endswith("/s"):
                 continue
-            unit = str(m.get("unit") or "")
             value = _number(m.get("value"))
-            if value is None or not unit.endswith("/s"):
+            if value is None:
                 continue
+            model = models.get(r.get("gpu"), "node") if r.get("gpu") is not None else "node"
             values.append(((str(r.get("check")), str(name), unit, model), str(r.get("subject") or "node"), value))
     return FleetInputs(tuple(values), digest_sets(verdict))
 
