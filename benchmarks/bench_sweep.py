@@ -173,8 +173,6 @@ def child(args) -> int:
 
 
 def simulate(args) -> int:
-    import resource  # noqa: F401  (wait4's rusage)
-
     with tempfile.TemporaryDirectory() as tmp:
         template = Path(tmp) / "verdict.json"
         template.write_text(simulated_verdict_template())

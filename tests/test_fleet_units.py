@@ -171,11 +171,13 @@ def full_verdict(host: str, *, status: str = "pass", exit_code: int = 0, results
 def test_run_sweep_with_a_fake_fanout_and_report():
     verdicts = {"n1": full_verdict("n1")}
 
+    runs: dict[str, NodeRun] = {}
+
     def runner(commands, *, mode, fanout, timeout_s, on_done):
         assert mode == "ssh" and fanout == 8 and timeout_s == 60
         assert commands["n2"] == one_line("gpucheck run --json --level 2 --strict")
-        runs = {n: NodeRun(n, 0, json.dumps(verdicts["n1"])) if n == "n1" else NodeRun(n, 255, "", "No route")
-                for n in commands}
+        runs.update({n: NodeRun(n, 0, json.dumps(verdicts["n1"])) if n == "n1" else NodeRun(n, 255, "", "No route")
+                     for n in commands})
         for r in runs.values():
             on_done(r)
         return runs
@@ -187,6 +189,7 @@ def test_run_sweep_with_a_fake_fanout_and_report():
         outcomes, _ = run_sweep(plan, runner=runner, on_node=seen.append, spool=spool)
         assert [o.status for o in outcomes] == ["pass", "unreachable"] and len(seen) == 2
         assert all(o.verdict is None for o in outcomes)  # summaries only: the verdict is in the spool
+        assert runs["n1"].stdout == ""  # the node's output is released once it is classified
         rep = build_report(outcomes, {"performance": {}, "bitwise": {}}, plan=plan, started_at=0, duration_s=1.0)
         assert rep["bad"] == "n2" and rep["exit_code"] == 1
         assert rep["by_status"] == {"pass": "n1", "unreachable": "n2"}
