@@ -72,27 +72,37 @@ class Prepared:
     injections: list[Injection]
 
 
+MAX_GPU_INDEX = 1023  # NVML numbers GPUs from 0; no node has a thousand of them
+
+
 def parse_gpu_list(text: str | None) -> list[int] | None:
-    """'0,3' / '0-3,6' / 'all' -> indices; UsageError on anything else."""
+    """'0,3' / '0-3,6' / 'all' -> indices; UsageError on anything else.
+
+    Every index is between 0 and MAX_GPU_INDEX, checked before a range is expanded, and the
+    list has at most MAX_GPU_INDEX + 1 entries: `0-99999999` is refused at once."""
     if text is None or text.strip() in ("", "all"):
         return None
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        lo, dash, hi = part.partition("-")
+    parts = text.split(",")
+    if len(parts) > MAX_GPU_INDEX + 1:
+        raise UsageError(f"--gpus: bad GPU list: {len(parts)} entries (at most {MAX_GPU_INDEX + 1})")
+    out: set[int] = set()
+    for part in parts:
+        lo, dash, hi = part.strip().partition("-")
         try:
-            if dash:
-                a, b = int(lo), int(hi)
-                if a > b:
-                    raise ValueError
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
+            a = int(lo)
+            b = int(hi) if dash else a
         except ValueError:
-            raise UsageError(f"--gpus: bad GPU list {text!r} (want e.g. 0,3 or 0-3)") from None
-    if any(i < 0 for i in out):
-        raise UsageError(f"--gpus: bad GPU list {text!r}")
-    return sorted(set(out))
+            raise UsageError(f"--gpus: bad GPU list {_gpu_text(text)} (want e.g. 0,3 or 0-3)") from None
+        if a < 0 or b < a:
+            raise UsageError(f"--gpus: bad GPU list {_gpu_text(text)}")
+        if b > MAX_GPU_INDEX:
+            raise UsageError(f"--gpus: bad GPU list {_gpu_text(text)}: GPU index {b} is above {MAX_GPU_INDEX}")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+def _gpu_text(text: str, limit: int = 80) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def _check_writable(path: str, what: str) -> None:

@@ -15,8 +15,9 @@ from gpucheck.cli.main import main
 from gpucheck.fleet import compare, fanout, slurm
 from gpucheck.fleet.fanout import NodeRun
 from gpucheck.fleet.nodeset import NodeSetError, fold, parse_node_map, parse_nodeset
-from gpucheck.fleet.sweep import (NodeOutcome, SweepPlan, apply_fleet, build_report, classify, die_with_session,
-                                  failing_text, one_line, parse_verdict, remote_command, run_sweep)
+from gpucheck.fleet.sweep import (NodeOutcome, SweepPlan, VerdictSpool, apply_fleet, build_report, classify,
+                                  die_with_session, failing_text, one_line, parse_verdict, remote_command,
+                                  report_chunks, run_sweep)
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -157,15 +158,27 @@ def test_failing_text_groups_subjects():
     assert failing_text(["ecc:gpu0", "ecc:gpu3", "xid"]) == "ecc[gpu0,gpu3], xid"
 
 
+def full_verdict(host: str, *, status: str = "pass", exit_code: int = 0, results=(), gpus=(), **extra) -> dict:
+    """A verdict with every field the schema requires (schema_version 1.3: a later minor)."""
+    return {"schema": "gpucheck.verdict", "schema_version": "1.3", "host": host, "time": "2026-01-01T00:00:00Z",
+            "duration_s": 1.0, "level": 1, "level_name": "quick", "gpucheck_version": "0",
+            "software": {"driver": None}, "gpus": list(gpus),
+            "source": {"kind": "snapshot", "path": None, "synthetic": True}, "checks": [],
+            "results": list(results), "status": status, "action": "none", "exit_code": exit_code,
+            "counts": {s: 0 for s in ("pass", "warn", "fail", "skip", "error")}, "partial": False,
+            "interrupted": None, "injected": [], **extra}
+
+
 def test_run_sweep_with_a_fake_fanout_and_report():
-    verdicts = {"n1": {"schema": "gpucheck.verdict", "schema_version": "1.3", "host": "n1", "status": "pass",
-                       "exit_code": 0, "action": "none", "results": []}}
+    verdicts = {"n1": full_verdict("n1")}
+
+    runs: dict[str, NodeRun] = {}
 
     def runner(commands, *, mode, fanout, timeout_s, on_done):
         assert mode == "ssh" and fanout == 8 and timeout_s == 60
         assert commands["n2"] == one_line(die_with_session("gpucheck run --json --level 2 --strict", 60))
-        runs = {n: NodeRun(n, 0, json.dumps(verdicts["n1"])) if n == "n1" else NodeRun(n, 255, "", "No route")
-                for n in commands}
+        runs.update({n: NodeRun(n, 0, json.dumps(verdicts["n1"])) if n == "n1" else NodeRun(n, 255, "", "No route")
+                     for n in commands})
         for r in runs.values():
             on_done(r)
         return runs
@@ -173,11 +186,18 @@ def test_run_sweep_with_a_fake_fanout_and_report():
     plan = SweepPlan(nodes=["n1", "n2"], remote_cmd="gpucheck", run_args=["--level", "2"],
                      node_args={"n2": "--strict"}, fanout=8, timeout_s=60)
     seen: list[NodeOutcome] = []
-    outcomes, _ = run_sweep(plan, runner=runner, on_node=seen.append)
-    assert [o.status for o in outcomes] == ["pass", "unreachable"] and len(seen) == 2
-    rep = build_report(outcomes, {"performance": {}, "bitwise": {}}, plan=plan, started_at=0, duration_s=1.0)
-    assert rep["bad"] == "n2" and rep["exit_code"] == 1 and rep["by_status"] == {"pass": "n1", "unreachable": "n2"}
-    assert rep["schema"] == "gpucheck.sweep" and rep["nodes"][0]["verdict"]["host"] == "n1"
+    with VerdictSpool() as spool:
+        outcomes, _ = run_sweep(plan, runner=runner, on_node=seen.append, spool=spool)
+        assert [o.status for o in outcomes] == ["pass", "unreachable"] and len(seen) == 2
+        assert all(o.verdict is None for o in outcomes)  # summaries only: the verdict is in the spool
+        assert runs["n1"].stdout == ""  # the node's output is released once it is classified
+        rep = build_report(outcomes, {"performance": {}, "bitwise": {}}, plan=plan, started_at=0, duration_s=1.0)
+        assert rep["bad"] == "n2" and rep["exit_code"] == 1
+        assert rep["by_status"] == {"pass": "n1", "unreachable": "n2"}
+        doc = json.loads("".join(report_chunks(rep, spool)))
+    assert doc["schema"] == "gpucheck.sweep" and doc["nodes"][0]["verdict"] == verdicts["n1"]
+    assert doc["nodes"][1]["verdict"] is None and doc["nodes"][1]["status"] == "unreachable"
+    assert {k: v for k, v in doc.items() if k != "nodes"} == {k: v for k, v in rep.items() if k != "nodes"}
 
 
 # -- fleet comparison -------------------------------------------------------------------------

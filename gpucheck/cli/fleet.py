@@ -216,11 +216,13 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     healthy, 1 when any node fails, cannot be reached, times out or gives no verdict, 3 when
     SIGTERM/SIGINT stopped it (the nodes that answered are reported).
     """
+    import contextlib
+    import os
+
     from ..app import _check_writable, UsageError
     from ..fleet import compare
-    from ..fleet.sweep import apply_fleet, build_report
+    from ..fleet.sweep import VerdictSpool, apply_fleet, build_report, report_chunks
     from ..processes import stop_on_signals
-    from ..state import atomic_write_text
 
     nodes = _nodes(nodeset)
     plan = build_plan(nodes, **kw)
@@ -233,29 +235,43 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     thresholds = {k: v for k, v in (("mad_z", mad_z), ("rel_floor", rel_floor)) if v is not None}
 
     started = time.time()
-    with stop_on_signals():  # SIGTERM/SIGINT: stop the clients, report the nodes that answered, exit 3
-        outcomes, duration, interrupted = sweep_until_stopped(plan, settings, kw["strict"])
-        comparison = compare.compare_fleet({o.node: o.verdict for o in outcomes if o.verdict}, **thresholds)
+    # SIGTERM/SIGINT: stop the clients, report the nodes that answered, exit 3
+    with stop_on_signals(), contextlib.ExitStack() as stack:
+        spool = None
+        if report_path or as_json:  # the verdicts wait on disk, next to the report, for the report
+            try:
+                spool = stack.enter_context(VerdictSpool(os.path.dirname(os.path.abspath(report_path))
+                                                         if report_path else None))
+            except OSError as e:
+                click.echo(f"gpucheck sweep: error: cannot create a temporary file: {e.strerror or e}", err=True)
+                return 3
+        outcomes, duration, interrupted = sweep_until_stopped(plan, settings, kw["strict"], spool=spool)
+        if spool is not None and spool.error:
+            click.echo(f"gpucheck sweep: error: {spool.error}; no report written", err=True)
+            return 3
+        comparison = compare.compare_inputs({o.node: o.inputs for o in outcomes if o.inputs is not None},
+                                            **thresholds)
         apply_fleet(outcomes, compare.findings_by_node(comparison))
         report = build_report(outcomes, comparison, plan=plan, started_at=started, duration_s=duration,
                               strict=kw["strict"])
         if interrupted:
             mark_interrupted(report, plan, outcomes, interrupted)
-        text = json.dumps(report) + "\n"  # one line: the indented encoder is ten times slower on a big fleet
         if report_path:
             try:
-                atomic_write_text(report_path, text)
+                write_report(report_path, report_chunks(report, spool))
             except OSError as e:
                 click.echo(f"gpucheck sweep: error: --report {report_path}: {e.strerror or e}", err=True)
                 return 2
         if as_json:
-            sys.stdout.write(text)
+            for chunk in report_chunks(report, spool):
+                sys.stdout.write(chunk)
         else:
             _print_sweep(outcomes, report, kw["strict"])
     return int(report["exit_code"])
 
 
-def sweep_until_stopped(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None):
+def sweep_until_stopped(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None,
+                        spool=None):
     """run_sweep with the fan-out; on a stop (processes.Interrupted) the outcomes of the nodes
     that answered before it. Returns (outcomes in node order, wall time, the signal or None)."""
     from ..fleet.fanout import run_nodes
@@ -271,7 +287,7 @@ def sweep_until_stopped(plan, settings: dict[str, Any], strict: bool, progress_l
         progress.node(outcome)
 
     try:
-        outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=on_node, **settings)
+        outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=on_node, spool=spool, **settings)
         return outcomes, duration, None
     except Interrupted as e:
         return [answered[n] for n in plan.nodes if n in answered], time.monotonic() - t0, e.signame
@@ -289,6 +305,31 @@ def mark_interrupted(report: dict[str, Any], plan, outcomes, signame: str) -> No
     report["unanswered"] = fold(n for n in plan.nodes if n not in seen)
     report["planned"] = len(plan.nodes)
     report["exit_code"] = 3
+
+
+def write_report(path: str, chunks) -> None:
+    """Write the report's text chunks to `path` through a temporary file and a rename (nothing
+    half-written is left behind). The report is written as one line: the indented encoder is
+    ten times slower on a big fleet."""
+    import os
+    import tempfile
+
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 # -- slurm ------------------------------------------------------------------------------------

@@ -385,13 +385,13 @@ def _stdin_port():
 
 # -- pairs --------------------------------------------------------------------------------------
 def parse_nodeset(text: str, what: str = "NODESET") -> list[str]:
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    """gpucheck.fleet.nodeset's parse (names checked, size bounded); a bad one is a usage error."""
+    from ..fleet.nodeset import NodeSetError, parse_nodeset as parse
 
     try:
-        ns = NodeSet(text)
-    except (NodeSetParseError, ValueError) as e:
-        raise _usage(f"bad node set {text!r}: {e}", what) from None
-    return list(ns)
+        return parse(text)
+    except NodeSetError as e:
+        raise _usage(str(e), what) from None
 
 
 @nccl_group.command("pairs")
@@ -405,7 +405,7 @@ def parse_nodeset(text: str, what: str = "NODESET") -> list[str]:
                                                                "NODESET minus --good).")
 @click.option("--launcher", default=None, metavar="TEMPLATE",
               help="Per-host argv template with {host} {addr} and {cmd} or {qcmd}; 'srun' inside a Slurm "
-                   "allocation. Default: 'ssh -o BatchMode=yes -o ConnectTimeout=10 {host} {qcmd}'.")
+                   "allocation. Default: 'ssh -o BatchMode=yes -o ConnectTimeout=10 -- {host} {qcmd}'.")
 @click.option("--addr", "addrs", multiple=True, metavar="HOST=ADDR",
               help="Rendezvous address of a host (repeatable; default: the host name).")
 @click.option("--program", default="gpucheck", show_default=True,

@@ -1,6 +1,9 @@
 """Fleet operations: many nodes at once.
 
-nodeset  Slurm/ClusterShell node-set syntax (`gpu[001-128,130],login1`): parse, fold
+nodeset  Slurm/ClusterShell node-set syntax (`gpu[001-128,130],login1`): parse (names checked,
+         size bounded), fold
+placeholders  `{host}`/`{nodes}` substituted shell-quoted; refused inside quoted strings
+verdict_check  is a node's answer a verdict the fleet commands can trust (schema, consistency)
 fanout   run one command per node over ssh (ClusterShell) or srun, bounded fan-out, per-node timeout
 sweep    turn each node's output into a node status (pass/warn/fail/error/unreachable/timeout)
 compare  compare nodes with each other: bitwise digests by majority, throughput outliers (MAD)

@@ -607,27 +607,34 @@ class CommandTest:
     """A user command as the group test: healthy when it exits 0.
 
     Placeholders: {nodes} (the group as a folded node set, e.g. n[1-4,7]), {nodes_comma}
-    (n1,n2,...), {count}. Each is substituted shell-quoted. The command runs with /bin/sh in a
-    process group of its own; past `timeout_s` the whole group is stopped (SIGTERM, SIGKILL a
-    second later) and the test counts as failed (a hang is what bad nodes often do).
+    (n1,n2,...), {count}. Each is substituted shell-quoted, in one pass; a template that puts
+    one inside a quoted string or after a backslash is refused (quoting cannot protect it there:
+    gpucheck.fleet.placeholders). The command runs with /bin/sh in a process group of its own;
+    past `timeout_s` the whole group is stopped (SIGTERM, SIGKILL a second
+    later) and the test counts as failed (a hang is what bad nodes often do).
     """
 
     PLACEHOLDERS = ("{nodes}", "{nodes_comma}")
+    ALL = ("{nodes}", "{nodes_comma}", "{count}")
 
     def __init__(self, template: str, *, timeout_s: float | None = None, shell: str = "/bin/sh"):
+        from .placeholders import quoted_placeholder, refusal
+
         if not any(p in template for p in self.PLACEHOLDERS):
             raise ValueError(f"--test {template!r} has no {{nodes}} (or {{nodes_comma}}) placeholder")
+        hit = quoted_placeholder(template, self.ALL)
+        if hit:
+            raise ValueError(refusal("--test", template, hit))
         self.template = template
         self.timeout_s = timeout_s
         self.shell = shell
 
     def command(self, nodes: list[str]) -> str:
-        import shlex
-
         from .nodeset import fold
+        from .placeholders import substitute
 
-        return (self.template.replace("{nodes_comma}", shlex.quote(",".join(nodes)))
-                .replace("{nodes}", shlex.quote(fold(nodes))).replace("{count}", str(len(nodes))))
+        return substitute(self.template, {"{nodes_comma}": ",".join(nodes), "{nodes}": fold(nodes),
+                                          "{count}": str(len(nodes))})
 
     def __call__(self, nodes: list[str]) -> GroupOutcome:
         from ..processes import run

@@ -11,11 +11,17 @@ which one is slow).
 Bitwise: the reproducibility digests are compared by majority per software/hardware
 fingerprint with gpucheck.repro.majority.fleet_outliers, imported lazily; without it the report
 says the bitwise comparison is unavailable and why.
+
+A sweep keeps no verdict in memory: `fleet_inputs(verdict)` takes what the comparison reads
+from one verdict (its throughput values and digest sets, a few hundred bytes) as the verdict
+arrives, and `compare_inputs` compares those. The functions taking verdicts are the same
+comparison over `fleet_inputs` of each.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 DEFAULTS: dict[str, Any] = {
@@ -75,34 +81,62 @@ def _gpu_models(verdict: Mapping[str, Any]) -> dict[int, str]:
 Key = tuple[str, str, str, str]  # (check, metric, unit, GPU model)
 
 
-def throughput_values(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[Key, dict[tuple[str, str], float]]:
-    """{(check, metric, unit, model): {(node, subject): value}} for every "/s" metric."""
-    groups: dict[Key, dict[tuple[str, str], float]] = {}
-    for node, verdict in verdicts.items():
-        models = _gpu_models(verdict)
-        for r in verdict.get("results", []):
-            if not isinstance(r, dict) or r.get("status") in ("skip", "error"):
+@dataclass(frozen=True)
+class FleetInputs:
+    """What the fleet comparison reads from one node's verdict."""
+
+    throughput: tuple[tuple[Key, str, float], ...] = ()  # (key, subject, value) per "/s" metric
+    digests: dict[str, dict[str, str]] | None = None  # digest_sets(verdict)
+
+
+def fleet_inputs(verdict: Mapping[str, Any]) -> FleetInputs:
+    """The throughput values (every "/s" metric of a result that ran) and the digest sets."""
+    models = _gpu_models(verdict)
+    values: list[tuple[Key, str, float]] = []
+    for r in verdict.get("results", []):
+        if not isinstance(r, dict) or r.get("status") in ("skip", "error"):
+            continue
+        for name, m in (r.get("metrics") or {}).items():
+            unit = m.get("unit") if isinstance(m, dict) else None
+            if not isinstance(unit, str) or not unit.endswith("/s"):
+                continue
+            value = _number(m.get("value"))
+            if value is None:
                 continue
             model = models.get(r.get("gpu"), "node") if r.get("gpu") is not None else "node"
-            for name, m in (r.get("metrics") or {}).items():
-                if not isinstance(m, dict):
-                    continue
-                unit = str(m.get("unit") or "")
-                value = _number(m.get("value"))
-                if value is None or not unit.endswith("/s"):
-                    continue
-                key = (str(r.get("check")), str(name), unit, model)
-                groups.setdefault(key, {})[(node, str(r.get("subject") or "node"))] = value
+            values.append(((str(r.get("check")), str(name), unit, model), str(r.get("subject") or "node"), value))
+    return FleetInputs(tuple(values), digest_sets(verdict))
+
+
+def _inputs(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, FleetInputs]:
+    return {node: fleet_inputs(v) for node, v in verdicts.items()}
+
+
+def throughput_values(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[Key, dict[tuple[str, str], float]]:
+    """{(check, metric, unit, model): {(node, subject): value}} for every "/s" metric."""
+    return _throughput_groups(_inputs(verdicts))
+
+
+def _throughput_groups(inputs: Mapping[str, FleetInputs]) -> dict[Key, dict[tuple[str, str], float]]:
+    groups: dict[Key, dict[tuple[str, str], float]] = {}
+    for node, got in inputs.items():
+        for key, subject, value in got.throughput:
+            groups.setdefault(key, {})[(node, subject)] = value
     return groups
 
 
-def performance_outliers(verdicts: Mapping[str, Mapping[str, Any]], *, mad_z: float = DEFAULTS["mad_z"],
-                         rel_floor: float = DEFAULTS["rel_floor"],
-                         min_nodes: int = DEFAULTS["min_nodes"]) -> dict[str, Any]:
+def performance_outliers(verdicts: Mapping[str, Mapping[str, Any]], **thresholds: Any) -> dict[str, Any]:
     """Throughput outliers across nodes: {"thresholds", "metrics": [...], "by_node": {node: [finding]}}."""
+    return performance_of(_inputs(verdicts), **thresholds)
+
+
+def performance_of(inputs: Mapping[str, FleetInputs], *, mad_z: float = DEFAULTS["mad_z"],
+                   rel_floor: float = DEFAULTS["rel_floor"],
+                   min_nodes: int = DEFAULTS["min_nodes"]) -> dict[str, Any]:
+    """performance_outliers over the nodes' FleetInputs."""
     metrics = []
     by_node: dict[str, list[str]] = {}
-    for (check, metric, unit, model), values in sorted(throughput_values(verdicts).items()):
+    for (check, metric, unit, model), values in sorted(_throughput_groups(inputs).items()):
         nodes = sorted({n for n, _ in values})
         entry: dict[str, Any] = {"check": check, "metric": metric, "unit": unit, "model": model,
                                  "nodes": len(nodes), "values": len(values)}
@@ -149,11 +183,16 @@ def digest_sets(verdict: Mapping[str, Any]) -> dict[str, dict[str, str]] | None:
 
 def bitwise_comparison(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Digests compared by majority per fingerprint (gpucheck.repro.majority.fleet_outliers)."""
+    return bitwise_of(_inputs(verdicts))
+
+
+def bitwise_of(inputs: Mapping[str, FleetInputs]) -> dict[str, Any]:
+    """bitwise_comparison over the nodes' FleetInputs."""
     try:
         from ..repro.majority import fleet_outliers
     except ImportError as e:
         return {"available": False, "compared": False, "why": f"unavailable ({e})", "by_node": {}}
-    sets = {n: d for n, v in verdicts.items() if (d := digest_sets(v))}
+    sets = {n: got.digests for n, got in inputs.items() if got.digests}
     if not sets:
         return {"available": True, "compared": False, "nodes": 0, "by_node": {},
                 "why": f"no node reported digests (the {BITWISE_CHECK} check did not run)"}
@@ -171,10 +210,15 @@ def bitwise_comparison(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, A
 
 def compare_fleet(verdicts: Mapping[str, Mapping[str, Any]], **thresholds: Any) -> dict[str, Any]:
     """The whole fleet comparison of a sweep's verdicts: performance outliers and bitwise majority."""
+    return compare_inputs(_inputs(verdicts), **thresholds)
+
+
+def compare_inputs(inputs: Mapping[str, FleetInputs], **thresholds: Any) -> dict[str, Any]:
+    """compare_fleet over the nodes' FleetInputs (what a sweep keeps of each verdict)."""
     return {
-        "nodes_compared": len(verdicts),
-        "performance": performance_outliers(verdicts, **thresholds),
-        "bitwise": bitwise_comparison(verdicts),
+        "nodes_compared": len(inputs),
+        "performance": performance_of(inputs, **thresholds),
+        "bitwise": bitwise_of(inputs),
     }
 
 

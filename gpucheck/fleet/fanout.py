@@ -11,8 +11,19 @@ ClusterShell.Defaults.config_paths, $CLUSTERSHELL_CFGDIR last): ssh_path, ssh_op
 ssh_user, connect_timeout, fanout; explicit arguments win.
 
 srun: a local `srun --nodes=1 --ntasks=1 --nodelist=NODE ...` per node (ClusterShell's exec
-worker substitutes the node name), so every node has its own exit code, output and timeout.
-Inside an allocation the steps run in it (`--overlap`); outside one each srun gets its own job.
+worker substitutes the node name into a shell command line, where it stands single-quoted), so
+every node has its own exit code, output and timeout. Inside an allocation the steps run in it
+(`--overlap`); outside one each srun gets its own job.
+
+Node names: run_nodes refuses (ValueError) a name that gpucheck.fleet.nodeset would not accept
+(letters, digits, `-`, `_`, `.`; not starting with `-`), so no name carries shell syntax or
+passes for an ssh option. ClusterShell builds the ssh command line itself and puts its own
+options right before the host, so no `--` can go there: the name check is what keeps a host
+from being read as an option.
+
+Output: at most MAX_OUTPUT_BYTES of a node's standard output are kept (NodeRun.truncated tells
+that more came) and the last MAX_STDERR_BYTES of its standard error; a node's buffers are
+released as soon as it is reported.
 
 The fan-out runs in a thread of its own (a ClusterShell Task is bound to its thread), so several
 sweeps in one process never share task state.
@@ -39,12 +50,16 @@ import shutil
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from ..processes import Interrupted, stopping
+from .nodeset import check_node_name
 
 DEFAULT_FANOUT = 64
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # a verdict of an 8-GPU node is about 80 KB
+MAX_STDERR_BYTES = 64 * 1024
 
 
 @dataclass
@@ -57,6 +72,7 @@ class NodeRun:
     duration_s: float = 0.0
     via: str = "ssh"  # ssh | srun | exec
     command: str = ""
+    truncated: bool = False  # stdout went past MAX_OUTPUT_BYTES: the rest was dropped
 
 
 @dataclass
@@ -124,8 +140,9 @@ def srun_command(command: str, settings: SrunSettings, timeout_s: float | None) 
         # Slurm's own limit (whole minutes) backs up ClusterShell's, which only kills srun.
         argv.append(f"--time={max(1, math.ceil(timeout_s / 60) + 1)}")
     argv += [*settings.extra_args, "/bin/sh", "-c", command]
-    # ClusterShell substitutes %h (the node name); every other % must be doubled.
-    return shlex.join(argv).replace("%", "%%").replace(mark, "%h")
+    # ClusterShell substitutes %h (the node name) and runs the line with a shell; every other %
+    # must be doubled. The name stands single-quoted (names never hold a quote: check_node_name).
+    return shlex.join(argv).replace("%", "%%").replace(mark, "'%h'")
 
 
 _SETSID = shutil.which("setsid")
@@ -180,7 +197,9 @@ class _Collector:
         self.commands = commands
         self.on_done = on_done
         self.out: dict[str, list[bytes]] = {}
-        self.err: dict[str, list[bytes]] = {}
+        self.err: dict[str, deque[bytes]] = {}
+        self.sizes: dict[tuple[str, str], int] = {}  # (node, stream) -> bytes kept
+        self.truncated: set[str] = set()
         self.start: dict[str, float] = {}
         self.done: dict[str, NodeRun] = {}
         self.lock = threading.Lock()
@@ -191,8 +210,7 @@ class _Collector:
                 outer.start[str(node)] = time.monotonic()
 
             def ev_read(self, worker, node, sname, msg):
-                bucket = outer.err if sname == "stderr" else outer.out
-                bucket.setdefault(str(node), []).append(bytes(msg))
+                outer.keep(str(node), sname, bytes(msg))
 
             def ev_hup(self, worker, node, rc):
                 outer.finish(str(node), rc, timed_out=False)
@@ -204,6 +222,26 @@ class _Collector:
 
         self.handler = Handler()
 
+    def keep(self, node: str, sname: str, line: bytes) -> None:
+        """Buffer one line: stdout up to MAX_OUTPUT_BYTES (then mark the node truncated),
+        stderr's last MAX_STDERR_BYTES."""
+        key = (node, sname)
+        if sname == "stderr":
+            line = line[-MAX_STDERR_BYTES:]
+            lines = self.err.setdefault(node, deque())
+            lines.append(line)
+            size = self.sizes.get(key, 0) + len(line) + 1
+            while size > MAX_STDERR_BYTES and len(lines) > 1:
+                size -= len(lines.popleft()) + 1
+            self.sizes[key] = size
+            return
+        size = self.sizes.get(key, 0) + len(line) + 1
+        if size > MAX_OUTPUT_BYTES:
+            self.truncated.add(node)
+            return
+        self.out.setdefault(node, []).append(line)
+        self.sizes[key] = size
+
     def finish(self, node: str, rc: int | None, *, timed_out: bool) -> None:
         with self.lock:
             if node in self.done or stopping() is not None:  # after a stop: cut short, no answer
@@ -211,13 +249,16 @@ class _Collector:
             run = NodeRun(
                 node=node,
                 rc=rc,
-                stdout=b"\n".join(self.out.get(node, [])).decode("utf-8", "replace"),
-                stderr=b"\n".join(self.err.get(node, [])).decode("utf-8", "replace"),
+                stdout=b"\n".join(self.out.pop(node, [])).decode("utf-8", "replace"),
+                stderr=b"\n".join(self.err.pop(node, [])).decode("utf-8", "replace"),
                 timed_out=timed_out,
-                duration_s=round(time.monotonic() - self.start.get(node, time.monotonic()), 3),
+                duration_s=round(time.monotonic() - self.start.pop(node, time.monotonic()), 3),
                 via=self.via,
                 command=self.commands.get(node, ""),
+                truncated=node in self.truncated,
             )
+            self.sizes.pop((node, "stdout"), None)
+            self.sizes.pop((node, "stderr"), None)
             self.done[node] = run
         if self.on_done is not None:
             try:
@@ -243,6 +284,8 @@ def run_nodes(
     """
     if mode not in ("ssh", "srun", "exec"):
         raise ValueError(f"unknown fan-out mode {mode!r}")
+    for node in commands:
+        check_node_name(node, what="fan-out")
     if not commands:
         return {}
     fanout = fanout or default_fanout()

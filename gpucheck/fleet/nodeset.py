@@ -3,15 +3,65 @@
 `parse_nodeset("gpu[001-003],login1")` -> ["gpu001", "gpu002", "gpu003", "login1"];
 `fold(["gpu001", "gpu002", "gpu003"])` -> "gpu[001-003]". A malformed or empty node set raises
 NodeSetError, which the CLI reports as a usage error (exit 2).
+
+Every node name is checked here, once, where a node set is parsed: 1 to 255 characters from
+the ASCII letters, digits, `-`, `_` and `.`, not starting with `-` (NODE_NAME_RE). A name can
+then never carry shell syntax or pass for an option of ssh or srun. A node set may hold at
+most MAX_NODES nodes; the bracket ranges of the text are counted before ClusterShell expands
+them (ClusterShell builds a one-dimensional range element by element: `n[1-100000000]` would
+take minutes and gigabytes), and the node set's size is checked before it is listed.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Iterable
+
+MAX_NODES = 1_000_000
+NODE_NAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}", re.ASCII)
+_BRACKET_RE = re.compile(r"\[([^\[\]]*)\]")
+_RANGE_RE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?")
 
 
 class NodeSetError(ValueError):
-    """A node set that cannot be parsed, or that names no node."""
+    """A node set that cannot be parsed, that names no node, too many nodes, or a bad name."""
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why `name` is not an acceptable node name, or None."""
+    if NODE_NAME_RE.fullmatch(name):
+        return None
+    if not name:
+        return "empty node name"
+    if len(name) > 255:
+        return f"node name longer than 255 characters ({name[:40]!r}...)"
+    if name.startswith("-"):
+        return f"node name {name!r} starts with '-'"
+    return (f"node name {name!r} has a character other than letters, digits, '-', '_' and '.'")
+
+
+def check_node_name(name: str, *, what: str = "node set") -> str:
+    """`name` itself when acceptable; NodeSetError naming `what` otherwise."""
+    why = node_name_problem(name)
+    if why:
+        raise NodeSetError(f"{what}: {why}")
+    return name
+
+
+def ranges_size(text: str) -> int:
+    """An upper bound of the names the bracket ranges of `text` spell out, without expanding
+    them: the sum, over every `[...]` range, of its element counts (a range we cannot read
+    counts 0: ClusterShell then reports the syntax error itself)."""
+    total = 0
+    for inner in _BRACKET_RE.findall(text):
+        for item in inner.split(","):
+            m = _RANGE_RE.fullmatch(item)
+            if not m:
+                continue
+            lo, hi, step = int(m[1]), int(m[2] or m[1]), int(m[3] or 1)
+            if hi >= lo and step > 0:
+                total += (hi - lo) // step + 1
+    return total
 
 
 def parse_nodeset(text: str, *, what: str = "node set") -> list[str]:
@@ -21,19 +71,29 @@ def parse_nodeset(text: str, *, what: str = "node set") -> list[str]:
     s = (text or "").strip()
     if not s:
         raise NodeSetError(f"empty {what}")
+    if ranges_size(s) > MAX_NODES:
+        raise NodeSetError(f"{what} {_short(text)} spans more than {MAX_NODES:,} nodes")
     try:
         ns = NodeSet(s)
     except NodeSetException as e:
-        raise NodeSetError(f"malformed {what} {text!r}: {e}") from None
+        raise NodeSetError(f"malformed {what} {_short(text)}: {e}") from None
     except Exception as e:  # group resolution problems (groups.conf) surface as other errors
-        raise NodeSetError(f"cannot resolve {what} {text!r}: {e}") from None
+        raise NodeSetError(f"cannot resolve {what} {_short(text)}: {e}") from None
+    count = len(ns)
+    if count > MAX_NODES:
+        raise NodeSetError(f"{what} {_short(text)} has {count:,} nodes (at most {MAX_NODES:,})")
     nodes = list(ns)
     if not nodes:
-        raise NodeSetError(f"{what} {text!r} names no node")
+        raise NodeSetError(f"{what} {_short(text)} names no node")
     for n in nodes:
-        if not n or any(c.isspace() for c in n):
-            raise NodeSetError(f"malformed {what} {text!r}: bad node name {n!r}")
+        why = node_name_problem(n)
+        if why:
+            raise NodeSetError(f"{what} {_short(text)}: {why}")
     return nodes
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "..."
 
 
 def fold(nodes: Iterable[str]) -> str:

@@ -3,10 +3,16 @@
 Node statuses: the verdict's own (`pass`, `warn`, `skip`, `fail`; `error` when the node could
 not judge itself, verdict exit code 3), or, when there is no verdict, `unreachable` (ssh could
 not reach the node: exit 255), `timeout` (killed at the per-node timeout) or `error` (gpucheck
-missing, a usage error on the node, output that is not a verdict). Each comes with a one-line
-reason; none of them is ever `pass`.
+missing, a usage error on the node, output that is not a verdict, a verdict that breaks the
+schema or contradicts itself, output over the size limit). Each comes with a one-line reason;
+none of them is ever `pass`.
 
-Everything here but `run_sweep` is pure: plain data in, plain data out.
+Memory: a sweep keeps each node's summary (NodeOutcome: status, cause, action, failing checks,
+and the fleet comparison's inputs), never its verdict. `run_sweep` writes each verdict to a
+VerdictSpool (an unlinked temporary file) as it arrives, and `report_chunks` writes the report
+from the summaries and the spool, one node at a time.
+
+Everything here but `run_sweep` and VerdictSpool is pure: plain data in, plain data out.
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ import json
 import math
 import re
 import shlex
+import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from .fanout import NodeRun
+from .compare import FleetInputs, fleet_inputs
+from .fanout import MAX_OUTPUT_BYTES, NodeRun
+from .verdict_check import verdict_problem
 
 GOOD = ("pass", "warn", "skip")
 BAD = ("fail", "error", "unreachable", "timeout")
@@ -41,14 +50,16 @@ class NodeOutcome:
     failing: list[str] = field(default_factory=list)  # "check" or "check:subject"
     rc: int | None = None
     duration_s: float = 0.0
-    verdict: dict[str, Any] | None = None
+    verdict: dict[str, Any] | None = None  # set by classify; run_sweep spools it and drops it
     stderr_tail: str = ""
     fleet: list[str] = field(default_factory=list)  # findings of the fleet comparison
+    inputs: FleetInputs | None = None  # what the fleet comparison reads of the verdict
 
     def is_bad(self, strict: bool = False) -> bool:
         return self.status in BAD or (strict and self.status == "warn")
 
     def to_dict(self) -> dict[str, Any]:
+        """The node's report entry but its verdict (report_chunks adds that from the spool)."""
         return {
             "node": self.node,
             "status": self.status,
@@ -59,7 +70,6 @@ class NodeOutcome:
             "rc": self.rc,
             "duration_s": self.duration_s,
             "stderr_tail": self.stderr_tail,
-            "verdict": self.verdict,
         }
 
 
@@ -109,14 +119,18 @@ def die_with_session(command: str, timeout_s: float | None) -> str:
 
 
 def one_line(command: str) -> str:
-    """`command` wrapped so that its standard output crosses the wire as one line, exit status
-    kept: `sh -c 'out=$(COMMAND); rc=$?; printf %s "$out" | tr -d "\\n"; echo; exit $rc'`.
+    """`command` wrapped so that its standard output crosses the wire as one line of at most
+    MAX_OUTPUT_BYTES + 1 bytes, exit status kept:
+    `sh -c 'out=$(COMMAND); rc=$?; printf %s "$out" | tr -d "\\n" | head -c N; echo; exit $rc'`.
 
     A verdict is indented JSON (thousands of lines for an 8-GPU node); the fan-out handles
     output line by line, which costs more than the remote run itself on a large sweep. JSON
     strings never hold a raw newline, so dropping them changes no value. Running under `sh -c`
-    also makes the command independent of the user's login shell."""
-    script = f'out=$({command}); rc=$?; printf "%s" "$out" | tr -d "\\n"; echo; exit $rc'
+    also makes the command independent of the user's login shell. The cut keeps a node that
+    prints without end from filling this process (ClusterShell buffers a line until its end);
+    one byte over the limit tells the fan-out that the output was cut."""
+    script = (f'out=$({command}); rc=$?; printf "%s" "$out" | tr -d "\\n" | head -c {MAX_OUTPUT_BYTES + 1}; '
+              'echo; exit $rc')
     return "sh -c " + shlex.quote(script)
 
 
@@ -127,19 +141,18 @@ def parse_verdict(text: str) -> tuple[dict[str, Any] | None, str]:
         return None, "no output"
     try:
         doc = json.loads(s)
+    except RecursionError:
+        return None, f"not a verdict: JSON nested too deep ({_snippet(s)})"
     except ValueError:
         return None, f"not a verdict: {_snippet(s)}"
     if not isinstance(doc, dict) or doc.get("schema") != VERDICT_SCHEMA:
         return None, f"not a verdict: {_snippet(s)}"
-    version = str(doc.get("schema_version", ""))
-    if not _VERSION_RE.match(version):
-        return None, f"verdict schema_version {version or '?'} is not supported (want 1.x)"
-    missing = [k for k in ("host", "status", "exit_code", "results", "action") if k not in doc]
-    if missing:
-        return None, f"not a verdict: missing {', '.join(missing)}"
-    if doc["status"] not in ("pass", "warn", "fail", "skip", "error") or doc["exit_code"] not in (0, 1, 3) \
-            or not isinstance(doc["results"], list):
-        return None, f"not a verdict: bad status/exit_code/results ({_snippet(s)})"
+    version = doc.get("schema_version")
+    if not isinstance(version, str) or not _VERSION_RE.fullmatch(version):
+        return None, f"verdict schema_version {_snippet(str(version or '?'))} is not supported (want 1.x)"
+    why = verdict_problem(doc)
+    if why:
+        return None, f"invalid verdict: {why}"
     return doc, ""
 
 
@@ -171,6 +184,9 @@ def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
         limit = f" within {timeout_s:g} s" if timeout_s else ""
         return NodeOutcome(status="timeout", reason=f"no answer{limit} (killed)", action="investigate", **base)
 
+    if run.truncated:
+        return NodeOutcome(status="error", reason=f"output larger than {MAX_OUTPUT_BYTES} bytes (cut): not judged",
+                           action="investigate", **base)
     verdict, why = parse_verdict(run.stdout)
     if verdict is None:
         err = _last_line(run.stderr)
@@ -197,7 +213,7 @@ def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
         status = "fail"  # --strict turned a warn into unhealthy on the node
     reason = verdict_cause(verdict) if status not in ("pass", "skip") else ""
     return NodeOutcome(status=status, reason=reason, action=str(verdict.get("action", "none")),
-                       failing=[_label(r) for r in bad], verdict=verdict, **base)
+                       failing=[_label(r) for r in bad], verdict=verdict, inputs=fleet_inputs(verdict), **base)
 
 
 def verdict_cause(verdict: Mapping[str, Any]) -> str:
@@ -252,28 +268,90 @@ class SweepPlan:
                 for n in self.nodes}
 
 
+class VerdictSpool:
+    """The nodes' verdicts as compact JSON in an unlinked temporary file (created in `folder`,
+    else the temporary folder), with only each one's place kept in memory."""
+
+    def __init__(self, folder: str | None = None):
+        self.file = tempfile.TemporaryFile(dir=folder)
+        self.where: dict[str, tuple[int, int]] = {}
+        self.end = 0
+        self.error: str | None = None  # the first write that failed (a full disk): the report is incomplete
+
+    def add(self, node: str, verdict: Mapping[str, Any]) -> None:
+        data = json.dumps(verdict).encode()
+        try:
+            self.file.seek(self.end)
+            self.file.write(data)
+        except OSError as e:
+            self.error = self.error or f"cannot keep {node}'s verdict: {e.strerror or e}"
+            return
+        self.where[node] = (self.end, len(data))
+        self.end += len(data)
+
+    def text(self, node: str) -> str | None:
+        if node not in self.where:
+            return None
+        offset, size = self.where[node]
+        self.file.seek(offset)
+        return self.file.read(size).decode()
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "VerdictSpool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def keep_summary(outcome: NodeOutcome, spool: VerdictSpool | None) -> NodeOutcome:
+    """Move the outcome's verdict to the spool (when there is one) and drop it from memory. A
+    verdict that cannot be written back as JSON (nested deeper than the encoder goes) makes the
+    node an error."""
+    verdict, outcome.verdict = outcome.verdict, None
+    if verdict is None or spool is None:
+        return outcome
+    try:
+        spool.add(outcome.node, verdict)
+    except (RecursionError, ValueError) as e:
+        return NodeOutcome(outcome.node, "error", f"verdict cannot be written back as JSON ({type(e).__name__})",
+                           action="investigate", rc=outcome.rc, duration_s=outcome.duration_s,
+                           stderr_tail=outcome.stderr_tail)
+    return outcome
+
+
 def run_sweep(
     plan: SweepPlan,
     *,
     runner: Callable[..., Mapping[str, NodeRun]],
     on_node: Callable[[NodeOutcome], None] | None = None,
+    spool: VerdictSpool | None = None,
     **runner_kw: Any,
 ) -> tuple[list[NodeOutcome], float]:
     """Fan the command out with `runner` (gpucheck.fleet.fanout.run_nodes), classify every node.
 
-    Returns the outcomes in node order and the wall time.
+    Returns the outcomes in node order and the wall time. Each node's output is released as
+    soon as it is classified and its verdict goes to `spool` (when given): the outcomes hold
+    summaries only.
     """
     t0 = time.monotonic()
     seen: dict[str, NodeOutcome] = {}
 
+    def judge(run: NodeRun) -> NodeOutcome:
+        outcome = keep_summary(classify(run, timeout_s=plan.timeout_s), spool)
+        run.stdout = ""  # the NodeRun stays with the runner until it returns: drop its output now
+        return outcome
+
     def done(run: NodeRun) -> None:
-        seen[run.node] = outcome = classify(run, timeout_s=plan.timeout_s)
+        seen[run.node] = outcome = judge(run)
         if on_node is not None:
             on_node(outcome)
 
     runs = runner(plan.commands(), mode=plan.mode, fanout=plan.fanout, timeout_s=plan.timeout_s,
                   on_done=done, **runner_kw)
-    outcomes = [seen.get(n) or classify(runs[n], timeout_s=plan.timeout_s) for n in plan.nodes]
+    outcomes = [seen.get(n) or judge(runs[n]) for n in plan.nodes]
     return outcomes, time.monotonic() - t0
 
 
@@ -301,7 +379,8 @@ def build_report(
     duration_s: float,
     strict: bool = False,
 ) -> dict[str, Any]:
-    """The sweep report (`--report FILE`): every node's verdict plus the fleet comparison."""
+    """The sweep report (`--report FILE`) but the verdicts: the nodes' summaries and the fleet
+    comparison. report_chunks writes it out with every node's verdict."""
     from ..verdict import iso_utc
     from .nodeset import fold
 
@@ -330,3 +409,14 @@ def build_report(
         "fleet": comparison,
         "nodes": [o.to_dict() for o in outcomes],
     }
+
+
+def report_chunks(report: Mapping[str, Any], spool: VerdictSpool | None) -> Iterator[str]:
+    """The report as JSON text, one node at a time: `report` (build_report's) with each node's
+    verdict (from the spool; null where there is none) as its entry's last field."""
+    head = {k: v for k, v in report.items() if k != "nodes"}
+    yield json.dumps(head)[:-1] + ', "nodes": ['
+    for i, entry in enumerate(report["nodes"]):
+        text = spool.text(entry["node"]) if spool is not None else None
+        yield ("" if i == 0 else ", ") + json.dumps(entry)[:-1] + ', "verdict": ' + (text or "null") + "}"
+    yield "]}\n"

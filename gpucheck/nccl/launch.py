@@ -5,7 +5,17 @@ A launcher is an argv template with placeholders, applied to each host:
 - ``{host}``: the node name; ``{addr}``: its address (``--addr host=ip``, else the name);
 - ``{cmd}``: the per-rank command spliced in as separate arguments (``ip netns exec {host} {cmd}``);
 - ``{qcmd}``: the same command as one shell-quoted argument, for a remote shell
-  (``ssh -o BatchMode=yes {host} {qcmd}``, the default).
+  (``ssh -o BatchMode=yes -- {host} {qcmd}``, the default).
+
+The template is split like a shell command line (shlex) and run without a local shell. A word
+that is one placeholder becomes that value (``{cmd}``: its arguments). A word that holds a
+placeholder among other text (``--nodelist={host}``, or the script of ``sh -c 'true {host};
+exec {qcmd}'``) may be shell text for a shell the launcher starts, so the values go in
+shell-quoted (``{cmd}``/``{qcmd}``: the command as shell words), and a placeholder inside a
+quoted string or after a backslash within such a word is refused (validate(): quoting cannot
+protect it there; gpucheck.fleet.placeholders). Host names and addresses are checked where
+they are parsed (gpucheck.fleet.nodeset; parse_addrs), so no value starts with ``-`` or holds
+shell syntax.
 
 The rendezvous is on the group's first host. Its rank binds a free port and prints a
 ``listening`` event; the launcher writes that port to the other ranks' standard input (they were
@@ -30,11 +40,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import processes
+from ..fleet.nodeset import NodeSetError, check_node_name, node_name_problem
+from ..fleet.placeholders import quoted_placeholder, refusal, substitute
 from ..processes import kill_group
 from .report import merge, parse_events
 
-DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 {host} {qcmd}"
+DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -- {host} {qcmd}"
 SRUN = "srun"
+PLACEHOLDERS = ("{host}", "{addr}", "{cmd}", "{qcmd}")
 
 
 @dataclass
@@ -52,34 +65,61 @@ class Launcher:
         return self.addrs.get(host, host)
 
     def argv(self, host: str, cmd: list[str]) -> list[str]:
+        """The argv that starts `cmd` on `host` (call validate() first)."""
+        check_node_name(host, what="launcher")
+        whole = {"{host}": [host], "{addr}": [self.addr(host)], "{cmd}": list(cmd), "{qcmd}": [shlex.join(cmd)]}
+        # inside a longer word the values are shell words: the command's arguments each quoted
+        inside = {"{host}": shlex.quote(host), "{addr}": shlex.quote(self.addr(host)), "{cmd}": shlex.join(cmd),
+                  "{qcmd}": shlex.join(cmd)}
         out: list[str] = []
         for tok in shlex.split(self.template):
-            if tok == "{cmd}":
-                out.extend(cmd)
-            elif tok == "{qcmd}":
-                out.append(shlex.join(cmd))
+            if tok in whole:
+                out.extend(whole[tok])
             else:
-                out.append(tok.replace("{host}", host).replace("{addr}", self.addr(host))
-                           .replace("{qcmd}", shlex.join(cmd)).replace("{cmd}", shlex.join(cmd)))
+                out.append(substitute(tok, inside, quote=False))
         return out
 
     def validate(self) -> None:
         if self.is_srun:
             return
-        toks = shlex.split(self.template)
+        try:
+            toks = shlex.split(self.template)
+        except ValueError as e:
+            raise ValueError(f"launcher template {self.template!r}: {e}") from None
         if not any("{cmd}" in t or "{qcmd}" in t for t in toks):
             raise ValueError(f"launcher template {self.template!r} has no {{cmd}} or {{qcmd}}")
+        for tok in toks:
+            hit = None if tok in PLACEHOLDERS else quoted_placeholder(tok, PLACEHOLDERS)
+            if hit:
+                raise ValueError(refusal("launcher template", self.template, hit))
 
 
 def parse_addrs(items: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """['h1=10.0.0.1', ...] -> {'h1': '10.0.0.1'}."""
+    """['h1=10.0.0.1', ...] -> {'h1': '10.0.0.1'}. HOST is a node name (gpucheck.fleet.nodeset's
+    rule), ADDRESS an IPv4/IPv6 address or a host name by the same rule."""
     out: dict[str, str] = {}
     for item in items:
-        host, eq, addr = item.partition("=")
-        if not eq or not host.strip() or not addr.strip():
+        host, eq, addr = (x.strip() for x in item.partition("="))
+        if not eq or not host or not addr:
             raise ValueError(f"bad --addr {item!r} (want HOST=ADDRESS)")
-        out[host.strip()] = addr.strip()
+        try:
+            check_node_name(host, what=f"--addr {item!r}")
+        except NodeSetError as e:
+            raise ValueError(str(e)) from None
+        if not _is_address(addr):
+            raise ValueError(f"--addr {item!r}: {addr!r} is not an IP address or a host name")
+        out[host] = addr
     return out
+
+
+def _is_address(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return node_name_problem(text) is None
 
 
 def run_args(*, ops: list[str], sizes: list[int], iters: int, warmup: int, timeout_s: float,
