@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..check import Context, Level, define
+from ..check import Context, Level, Slice, define
 from ..result import Action, Result, Status
 from .dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 
@@ -84,6 +84,30 @@ def _budget(ctx: Context) -> float:
     except ValueError:
         lv = 1
     return float(p[f"timeout_s_r{lv}"]) + float(p["probe_timeout_s"]) + float(p["term_grace_s"]) + 30.0
+
+
+# How long `dcgmi diag -r N` normally runs, by DCGM's documentation (docs/eud.md, "Levels,
+# durations, timeouts"): r1 "seconds", r2 about two minutes, r3 about 15 minutes; r4 runs r3's
+# tests and more, so at least as long. A run whose time limit leaves less does not start it.
+DOCUMENTED_S = {1: 0.0, 2: 120.0, 3: 900.0, 4: 900.0}
+
+
+def _min_slice(ctx: Context) -> Slice:
+    try:
+        lv = dcgm_level(ctx)
+    except ValueError:
+        return Slice(0.0, "bad DCGM level: judged by the check")
+    return Slice(DOCUMENTED_S[lv], f"dcgmi diag -r {lv} normally runs {DOCUMENTED_S[lv]:g} s or more")
+
+
+def not_here(ctx: Context) -> str | None:
+    """Why DCGM diagnostics do not run on this run at all (a replay, CPU stand-ins), or None."""
+    if ctx.options.get("snapshot_path"):
+        return "judging a recorded snapshot (--snapshot): DCGM diagnostics run on this node's live GPUs"
+    if ctx.device == "cpu":
+        # --device cpu asks for CPU stand-ins: never start a GPU stress run behind the user's back.
+        return "--device cpu: DCGM diagnostics load this node's real GPUs, not CPU stand-ins"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -171,18 +195,18 @@ def _settings_result(ctx: Context) -> Result | None:
     budget_fn=_budget,
     detects="what DCGM's diagnostics find: memory, PCIe, NVLink, stress, power and EUD test failures",
     defaults=DEFAULTS,
+    compute=True,
+    min_slice_fn=_min_slice,
+    top_level=Level.BURN_IN,
+    unavailable_fn=not_here,
 )
 def dcgm_check(ctx: Context) -> list[Result]:
     from .dcgm_run import find_dcgmi, probe_hostengine, run_diag
 
     p = _params(ctx)
-    if ctx.options.get("snapshot_path"):
-        return [Result(CHECK_ID, Status.SKIP,
-                       "judging a recorded snapshot (--snapshot): DCGM diagnostics run on this node's live GPUs")]
-    if ctx.device == "cpu":
-        # --device cpu asks for CPU stand-ins: never start a GPU stress run behind the user's back.
-        return [Result(CHECK_ID, Status.SKIP,
-                       "--device cpu: DCGM diagnostics load this node's real GPUs, not CPU stand-ins")]
+    why = not_here(ctx)
+    if why:
+        return [Result(CHECK_ID, Status.SKIP, why)]
     try:
         level = dcgm_level(ctx, p)
     except ValueError as e:
@@ -203,14 +227,18 @@ def dcgm_check(ctx: Context) -> list[Result]:
                            f"DCGM host engine not answering (is nv-hostengine running{' on ' + host if host else ''}?): "
                            f"{detail}", evidence=[f"dcgmi: {dcgmi}"])]
     timeout = float(p[f"timeout_s_r{level}"])
+    term_grace = float(p["term_grace_s"])
     notes: list[str] = []
     if ctx.deadline is not None:
-        left = ctx.deadline - time.monotonic() - 10.0
+        # The run's time limit is hard: dcgmi is stopped at its deadline and killed within the
+        # runner's stop time. A diag cut short this way is a timeout (error), never a verdict.
+        left = ctx.deadline - time.monotonic()
+        term_grace = min(term_grace, 0.8 * ctx.stop_s)
         if left < timeout:
-            timeout = max(1.0, left)
-            notes.append(f"timeout shortened to {timeout:.0f} s to fit the run's timeout")
+            timeout = max(0.0, left)
+            notes.append(f"timeout shortened to {timeout:.0f} s by the run's time limit")
     res = run_diag(dcgmi, level, gpus=ctx.gpus, host=host, timeout_s=timeout, cancel=ctx.cancel,
-                   term_grace_s=float(p["term_grace_s"]))
+                   term_grace_s=term_grace)
     cmd = " ".join(res.argv[1:])
     head = [f"dcgmi: {dcgmi}", f"ran: dcgmi {cmd}"] + notes
     if res.error:
