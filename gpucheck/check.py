@@ -69,6 +69,9 @@ class Need(str, enum.Enum):
 
 # Needs without which a compute check cannot load this node's GPUs at all.
 COMPUTE_NEEDS = (Need.GPU, Need.TORCH, Need.CUPY)
+# Needs that say the check does not apply to this node's shape (one GPU, no peers), rather than
+# that something it should have examined could not be.
+SHAPE_NEEDS = (Need.MULTI_GPU, Need.PEERS)
 
 
 @dataclass(frozen=True)
@@ -279,24 +282,37 @@ def missing_need(need: Need, ctx: Context) -> str | None:
 def unmet_needs(check: Check, ctx: Context) -> tuple[str | None, bool]:
     """Why `check` cannot run on this run (its unmet needs, then its `unavailable_fn`), or None;
     and whether the reason is that this node's GPUs cannot be computed on (COMPUTE_NEEDS)."""
+    why, unmet = _unmet(check, ctx)
+    return why, any(n in COMPUTE_NEEDS for n in unmet)
+
+
+def does_not_apply(check: Check, ctx: Context) -> bool:
+    """Whether `check` is skipped only because it does not apply to this node's shape (one GPU
+    where it needs two, no peer nodes): nothing here that it should have examined."""
+    why, unmet = _unmet(check, ctx)
+    return why is not None and bool(unmet) and all(n in SHAPE_NEEDS for n in unmet)
+
+
+def _unmet(check: Check, ctx: Context) -> tuple[str | None, list[Need | None]]:
     needs = list(check.spec.needs)
     if Need.GPU in needs:  # judging a recorded snapshot: "not this node" is the whole reason
         needs.remove(Need.GPU)
         needs.insert(0, Need.GPU)
     reasons: list[str] = []
-    compute = False
+    unmet: list[Need | None] = []
     for n in needs:
         r = missing_need(n, ctx)
         if r and n is Need.GPU and ctx.options.get("snapshot_path"):
-            return r, True
+            return r, [n]
         if r:
             reasons.append(r)
-            compute = compute or n in COMPUTE_NEEDS
+            unmet.append(n)
     if not reasons and check.spec.unavailable_fn is not None:
         why = check.spec.unavailable_fn(ctx)
         if why:
             reasons.append(why)
-    return ("; ".join(reasons) if reasons else None), compute
+            unmet.append(None)
+    return ("; ".join(reasons) if reasons else None), unmet
 
 
 def must_examine(ctx: Context, check_id: str) -> bool:

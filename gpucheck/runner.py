@@ -23,7 +23,8 @@ The caller still gets an outcome and writes a (partial) verdict.
 
 Skips: a compute check that cannot load this node's GPUs (no GPU, no CUDA torch, no CuPy) is an
 `unexamined` skip when the run was asked to examine them (check.must_examine); and when the user
-named the checks and none of them examined anything, every skip among them is unexamined.
+named the checks and none of them examined anything, every skip among them is unexamined (a check
+that does not apply to this node's shape, one GPU where it needs two, is not counted).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .check import Check, Context, compute_skip, unmet_needs
+from .check import Check, Context, compute_skip, does_not_apply, unmet_needs
 from .interrupts import Interrupts
 from .result import Action, Result, Status, Threshold, worst_status
 
@@ -61,6 +62,7 @@ class CheckRun:
     results: list[Result] = field(default_factory=list)
     ran: bool = False  # it examined something (not a skip, not "not run")
     run_level: int = 0  # the level it ran at (CheckSpec.run_level)
+    applies: bool = True  # False: skipped as not applying to this node's shape (one GPU, no peers)
 
 
 @dataclass
@@ -195,7 +197,7 @@ def _run_all(checks: list[Check], ctx: Context, lim: Limits | None, interrupts: 
 def _asked_but_unexamined(runs: list[CheckRun], ctx: Context) -> None:
     """A run of named checks (--check, `gpucheck burn`, ...) none of which examined anything did
     not do what it was asked: every skip among them is unexamined (the run exits 3)."""
-    asked = [run for run in runs if run.check_id in ctx.requested]
+    asked = [run for run in runs if run.check_id in ctx.requested and run.applies]
     if not asked or any(run.ran for run in asked):
         return
     for run in asked:
@@ -234,7 +236,8 @@ def _run_one(check: Check, ctx: Context, lim: Limits | None, interrupts: Interru
     if why:
         skip = compute_skip(ctx, check.id, why) if check.spec.is_compute and compute else \
             Result(check.id, Status.SKIP, why)
-        return CheckRun(check.id, int(check.spec.level), Status.SKIP, 0.0, [skip]), None, False
+        return CheckRun(check.id, int(check.spec.level), Status.SKIP, 0.0, [skip],
+                        applies=not does_not_apply(check, ctx)), None, False
     cctx = _check_ctx(check, ctx)
     box: dict[str, object] = {}
     # Completion is signalled with an Event, not Thread.join(): the runner polls the signal
