@@ -108,20 +108,22 @@ def test_a_check_stopped_by_the_deadline_leaves_the_run_partial_even_when_it_is_
 
 def test_prolog_budget_runs_every_read_only_check_before_repro(capsys, tmp_path):
     """`gpucheck slurm prolog --device cpu --budget 2s`: repro.bitwise's torch workers used to eat
-    the budget, and xid became "not run". Now the read-only checks run first, repro is refused
-    for lack of time (an error: could not judge, exit 3 in the verdict) and the hook logs it."""
-    out = tmp_path / "verdict.json"
+    the budget, and xid became "not run". Now the read-only checks run first, and repro gets what
+    is left: not started when that cannot hold its workers' start-up, stopped at the deadline
+    otherwise; either way an error (could not judge, exit 3), which the hook only logs."""
     rc = main(["slurm", "prolog", "--device", "cpu", "--budget", "2s", "--no-drain", "--json",
                "--state-dir", str(tmp_path)])
     stdout, err = capsys.readouterr()
     v = json.loads(stdout)
-    assert rc == 0 and "could not judge" in err  # on-error pass: gpucheck's own limit never drains
-    assert v["exit_code"] == 3 and v["status"] == "error"
     checks = {c["id"]: c for c in v["checks"]}
     assert checks["xid"]["status"] != "error"  # examined, whatever the kernel log says
-    (repro,) = by_check(v)["repro.bitwise"]
-    assert repro["status"] == "error" and repro["summary"].startswith("not run: the run's time limit leaves")
-    assert not out.exists()
+    repro = by_check(v)["repro.bitwise"]
+    if checks["repro.bitwise"]["status"] != "pass":  # a fast machine may fit it in 2 s
+        assert all(r["status"] == "error" for r in repro)
+        assert repro[0]["summary"].startswith(("not run: the run's time limit leaves", "not finished",
+                                               "cut short"))
+        assert v["exit_code"] == 3 and v["status"] == "error" and v["partial"]
+        assert rc == 0 and "could not judge" in err  # on-error pass: gpucheck's own limit never drains
 
 
 def test_limits_reserve_the_stop_and_the_output_inside_the_timeout():
@@ -210,7 +212,8 @@ def test_a_one_hour_burn_under_a_six_second_timeout_is_not_run_not_shortened(cap
     assert rc == 3 and v["status"] == "error"
     (r,) = v["results"]
     assert r["status"] == "error"
-    assert "burn.gemm needs at least 3601.3 s (3600 s of burn (--duration) after at least 1.3 s" in r["summary"]
+    assert "burn.gemm needs at least 3600." in r["summary"]
+    assert "(3600 s of burn (--duration) after at least " in r["summary"]
     assert not any("shortened" in e for e in r["evidence"])
 
 
@@ -376,3 +379,18 @@ def test_injection_on_a_replay_with_cpu_workers_is_honoured():
     assert [i.text for i in app_mod.prepare(req("bitflip:gpu=1")).injections] == ["bitflip:gpu=1"]
     with pytest.raises(app_mod.UsageError, match="no CPU worker 9 is tested"):
         app_mod.prepare(req("bitflip:gpu=9"))
+
+
+def test_repro_determinism_settings_do_not_import_inductor():
+    """torch.use_deterministic_algorithms imports torch._inductor (about 2.3 s of CPU in torch
+    2.13, more than torch itself), once per worker, that is per GPU, in every level-1 run."""
+    pytest.importorskip("torch")
+    code = ("import sys, torch\n"
+            "from gpucheck.repro.workloads import determinism\n"
+            "with determinism(torch) as s:\n"
+            "    assert s['deterministic_algorithms'] and torch.are_deterministic_algorithms_enabled()\n"
+            "assert not torch.are_deterministic_algorithms_enabled()\n"
+            "assert 'torch._inductor' not in sys.modules, 'torch._inductor imported'\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert p.returncode == 0, p.stderr[-1500:]

@@ -29,10 +29,10 @@ from typing import Any, Callable
 from ..check import Context, Slice
 from ..result import Action, Result, Status
 
-# CPU time a fresh interpreter spends importing torch (2.13, CPU build: 1.36-1.42 s measured on a
-# 2-core EPYC VM, benchmarks/RESULTS.md "Level 1"). Every worker imports it before its first
-# heartbeat; a CUDA build and the CUDA context only add to this, so it is a lower bound.
-TORCH_IMPORT_CPU_S = 1.3
+# CPU time a fresh interpreter spends importing torch, as a lower bound: 2.13's CPU build took
+# 0.99 to 1.7 s on a 2-core EPYC VM (benchmarks/RESULTS.md, "Level 1"). Every worker imports it
+# before its first heartbeat; a CUDA build and the CUDA context only add to this.
+TORCH_IMPORT_CPU_S = 0.9
 
 # Telemetry merged into each progress report for the live display.
 DISPLAY_TELEMETRY = ("temperature_c", "sm_clock_mhz", "power_w")
