@@ -2,6 +2,7 @@
 standing in for the GPUs (one torch worker process per GPU, as on the node).
 
     python benchmarks/bench_level1.py [--runs 5] [--workers 8] [--timeout 15]
+    python benchmarks/bench_level1.py --device cuda [--runs 5]     # on a GPU node: its own GPUs
 
 Each round runs `gpucheck run --level 1 --device cpu --workers N --json --no-history` twice,
 interleaved: without a time limit (how long level 1 takes) and with `--timeout` (the prolog's
@@ -27,9 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one(workers: int, timeout_s: float | None, env: dict[str, str]) -> dict:
-    argv = [sys.executable, "-m", "gpucheck", "run", "--level", "1", "--device", "cpu", "--workers", str(workers),
-            "--json", "--no-history"]
+def one(device: str, workers: int, timeout_s: float | None, env: dict[str, str]) -> dict:
+    argv = [sys.executable, "-m", "gpucheck", "run", "--level", "1", "--device", device, "--json", "--no-history"]
+    if device == "cpu":
+        argv += ["--workers", str(workers)]
     if timeout_s is not None:
         argv += ["--timeout", f"{timeout_s:g}s"]
     t0 = time.perf_counter()
@@ -60,6 +62,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=15.0)
+    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu")
     args = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     try:
@@ -68,13 +71,14 @@ def main() -> int:
         cores = os.cpu_count()
     print(f"machine: {platform.node()} {platform.machine()} {cores} usable cpus, Python {platform.python_version()}, "
           f"load average at start {os.getloadavg()[0]:.2f}")
-    one(args.workers, None, env)  # warm the page cache and .pyc files
+    one(args.device, args.workers, None, env)  # warm the page cache and .pyc files
     free: list[dict] = []
     limited: list[dict] = []
     for _ in range(args.runs):
-        free.append(one(args.workers, None, env))
-        limited.append(one(args.workers, args.timeout, env))
-    print(f"load average at end {os.getloadavg()[0]:.2f}; {args.runs} runs per mode, {args.workers} CPU workers")
+        free.append(one(args.device, args.workers, None, env))
+        limited.append(one(args.device, args.workers, args.timeout, env))
+    units = f"{args.workers} CPU workers" if args.device == "cpu" else f"device {args.device}"
+    print(f"load average at end {os.getloadavg()[0]:.2f}; {args.runs} runs per mode, {units}")
     summary("no time limit", free)
     summary(f"--timeout {args.timeout:g}s", limited)
     worst = max(r["wall"] for r in limited)

@@ -183,6 +183,22 @@ def _settings_result(ctx: Context) -> Result | None:
     return r
 
 
+def _limits(ctx: Context, p: dict[str, Any], level: int) -> tuple[float, float, list[str]]:
+    """dcgmi's timeout and SIGTERM grace, and a note when the run's time limit shortened them:
+    that limit is hard, so dcgmi is stopped at the run's deadline and killed within the runner's
+    stop time. A diag cut short this way is a timeout (error), never a verdict."""
+    timeout = float(p[f"timeout_s_r{level}"])
+    term_grace = float(p["term_grace_s"])
+    if ctx.deadline is None:
+        return timeout, term_grace, []
+    left = ctx.deadline - time.monotonic()
+    term_grace = min(term_grace, 0.8 * ctx.stop_s)
+    if left >= timeout:
+        return timeout, term_grace, []
+    timeout = max(0.0, left)
+    return timeout, term_grace, [f"timeout shortened to {timeout:.0f} s by the run's time limit"]
+
+
 # ---------------------------------------------------------------------------------------------
 # the check
 
@@ -226,17 +242,7 @@ def dcgm_check(ctx: Context) -> list[Result]:
             return [Result(CHECK_ID, Status.SKIP,
                            f"DCGM host engine not answering (is nv-hostengine running{' on ' + host if host else ''}?): "
                            f"{detail}", evidence=[f"dcgmi: {dcgmi}"])]
-    timeout = float(p[f"timeout_s_r{level}"])
-    term_grace = float(p["term_grace_s"])
-    notes: list[str] = []
-    if ctx.deadline is not None:
-        # The run's time limit is hard: dcgmi is stopped at its deadline and killed within the
-        # runner's stop time. A diag cut short this way is a timeout (error), never a verdict.
-        left = ctx.deadline - time.monotonic()
-        term_grace = min(term_grace, 0.8 * ctx.stop_s)
-        if left < timeout:
-            timeout = max(0.0, left)
-            notes.append(f"timeout shortened to {timeout:.0f} s by the run's time limit")
+    timeout, term_grace, notes = _limits(ctx, p, level)
     res = run_diag(dcgmi, level, gpus=ctx.gpus, host=host, timeout_s=timeout, cancel=ctx.cancel,
                    term_grace_s=term_grace)
     cmd = " ".join(res.argv[1:])
