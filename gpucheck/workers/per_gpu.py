@@ -20,7 +20,6 @@ SIGTERM 1 s, SIGKILL 1.5 s).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
