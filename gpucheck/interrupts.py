@@ -71,6 +71,15 @@ class Interrupts:
             old, self._held = self._held, None
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
+    def settle(self) -> None:
+        """After the command's last output: ignore SIGTERM/SIGINT until the process exits. Its
+        verdict is written and its exit code decided; Python's finalization would put the default
+        action back on every signal it handles, and a signal in those last milliseconds would
+        then kill the process and replace its exit code with "killed by SIGTERM"."""
+        if self.armed and threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+
     def listen(self, event: threading.Event) -> None:
         """Set `event` on every signal (at once when one already arrived)."""
         self._listeners.append(event)

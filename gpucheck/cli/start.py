@@ -2,8 +2,9 @@
 verdict, before click, the checks or NVML are imported, then hand over to gpucheck.cli.main.
 
 Only those commands: `run`, `burn`, `poet`, `eud` and `repro check` turn a signal into a partial
-verdict (gpucheck.interrupts). Every other command keeps Python's default handlers or installs
-its own (a sweep stops its fan-out, `xid --follow` ends on Ctrl-C).
+verdict (gpucheck.interrupts); once their last output is written, a signal is ignored until the
+process exits with the verdict's code. Every other command keeps Python's default handlers or
+installs its own (a sweep stops its fan-out, `xid --follow` ends on Ctrl-C).
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ def writes_verdict(argv: list[str]) -> bool:
 
 def entry() -> None:
     """Console-script and `python -m gpucheck` entry: exit with main()'s code."""
+    interrupts = None
     if writes_verdict(sys.argv[1:]):
-        from ..interrupts import INTERRUPTS
+        from ..interrupts import INTERRUPTS as interrupts
 
-        INTERRUPTS.arm()
+        interrupts.arm()
     from .main import main
 
-    sys.exit(main())
+    code = main()
+    if interrupts is not None:
+        interrupts.settle()  # the verdict is out: nothing may turn this exit into a death
+    sys.exit(code)
