@@ -175,7 +175,8 @@ def _run_all(checks: list[Check], ctx: Context, lim: Limits | None, interrupts: 
     abandoned = False
     for check in execution_order(checks):
         if stopped is None:
-            stopped = interrupts.reason or ("timeout" if lim and time.monotonic() >= lim.deadline else None)
+            stopped = interrupts.reason or (
+                "timeout" if ctx.deadline is not None and time.monotonic() >= ctx.deadline else None)
         if stopped is not None:
             runs[check.id] = _not_run(check, stopped)
             continue
