@@ -1,5 +1,5 @@
 """`python -m gpucheck ...`"""
 
-from .cli.main import entry
+from .cli.start import entry
 
 entry()

@@ -4,7 +4,14 @@ config -> selection -> telemetry (live NVML or a snapshot file) -> runner -> ver
 (stdout table or JSON, --output, --prom, history, last-pass cursor) -> exit code.
 
 Usage problems (bad level, unknown check, --gpus naming a missing GPU, a file that is not a
-snapshot, an unwritable output) raise UsageError before any check runs: exit 2, one line.
+snapshot, an unwritable output, an --inject that no check can honour on this run) raise
+UsageError before any check runs: exit 2, one line.
+
+The run's clock starts when SIGTERM/SIGINT are armed (gpucheck.interrupts: the command's first
+line, or the start of `execute`); --timeout counts from there, telemetry reading included, and
+the handlers stay until every output is written. A signal before the verdict is final makes it
+partial (exit 3, or 1 when a fail was judged); one that arrives while it is written changes
+nothing: the outputs are finished and the exit code is the verdict's.
 """
 
 from __future__ import annotations
@@ -18,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .check import Check, Context, Level, Need
+from .check import Check, Context, Level, Need, unmet_needs
 from .config import Config, ConfigError, load_config
 from .inject import Injection, InjectionError, parse_injection
+from .interrupts import INTERRUPTS, Interrupts
 from .registry import SelectionError, all_checks, select
 from .state import State, atomic_write_text, default_state_dir
-from .verdict import EXIT_USAGE, build_verdict
+from .verdict import EXIT_USAGE, build_verdict, verdict_level
 
 LIVE_TELEMETRY_TIMEOUT_S = 30.0
 LAST_PASS_CURSOR = "last-pass"
@@ -70,6 +78,7 @@ class Prepared:
     source_kind: str
     snapshot_path: str | None
     injections: list[Injection]
+    started: float = 0.0  # time.monotonic() when the run began: --timeout counts from here
 
 
 MAX_GPU_INDEX = 1023  # NVML numbers GPUs from 0; no node has a thousand of them
@@ -116,29 +125,141 @@ def _check_writable(path: str, what: str) -> None:
         raise UsageError(f"{what} {path}: folder {parent} is not writable")
 
 
-def _collect_live(timeout_s: float) -> dict[str, Any]:
-    """Read NVML in a daemon thread so that a hung driver cannot hang the gate."""
+def _collect_live(timeout_s: float, *, until: float | None = None,
+                  interrupts: Interrupts | None = None) -> dict[str, Any]:
+    """Read NVML in a daemon thread so that a hung driver cannot hang the gate. Past `timeout_s`
+    the driver is called hung (a snapshot the inventory check judges); a signal, or the run's
+    time limit (`until`, time.monotonic()) coming first, only stop the wait: the runner then
+    runs no check, so nothing is judged from the unread snapshot."""
     from .telemetry.snapshot import collect_snapshot, unreadable_snapshot
 
     box: dict[str, Any] = {}
+    done = threading.Event()
 
     def target() -> None:
         try:
             box["snap"] = collect_snapshot()
         except Exception as e:  # the reader maps NVML errors itself; anything else is reported
             box["err"] = f"{type(e).__name__}: {e}"
+        finally:
+            done.set()
 
     th = threading.Thread(target=target, name="telemetry", daemon=True)
     th.start()
-    th.join(timeout_s)
-    if th.is_alive():
-        return unreadable_snapshot("other", f"NVML did not answer within {timeout_s:.0f} s (driver hang?)")
+    hung_at = time.monotonic() + timeout_s
+    while not done.wait(0.05):
+        now = time.monotonic()
+        if interrupts is not None and interrupts.reason:
+            return unreadable_snapshot("other", f"NVML not read: interrupted by {interrupts.reason}")
+        if until is not None and now >= until:
+            return unreadable_snapshot("other", "NVML not read: the run's time limit came first")
+        if now >= hung_at:
+            return unreadable_snapshot("other", f"NVML did not answer within {timeout_s:.0f} s (driver hang?)")
     if "err" in box:
         return unreadable_snapshot("other", f"reading telemetry failed: {box['err']}")
     return box["snap"]
 
 
-def prepare(req: RunRequest) -> Prepared:
+def _tested_units(ctx: Context) -> tuple[list[int], str]:
+    """The GPU indices (or CPU workers) compute checks start workers on in this run."""
+    if ctx.device == "cpu":
+        return [i for i in range(ctx.workers) if ctx.gpus is None or i in ctx.gpus], "CPU worker"
+    return sorted(int(g["index"]) for g in ctx.selected_gpu_entries() if g.get("state", "ok") == "ok"), "GPU"
+
+
+def _injection_kinds(injections: list[Injection], checks: list[Check], catalog: list[Check]) -> None:
+    """UsageError for an --inject whose kind no selected check honours."""
+    for inj in injections:
+        if not any(inj.kind in c.spec.injects for c in checks):
+            kinds = sorted({k for c in catalog for k in c.spec.injects}) or ["none"]
+            raise UsageError(f"--inject {inj.text}: no selected check honours {inj.kind!r} (kinds: {', '.join(kinds)})")
+
+
+def check_injections(injections: list[Injection], checks: list[Check], ctx: Context) -> None:
+    """UsageError for an --inject that no selected check can honour on this run: every check of
+    its kind is skipped here (unmet needs: a replayed snapshot, no GPU, no torch, CPU workers
+    without telemetry), or its `gpu=` is not tested (--workers, --gpus, this node's GPUs)."""
+    for inj in injections:
+        honouring = [c for c in checks if inj.kind in c.spec.injects]
+        blocked = {c.id: unmet_needs(c, ctx)[0] for c in honouring}
+        if all(blocked.values()):
+            why = "; ".join(f"{cid}: {r}" for cid, r in blocked.items())
+            raise UsageError(f"--inject {inj.text}: no check that honours {inj.kind!r} can run here ({why})")
+        gpu = inj.get("gpu")
+        if gpu is None:
+            continue
+        tested, unit = _tested_units(ctx)
+        if not isinstance(gpu, int):
+            raise UsageError(f"--inject {inj.text}: gpu must be an index, not {gpu!r}")
+        if gpu not in tested:
+            have = ",".join(map(str, tested)) or "none"
+            raise UsageError(f"--inject {inj.text}: no {unit} {gpu} is tested on this run ({unit}s tested: {have})")
+
+
+def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interrupts | None = None) -> Prepared:
+    """Everything decided before the first check runs (UsageError: exit 2). `started`
+    (time.monotonic()) is when the run began: telemetry reading stops at the time limit."""
+    started = time.monotonic() if started is None else started
+    config, level, catalog, checks = _select(req)
+    strict = bool(config.run.get("strict", False)) if req.strict is None else req.strict
+    on_error = req.on_error or config.run.get("on_error", "pass")
+    if on_error not in ("pass", "fail"):
+        raise UsageError(f"--on-error: must be pass or fail, not {on_error!r}")
+    timeout_s = req.timeout_s if req.timeout_s is not None else config.run.get("timeout")
+    if timeout_s is not None and timeout_s <= 0:
+        raise UsageError("--timeout must be positive")
+    if req.device not in ("auto", "cuda", "cpu"):
+        raise UsageError(f"--device: must be auto, cuda or cpu, not {req.device!r}")
+    if req.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    try:
+        injections = [parse_injection(t) for t in req.injections]
+    except InjectionError as e:
+        raise UsageError(f"--inject: {e}") from None
+    _injection_kinds(injections, checks, catalog)
+
+    for path, what in ((req.output, "--output"), (req.prom, "--prom")):
+        if path and path != "-":
+            _check_writable(path, what)
+
+    until = None
+    if timeout_s is not None:
+        from .runner import limits
+
+        until = limits(started, timeout_s).deadline
+    snapshot, source_kind = _telemetry(req, checks, until, interrupts)
+    _check_gpus(req, snapshot)
+
+    state: State | None = None
+    explicit_state = req.state_dir or config.run.get("state_dir")
+    if req.history and (explicit_state or not req.snapshot_path):
+        # A replayed snapshot is another node's past: keep it out of this node's history unless
+        # a state directory was named on purpose.
+        state = State(explicit_state or default_state_dir())
+
+    options = dict(req.options)
+    if req.snapshot_path:
+        options["snapshot_path"] = req.snapshot_path
+    ctx = Context(
+        level=level,
+        config=config,
+        snapshot=snapshot,
+        gpus=req.gpus,
+        device=req.device,
+        workers=req.workers,
+        injections=injections,
+        state=state,
+        options=options,
+        requested=frozenset(c.id for c in checks) if req.check_patterns else frozenset(),
+        force=req.force,
+    )
+    check_injections(injections, checks, ctx)
+    return Prepared(config, level, checks, ctx, strict, on_error, timeout_s, source_kind,
+                    req.snapshot_path, injections, started)
+
+
+def _select(req: RunRequest) -> tuple[Config, Level, list[Check], list[Check]]:
+    """The config, the run's level, the catalog the names were resolved against, the checks."""
     try:
         config = load_config(req.config_path)
     except ConfigError as e:
@@ -157,95 +278,44 @@ def prepare(req: RunRequest) -> Prepared:
         config.validate_checks(c.spec for c in catalog)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-
-    strict = bool(config.run.get("strict", False)) if req.strict is None else req.strict
-    on_error = req.on_error or config.run.get("on_error", "pass")
-    if on_error not in ("pass", "fail"):
-        raise UsageError(f"--on-error: must be pass or fail, not {on_error!r}")
-    timeout_s = req.timeout_s if req.timeout_s is not None else config.run.get("timeout")
-    if timeout_s is not None and timeout_s <= 0:
-        raise UsageError("--timeout must be positive")
-    if req.device not in ("auto", "cuda", "cpu"):
-        raise UsageError(f"--device: must be auto, cuda or cpu, not {req.device!r}")
-    if req.workers < 1:
-        raise UsageError("--workers must be at least 1")
-
     try:
         checks = select(catalog, level, req.check_patterns, skips)
     except SelectionError as e:
         raise UsageError(str(e)) from None
     if not checks:
         raise UsageError("no check selected (everything was skipped)")
+    return config, level, catalog, checks
 
-    try:
-        injections = [parse_injection(t) for t in req.injections]
-    except InjectionError as e:
-        raise UsageError(f"--inject: {e}") from None
-    for inj in injections:
-        if not any(inj.kind in c.spec.injects for c in checks):
-            honoured = sorted({k for c in catalog for k in c.spec.injects}) or ["none"]
-            raise UsageError(
-                f"--inject {inj.text}: no selected check honours {inj.kind!r} "
-                f"(kinds: {', '.join(honoured)})"
-            )
 
-    for path, what in ((req.output, "--output"), (req.prom, "--prom")):
-        if path and path != "-":
-            _check_writable(path, what)
-
-    snapshot: dict[str, Any] | None = None
-    source_kind = "none"
+def _telemetry(req: RunRequest, checks: list[Check], until: float | None,
+               interrupts: Interrupts | None) -> tuple[dict[str, Any] | None, str]:
+    """The snapshot the checks judge (a recorded file, live NVML, or none) and its kind."""
     if req.snapshot_path:
         from .telemetry.snapshot import SnapshotError, load_snapshot
 
         try:
-            snapshot = load_snapshot(req.snapshot_path)
+            return load_snapshot(req.snapshot_path), "snapshot"
         except SnapshotError as e:
             raise UsageError(str(e)) from None
-        source_kind = "snapshot"
-    elif req.device != "cpu" or any(Need.NVML in c.spec.needs for c in checks):
-        snapshot = _collect_live(LIVE_TELEMETRY_TIMEOUT_S)
-        source_kind = "live"
+    if req.device != "cpu" or any(Need.NVML in c.spec.needs for c in checks):
+        return _collect_live(LIVE_TELEMETRY_TIMEOUT_S, until=until, interrupts=interrupts), "live"
+    return None, "none"
 
-    gpus = req.gpus
-    if gpus is not None:
-        if req.device == "cpu":
-            known = list(range(req.workers))
-            unit = "CPU worker"
-        else:
-            known = sorted(int(g["index"]) for g in (snapshot or {}).get("gpus", []))
-            unit = "GPU"
-        missing = [g for g in gpus if g not in known]
-        if missing:
-            have = ",".join(map(str, known)) if known else "none"
-            raise UsageError(
-                f"--gpus: no {unit} {','.join(map(str, missing))} on this node ({unit}s: {have})"
-            )
 
-    state: State | None = None
-    explicit_state = req.state_dir or config.run.get("state_dir")
-    if req.history and (explicit_state or not req.snapshot_path):
-        # A replayed snapshot is another node's past: keep it out of this node's history unless
-        # a state directory was named on purpose.
-        state = State(explicit_state or default_state_dir())
-
-    options = dict(req.options)
-    if req.snapshot_path:
-        options["snapshot_path"] = req.snapshot_path
-    ctx = Context(
-        level=level,
-        config=config,
-        snapshot=snapshot,
-        gpus=gpus,
-        device=req.device,
-        workers=req.workers,
-        injections=injections,
-        state=state,
-        options=options,
-        force=req.force,
-    )
-    return Prepared(config, level, checks, ctx, strict, on_error, timeout_s, source_kind,
-                    req.snapshot_path, injections)
+def _check_gpus(req: RunRequest, snapshot: dict[str, Any] | None) -> None:
+    """UsageError when --gpus names a GPU (or CPU worker) this run does not have."""
+    if req.gpus is None:
+        return
+    if req.device == "cpu":
+        known = list(range(req.workers))
+        unit = "CPU worker"
+    else:
+        known = sorted(int(g["index"]) for g in (snapshot or {}).get("gpus", []))
+        unit = "GPU"
+    missing = [g for g in req.gpus if g not in known]
+    if missing:
+        have = ",".join(map(str, known)) if known else "none"
+        raise UsageError(f"--gpus: no {unit} {','.join(map(str, missing))} on this node ({unit}s: {have})")
 
 
 def execute(
@@ -263,14 +333,23 @@ def execute(
     On a terminal (and not --json) a live display shows progress: `display_factory()` builds it
     (an object with started(check), progress(check_id, subject, info), finished(run), close()),
     by default a one-line status (gpucheck.output.LiveStatus).
-    """
-    from .runner import run_checks
 
+    SIGTERM/SIGINT are recorded (gpucheck.interrupts) from here, or from the command's first
+    line, until the last output is written; handlers armed here are restored on return.
+    """
+    armed_here = INTERRUPTS.arm()
     try:
-        prep = prepare(req)
-    except UsageError as e:
-        print(f"gpucheck: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return _execute(req, progress, display_factory, on_verdict)
+    finally:
+        INTERRUPTS.release()
+        if armed_here:
+            INTERRUPTS.disarm()
+
+
+def _run(prep: Prepared, req: RunRequest, progress: Callable[[str, str, dict[str, Any]], None] | None,
+         display_factory: Callable[[], Any] | None) -> Any:
+    """The checks, with the live display on a terminal; no worker process outlives them."""
+    from .runner import run_checks
 
     display = None
     if not req.json and sys.stdout.isatty():
@@ -286,18 +365,39 @@ def execute(
             prep.checks,
             prep.ctx,
             timeout_s=prep.timeout_s,
+            started=prep.started,
+            interrupts=INTERRUPTS,
             on_start=display.started if display else None,
             on_done=display.finished if display else None,
         )
     finally:
         if display:
             display.close()
+    if outcome.abandoned:
+        _stop_leftover_workers()
+    return outcome
 
+
+def _stop_leftover_workers() -> None:
+    """SIGKILL the worker processes of a check that did not stop in time (its thread was left
+    behind): none may outlive the run, and none may hold the interpreter's exit."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    for proc in mp.active_children():
+        try:
+            proc.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _judge(prep: Prepared, outcome: Any, interrupted: str | None) -> dict[str, Any]:
     from .fingerprint import software_fingerprint
 
-    verdict = build_verdict(
+    ran = [r.run_level for r in outcome.runs if r.ran]
+    return build_verdict(
         outcome.results,
-        level=prep.level,
+        level=verdict_level(ran, prep.level, [int(c.spec.level) for c in prep.checks]),
         started_at=outcome.started_at,
         duration_s=outcome.duration_s,
         checks=[{"id": r.check_id, "level": r.level, "status": r.status.value,
@@ -306,11 +406,30 @@ def execute(
         snapshot=prep.ctx.snapshot,
         source_kind=prep.source_kind,
         source_path=prep.snapshot_path,
-        interrupted=outcome.interrupted,
+        interrupted=interrupted,
         injected=[i.text for i in prep.injections],
         strict=prep.strict,
         on_error=prep.on_error,
     )
+
+
+def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], None] | None,
+             display_factory: Callable[[], Any] | None,
+             on_verdict: Callable[[dict[str, Any]], None] | None = None) -> int:
+    try:
+        prep = prepare(req, started=INTERRUPTS.armed_at, interrupts=INTERRUPTS)
+    except UsageError as e:
+        print(f"gpucheck: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    outcome = _run(prep, req, progress, display_factory)
+    # A signal that arrived after the checks, or while the verdict was built, still makes it
+    # partial; from here on the verdict is final and every output is written whole (signals are
+    # held until execute returns).
+    verdict = _judge(prep, outcome, outcome.interrupted or INTERRUPTS.reason)
+    INTERRUPTS.hold()
+    if INTERRUPTS.reason and not verdict["partial"]:
+        verdict = _judge(prep, outcome, INTERRUPTS.reason)
     code = int(verdict["exit_code"])
     if on_verdict is not None:
         on_verdict(verdict)

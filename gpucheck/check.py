@@ -6,6 +6,12 @@ check declares its defaults in `spec.defaults` (and, where the convention of
 gpucheck.config.conventional_limit does not fit, what each may be set to in `spec.limits`); a
 site's config overrides them per check, and the merged values reach the check as
 `ctx.params(check_id)`.
+
+Compute checks (a spec that needs a GPU, or says `compute=True`) load the GPUs; every other check
+only reads (NVML, the kernel log). The runner runs the readers first, gives compute checks what is
+left of the run's time limit, and does not start one whose `min_slice` does not fit (see
+gpucheck.runner). A compute check that cannot run because the GPU, torch or CuPy is not usable is
+a skip; `compute_skip` says whether that skip left unexamined what the run was asked to examine.
 """
 
 from __future__ import annotations
@@ -63,6 +69,22 @@ class Need(str, enum.Enum):
     KERNEL_LOG = "kernel-log"
 
 
+# Needs without which a compute check cannot load this node's GPUs at all.
+COMPUTE_NEEDS = (Need.GPU, Need.TORCH, Need.CUPY)
+# Needs that say the check does not apply to this node's shape (one GPU, no peers), rather than
+# that something it should have examined could not be.
+SHAPE_NEEDS = (Need.MULTI_GPU, Need.PEERS)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """The least run time that gives a compute check a judgement (`seconds`), and what it is made
+    of, for the message when the run's time limit leaves less (`what`)."""
+
+    seconds: float
+    what: str
+
+
 @dataclass(frozen=True)
 class CheckSpec:
     id: str
@@ -78,9 +100,33 @@ class CheckSpec:
     injects: tuple[str, ...] = ()  # fault-injection kinds this check honours
     # Budget that depends on the run (a burn's --duration): budget_fn(ctx) -> seconds.
     budget_fn: Callable[["Context"], float] | None = None
+    # Loads the GPUs (default: when it needs Need.GPU). The runner runs compute checks last.
+    compute: bool | None = None
+    # The least time a compute check needs to give a judgement on this run (start-up and the
+    # duration its level promises): min_slice_fn(ctx) -> Slice. None: no minimum.
+    min_slice_fn: Callable[["Context"], Slice] | None = None
+    # The highest run level that changes what the check does (a burn is longer at 3 and 4);
+    # None: only its own level. The verdict's level is the highest level a check ran at.
+    top_level: Level | None = None
+    # Why this check cannot examine anything on this run beyond its `needs` (CPU workers have no
+    # power telemetry), or None: the runner skips it, and an --inject aimed at it is a usage error.
+    unavailable_fn: Callable[["Context"], str | None] | None = None
 
     def budget(self, ctx: "Context") -> float:
         return float(self.budget_fn(ctx)) if self.budget_fn else float(self.budget_s)
+
+    @property
+    def is_compute(self) -> bool:
+        return bool(self.compute) if self.compute is not None else Need.GPU in self.needs
+
+    def min_slice(self, ctx: "Context") -> Slice:
+        return self.min_slice_fn(ctx) if self.min_slice_fn else Slice(0.0, "no minimum")
+
+    def run_level(self, run_level: int) -> int:
+        """The level this check runs at in a run of `run_level`: its own level at least, and the
+        run's level up to its `top_level`."""
+        top = int(self.top_level or self.level)
+        return max(int(self.level), min(int(run_level), top))
 
 
 @dataclass(frozen=True)
@@ -105,6 +151,10 @@ def define(
     limits: dict[str, Any] | None = None,
     injects: tuple[str, ...] = (),
     budget_fn: Callable[["Context"], float] | None = None,
+    compute: bool | None = None,
+    min_slice_fn: Callable[["Context"], Slice] | None = None,
+    top_level: Level | int | None = None,
+    unavailable_fn: Callable[["Context"], str | None] | None = None,
 ) -> Callable[[Callable[["Context"], list[Result]]], Check]:
     """Decorator: turn a run function into a registered-by-module `Check`."""
 
@@ -121,6 +171,10 @@ def define(
                 limits=dict(limits or {}),
                 injects=tuple(injects),
                 budget_fn=budget_fn,
+                compute=compute,
+                min_slice_fn=min_slice_fn,
+                top_level=None if top_level is None else Level(top_level),
+                unavailable_fn=unavailable_fn,
             ),
             fn,
         )
@@ -137,6 +191,10 @@ class Context:
     gpus: the selected GPU indices (None = all).
     device: "cuda" or "cpu" for compute checks; workers: number of CPU workers standing in for GPUs.
     level: the run's level; checks that scale with the level (burn length) read it.
+    deadline: when checks must have stopped working (the run's time limit less the time reserved
+      to stop them and write the verdict); stop_s: how long a cancelled check has to stop.
+    requested: the ids the user named (--check, or a per-check command such as `gpucheck burn`):
+      a compute check among them that cannot run is unexamined, not a plain skip.
     """
 
     level: Level = Level.QUICK
@@ -148,7 +206,9 @@ class Context:
     injections: list["Injection"] = field(default_factory=list)
     state: "State | None" = None
     sysfs_root: Path = Path("/sys")
-    deadline: float | None = None  # time.monotonic() deadline of the whole run, if any
+    deadline: float | None = None  # time.monotonic() by which checks stop working, if any
+    stop_s: float = 5.0  # after cancel: how long a check has to stop its workers and return
+    requested: frozenset[str] = frozenset()
     options: dict[str, Any] = field(default_factory=dict)  # per-command extras (durations, dtypes)
     # Set by the runner on SIGTERM/SIGINT or the whole-run timeout: long checks poll it and
     # return what they have; worker pools stop their workers when it is set.
@@ -206,8 +266,10 @@ def missing_need(need: Need, ctx: Context) -> str | None:
         if ctx.device != "cpu" and not _torch_has_cuda(spec):
             return "PyTorch is a CPU-only build (no libtorch_cuda); install a CUDA build, or use --device cpu"
         return None
-    if need is Need.CUPY:
-        return None if importlib.util.find_spec("cupy") else "CuPy not installed (pip install 'gpucheck[cupy]')"
+    if need is Need.CUPY:  # the CUDA kernels; CPU workers run their NumPy/torch stand-ins
+        if ctx.device == "cpu" or importlib.util.find_spec("cupy"):
+            return None
+        return "CuPy not installed (pip install 'gpucheck[cupy]'; or --device cpu)"
     if need is Need.ROOT:
         return None if os.geteuid() == 0 else "needs root"
     if need is Need.GPU:
@@ -224,6 +286,62 @@ def missing_need(need: Need, ctx: Context) -> str | None:
     if need is Need.PEERS:
         return None if ctx.options.get("peers") else "needs peer nodes (use gpucheck nccl pairs / sweep)"
     return None
+
+
+def unmet_needs(check: Check, ctx: Context) -> tuple[str | None, bool]:
+    """Why `check` cannot run on this run (its unmet needs, then its `unavailable_fn`), or None;
+    and whether the reason is that this node's GPUs cannot be computed on (COMPUTE_NEEDS)."""
+    why, unmet = _unmet(check, ctx)
+    return why, any(n in COMPUTE_NEEDS for n in unmet)
+
+
+def does_not_apply(check: Check, ctx: Context) -> bool:
+    """Whether `check` is skipped only because it does not apply to this node's shape (one GPU
+    where it needs two, no peer nodes): nothing here that it should have examined."""
+    why, unmet = _unmet(check, ctx)
+    return why is not None and bool(unmet) and all(n in SHAPE_NEEDS for n in unmet)
+
+
+def _unmet(check: Check, ctx: Context) -> tuple[str | None, list[Need | None]]:
+    needs = list(check.spec.needs)
+    if Need.GPU in needs:  # judging a recorded snapshot: "not this node" is the whole reason
+        needs.remove(Need.GPU)
+        needs.insert(0, Need.GPU)
+    reasons: list[str] = []
+    unmet: list[Need | None] = []
+    for n in needs:
+        r = missing_need(n, ctx)
+        if r and n is Need.GPU and ctx.options.get("snapshot_path"):
+            return r, [n]
+        if r:
+            reasons.append(r)
+            unmet.append(n)
+    if not reasons and check.spec.unavailable_fn is not None:
+        why = check.spec.unavailable_fn(ctx)
+        if why:
+            reasons.append(why)
+            unmet.append(None)
+    return ("; ".join(reasons) if reasons else None), unmet
+
+
+def must_examine(ctx: Context, check_id: str) -> bool:
+    """Whether this run was asked to compute on this node's GPUs with `check_id`: the user named
+    the check or the device (--device cuda or cpu), or NVML shows usable GPUs here (a GPU node
+    whose torch is a CPU-only build is not healthy by default). Only `--device auto` on a node
+    without a usable GPU (or judging a recorded snapshot) leaves a compute check a plain skip."""
+    if check_id in ctx.requested or ctx.device in ("cuda", "cpu"):
+        return True
+    if ctx.options.get("snapshot_path"):
+        return False
+    return _gpu_count(ctx) > 0
+
+
+def compute_skip(ctx: Context, check_id: str, why: str, **kw: Any) -> Result:
+    """A skip of a compute check that could not load the GPUs (no GPU, no CUDA torch, no CuPy):
+    `unexamined` (the run exits 3) when the run was asked to examine them (must_examine)."""
+    from .result import Status
+
+    return Result(check_id, Status.SKIP, why, unexamined=must_examine(ctx, check_id), **kw)
 
 
 def _torch_has_cuda(spec) -> bool:

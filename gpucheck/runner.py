@@ -1,43 +1,68 @@
 """The runner: runs the selected checks under time budgets and never hangs.
 
+Order: every read-only check (NVML judges, the kernel log) runs before any compute check, so a
+compute check can never starve them of the run's time. The outcome lists the checks in the order
+they were selected.
+
 Each check runs in a daemon thread that the runner supervises. A check that outlives its budget
 is reported as a hang (`fail` of the check's subject, not a crash of gpucheck) and the run goes
 on; a check that raises becomes an `error` result. Compute checks fan out to one worker process
 per GPU themselves (gpucheck.workers), watching `ctx.cancel`.
 
-SIGTERM, SIGINT (a Slurm prolog timeout, Ctrl-C) and the whole-run deadline set `ctx.cancel`, give
-the running check a short grace period to stop its workers and return what it has, and mark every
-check not run as `error` "not run: interrupted". The caller still gets an outcome and writes a
-(partial) verdict.
+Time limit (`timeout_s`, counted from `started`): the run ends inside it. `limits()` splits it:
+checks work until `ctx.deadline`; then the running check is cancelled and has `ctx.stop_s` to stop
+its workers and return (the stop reserve, a tenth of the limit, 0.5 to 5 s); OUTPUT_RESERVE_S is
+left to write the verdict. A check still running at the end of its stop time is abandoned with an
+error. A compute check whose `min_slice` does not fit in what is left before the deadline is not
+started: `error`, "not run", naming what it needed and what was left.
+
+SIGTERM, SIGINT (a Slurm prolog timeout, Ctrl-C) are recorded by gpucheck.interrupts (never
+raised): the runner cancels the running check, gives it `ctx.stop_s` to return what it has (a
+second signal stops the wait), and marks every check not run as `error` "not run: interrupted".
+The caller still gets an outcome and writes a (partial) verdict.
+
+Skips: a compute check that cannot load this node's GPUs (no GPU, no CUDA torch, no CuPy) is an
+`unexamined` skip when the run was asked to examine them (check.must_examine); and when the user
+named the checks and none of them examined anything, every skip among them is unexamined (a check
+that does not apply to this node's shape, one GPU where it needs two, is not counted).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import signal
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .check import Check, Context, Need, missing_need
+from .check import Check, Context, compute_skip, does_not_apply, unmet_needs
+from .interrupts import Interrupts
 from .result import Action, Result, Status, Threshold, worst_status
 
-# How long a check may keep running after cancel before the runner gives up on it.
+# How long a cancelled check may take to stop when the run has no time limit (signals).
 CANCEL_GRACE_S = 5.0
+# With a time limit: this share of it is reserved to stop the running check, within these bounds.
+STOP_RESERVE_FRACTION = 0.1
+STOP_RESERVE_MIN_S = 0.5
+# With a time limit: reserved at its end to build and write the verdict.
+OUTPUT_RESERVE_S = 0.3
 # Slack on top of a check's declared budget before it is called a hang.
 BUDGET_SLACK_S = 5.0
 BUDGET_FACTOR = 1.5
+POLL_S = 0.05
 
 
 @dataclass
 class CheckRun:
     check_id: str
-    level: int
+    level: int  # the check's own level
     status: Status
     duration_s: float
     results: list[Result] = field(default_factory=list)
+    ran: bool = False  # it examined something (not a skip, not "not run")
+    run_level: int = 0  # the level it ran at (CheckSpec.run_level)
+    applies: bool = True  # False: skipped as not applying to this node's shape (one GPU, no peers)
 
 
 @dataclass
@@ -46,6 +71,7 @@ class Outcome:
     interrupted: str | None = None  # "SIGTERM", "SIGINT", "timeout" or None
     started_at: float = 0.0  # time.time()
     duration_s: float = 0.0
+    abandoned: bool = False  # a check did not stop in time; its thread (and workers) may live on
 
     @property
     def results(self) -> list[Result]:
@@ -56,30 +82,28 @@ class Outcome:
         return self.interrupted is not None
 
 
-class _Interrupted(Exception):
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+@dataclass(frozen=True)
+class Limits:
+    """A run's time limit, split: work until `deadline`, stop by `stop_by`, end by `end`."""
+
+    deadline: float
+    stop_by: float
+    end: float
+    stop_s: float
+
+
+def limits(started: float, timeout_s: float) -> Limits:
+    """The split of a `timeout_s` limit that began at `started` (time.monotonic()). A very short
+    limit gives at most half of itself to the stop reserve."""
+    end = started + timeout_s
+    stop_by = end - min(OUTPUT_RESERVE_S, 0.15 * timeout_s)
+    stop_s = min(CANCEL_GRACE_S, max(STOP_RESERVE_MIN_S, STOP_RESERVE_FRACTION * timeout_s),
+                 0.5 * (stop_by - started))
+    return Limits(deadline=stop_by - stop_s, stop_by=stop_by, end=end, stop_s=stop_s)
 
 
 def _error(check: Check, summary: str, evidence: list[str] | None = None) -> Result:
     return Result(check.id, Status.ERROR, summary, evidence=evidence or [])
-
-
-def _unmet_needs(check: Check, ctx: Context) -> str | None:
-    needs = list(check.spec.needs)
-    # Judging a recorded snapshot: "not this node" is the whole reason, whatever this machine has.
-    if Need.GPU in needs:
-        needs.remove(Need.GPU)
-        needs.insert(0, Need.GPU)
-    reasons = []
-    for n in needs:
-        r = missing_need(n, ctx)
-        if r and n is Need.GPU and ctx.options.get("snapshot_path"):
-            return r
-        if r:
-            reasons.append(r)
-    return "; ".join(reasons) if reasons else None
 
 
 def _check_ctx(check: Check, ctx: Context) -> Context:
@@ -101,83 +125,124 @@ def _finish(check: Check, results: object, t0: float) -> list[Result]:
     return results
 
 
+def execution_order(checks: list[Check]) -> list[Check]:
+    """Read-only checks first, then compute checks, each group in the selection's order."""
+    return sorted(checks, key=lambda c: c.spec.is_compute)
+
+
 def run_checks(
     checks: list[Check],
     ctx: Context,
     *,
     timeout_s: float | None = None,
+    started: float | None = None,
+    interrupts: Interrupts | None = None,
     on_start: Callable[[Check], None] | None = None,
     on_done: Callable[[CheckRun], None] | None = None,
     install_signal_handlers: bool = True,
 ) -> Outcome:
-    started = time.time()
-    t_start = time.monotonic()
-    if timeout_s is not None:
-        ctx.deadline = t_start + timeout_s
-    runs: list[CheckRun] = []
-    interrupted: str | None = None
-
-    old_handlers = {}
-    if install_signal_handlers and threading.current_thread() is threading.main_thread():
-        def handler(signum, _frame):
-            name = signal.Signals(signum).name
-            ctx.cancel.set()
-            raise _Interrupted(name)
-
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            old_handlers[sig] = signal.signal(sig, handler)
-
+    """Run `checks`; `started` (time.monotonic()) is when the run began (default now): the time
+    limit counts from it. `interrupts`: the caller's armed recorder; without one the runner arms
+    its own for the duration of the call (install_signal_handlers, main thread only)."""
+    t0 = time.monotonic() if started is None else started
+    wall0 = time.time() - (time.monotonic() - t0)
+    lim = limits(t0, timeout_s) if timeout_s is not None else None
+    if lim is not None:
+        ctx.deadline, ctx.stop_s = lim.deadline, lim.stop_s
+    own = interrupts is None
+    if interrupts is None:
+        interrupts = Interrupts()
+        if install_signal_handlers:
+            interrupts.arm()
+    interrupts.listen(ctx.cancel)
     try:
-        for i, check in enumerate(checks):
-            if interrupted is None and ctx.deadline is not None and time.monotonic() >= ctx.deadline:
-                interrupted = "timeout"
-                ctx.cancel.set()
-            if interrupted is not None:
-                runs.append(_not_run(check, interrupted))
-                continue
-            if on_start:
-                on_start(check)
-            try:
-                run = _run_one(check, ctx)
-            except _Interrupted as e:
-                interrupted = e.reason
-                run = _collect_after_cancel(check, ctx, e.reason)
-            runs.append(run)
-            if on_done:
-                on_done(run)
-            if run.results and any("whole-run timeout" in r.summary for r in run.results):
-                interrupted = interrupted or "timeout"
-    except _Interrupted as e:  # a signal between checks
-        interrupted = e.reason
-        done = {r.check_id for r in runs}
-        runs.extend(_not_run(c, e.reason) for c in checks if c.id not in done)
+        by_id, interrupted, abandoned = _run_all(checks, ctx, lim, interrupts, on_start, on_done)
     finally:
-        for sig, old in old_handlers.items():
-            signal.signal(sig, old)
-    return Outcome(runs=runs, interrupted=interrupted, started_at=started, duration_s=time.monotonic() - t_start)
+        if own:
+            interrupts.disarm()
+    runs = [by_id[c.id] for c in checks]
+    _asked_but_unexamined(runs, ctx)
+    return Outcome(runs=runs, interrupted=interrupted, started_at=wall0, duration_s=time.monotonic() - t0,
+                   abandoned=abandoned)
+
+
+def _run_all(checks: list[Check], ctx: Context, lim: Limits | None, interrupts: Interrupts,
+             on_start: Callable[[Check], None] | None, on_done: Callable[[CheckRun], None] | None
+             ) -> tuple[dict[str, CheckRun], str | None, bool]:
+    runs: dict[str, CheckRun] = {}
+    stopped: str | None = None  # the run stopped: every check after is not run
+    cut = False  # a compute check was not started for lack of time
+    abandoned = False
+    for check in execution_order(checks):
+        if stopped is None:
+            stopped = interrupts.reason or (
+                "timeout" if ctx.deadline is not None and time.monotonic() >= ctx.deadline else None)
+        if stopped is not None:
+            runs[check.id] = _not_run(check, stopped)
+            continue
+        short = _no_slice(check, ctx)
+        if short is not None:
+            cut = True
+            runs[check.id] = short
+            continue
+        if on_start:
+            on_start(check)
+        run, stopped, left_running = _run_one(check, ctx, lim, interrupts)
+        abandoned = abandoned or left_running
+        runs[check.id] = run
+        if on_done:
+            on_done(run)
+    return runs, stopped or ("timeout" if cut else None), abandoned
+
+
+def _asked_but_unexamined(runs: list[CheckRun], ctx: Context) -> None:
+    """A run of named checks (--check, `gpucheck burn`, ...) none of which examined anything did
+    not do what it was asked: every skip among them is unexamined (the run exits 3)."""
+    asked = [run for run in runs if run.check_id in ctx.requested and run.applies]
+    if not asked or any(run.ran for run in asked):
+        return
+    for run in asked:
+        for r in run.results:
+            if r.status is Status.SKIP:
+                r.unexamined = True
 
 
 def _not_run(check: Check, reason: str) -> CheckRun:
     why = "whole-run timeout" if reason == "timeout" else f"interrupted by {reason}"
-    return CheckRun(check.id, int(check.spec.level), Status.ERROR, 0.0,
-                    [_error(check, f"not run: {why}")])
+    return CheckRun(check.id, int(check.spec.level), Status.ERROR, 0.0, [_error(check, f"not run: {why}")])
 
 
-# The running check's completion event and result box, so that an interrupted run can wait for
-# them (_collect_after_cancel).
-_current: dict[str, object] = {}
+def _no_slice(check: Check, ctx: Context) -> CheckRun | None:
+    """A compute check that cannot get a meaningful slice of what is left of the run's time:
+    its `error` run, or None when it fits (or has no time limit, or will be skipped anyway)."""
+    if ctx.deadline is None or not check.spec.is_compute or unmet_needs(check, ctx)[0]:
+        return None
+    need = check.spec.min_slice(_check_ctx(check, ctx))
+    left = ctx.deadline - time.monotonic()
+    if left >= need.seconds:
+        return None
+    r = _error(check, f"not run: the run's time limit leaves {max(0.0, left):.1f} s for it and {check.id} "
+                      f"needs at least {need.seconds:.1f} s ({need.what})")
+    r.metric("time_left_s", round(max(0.0, left), 2), "s")
+    r.metric("time_needed_s", round(need.seconds, 2), "s")
+    r.thresholds.append(Threshold("time_left_s", "<", round(need.seconds, 2), Status.ERROR, "s"))
+    return CheckRun(check.id, int(check.spec.level), Status.ERROR, 0.0, [r])
 
 
-def _run_one(check: Check, ctx: Context) -> CheckRun:
+def _run_one(check: Check, ctx: Context, lim: Limits | None, interrupts: Interrupts
+             ) -> tuple[CheckRun, str | None, bool]:
+    """(the check's run, why the run stopped during it or None, whether it was left running)."""
     t0 = time.monotonic()
-    why = _unmet_needs(check, ctx)
+    why, compute = unmet_needs(check, ctx)
     if why:
-        return CheckRun(check.id, int(check.spec.level), Status.SKIP, 0.0,
-                        [Result(check.id, Status.SKIP, why)])
+        skip = compute_skip(ctx, check.id, why) if check.spec.is_compute and compute else \
+            Result(check.id, Status.SKIP, why)
+        return CheckRun(check.id, int(check.spec.level), Status.SKIP, 0.0, [skip],
+                        applies=not does_not_apply(check, ctx)), None, False
     cctx = _check_ctx(check, ctx)
     box: dict[str, object] = {}
-    # Completion is signalled with an Event, not Thread.join(): on CPython 3.11 a signal handler
-    # that raises during join() can leave a running thread marked as stopped.
+    # Completion is signalled with an Event, not Thread.join(): the runner polls the signal
+    # record and the deadline between short waits.
     done = threading.Event()
 
     def target():
@@ -190,36 +255,61 @@ def _run_one(check: Check, ctx: Context) -> CheckRun:
             done.set()
 
     th = threading.Thread(target=target, name=f"check-{check.id}", daemon=True)
-    _current.update(done=done, box=box, t0=t0)
     th.start()
     budget = check.spec.budget(cctx) * BUDGET_FACTOR + BUDGET_SLACK_S
     hard_stop = t0 + budget
-    while not done.is_set():
+    while True:
+        finished = done.wait(POLL_S)
         now = time.monotonic()
-        if ctx.deadline is not None and now >= ctx.deadline:
-            ctx.cancel.set()
-            finished = done.wait(CANCEL_GRACE_S)
-            results = _from_box(check, box, t0) if finished else []
-            if not results or not finished:
-                results = [_error(check, f"not finished: whole-run timeout after {now - t0:.1f} s in this check")]
-            else:
-                results = [*results]
-                for r in results:
-                    r.evidence.append("stopped early by the whole-run timeout")
-            return _make_run(check, results, t0)
+        # A signal cancels the check at once (it listens on ctx.cancel): one that finished after
+        # a signal may have stopped early, and says so.
+        stop = interrupts.reason or (
+            "timeout" if not finished and ctx.deadline is not None and now >= ctx.deadline else None)
+        if stop is not None:
+            run, left_running = _stop(check, ctx, box, done, t0, stop, lim, interrupts)
+            return run, stop, left_running
+        if finished:
+            return _make_run(check, ctx, _from_box(check, box, t0), t0), None, False
         if now >= hard_stop:
-            r = Result(
-                check.id,
-                Status.FAIL,
-                f"hang: check did not finish within its budget of {budget:.0f} s "
-                "(a stuck driver call or GPU; gpucheck moved on)",
-                action=Action.INVESTIGATE,
-            )
-            r.thresholds.append(Threshold("duration_s", ">", round(budget, 1), Status.FAIL, "s"))
-            r.metric("duration_s", round(now - t0, 1), "s")
-            return _make_run(check, [r], t0)
-        done.wait(min(0.1, max(0.0, hard_stop - now)))
-    return _make_run(check, _from_box(check, box, t0), t0)
+            return _hang(check, ctx, budget, now - t0, t0), None, False
+
+
+def _hang(check: Check, ctx: Context, budget: float, elapsed: float, t0: float) -> CheckRun:
+    r = Result(
+        check.id,
+        Status.FAIL,
+        f"hang: check did not finish within its budget of {budget:.0f} s "
+        "(a stuck driver call or GPU; gpucheck moved on)",
+        action=Action.INVESTIGATE,
+    )
+    r.thresholds.append(Threshold("duration_s", ">", round(budget, 1), Status.FAIL, "s"))
+    r.metric("duration_s", round(elapsed, 1), "s")
+    return _make_run(check, ctx, [r], t0)
+
+
+def _stop(check: Check, ctx: Context, box: dict[str, object], done: threading.Event, t0: float, reason: str,
+          lim: Limits | None, interrupts: Interrupts) -> tuple[CheckRun, bool]:
+    """Cancel the running check and give it ctx.stop_s (never past the run's stop point; a second
+    signal ends the wait) to return what it has."""
+    ctx.cancel.set()
+    signals = interrupts.count
+    wait_until = time.monotonic() + ctx.stop_s
+    if lim is not None:
+        wait_until = min(wait_until, lim.stop_by)
+    while not done.is_set() and time.monotonic() < wait_until and interrupts.count <= max(signals, 1):
+        done.wait(min(POLL_S, max(0.0, wait_until - time.monotonic())))
+    finished = done.is_set()
+    why = "the whole-run timeout" if reason == "timeout" else reason
+    results = _from_box(check, box, t0) if finished else []
+    if results:
+        note = ("stopped early by the whole-run timeout" if reason == "timeout"
+                else f"run interrupted by {reason}; results may be partial")
+        for r in results:
+            r.evidence.append(note)
+    else:
+        results = [_error(check, f"not finished: stopped by {why} after {time.monotonic() - t0:.1f} s in this check"
+                                 + ("" if finished else f"; it did not stop within {ctx.stop_s:.1f} s"))]
+    return _make_run(check, ctx, results, t0), not finished
 
 
 def _from_box(check: Check, box: dict[str, object], t0: float) -> list[Result]:
@@ -230,30 +320,7 @@ def _from_box(check: Check, box: dict[str, object], t0: float) -> list[Result]:
     return _finish(check, box.get("results"), t0)
 
 
-def _collect_after_cancel(check: Check, ctx: Context, reason: str) -> CheckRun:
-    """After a signal: give the running check a grace period to return partial results."""
-    done = _current.get("done")
-    box = _current.get("box", {})
-    t0 = float(_current.get("t0", time.monotonic()))  # type: ignore[arg-type]
-    ctx.cancel.set()
-    finished = False
-    if isinstance(done, threading.Event):
-        deadline = time.monotonic() + CANCEL_GRACE_S
-        while not finished and time.monotonic() < deadline:
-            try:
-                finished = done.wait(0.1)
-            except _Interrupted:  # a second signal: stop waiting
-                break
-    results: list[Result] = []
-    if finished and isinstance(box, dict) and box:
-        results = _from_box(check, box, t0)
-        for r in results:
-            r.evidence.append(f"run interrupted by {reason}; results may be partial")
-    if not results:
-        results = [_error(check, f"not finished: interrupted by {reason}")]
-    return _make_run(check, results, t0)
-
-
-def _make_run(check: Check, results: list[Result], t0: float) -> CheckRun:
+def _make_run(check: Check, ctx: Context, results: list[Result], t0: float) -> CheckRun:
     return CheckRun(check.id, int(check.spec.level), worst_status(r.status for r in results),
-                    time.monotonic() - t0, results)
+                    time.monotonic() - t0, results, ran=any(r.status is not Status.SKIP for r in results),
+                    run_level=check.spec.run_level(int(ctx.level)))

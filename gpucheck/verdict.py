@@ -87,7 +87,8 @@ SCHEMA: dict[str, Any] = {
         "host": {"type": "string"},
         "time": {"type": "string", "description": "run start, ISO-8601 UTC"},
         "duration_s": {"type": "number", "minimum": 0},
-        "level": {"type": "integer", "minimum": 1, "maximum": 4},
+        "level": {"type": "integer", "minimum": 1, "maximum": 4,
+                  "description": "the highest level a check of this run ran at"},
         "level_name": {"enum": [lv.label for lv in Level]},
         "gpucheck_version": {"type": "string"},
         "software": {
@@ -131,7 +132,8 @@ SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
                 "properties": {
                     "id": {"type": "string"},
-                    "level": {"type": "integer", "minimum": 1, "maximum": 4},
+                    "level": {"type": "integer", "minimum": 1, "maximum": 4,
+                  "description": "the highest level a check of this run ran at"},
                     "status": {"enum": _STATUSES},
                     "duration_s": {"type": "number", "minimum": 0},
                 },
@@ -154,6 +156,15 @@ SCHEMA: dict[str, Any] = {
                      "description": "fault injections requested for this run (tests, demos)"},
     },
 }
+
+
+def verdict_level(ran: list[int], requested: Level | int, selected: list[int]) -> Level:
+    """The verdict's level: the highest level a check ran at (`ran`: each check that examined
+    something, at CheckSpec.run_level). When nothing ran, no more than the lowest of the run's
+    level and the selected checks' own levels: nothing above it was examined."""
+    if ran:
+        return Level(max(ran))
+    return Level(min([int(requested), *selected]))
 
 
 def could_not_judge(results: list[Result], *, partial: bool = False) -> bool:

@@ -204,12 +204,16 @@ def test_outcomes_hang_crash_setup():
 
 def test_a_gpu_the_worker_never_reached_is_an_error_not_missing():
     """Stopped (cancel, over budget) after GPU 0: GPUs 1 and 2 were never measured; each still
-    gets a result saying so."""
+    gets a result saying so. GPU 0's measurement is kept, but a stopped run never passes (its
+    peers were never reached): cut short, with the earlier pass in the evidence."""
     data = _data(n=1)
     data["stopped"] = "cancelled"
     oc = WorkerOutcome(WorkerJob("node"), OK, result=data)
     res = _by(bw.judge_outcome(oc, [0, 1, 2], P, "cuda", {}, {}))
-    assert set(res) == {0, 1, 2} and res[0].status == Status.PASS
+    assert set(res) == {0, 1, 2} and res[0].status == Status.ERROR
+    assert res[0].summary.startswith("cut short: host, device and peer copies of every selected GPU")
+    assert any(e.startswith("before the stop: pass: ") for e in res[0].evidence)
+    assert res[0].metrics["h2d_gbps"] is not None
     assert any("stopped early (cancelled)" in e for e in res[0].evidence)
     for g in (1, 2):
         assert res[g].status == Status.ERROR and res[g].summary == "not measured: stopped (cancelled) before this GPU"

@@ -88,12 +88,14 @@ def test_dcgm_level_reaches_dcgmi(tmp_path, capsys):
     dcgm_results = [r for r in v["results"] if r["check"] == "eud.dcgm" and r.get("subject") != "node/settings"]
     assert len(dcgm_results) == 21 and all(r["status"] == "pass" for r in dcgm_results)
     assert all(any("dcgmi diag -r 2 exit code 0" in e for e in r["evidence"]) for r in dcgm_results)
-    # CPU stand-ins never start DCGM on the real GPUs
+    # CPU stand-ins never start DCGM on the real GPUs; named alone, nothing the run was asked
+    # was examined: the skip is unexamined, exit 3
     log.write_text("")
     rc = main(["eud", "--check", "eud.dcgm", "--device", "cpu", "--no-history", "--json",
                "--state-dir", str(tmp_path / "s"), "--config", str(cfg)])
     (r,) = [r for r in json.loads(capsys.readouterr().out)["results"] if r["check"] == "eud.dcgm"]
-    assert rc == 0 and r["status"] == "skip" and r["summary"].startswith("--device cpu:") and log.read_text() == ""
+    assert rc == 3 and r["status"] == "skip" and r["summary"].startswith("--device cpu:") and log.read_text() == ""
+    assert r["unexamined"] is True
 
 
 def _run(tmp_path, capsys, *argv):

@@ -129,14 +129,16 @@ def test_modules_do_not_import_heavy_libraries():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def test_cli_run_on_cpu_workers_is_a_skip_with_exit_0(tmp_path, capsys):
+def test_cli_run_on_cpu_workers_is_a_skip_that_did_not_do_what_was_asked(tmp_path, capsys):
+    """Named alone with --device cpu: a skip that says why, and, as nothing the run was asked to
+    examine was examined, unexamined (exit 3). Next to other checks that ran it is a plain skip."""
     from gpucheck.cli.main import main
 
     rc = main(["run", "--check", "eud.power", "--device", "cpu", "--json", "--state-dir", str(tmp_path)])
     verdict = json.loads(capsys.readouterr().out)
-    assert rc == 0
+    assert rc == 3
     (r,) = [r for r in verdict["results"] if r["check"] == "eud.power"]
-    assert r["status"] == "skip" and "no power telemetry" in r["summary"]
+    assert r["status"] == "skip" and "no power telemetry" in r["summary"] and r["unexamined"] is True
 
 
 def test_sdc_detail_names_the_first_event():

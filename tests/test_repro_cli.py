@@ -200,9 +200,11 @@ def test_replayed_snapshot_is_not_this_node(capsys):
     rc, out, err = cli(capsys, "run", "--check", "repro.bitwise", "--json", "--no-history",
                        "--snapshot", str(SNAPS / "h100-healthy.json"))
     v = verdict_of(out)
-    assert rc == 0
+    # Named with --check, it was asked for and could not run here: a skip that says why, and the
+    # run could not judge what it was asked (exit 3), never a healthy 0.
+    assert rc == 3 and v["status"] == "error"
     (r,) = v["results"]
-    assert r["status"] == "skip" and "recorded snapshot" in r["summary"]
+    assert r["status"] == "skip" and "recorded snapshot" in r["summary"] and r["unexamined"] is True
 
 
 def test_record_without_a_gpu_cannot_record(capsys, tmp_path):

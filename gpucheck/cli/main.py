@@ -69,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """Console-script entry: exit with main()'s code."""
-    sys.exit(main())
+    """Console-script entry of installs made before gpucheck.cli.start existed."""
+    from .start import entry as start
+
+    start()
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m gpucheck.cli.main`
-    entry()
+    sys.exit(main())

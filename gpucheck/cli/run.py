@@ -67,7 +67,8 @@ def common_run_options(f):
         click.option("--state-dir", metavar="DIR", help="State directory (history, cursors)."),
         click.option("--no-history", is_flag=True, help="Do not read or append the verdict history."),
         click.option("--timeout", "timeout_text", metavar="DURATION",
-                     help="Whole-run time limit (e.g. 15s); past it the verdict is partial, exit 3."),
+                     help="Whole-run time limit (e.g. 15s), hard: the run ends within it (+1 s). What it "
+                          "cuts, or a check it cannot hold, makes the verdict partial, exit 3."),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
                      help="Where compute checks run; cpu runs them with small sizes on CPU workers."),
         click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,

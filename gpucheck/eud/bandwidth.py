@@ -75,6 +75,14 @@ def _budget(ctx: Context) -> float:
     return float(p["startup_timeout_s"]) + float(p["work_budget_s"]) + 30.0
 
 
+def _min_slice(ctx: Context) -> Any:
+    """One worker (it measures every GPU in turn): at least its torch import."""
+    from ..check import Slice
+    from ..workers.per_gpu import TORCH_IMPORT_CPU_S
+
+    return Slice(TORCH_IMPORT_CPU_S, f"at least {TORCH_IMPORT_CPU_S:g} s to start its worker")
+
+
 def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], dict[int, list[str]], str | None]:
     """`--inject slow:gpu=N,factor=F`: factor per GPU, texts per GPU, and a usage problem."""
     factors: dict[int, float] = {}
@@ -104,9 +112,11 @@ def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], 
     defaults=DEFAULTS,
     limits=LIMITS,
     injects=("slow",),
+    min_slice_fn=_min_slice,
 )
 def bandwidth(ctx: Context) -> list[Result]:
     from ..busy import guarded_targets
+    from ..workers.per_gpu import pool_budget, stop_timings
     from ..workers.pool import WorkerJob, run_workers
 
     p = _params(ctx)
@@ -134,9 +144,9 @@ def bandwidth(ctx: Context) -> list[Result]:
     t0 = time.monotonic()
     outcomes = run_workers(
         "gpucheck.eud.copybw:copybw_worker", [job],
-        budget_s=float(p["work_budget_s"]) + float(p["startup_timeout_s"]),
+        budget_s=pool_budget(ctx, float(p["work_budget_s"]) + float(p["startup_timeout_s"])),
         heartbeat_timeout_s=float(p["heartbeat_timeout_s"]), startup_timeout_s=float(p["startup_timeout_s"]),
-        cancel=ctx.cancel, on_progress=on_progress, stop_grace_s=1.5, term_grace_s=1.0, kill_wait_s=1.5,
+        cancel=ctx.cancel, on_progress=on_progress, **stop_timings(ctx),
     )
     elapsed = time.monotonic() - t0
     out = judge_outcome(outcomes.get("node"), [g["gpu"] for g in gpus], p, device, entries, texts)
@@ -190,8 +200,12 @@ def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entr
     res = judge_bandwidth(oc.result, p, device, entries, injected)
     stopped = oc.result.get("stopped")
     if stopped:
+        from ..workers.per_gpu import Promise, cut_short
+
+        whole = Promise(0.0, "every run", "host, device and peer copies of every selected GPU")
         for r in res:
             r.evidence.append(f"stopped early ({stopped}): results are partial")
+            cut_short(r, whole, oc.duration_s, str(stopped))
     # A GPU the worker never reached (stopped before it) still gets a result: never a silent gap.
     done = {r.gpu for r in res}
     for g in gpus:

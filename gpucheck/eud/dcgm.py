@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..check import Context, Level, define
+from ..check import Context, Level, Slice, define
 from ..config import Limit
 from ..result import Action, Result, Status
 from .dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
@@ -92,6 +92,30 @@ def _budget(ctx: Context) -> float:
     except ValueError:
         lv = 1
     return float(p[f"timeout_s_r{lv}"]) + float(p["probe_timeout_s"]) + float(p["term_grace_s"]) + 30.0
+
+
+# How long `dcgmi diag -r N` normally runs, by DCGM's documentation (docs/eud.md, "Levels,
+# durations, timeouts"): r1 "seconds", r2 about two minutes, r3 about 15 minutes; r4 runs r3's
+# tests and more, so at least as long. A run whose time limit leaves less does not start it.
+DOCUMENTED_S = {1: 0.0, 2: 120.0, 3: 900.0, 4: 900.0}
+
+
+def _min_slice(ctx: Context) -> Slice:
+    try:
+        lv = dcgm_level(ctx)
+    except ValueError:
+        return Slice(0.0, "bad DCGM level: judged by the check")
+    return Slice(DOCUMENTED_S[lv], f"dcgmi diag -r {lv} normally runs {DOCUMENTED_S[lv]:g} s or more")
+
+
+def not_here(ctx: Context) -> str | None:
+    """Why DCGM diagnostics do not run on this run at all (a replay, CPU stand-ins), or None."""
+    if ctx.options.get("snapshot_path"):
+        return "judging a recorded snapshot (--snapshot): DCGM diagnostics run on this node's live GPUs"
+    if ctx.device == "cpu":
+        # --device cpu asks for CPU stand-ins: never start a GPU stress run behind the user's back.
+        return "--device cpu: DCGM diagnostics load this node's real GPUs, not CPU stand-ins"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,6 +191,22 @@ def _settings_result(ctx: Context) -> Result | None:
     return r
 
 
+def _limits(ctx: Context, p: dict[str, Any], level: int) -> tuple[float, float, list[str]]:
+    """dcgmi's timeout and SIGTERM grace, and a note when the run's time limit shortened them:
+    that limit is hard, so dcgmi is stopped at the run's deadline and killed within the runner's
+    stop time. A diag cut short this way is a timeout (error), never a verdict."""
+    timeout = float(p[f"timeout_s_r{level}"])
+    term_grace = float(p["term_grace_s"])
+    if ctx.deadline is None:
+        return timeout, term_grace, []
+    left = ctx.deadline - time.monotonic()
+    term_grace = min(term_grace, 0.8 * ctx.stop_s)
+    if left >= timeout:
+        return timeout, term_grace, []
+    timeout = max(0.0, left)
+    return timeout, term_grace, [f"timeout shortened to {timeout:.0f} s by the run's time limit"]
+
+
 # ---------------------------------------------------------------------------------------------
 # the check
 
@@ -180,18 +220,18 @@ def _settings_result(ctx: Context) -> Result | None:
     detects="what DCGM's diagnostics find: memory, PCIe, NVLink, stress, power and EUD test failures",
     defaults=DEFAULTS,
     limits=LIMITS,
+    compute=True,
+    min_slice_fn=_min_slice,
+    top_level=Level.BURN_IN,
+    unavailable_fn=not_here,
 )
 def dcgm_check(ctx: Context) -> list[Result]:
     from .dcgm_run import find_dcgmi, probe_hostengine, run_diag
 
     p = _params(ctx)
-    if ctx.options.get("snapshot_path"):
-        return [Result(CHECK_ID, Status.SKIP,
-                       "judging a recorded snapshot (--snapshot): DCGM diagnostics run on this node's live GPUs")]
-    if ctx.device == "cpu":
-        # --device cpu asks for CPU stand-ins: never start a GPU stress run behind the user's back.
-        return [Result(CHECK_ID, Status.SKIP,
-                       "--device cpu: DCGM diagnostics load this node's real GPUs, not CPU stand-ins")]
+    why = not_here(ctx)
+    if why:
+        return [Result(CHECK_ID, Status.SKIP, why)]
     try:
         level = dcgm_level(ctx, p)
     except ValueError as e:
@@ -214,15 +254,9 @@ def dcgm_check(ctx: Context) -> list[Result]:
     gpus, guard = _gpus_not_in_use(ctx)
     if gpus == []:
         return guard.skipped
-    timeout = float(p[f"timeout_s_r{level}"])
-    notes: list[str] = []
-    if ctx.deadline is not None:
-        left = ctx.deadline - time.monotonic() - 10.0
-        if left < timeout:
-            timeout = max(1.0, left)
-            notes.append(f"timeout shortened to {timeout:.0f} s to fit the run's timeout")
+    timeout, term_grace, notes = _limits(ctx, p, level)
     res = run_diag(dcgmi, level, gpus=gpus, host=host, timeout_s=timeout, cancel=ctx.cancel,
-                   term_grace_s=float(p["term_grace_s"]))
+                   term_grace_s=term_grace)
     return guard.skipped + guard.annotate(_diag_results(ctx, p, level, dcgmi, res, notes, timeout))
 
 

@@ -120,6 +120,32 @@ def _budget(ctx: Context) -> float:
     return float(p["startup_timeout_s"]) + work + 30.0
 
 
+def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
+    """What this run promised: the pattern loop's duration, or its passes over the patterns."""
+    from ..workers.per_gpu import Promise
+
+    if pl["duration_s"] is not None:
+        given = ctx.options.get("duration_s") is not None
+        return Promise(float(pl["duration_s"]), "--duration" if given else f"the level-{_level(ctx)} default",
+                       "pattern loop")
+    source = f"the level-{_level(ctx)} default" if ctx.options.get("memtest_patterns") is None else "--pattern"
+    return Promise(0.0, source, f"{pl['passes']} pass(es) of {len(pl['patterns'])} pattern(s)")
+
+
+def _min_slice(ctx: Context) -> Any:
+    """The promised pattern loop, if any (no start-up floor: NumPy or CuPy, not torch)."""
+    from ..check import Slice
+    from ..workers.per_gpu import duration_slice
+
+    p = _params(ctx)
+    try:
+        pl = plan(ctx, p)
+    except (ValueError, PatternError):
+        return Slice(0.0, "bad options: judged by the check")
+    promise = _promise(ctx, p, pl)
+    return duration_slice(ctx, promise if promise.seconds else None, import_cpu_s=0.0)
+
+
 def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
     """`--inject bitflip:gpu=N[,offset=BYTES][,bit=B][,pattern=NAME][,sticky=1]` for `gpu`:
     worker args, the injection texts, and a usage problem."""
@@ -151,17 +177,20 @@ def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[st
     CHECK_ID,
     title="HBM pattern test: fill and verify GPU memory with classic patterns (CuPy kernels)",
     level=Level.STANDARD,
-    needs=(Need.GPU,),
+    needs=(Need.GPU, Need.CUPY),
     budget_s=270.0,  # shown by `gpucheck list`: level 2 (startup + one pass + slack); runs use budget_fn
     budget_fn=_budget,
     detects="HBM cells, rows and address faults that return wrong data (stuck, coupled, weak bits)",
     defaults=DEFAULTS,
     limits=LIMITS,
     injects=("bitflip",),
+    min_slice_fn=_min_slice,
+    top_level=Level.BURN_IN,
 )
 def memtest(ctx: Context) -> list[Result]:
+    from ..check import compute_skip
+    from ..workers.per_gpu import deadline_problem, run_per_gpu, telemetry_summary
     from ..busy import guarded_targets
-    from ..workers.per_gpu import fit_to_deadline, run_per_gpu, telemetry_summary
 
     p = _params(ctx)
     device = _device(ctx)
@@ -170,14 +199,14 @@ def memtest(ctx: Context) -> list[Result]:
     except (ValueError, PatternError) as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad memtest options: {e}")]
     if device == "cuda" and importlib.util.find_spec("cupy") is None:
-        return [Result(CHECK_ID, Status.SKIP, "CuPy not installed (pip install 'gpucheck[cupy]'; "
-                                              "or --device cpu for the NumPy path)")]
+        return [compute_skip(ctx, CHECK_ID, "CuPy not installed (pip install 'gpucheck[cupy]'; "
+                                            "or --device cpu for the NumPy path)")]
     notes: list[str] = []
     duration = pl["duration_s"]
-    if duration is not None:
-        duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "pattern loop")
-        if note:
-            notes.append(note)
+    promise = _promise(ctx, p, pl)
+    problem = deadline_problem(ctx, CHECK_ID, promise, import_cpu_s=0.0) if promise.seconds else None
+    if problem is not None:
+        return [problem]
     targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "tested")  # GPUs in use: skipped
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to test")]
@@ -206,7 +235,7 @@ def memtest(ctx: Context) -> list[Result]:
     for j in jobs:
         tel = telemetry_summary(sampler, j.gpu, device) if sampler is not None else None
         r = judge_outcome(j.gpu, outcomes.get(j.worker_id), p, device, injected.get(j.gpu, []),
-                          ecc_enabled=ecc.get(j.gpu), telemetry=tel)
+                          ecc_enabled=ecc.get(j.gpu), telemetry=tel, promise=promise)
         r.evidence.extend(notes)
         r.duration_s = elapsed
         results.append(r)
@@ -227,9 +256,11 @@ def _crash(err: str) -> tuple[str, Action]:
 
 
 def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: list[str],
-                  ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
-    """One GPU's result from its worker outcome (gpucheck.workers.pool.WorkerOutcome)."""
-    from ..workers.per_gpu import unfinished_result
+                  ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None,
+                  promise: Any = None) -> Result:
+    """One GPU's result from its worker outcome (gpucheck.workers.pool.WorkerOutcome); with the
+    run's `promise` (workers.per_gpu.Promise), a stopped run is cut short, never a pass."""
+    from ..workers.per_gpu import cut_short, unfinished_result
     from ..workers.pool import CANCELLED, OVER_BUDGET
 
     unfinished = unfinished_result(CHECK_ID, gpu, oc, injected, worker="pattern-test", setup_verb="test",
@@ -238,9 +269,11 @@ def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: l
         return unfinished
     d = oc.result
     r = judge_data(gpu, d, p, device, injected, ecc_enabled=ecc_enabled, telemetry=telemetry)
-    if oc.kind in (CANCELLED, OVER_BUDGET):
+    if oc.kind in (CANCELLED, OVER_BUDGET) or d.get("stopped"):
         stopped = d.get("stopped") or oc.kind
         r.evidence.append(f"stopped early ({stopped}): results are partial")
+        if promise is not None:
+            cut_short(r, promise, d.get("seconds"), stopped)
     return r
 
 

@@ -80,6 +80,29 @@ def _budget(ctx: Context) -> float:
     return power_duration(ctx, p) + float(p["warmup_s"]) + float(p["startup_timeout_s"]) + 30.0
 
 
+def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
+    from ..workers.per_gpu import promised
+
+    p = p or _params(ctx)
+    return promised(ctx, p, "load (with its warm-up)", option="power_duration_s", lowest=3,
+                    extra_s=float(p["warmup_s"]))
+
+
+def _min_slice(ctx: Context) -> Any:
+    """The workers' start-up floor, the warm-up and the whole promised load."""
+    from ..workers.per_gpu import duration_slice
+
+    return duration_slice(ctx, _promise(ctx))
+
+
+def no_telemetry(ctx: Context) -> str | None:
+    """Why this run has no power telemetry to judge (CPU workers without an injected sample_fn)."""
+    if ctx.device == "cpu" and ctx.options.get("sample_fn") is None:
+        return ("no power telemetry: CPU workers stand in for GPUs and have no power, clock or clock-event "
+                "readings; eud.power judges NVML telemetry under load (run it on GPUs)")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # fault injection on telemetry
 
@@ -172,15 +195,17 @@ def power_limit(ctx: Context, gpu: int, samples: list[dict[str, Any]]) -> tuple[
     defaults=DEFAULTS,
     limits=LIMITS,
     injects=_INJECTS,
+    min_slice_fn=_min_slice,
+    top_level=Level.BURN_IN,
+    unavailable_fn=no_telemetry,
 )
 def power_check(ctx: Context) -> list[Result]:
     p = _params(ctx)
     device = "cpu" if ctx.device == "cpu" else "cuda"
     sample_fn: Callable[[int], dict[str, Any] | None] | None = ctx.options.get("sample_fn")
-    if device == "cpu" and sample_fn is None:
-        return [Result(CHECK_ID, Status.SKIP,
-                       "no power telemetry: CPU workers stand in for GPUs and have no power, clock or clock-event "
-                       "readings; eud.power judges NVML telemetry under load (run it on GPUs)")]
+    why = no_telemetry(ctx)
+    if why:
+        return [Result(CHECK_ID, Status.SKIP, why)]
     if device == "cuda" and sample_fn is None and ctx.snapshot is not None:
         nv = ctx.snapshot.get("nvml") or {}
         if nv.get("ok") is False:
@@ -189,16 +214,16 @@ def power_check(ctx: Context) -> list[Result]:
                            f"could not judge: NVML is not working ({err.get('kind', 'unknown')}: "
                            f"{err.get('message', '')}), so power, clocks and clock-event reasons cannot be read")]
 
+    from ..workers.per_gpu import deadline_problem, run_per_gpu
     from ..busy import guarded_targets
-    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
 
     duration = power_duration(ctx, p)
     warmup = float(p["warmup_s"])
     notes: list[str] = []
-    total, note = fit_to_deadline(ctx, duration + warmup, p["startup_timeout_s"], "load (with its warm-up)")
-    if note:
-        duration = max(1.0, total - warmup)
-        notes.append(note)
+    promise = _promise(ctx, p)
+    problem = deadline_problem(ctx, CHECK_ID, promise)
+    if problem is not None:
+        return [problem]
 
     targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "loaded")  # GPUs in use: skipped
     if not targets:
@@ -237,7 +262,7 @@ def power_check(ctx: Context) -> list[Result]:
         return results
     jobs, outcomes, sampler, injected, elapsed = run.jobs, run.outcomes, run.sampler, run.injected, run.elapsed_s
     results.extend(_judge(ctx, p, device, jobs, outcomes, sampler, specs, injected, first, last, notes,
-                          sample_fn is not None))
+                          sample_fn is not None, promise))
     for r in results:
         r.duration_s = elapsed
     return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
@@ -255,11 +280,13 @@ def _sdc_detail(d: dict[str, Any]) -> str:
 
 def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
            specs: dict[int, dict[str, Any]], injected: dict[int, list[str]], first: dict[int, float],
-           last: dict[int, float], notes: list[str], injected_telemetry: bool) -> list[Result]:
-    from ..workers.per_gpu import unfinished_result
+           last: dict[int, float], notes: list[str], injected_telemetry: bool, promise: Any = None
+           ) -> list[Result]:
+    from ..workers.per_gpu import cut_short, unfinished_result
     from ..workers.pool import CANCELLED, OVER_BUDGET
 
     out: list[Result] = []
+    cut: dict[int, tuple[str, Any]] = {}  # GPU -> (why it stopped, seconds loaded)
     loads: dict[int, dict[str, Any]] = {}
     warmup = float(p["warmup_s"])
     xid_watched = sampler.xid_note is None and (not injected_telemetry or ctx.options.get("xid_fn") is not None)
@@ -296,14 +323,20 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcom
             ev.append(sampler.note)
         if sampler.xid_note:
             ev.append(sampler.xid_note)
-        if oc.kind in (CANCELLED, OVER_BUDGET):
+        if oc.kind in (CANCELLED, OVER_BUDGET) or d.get("stopped"):
             ev.append(f"stopped early ({d.get('stopped') or oc.kind}): the load window is partial")
+            cut[g] = (str(d.get("stopped") or oc.kind), d.get("seconds"))
         loads[g] = {
             "samples": samples, "limit_w": limit, "limit_source": source, "injected": inj, "evidence": ev,
             "load": load, "sdc_events": int(d.get("sdc_count", 0)), "sdc_detail": _sdc_detail(d),
             "xid": [x["xid"] for x in sampler.xid_events(g)] if xid_watched else None,
         }
-    out.extend(judge_power(loads, p))
+    judged = judge_power(loads, p)
+    if promise is not None:
+        for r in judged:
+            if r.gpu in cut:
+                cut_short(r, promise, cut[r.gpu][1], cut[r.gpu][0])
+    out.extend(judged)
     return out
 
 

@@ -172,11 +172,28 @@ def seed_of(*parts: str) -> int:
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 
 
+def set_deterministic_algorithms(torch: Any, mode: bool, warn_only: bool = False) -> None:
+    """torch.use_deterministic_algorithms(mode) without its import of torch._inductor, which costs
+    about 2.3 s of CPU per worker process in torch 2.13 (more than importing torch; level 1 starts
+    one worker per GPU): the Inductor setting it also makes only matters to torch.compile, which no
+    workload uses, and is still made when Inductor is already loaded."""
+    import sys  # noqa: PLC0415
+
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.deterministic = mode
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:  # a torch without the private entry: the public call
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    else:
+        setter(mode, warn_only=warn_only)
+
+
 def apply_determinism(torch: Any) -> dict[str, Any]:
     """Process-wide settings every workload runs under; returns what was set (for the record).
     CUBLAS_WORKSPACE_CONFIG is the caller's job: it must be in the environment before the first
     cuBLAS call of the process (the worker sets it before it imports torch)."""
-    torch.use_deterministic_algorithms(True)
+    set_deterministic_algorithms(torch, True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.set_float32_matmul_precision("highest")
@@ -199,7 +216,7 @@ def determinism(torch: Any) -> Iterator[dict[str, Any]]:
     try:
         yield apply_determinism(torch)
     finally:
-        torch.use_deterministic_algorithms(old[0], warn_only=old[1])
+        set_deterministic_algorithms(torch, old[0], warn_only=old[1])
         torch.backends.cudnn.deterministic = old[2]
         torch.backends.cudnn.benchmark = old[3]
         torch.set_float32_matmul_precision(old[4])

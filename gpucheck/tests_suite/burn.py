@@ -85,6 +85,19 @@ def _budget(ctx: Context) -> float:
     return burn_duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
 
 
+def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
+    from ..workers.per_gpu import promised
+
+    return promised(ctx, p or _params(ctx), "burn")
+
+
+def _min_slice(ctx: Context) -> Any:
+    """The workers' start-up floor and the whole promised burn: a shorter one is no level-N burn."""
+    from ..workers.per_gpu import duration_slice
+
+    return duration_slice(ctx, _promise(ctx))
+
+
 def _device(ctx: Context) -> str:
     return "cpu" if ctx.device == "cpu" else "cuda"
 
@@ -124,17 +137,20 @@ def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], 
     defaults=DEFAULTS,
     limits=LIMITS,
     injects=("bitflip", "slow", "hang"),
+    min_slice_fn=_min_slice,
+    top_level=Level.BURN_IN,
 )
 def burn_gemm(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
+    from ..workers.per_gpu import deadline_problem, run_per_gpu
 
     p = _params(ctx)
     device = _device(ctx)
-    duration = burn_duration(ctx, p)
+    promise = _promise(ctx, p)
+    duration = promise.seconds
     notes: list[str] = []
-    duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "burn")
-    if note:
-        notes.append(note)
+    problem = deadline_problem(ctx, CHECK_ID, promise)
+    if problem is not None:
+        return [problem]
     try:
         dtypes = parse_dtypes(ctx.options.get("dtypes") or p[f"dtypes_level{_level(ctx)}"])
     except DtypeError as e:
@@ -162,7 +178,7 @@ def burn_gemm(ctx: Context) -> list[Result]:
     if not run.jobs:
         return results
     names = {t["gpu"]: t["name"] for t in targets}
-    results.extend(_judge(ctx, p, device, duration, run.jobs, run.outcomes, run.sampler, names, run.injected,
+    results.extend(_judge(ctx, p, device, promise, run.jobs, run.outcomes, run.sampler, names, run.injected,
                           notes, run.elapsed_s))
     return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
@@ -207,10 +223,10 @@ def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str
     return "; no clock throttling seen"
 
 
-def _judge(ctx: Context, p: dict[str, Any], device: str, duration: float, jobs: list[Any],
+def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: list[Any],
            outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
            injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.per_gpu import finish_result, telemetry_summary, unfinished_result
+    from ..workers.per_gpu import cut_short, finish_result, telemetry_summary, unfinished_result
     from ..workers.pool import CANCELLED, OVER_BUDGET
 
     tel = {j.gpu: telemetry_summary(sampler, j.gpu, device) for j in jobs}
@@ -244,13 +260,11 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, duration: float, jobs: 
         if r is None:
             r = _judge_data(p, device, g, oc.result, names.get(g), medians, t, node_clock, len(jobs), inj,
                             common_reasons(g))
-            if oc.kind in (CANCELLED, OVER_BUDGET):
+            if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
                 stopped = oc.result.get("stopped") or oc.kind
-                if r.status == Status.SKIP:  # stopped before anything was measured
-                    r.status = Status.ERROR
-                    r.summary = f"not finished: stopped ({stopped}) before any measurement"
                 r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
-                                  f"of {duration:.0f} s: results are partial")
+                                  f"of {promise.seconds:.0f} s: results are partial")
+                cut_short(r, promise, oc.result.get("seconds"), stopped)
         out.append(finish_result(r, t, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 

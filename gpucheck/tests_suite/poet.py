@@ -88,6 +88,19 @@ def _budget(ctx: Context) -> float:
     return poet_duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
 
 
+def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
+    from ..workers.per_gpu import promised
+
+    return promised(ctx, p or _params(ctx), "POET problems")
+
+
+def _min_slice(ctx: Context) -> Any:
+    """The workers' start-up floor and the whole promised run."""
+    from ..workers.per_gpu import duration_slice
+
+    return duration_slice(ctx, _promise(ctx))
+
+
 def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = None
                     ) -> tuple[dict[str, Any], list[str], str | None]:
     """Worker args for the injections that target `gpu`, their texts, and a usage problem (with
@@ -157,18 +170,21 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     defaults=DEFAULTS,
     limits=LIMITS,
     injects=("bitflip", "hang"),
+    min_slice_fn=_min_slice,
+    top_level=Level.BURN_IN,
 )
 def poet_ortho(ctx: Context) -> list[Result]:
+    from ..workers.per_gpu import deadline_problem, run_per_gpu
     from ..busy import guarded_targets
-    from ..workers.per_gpu import fit_to_deadline, run_per_gpu
 
     p = _params(ctx)
     device = "cpu" if ctx.device == "cpu" else "cuda"
-    duration = poet_duration(ctx, p)
+    promise = _promise(ctx, p)
+    duration = promise.seconds
     notes: list[str] = []
-    duration, note = fit_to_deadline(ctx, duration, p["startup_timeout_s"], "run")
-    if note:
-        notes.append(note)
+    problem = deadline_problem(ctx, CHECK_ID, promise)
+    if problem is not None:
+        return [problem]
 
     def make_args(g: int | None) -> dict[str, Any]:
         return {"duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
@@ -196,7 +212,7 @@ def poet_ortho(ctx: Context) -> list[Result]:
     results.extend(run.results)
     if not run.jobs:
         return results
-    results.extend(judge_outcomes(device, duration, run.jobs, run.outcomes, run.sampler, run.injected, notes,
+    results.extend(judge_outcomes(device, promise, run.jobs, run.outcomes, run.sampler, run.injected, notes,
                                   run.elapsed_s))
     return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
@@ -233,10 +249,14 @@ def _violation_detail(v: dict[str, Any]) -> str:
     return "SDC " + describe_violation(v) + ": " + "; ".join(parts)
 
 
-def judge_outcomes(device: str, duration: float, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
+def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
                    injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.per_gpu import finish_result, telemetry_summary, unfinished_result
+    """`promise`: a workers.per_gpu.Promise, or the promised seconds (a cut run is not a pass)."""
+    from ..workers.per_gpu import Promise, cut_short, finish_result, telemetry_summary, unfinished_result
     from ..workers.pool import CANCELLED, OVER_BUDGET
+
+    if not isinstance(promise, Promise):
+        promise = Promise(float(promise), "the requested duration", "POET problems")
 
     out: list[Result] = []
     for j in jobs:
@@ -247,10 +267,11 @@ def judge_outcomes(device: str, duration: float, jobs: list[Any], outcomes: dict
         r = unfinished_result(CHECK_ID, g, oc, inj, worker="poet", setup_verb="run POET", partial=_partial)
         if r is None:
             r = judge_data(g, oc.result, inj)
-            if oc.kind in (CANCELLED, OVER_BUDGET):
+            if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
                 stopped = oc.result.get("stopped") or oc.kind
                 r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
-                                  f"of {duration:.0f} s: results are partial")
+                                  f"of {promise.seconds:.0f} s: results are partial")
+                cut_short(r, promise, oc.result.get("seconds"), stopped)
         out.append(finish_result(r, tel, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 

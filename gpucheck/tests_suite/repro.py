@@ -64,6 +64,13 @@ def _device(ctx: Context) -> str:
     return "cpu" if ctx.device == "cpu" else "cuda"
 
 
+def _min_slice(ctx: Context) -> Any:
+    """The workers' start-up floor: the workloads themselves take well under a second at level 1."""
+    from ..workers.per_gpu import duration_slice
+
+    return duration_slice(ctx, None)
+
+
 @dataclass
 class Collected:
     """What the workers returned, keyed by GPU index, and everything said about GPUs not run."""
@@ -118,6 +125,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
     """Run the workers on the selected GPUs (or CPU workers). WorkloadError for a bad workload
     list (a usage problem)."""
     from ..repro.workloads import preset_for
+    from ..workers.per_gpu import pool_budget, stop_timings
     from ..workers.pool import WorkerJob, run_workers
 
     p = p or _params(ctx)
@@ -157,9 +165,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
                                       subject="injection", injected=[str(inj)]))
     if not jobs:
         return col
-    budget = float(p["startup_timeout_s"]) + float(p[f"work_budget_s_level{_lv(ctx)}"])
-    if ctx.deadline is not None:
-        budget = max(5.0, min(budget, ctx.deadline - time.monotonic()))
+    budget = pool_budget(ctx, float(p["startup_timeout_s"]) + float(p[f"work_budget_s_level{_lv(ctx)}"]))
 
     def on_progress(job: Any, info: dict[str, Any]) -> None:
         ctx.report(CHECK_ID, f"gpu{job.gpu}", info)
@@ -173,6 +179,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
         startup_timeout_s=float(p["startup_timeout_s"]),
         cancel=ctx.cancel,
         on_progress=on_progress,
+        **stop_timings(ctx),
     )
     col.elapsed_s = time.monotonic() - t0
     col.outcomes = {j.gpu: outcomes.get(j.worker_id) for j in jobs}
@@ -197,6 +204,8 @@ def reference_path(ctx: Context, p: dict[str, Any] | None = None) -> tuple[str, 
     detects="silent data corruption (a GPU whose bits differ from the reference or its peers), non-deterministic GPUs",
     defaults=DEFAULTS,
     injects=("bitflip",),
+    min_slice_fn=_min_slice,
+    top_level=Level.STANDARD,
 )
 def repro_bitwise(ctx: Context) -> list[Result]:
     from ..repro import store
@@ -229,6 +238,7 @@ def repro_bitwise(ctx: Context) -> list[Result]:
         return pre + [Result(CHECK_ID, Status.SKIP, "no GPU selected to test")]
     results = judge_node(CHECK_ID, col.outcomes, refs=refs, ref_source=source, injected=col.injected,
                          not_run=col.not_run)
+    _cut_short(results, col)
     for r in results:
         if r.duration_s is None:
             r.duration_s = col.elapsed_s
@@ -238,6 +248,22 @@ def repro_bitwise(ctx: Context) -> list[Result]:
     if col.guard is not None:
         col.guard.annotate(out)
     return sorted(out, key=lambda r: (r.gpu is None, r.gpu or 0))
+
+
+def _cut_short(results: list[Result], col: Collected) -> None:
+    """A GPU stopped before every asked workload ran twice was not examined as asked: its pass
+    (or warn) becomes an error naming what did not run."""
+    from ..workers.per_gpu import Promise, cut_short
+
+    promise = Promise(0.0, "this run", f"two runs of {', '.join(col.workloads)}")
+    for r in results:
+        oc = col.outcomes.get(r.gpu) if r.gpu is not None else None
+        data = (oc.result if oc is not None else None) or {}
+        runs = data.get("runs") or [{}, {}]
+        missing = [w for w in data.get("workloads", []) if w not in runs[0] or w not in runs[-1]]
+        if missing:
+            cut_short(r, promise, data.get("seconds"), f"{data.get('stopped') or oc.kind}; not run twice: "
+                                                         f"{', '.join(missing)}")
 
 
 CHECKS = [repro_bitwise]

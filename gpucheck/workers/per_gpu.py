@@ -1,8 +1,11 @@
 """One worker per GPU for a compute check: the jobs, the NVML sampler beside them, live progress,
 and the supervised run. Shared by burn.gemm, poet.ortho, eud.memtest and eud.power; each check
 keeps its own arguments, injections and judging. Also the rules they share: `level_duration`
-(how long a looping check runs), `fit_to_deadline` (shortened to fit --timeout) and
-`unfinished_result` (hang, crash, setup error, unfinished: the same verdicts everywhere).
+(how long a looping check runs), `promised` / `duration_slice` / `cut_short` (a run's time
+limit never silently shortens what a level or --duration promised: the check is not started, or
+its pass becomes an error naming what it was promised and what it got), `startup_floor_s` and
+`stop_timings` / `pool_budget` (what is left of the run's time limit), and `unfinished_result`
+(hang, crash, setup error, unfinished: the same verdicts everywhere).
 
     run = run_per_gpu(ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device,
                       p=p, budget_s=..., make_args=lambda gpu: {...},
@@ -11,17 +14,24 @@ keeps its own arguments, injections and judging. Also the rules they share: `lev
 
 A GPU whose injection is a usage problem gets an `error` result and no worker. The sampler runs on
 CUDA (NVML) or when a test supplies `ctx.options["sample_fn"]`. Cancelled workers are stopped
-within 4 s (stop 1.5 s, SIGTERM 1 s, SIGKILL 1.5 s), inside the runner's 5 s cancel grace.
+within 0.8 of the runner's stop time `ctx.stop_s` (5 s without a time limit: stop 1.5 s,
+SIGTERM 1 s, SIGKILL 1.5 s).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..check import Context
-from ..result import Result, Status
+from ..check import Context, Slice
+from ..result import Action, Result, Status
+
+# CPU time a fresh interpreter spends importing torch, as a lower bound: 2.13's CPU build took
+# 0.99 to 1.7 s on a 2-core EPYC VM (benchmarks/RESULTS.md, "Level 1"). Every worker imports it
+# before its first heartbeat; a CUDA build and the CUDA context only add to this.
+TORCH_IMPORT_CPU_S = 0.9
 
 # Telemetry merged into each progress report for the live display.
 DISPLAY_TELEMETRY = ("temperature_c", "sm_clock_mhz", "power_w")
@@ -89,15 +99,13 @@ def run_per_gpu(
     run.outcomes = run_workers(
         worker_ref,
         run.jobs,
-        budget_s=budget_s,
+        budget_s=pool_budget(ctx, budget_s),
         heartbeat_timeout_s=float(p["heartbeat_timeout_s"]),
         startup_timeout_s=float(p["startup_timeout_s"]),
         cancel=ctx.cancel,
         on_progress=on_progress,
         sampler=run.sampler,
-        stop_grace_s=1.5,
-        term_grace_s=1.0,
-        kill_wait_s=1.5,
+        **stop_timings(ctx),
     )
     run.elapsed_s = time.monotonic() - t0
     return run
@@ -113,17 +121,100 @@ def level_duration(ctx: Context, p: dict[str, Any], *, option: str = "duration_s
     return float(p[f"duration_s_level{max(lowest, min(highest, int(ctx.level)))}"])
 
 
-def fit_to_deadline(ctx: Context, duration_s: float, startup_timeout_s: float, what: str
-                    ) -> tuple[float, str | None]:
-    """A check's loop length shortened, when needed, to end inside the run's --timeout (leaving a
-    quarter of the start-up allowance and 10 s to judge), and the note that says so."""
+def worker_count(ctx: Context) -> int:
+    """How many workers a compute check starts on this run (CPU workers, or usable GPUs)."""
+    if ctx.device == "cpu":
+        return len([i for i in range(ctx.workers) if ctx.gpus is None or i in ctx.gpus])
+    return len([g for g in ctx.selected_gpu_entries() if g.get("state", "ok") == "ok"]) or 1
+
+
+def startup_floor_s(ctx: Context, import_cpu_s: float = TORCH_IMPORT_CPU_S) -> float:
+    """A lower bound of the time from spawning the workers to their first heartbeat: each spends
+    `import_cpu_s` of CPU time importing its backend, and they share the cores this process may
+    run on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return import_cpu_s * max(1.0, worker_count(ctx) / max(1, cores))
+
+
+def stop_timings(ctx: Context) -> dict[str, float]:
+    """run_workers' stop sequence (ask, SIGTERM, SIGKILL) inside 0.8 of the runner's stop time."""
+    g = float(ctx.stop_s)
+    return {"stop_grace_s": 0.3 * g, "term_grace_s": 0.2 * g, "kill_wait_s": 0.3 * g,
+            "poll_s": min(0.1, max(0.02, g / 20))}
+
+
+def pool_budget(ctx: Context, budget_s: float) -> float:
+    """A pool's budget, never past the run's deadline (the runner cancels there anyway)."""
     if ctx.deadline is None:
-        return duration_s, None
-    left = ctx.deadline - time.monotonic() - float(startup_timeout_s) / 4 - 10.0
-    if left >= duration_s:
-        return duration_s, None
-    short = max(1.0, left)
-    return short, f"{what} shortened to {short:.0f} s to fit the run's timeout"
+        return budget_s
+    return max(0.0, min(budget_s, ctx.deadline - time.monotonic()))
+
+
+@dataclass(frozen=True)
+class Promise:
+    """How long a looping check was asked to run, and who asked: the level's default, or the
+    user (`--duration`). A run's time limit never shortens it."""
+
+    seconds: float  # 0 for a promise of work rather than time (memtest passes)
+    source: str  # "--duration" or "the level-N default"
+    what: str  # "burn", "load", "2 pass(es) of 10 pattern(s)", ...
+
+    def describe(self) -> str:
+        return f"{self.seconds:g} s of {self.what} ({self.source})" if self.seconds else f"{self.what} ({self.source})"
+
+
+def promised(ctx: Context, p: dict[str, Any], what: str, *, option: str = "duration_s", lowest: int = 2,
+             highest: int = 4, extra_s: float = 0.0) -> Promise:
+    """The Promise of a looping check: level_duration (plus `extra_s`, a warm-up) and its source."""
+    given = ctx.options.get(option) is not None
+    lv = max(lowest, min(highest, int(ctx.level)))
+    source = f"--{option.removesuffix('_s').replace('_', '-')}" if given else f"the level-{lv} default"
+    return Promise(level_duration(ctx, p, option=option, lowest=lowest, highest=highest) + extra_s, source, what)
+
+
+def duration_slice(ctx: Context, promise: Promise | None, import_cpu_s: float = TORCH_IMPORT_CPU_S) -> Slice:
+    """The least time a looping check needs: its workers' start-up floor, then the promise."""
+    floor = startup_floor_s(ctx, import_cpu_s)
+    if promise is None:
+        return Slice(floor, f"at least {floor:.1f} s to start {worker_count(ctx)} worker(s)")
+    return Slice(floor + promise.seconds, f"{promise.describe()} after at least {floor:.1f} s to start "
+                                          f"{worker_count(ctx)} worker(s)")
+
+
+def deadline_problem(ctx: Context, check_id: str, promise: Promise, import_cpu_s: float = TORCH_IMPORT_CPU_S
+                     ) -> Result | None:
+    """An error when the run's time limit cannot hold the promise (the runner does not start such
+    a check; this guards direct callers), else None."""
+    if ctx.deadline is None:
+        return None
+    need = duration_slice(ctx, promise, import_cpu_s)
+    left = ctx.deadline - time.monotonic()
+    if left >= need.seconds:
+        return None
+    return Result(check_id, Status.ERROR, f"not run: the run's time limit leaves {max(0.0, left):.1f} s and "
+                                          f"{check_id} needs at least {need.seconds:.1f} s ({need.what})")
+
+
+def cut_short(r: Result, promise: Promise, ran_s: float | None, why: str) -> Result:
+    """A result whose run was stopped before it kept its promise: a pass, warn or skip becomes an
+    error naming what was promised and what it got (partial data never passes); a fail stands
+    (the fault was seen). The earlier summary moves to the evidence."""
+    got = "an unknown time" if ran_s is None else f"{ran_s:.1f} s"
+    if r.status in (Status.PASS, Status.WARN, Status.SKIP):
+        r.evidence.insert(0, f"before the stop: {r.status.value}: {r.summary}")
+        r.status = Status.ERROR
+        r.summary = f"cut short: {promise.describe()} promised, stopped ({why}) after {got}"
+        r.action = Action.NONE
+    else:
+        r.evidence.append(f"cut short: {promise.describe()} promised, stopped ({why}) after {got}")
+    if promise.seconds:
+        r.metric("promised_s", round(promise.seconds, 3), "s")
+    if ran_s is not None:
+        r.metric("ran_s", round(float(ran_s), 3), "s")
+    return r
 
 
 def telemetry_summary(sampler: Any, gpu: int, device: str) -> dict[str, Any]:

@@ -635,7 +635,7 @@ def _supervise(
                 if now - (w.stop_at or now) >= stop_grace_s:
                     what = ("stopped: the run was cancelled" if w.stop_kind == CANCELLED
                             else f"over its time budget of {budget_s:.0f} s")
-                    w.start_kill(w.stop_kind, f"{what}; did not stop within {stop_grace_s:.0f} s, killed", now)
+                    w.start_kill(w.stop_kind, f"{what}; did not stop within {stop_grace_s:.2g} s, killed", now)
                 continue
             if now - w.t0 >= budget_s:
                 w.request_stop(OVER_BUDGET, now)
