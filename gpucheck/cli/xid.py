@@ -116,8 +116,10 @@ def _ack(state: Any) -> int:
     try:
         state.write_cursor(LAST_PASS_CURSOR, {"time": iso_utc(now), "epoch": now, "by": "gpucheck xid --ack"})
     except OSError as e:
-        click.echo(f"gpucheck: error: cannot write the last-pass cursor in {state.root}: {e.strerror or e}",
-                   err=True)
+        from ..safeio import describe_error
+
+        click.echo(f"gpucheck: error: cannot write the last-pass cursor in {state.root}: "
+                   f"{describe_error(e, str(state.root))}", err=True)
         return 2
     click.echo(f"last-pass cursor set to {iso_utc(now)} in {state.root}: "
                "the xid check now judges only errors logged after this moment")
