@@ -188,40 +188,70 @@ def open_folder(path: str, *, policy: Policy | None = None, create_mode: int | N
             policy(fd, real, not todo)
         while todo:
             name = todo.pop()
-            if name == "..":
-                fd, real = _swap(fd, os.open("..", _DIR_FLAGS, dir_fd=fd)), os.path.dirname(real) or "/"
-                if policy:
-                    policy(fd, real, not todo)
-                continue
-            where = os.path.join(real, name)
             try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                if create_mode is None and missing_ok:
-                    return fd, real
-                if create_mode is None:
-                    raise FileNotFoundError(errno.ENOENT, "no such folder", where) from None
-                os.mkdir(name, create_mode, dir_fd=fd)
-                os.chmod(name, create_mode, dir_fd=fd)
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if stat.S_ISLNK(st.st_mode):
-                hops += 1
-                if hops > MAX_LINK_HOPS:
-                    raise RefusedPath(where, "too many levels of symbolic links", errno.ELOOP)
-                target = _trusted_link(fd, name, st, real)
-                if target.startswith("/"):
-                    fd, real = _swap(fd, os.open("/", _DIR_FLAGS)), "/"
-                todo.extend(p for p in reversed(target.split("/")) if p not in ("", "."))
-                continue
-            if not stat.S_ISDIR(st.st_mode):
-                raise RefusedPath(where, f"not a folder (it is {_kind(st)})", errno.ENOTDIR)
-            fd, real = _swap(fd, os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)), where
-            if policy:
-                policy(fd, real, not todo)
+                (new_fd, real), hops = _step(fd, real, name, todo, hops, policy, create_mode, missing_ok)
+                fd = _swap(fd, new_fd)
+            except _Stop:
+                return fd, real
+            except RefusedPath:
+                raise
+            except OSError as e:  # name the whole path, not just the component
+                if e.filename in (None, name):
+                    raise type(e)(e.errno, e.strerror, os.path.join(real, name)) from None
+                raise
         return fd, real
     except BaseException:
         os.close(fd)
         raise
+
+
+class _Stop(Exception):
+    """open_folder(missing_ok=True) reached a folder that does not exist: stop there."""
+
+
+def _step(fd: int, real: str, name: str, todo: list[str], hops: int, policy: Policy | None,
+          create_mode: int | None, missing_ok: bool) -> tuple[tuple[int, str], int]:
+    """One component of open_folder's walk from folder `fd`: (the next folder's descriptor, its
+    real path, links followed so far); a symlink pushes its target's components onto `todo`.
+    Never closes `fd`; closes what it opened when it fails."""
+    if name == "..":
+        return _enter(os.open("..", _DIR_FLAGS, dir_fd=fd), os.path.dirname(real) or "/", policy, todo), hops
+    where = os.path.join(real, name)
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if create_mode is None and missing_ok:
+            raise _Stop from None
+        if create_mode is None:
+            raise FileNotFoundError(errno.ENOENT, "no such folder", where) from None
+        try:
+            os.mkdir(name, create_mode, dir_fd=fd)
+            os.chmod(name, create_mode, dir_fd=fd)
+        except FileExistsError:  # made by someone else meanwhile: judged like any other below
+            pass
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        if hops >= MAX_LINK_HOPS:
+            raise RefusedPath(where, "too many levels of symbolic links", errno.ELOOP)
+        target = _trusted_link(fd, name, st, real)
+        todo.extend(p for p in reversed(target.split("/")) if p not in ("", "."))
+        if target.startswith("/"):
+            return (os.open("/", _DIR_FLAGS), "/"), hops + 1
+        return (os.dup(fd), real), hops + 1
+    if not stat.S_ISDIR(st.st_mode):
+        raise RefusedPath(where, f"not a folder (it is {_kind(st)})", errno.ENOTDIR)
+    return _enter(os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd), where, policy, todo), hops
+
+
+def _enter(fd: int, real: str, policy: Policy | None, todo: list[str]) -> tuple[int, str]:
+    """(fd, real) once `policy` accepts the folder; fd closed when it does not."""
+    if policy:
+        try:
+            policy(fd, real, not todo)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd, real
 
 
 def private_policy() -> Policy | None:
