@@ -684,3 +684,42 @@ def test_loads_json_limits():
         safeio.loads_json("[" * 65 + "]" * 65)
     with pytest.raises(ValueError, match="nested deeper than"):
         safeio.loads_json("[" * 100_000)
+
+
+def test_a_signal_in_the_middle_of_an_append_leaves_nothing_half_written(tmp_path, monkeypatch):
+    state = State(tmp_path / "state")
+    state.append_history(_verdict(0))
+    before = state.history_path.read_bytes()
+    real_write = os.write
+
+    def half_then_interrupted(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise KeyboardInterrupt  # SIGINT (or a SIGTERM handler raising) at the worst moment
+
+    monkeypatch.setattr(os, "write", half_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        state.append_history(_verdict(1))
+    monkeypatch.setattr(os, "write", real_write)
+    assert state.history_path.read_bytes() == before
+
+
+@root_only
+def test_a_symlink_swapped_in_while_the_output_is_written_is_not_replaced(tmp_path, monkeypatch):
+    """The check and the write are one walk: a symlink planted between the plan and the rename
+    makes the write fail; the link (and what it points at) are left alone."""
+    out = tmp_path / "v.json"
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    real_write_all = safeio.write_all
+
+    def plant_then_write(fd, data, deadline=None):
+        if not out.is_symlink():
+            out.symlink_to(victim)
+            os.lchown(out, NOBODY, NOBODY)
+        return real_write_all(fd, data, deadline)
+
+    monkeypatch.setattr(safeio, "write_all", plant_then_write)
+    with pytest.raises(safeio.RefusedPath, match="is now a symlink"):
+        safeio.write_output(out, "{}\n")
+    assert out.is_symlink() and victim.read_text() == "root's file\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(safeio.TMP_PREFIX)] == []
