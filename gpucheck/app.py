@@ -4,8 +4,10 @@ config -> selection -> telemetry (live NVML or a snapshot file) -> runner -> ver
 (stdout table or JSON, --output, --prom, history, last-pass cursor) -> exit code.
 
 Usage problems (bad level, unknown check, --gpus naming a missing GPU, a file that is not a
-snapshot, an unwritable output, an --inject that no check can honour on this run) raise
-UsageError before any check runs: exit 2, one line.
+snapshot, an output path that cannot be written, an unsafe state directory, an --inject that no
+check can honour on this run) raise UsageError before any check runs: exit 2, one line. Once the
+checks have run, outputs never mask the verdict: a write that fails then is a loud warning and the
+verdict's exit code stands.
 
 The run's clock starts when SIGTERM/SIGINT are armed (gpucheck.interrupts: the command's first
 line, or the start of `execute`); --timeout counts from there, telemetry reading included, and
@@ -30,7 +32,7 @@ from .config import Config, ConfigError, load_config
 from .inject import Injection, InjectionError, parse_injection
 from .interrupts import INTERRUPTS, Interrupts
 from .registry import SelectionError, all_checks, select
-from .state import State, atomic_write_text, default_state_dir
+from .state import State, default_state_dir
 from .verdict import EXIT_USAGE, build_verdict, verdict_level
 
 LIVE_TELEMETRY_TIMEOUT_S = 30.0
@@ -115,14 +117,20 @@ def _gpu_text(text: str, limit: int = 80) -> str:
 
 
 def _check_writable(path: str, what: str) -> None:
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{what} {path}: is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(f"{what} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{what} {path}: folder {parent} is not writable")
+    """UsageError when `path` cannot be an output (gpucheck.safeio: a regular file or a new name
+    in an existing writable folder, a FIFO, /dev/null, a terminal; a symlink only when trusted)."""
+    from .safeio import check_output
+
+    try:
+        check_output(path)
+    except OSError as e:
+        raise UsageError(f"{what} {path}: {_output_problem(e, path)}") from None
+
+
+def _output_problem(e: OSError, path: str) -> str:
+    from .safeio import output_problem
+
+    return output_problem(e, path)
 
 
 def _collect_live(timeout_s: float, *, until: float | None = None,
@@ -236,6 +244,12 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         # A replayed snapshot is another node's past: keep it out of this node's history unless
         # a state directory was named on purpose.
         state = State(explicit_state or default_state_dir())
+        try:
+            state.check()
+        except OSError as e:
+            from .safeio import describe_error
+
+            raise UsageError(f"state directory {state.root}: {describe_error(e, str(state.root))}") from None
 
     options = dict(req.options)
     if req.snapshot_path:
@@ -324,11 +338,15 @@ def execute(
     progress: Callable[[str, str, dict[str, Any]], None] | None = None,
     display_factory: Callable[[], Any] | None = None,
     on_verdict: Callable[[dict[str, Any]], None] | None = None,
+    on_warning: Callable[[str], None] | None = None,
 ) -> int:
     """Run the pipeline; print the table (or JSON); write outputs; return the exit code.
 
     `on_verdict(verdict)` receives the verdict as soon as it is built, before any output is
     written (the Slurm hooks judge from it, so that no output step can mask it).
+
+    Outputs never mask the verdict: a failed --output/--prom/history/cursor write is a warning on
+    stderr (and passed to `on_warning`, e.g. a hook's syslog) and the verdict's exit code stands.
 
     On a terminal (and not --json) a live display shows progress: `display_factory()` builds it
     (an object with started(check), progress(check_id, subject, info), finished(run), close()),
@@ -339,7 +357,7 @@ def execute(
     """
     armed_here = INTERRUPTS.arm()
     try:
-        return _execute(req, progress, display_factory, on_verdict)
+        return _execute(req, progress, display_factory, on_verdict, on_warning)
     finally:
         INTERRUPTS.release()
         if armed_here:
@@ -415,7 +433,8 @@ def _judge(prep: Prepared, outcome: Any, interrupted: str | None) -> dict[str, A
 
 def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], None] | None,
              display_factory: Callable[[], Any] | None,
-             on_verdict: Callable[[dict[str, Any]], None] | None = None) -> int:
+             on_verdict: Callable[[dict[str, Any]], None] | None = None,
+             on_warning: Callable[[str], None] | None = None) -> int:
     try:
         prep = prepare(req, started=INTERRUPTS.armed_at, interrupts=INTERRUPTS)
     except UsageError as e:
@@ -443,38 +462,65 @@ def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], Non
 
         print_verdict(verdict)
 
-    rc_override: int | None = None
-    if req.output:
-        if req.output == "-":
-            if not req.json:
-                sys.stdout.write(text)
-        else:
-            try:
-                atomic_write_text(req.output, text)
-            except OSError as e:
-                print(f"gpucheck: error: --output {req.output}: {e.strerror or e}", file=sys.stderr)
-                rc_override = EXIT_USAGE
-    if req.prom:
-        from .prom import write_prom
+    def warn(message: str) -> None:
+        _warn(message, on_warning)
 
-        try:
-            write_prom(req.prom, verdict)
-        except OSError as e:
-            print(f"gpucheck: error: --prom {req.prom}: {e.strerror or e}", file=sys.stderr)
-            rc_override = EXIT_USAGE
-
+    _write_outputs(req, verdict, text, warn)
     if prep.ctx.state is not None:
-        _record(prep, verdict, outcome.started_at)
-    return rc_override if rc_override is not None else code
+        _record(prep, verdict, outcome.started_at, warn)
+    return code
 
 
-def _record(prep: Prepared, verdict: dict[str, Any], started_at: float) -> None:
+def _warn(message: str, on_warning: Callable[[str], None] | None) -> None:
+    """A loud warning: stderr, and the caller's sink (a hook logs it to syslog)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    print(f"gpucheck: WARNING: {message}", file=sys.stderr, flush=True)
+    if on_warning is not None:
+        try:
+            on_warning(message)
+        except Exception:  # a broken sink must not turn the verdict into a crash
+            pass
+
+
+def _write_outputs(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[str], None]) -> None:
+    """--output and --prom ("-" is stdout). A write that fails is a warning; the verdict stands."""
+    from .prom import render
+    from .safeio import write_output
+
+    stands = f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})"
+    for what, path, make in (("--output", req.output, lambda: text), ("--prom", req.prom, lambda: render(verdict))):
+        if not path:
+            continue
+        try:
+            body = make()
+            if path == "-":
+                if not (what == "--output" and req.json):
+                    sys.stdout.write(body)
+                    sys.stdout.flush()
+            else:
+                write_output(path, body)
+        except OSError as e:
+            warn(f"{what} {path} was not written: {_output_problem(e, path)}; {stands}")
+        except Exception as e:  # a bug in rendering must not mask the verdict either
+            warn(f"{what} {path} was not written: {type(e).__name__}: {e}; {stands}")
+
+
+def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Callable[[str], None]) -> None:
+    from .safeio import describe_error
+
     state = prep.ctx.state
     assert state is not None
+    if state.skipped_lines:
+        warn(f"history in {state.root}: {state.skipped_lines} torn or unreadable line(s) skipped "
+             f"({'; '.join(state.skipped_notes[:3])})")
     try:
         state.append_history(verdict)
         xid_ok = any(c["id"] == "xid" and c["status"] in ("pass", "warn") for c in verdict["checks"])
         if verdict["exit_code"] == 0 and not verdict["partial"] and xid_ok and prep.source_kind != "snapshot":
             state.write_cursor(LAST_PASS_CURSOR, {"time": verdict["time"], "epoch": started_at})
     except OSError as e:
-        print(f"gpucheck: warning: cannot write history in {state.root}: {e.strerror or e}", file=sys.stderr)
+        warn(f"cannot write the history in {state.root}: {describe_error(e, str(state.root))}; "
+             f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})")

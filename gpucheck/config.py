@@ -291,6 +291,27 @@ def _run_level(path: Path, value: Any) -> None:
         raise ConfigError(f"{path}: run.level: {e}") from None
 
 
+def _read_toml(p: Path) -> dict[str, Any]:
+    """The parsed file: a regular file of at most safeio.LIMITS["config"] bytes (a FIFO or a
+    device is refused, never read), valid TOML; ConfigError naming the file otherwise."""
+    from . import safeio
+
+    try:
+        text = safeio.read_input(p, "config").decode("utf-8")
+    except PermissionError:
+        raise ConfigError(f"{p}: cannot read config file (permission denied)") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config file: {safeio.describe_error(e, str(p))}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: cannot read config file: {e}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: not valid TOML: nested too deeply") from None
+
+
 def load_config(path: str | os.PathLike[str] | None) -> Config:
     """Load `path`, or the default path when it exists, or an empty config."""
     explicit = path is not None
@@ -299,14 +320,7 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
         if explicit:
             raise ConfigError(f"{p}: config file not found")
         return Config()
-    try:
-        raw = tomllib.loads(p.read_text(encoding="utf-8"))
-    except PermissionError:
-        raise ConfigError(f"{p}: cannot read config file (permission denied)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: cannot read config file: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    raw = _read_toml(p)
     known = {"node", "run", "checks"}
     for key in raw:
         if key not in known:

@@ -2,7 +2,7 @@
 
 One gauge per check and subject for the status, the overall verdict, and every numeric metric of
 every result. Written through a temporary file and a rename so node_exporter never reads half a
-file.
+file (gpucheck.safeio.write_output: what it refuses, modes).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from .state import atomic_write_text
+from .safeio import write_output
 
 _STATUS_VALUE = {"pass": 0, "warn": 1, "fail": 2, "error": 3, "skip": -1}
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
@@ -70,4 +70,4 @@ def render(verdict: dict[str, Any]) -> str:
 
 
 def write_prom(path: str, verdict: dict[str, Any]) -> None:
-    atomic_write_text(path, render(verdict))
+    write_output(path, render(verdict))

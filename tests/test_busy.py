@@ -423,7 +423,7 @@ def test_force_passes_through_the_hooks_and_the_sweep(tmp_path):
 
     seen = []
 
-    def execute(req, on_verdict=None):
+    def execute(req, on_verdict=None, on_warning=None):
         seen.append(req)
         return 0
 

@@ -273,7 +273,7 @@ class FakeSlurm:
 
 
 def fake_execute(code, verdict=None, seen=None, boom=None):
-    def execute(req, on_verdict=None):
+    def execute(req, on_verdict=None, on_warning=None):
         if seen is not None:
             seen.append(req)
         if boom:

@@ -87,7 +87,7 @@ def test_topology_on_recorded_documents(capsys, tmp_path):
     (["n1", "--match", "x", "--groups", "/nonexistent/g.json"], "Invalid value for --groups: /nonexistent/g.json: "),
     (["n1", "--match", "x", "--dump-timeout", "soon"], "Invalid value for --dump-timeout: bad duration 'soon'"),
     (["--local", "--match", "x", "--record", "/tmp/r.json"], "--record saves what a fan-out collected"),
-    (["n1", "--match", "x", "--record", "/nonexistent/dir/r.json"], "folder /nonexistent/dir does not exist"),
+    (["n1", "--match", "x", "--record", "/nonexistent/dir/r.json"], "folder /nonexistent does not exist"),
     (["--from", "/nonexistent.json"], "Invalid value for --from: /nonexistent.json: No such file or directory"),
     (["n1", "--match", "x", "--node", "n1"], "--node names this node in a --local run"),
     (["--local", "--match", "x", "--node", "n[1-2]"], "Invalid value for --node: 'n[1-2]' is not a host name"),

@@ -113,7 +113,7 @@ def test_on_error_precedence(tmp_path, explicit, env_value, config, want):
 
 
 def test_gpucheck_on_error_from_the_environment_fails_closed(tmp_path):
-    out, calls, _ = hook(tmp_path, environ={**ENV, "GPUCHECK_ON_ERROR": "fail"}, execute=lambda req, on_verdict: 3)
+    out, calls, _ = hook(tmp_path, environ={**ENV, "GPUCHECK_ON_ERROR": "fail"}, execute=lambda req, on_verdict, on_warning=None: 3)
     assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and calls and out.plan["on_error_from"] == "GPUCHECK_ON_ERROR"
 
 
@@ -123,8 +123,10 @@ def test_failing_writes_never_change_an_unhealthy_judgement(tmp_path, monkeypatc
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(state_mod, "atomic_write_text", full)  # cursors
-    monkeypatch.setattr(app, "atomic_write_text", full)  # --output / the old hook's temporary file
+    from gpucheck import safeio
+
+    monkeypatch.setattr(safeio, "replace_private", full)  # cursors (the state directory's files)
+    monkeypatch.setattr(safeio, "write_output", full)  # --output / the old hook's temporary file
     monkeypatch.setattr(state_mod.State, "append_history", full)
     monkeypatch.setenv("TMPDIR", str(tmp_path / "no-such-folder"))
 
@@ -142,7 +144,7 @@ def test_an_output_failure_after_the_verdict_keeps_the_verdict(tmp_path, capsys)
                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     bad = json.loads(rc.stdout)
 
-    def execute(req, on_verdict):
+    def execute(req, on_verdict, on_warning=None):
         on_verdict(bad)
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")  # printing the table failed
 
@@ -204,7 +206,7 @@ def test_full_stdout_and_stderr_never_mask_an_unhealthy_verdict(tmp_path):
 # -- gpucheck's own failures: logged, recorded, on-error -----------------------------------------------
 
 def test_a_crash_is_logged_and_recorded_and_passes(tmp_path):
-    def execute(req, on_verdict):
+    def execute(req, on_verdict, on_warning=None):
         raise KeyError("gpus")
 
     out, calls, logs = hook(tmp_path, execute=execute)
@@ -215,7 +217,7 @@ def test_a_crash_is_logged_and_recorded_and_passes(tmp_path):
 
 
 def test_a_hostile_node_name_is_never_drained(tmp_path):
-    def execute(req, on_verdict):
+    def execute(req, on_verdict, on_warning=None):
         return 1
 
     out, calls, logs = hook(tmp_path, environ={**ENV, "SLURMD_NODENAME": "gpu[1-512]"}, execute=execute)
@@ -232,7 +234,7 @@ def test_an_scontrol_that_cannot_run_is_logged_not_a_crash(tmp_path):
     not_executable.write_text("")
     logs = []
     out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), scontrol=str(not_executable)),
-                         ENV, log=lambda p, m: logs.append(m), execute=lambda req, on_verdict: 1)
+                         ENV, log=lambda p, m: logs.append(m), execute=lambda req, on_verdict, on_warning=None: 1)
     assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained
     assert any("cannot drain" in m and "exit 126" in m for m in logs)
 

@@ -18,10 +18,8 @@ when a digest disagrees with one already recorded for the same fingerprint, and 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -83,14 +81,13 @@ def check_command(reference: str | None, level: str, workloads: list[str] | None
 
 
 def _check_out(path: str) -> None:
-    p = Path(path)
-    if p.is_dir():
-        raise click.BadParameter(f"{path}: is a directory", param_hint="--out")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise click.BadParameter(f"{path}: folder {parent} does not exist", param_hint="--out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise click.BadParameter(f"{path}: folder {parent} is not writable", param_hint="--out")
+    """A usage error (exit 2) when `repro record` could not write `path` (store.check_writable)."""
+    from ..repro import store
+
+    try:
+        store.check_writable(path)
+    except store.RefFileError as e:
+        raise click.BadParameter(str(e), param_hint="--out") from None
 
 
 @repro_group.command("record")
@@ -207,7 +204,9 @@ def record_command(out: str | None, level: str, workloads: list[str] | None, dev
     except store.RefFileError as e:
         raise click.BadParameter(str(e), param_hint="--out") from None
     except OSError as e:
-        click.echo(f"gpucheck repro record: error: {path}: {e.strerror or e}", err=True)
+        from ..safeio import describe_error
+
+        click.echo(f"gpucheck repro record: error: {path}: {describe_error(e, path)}", err=True)
         return 2
     summary.update(written=res.written, added=res.added, unchanged=res.unchanged)
     if res.written:

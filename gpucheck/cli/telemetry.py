@@ -18,19 +18,27 @@ def telemetry_group() -> None:
 
 
 @telemetry_group.command("dump")
-@click.option("-o", "--output", "output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the snapshot to FILE (atomically) instead of standard output.")
+@click.option("-o", "--output", "output", metavar="FILE", default=None,
+              help="Write the snapshot to FILE (atomically; - is standard output) instead of standard output.")
 @click.option("--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/sys"),
               show_default=True, help="Where sysfs is mounted (for reading a copied tree).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Give up on a driver that does not answer within this many seconds.")
 @click.option("--kernel-log/--no-kernel-log", "kernel_log", default=True, show_default=True,
               help="Record this boot's NVRM/NVSwitch kernel-log lines (judged by the xid check on replay).")
-def dump_command(output: Path | None, sysfs_root: Path, timeout_s: float, kernel_log: bool) -> int:
+def dump_command(output: str | None, sysfs_root: Path, timeout_s: float, kernel_log: bool) -> int:
     """Capture a telemetry snapshot (JSON) of this node."""
-    from ..state import atomic_write_text
+    from ..safeio import check_output, output_problem, write_output
     from ..telemetry.snapshot import collect_snapshot, dump_snapshot
 
+    if output == "-":
+        output = None
+    if output is not None:
+        try:  # refused before anything is collected: a device, an untrusted symlink, no such folder
+            check_output(output)
+        except OSError as e:
+            click.echo(f"gpucheck telemetry dump: cannot write {output}: {output_problem(e, output)}", err=True)
+            return 2
     snap = collect_snapshot(sysfs_root=sysfs_root, timeout_s=timeout_s)
     if kernel_log:
         from ..kernlog import capture_for_snapshot
@@ -41,9 +49,9 @@ def dump_command(output: Path | None, sysfs_root: Path, timeout_s: float, kernel
         click.echo(text, nl=False)
         return 0
     try:
-        atomic_write_text(output, text)
+        write_output(output, text)
     except OSError as e:
-        click.echo(f"gpucheck telemetry dump: cannot write {output}: {e.strerror or e}", err=True)
+        click.echo(f"gpucheck telemetry dump: cannot write {output}: {output_problem(e, output)}", err=True)
         return 2
     gpus = snap["gpus"]
     nv = snap["nvml"]

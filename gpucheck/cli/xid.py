@@ -79,11 +79,31 @@ def xid_command(source: str, files: tuple[str, ...], boot: int, since: str | Non
         raise click.UsageError("--boot needs the journal (--source journal or auto)")
     if boot != 0 and files:
         raise click.UsageError("--boot reads the journal; it cannot be combined with --file")
+    _check_files(files)
     if since is None:
         since = "all" if (files or boot != 0) else "boot"
     return _report(source=source, files=list(files), boot=boot, since=since, as_json=as_json,
                    state=state, strict=strict, on_error=on_error, use_nvml=not no_nvml,
                    repeat_limit=repeat_limit)
+
+
+def _check_files(files: tuple[str, ...]) -> None:
+    """--file takes regular files (or - for stdin): a FIFO or a device such as /dev/zero would
+    never end. A usage error (exit 2) up front; a missing file is reported as unread (exit 3)."""
+    import os
+    import stat
+
+    for f in files:
+        if f == "-":
+            continue
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue  # the reader reports it, with the reason
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise click.BadParameter(f"{f}: {kind}: --file reads regular files (a FIFO: --file - < {f})",
+                                     param_hint="--file")
 
 
 # -- --ack ----------------------------------------------------------------------------------------
@@ -96,8 +116,10 @@ def _ack(state: Any) -> int:
     try:
         state.write_cursor(LAST_PASS_CURSOR, {"time": iso_utc(now), "epoch": now, "by": "gpucheck xid --ack"})
     except OSError as e:
-        click.echo(f"gpucheck: error: cannot write the last-pass cursor in {state.root}: {e.strerror or e}",
-                   err=True)
+        from ..safeio import describe_error
+
+        click.echo(f"gpucheck: error: cannot write the last-pass cursor in {state.root}: "
+                   f"{describe_error(e, str(state.root))}", err=True)
         return 2
     click.echo(f"last-pass cursor set to {iso_utc(now)} in {state.root}: "
                "the xid check now judges only errors logged after this moment")

@@ -254,10 +254,14 @@ def extract_json(text: str) -> Any:
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end < start:
         raise DcgmParseError("no JSON object in dcgmi's output")
+    from ..safeio import loads_json
+
     try:
-        return json.loads(text[start:end + 1])
+        return loads_json(text[start:end + 1])
     except json.JSONDecodeError as e:
         raise DcgmParseError(f"dcgmi's JSON does not parse: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:  # nested too deeply: a broken or hostile document, never a RecursionError
+        raise DcgmParseError(f"dcgmi's JSON does not parse: {e}") from None
 
 
 def parse_diag(text: str) -> DiagDoc:

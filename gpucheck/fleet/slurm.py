@@ -330,7 +330,21 @@ class _StderrTail:
         return ""
 
 
-def _run_gpucheck(req, execute, plan: dict[str, Any]) -> tuple[int, dict[str, Any] | None, str]:
+def _warning_sink(plan: dict[str, Any], log: Logger) -> Callable[[str], None]:
+    """A sink for the pipeline's warnings (an output, history or cursor write that failed after
+    the verdict): each goes to the log (syslog) and into the plan; none changes the judgement."""
+
+    def sink(message: str) -> None:
+        plan.setdefault("warnings", []).append(message)
+        try:
+            log(syslog.LOG_WARNING, f"warning: {' '.join(message.split())}")
+        except Exception:  # the log is best effort
+            pass
+
+    return sink
+
+
+def _run_gpucheck(req, execute, plan: dict[str, Any], log: Logger | None = None) -> tuple[int, dict[str, Any] | None, str]:
     """Run the pipeline and capture the verdict in memory, the moment it is built: no output
     (history, the table on stdout) written after it can change it. Returns the exit code the
     verdict says (else the pipeline's), the verdict, and the pipeline's error line."""
@@ -338,7 +352,8 @@ def _run_gpucheck(req, execute, plan: dict[str, Any]) -> tuple[int, dict[str, An
     tail = _StderrTail(sys.stderr)
     try:
         with contextlib.redirect_stderr(tail):
-            code = execute(req, on_verdict=captured.append)
+            code = execute(req, on_verdict=captured.append,
+                           on_warning=_warning_sink(plan, log) if log is not None else None)
     except Exception as e:
         if not captured:
             raise
@@ -520,7 +535,7 @@ def _judge_node(hook: _Hook, execute) -> _Judged:
     from .sweep import verdict_cause
 
     req, prior_ecc = _plan_request(hook)
-    code, verdict, error_line = _run_gpucheck(req, execute, hook.plan)
+    code, verdict, error_line = _run_gpucheck(req, execute, hook.plan, hook.log)
     changes = _bookkeeping(hook, verdict, prior_ecc)
     if code == 0:
         warned = verdict is not None and verdict.get("status") == "warn"

@@ -399,11 +399,31 @@ def _first_line(text: str) -> str:
 
 # -- files --------------------------------------------------------------------------------------
 
+class _OwnedGzipFile(gzip.GzipFile):
+    """A GzipFile that closes the file it reads when it is closed."""
+
+    def __init__(self, raw: IO[bytes]):
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
 def open_log_file(path: str) -> IO[bytes]:
-    """Open a log file for binary reading; .gz files are decompressed."""
+    """Open a log file for binary reading; .gz files are decompressed. Regular files only
+    (gpucheck.safeio.open_input: a FIFO or a device such as /dev/zero would never end; it is a
+    RefusedPath, an OSError); there is no size limit: the file is read as a stream, and only
+    matching lines (each cut at MAX_LINE_BYTES) are kept."""
+    from ..safeio import open_input
+
+    raw = os.fdopen(open_input(path), "rb")
     if path.endswith(".gz"):
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb")
+        return _OwnedGzipFile(raw)  # type: ignore[return-value]
+    return raw
 
 
 def read_stream(f: IO[bytes], *, needles: tuple[bytes, ...] = NEEDLES) -> tuple[list[str], int]:

@@ -23,6 +23,11 @@ a digest that disagrees with one stored for the same fingerprint and workload is
 that shows both, and nothing is written. Writes are atomic (a temporary file and a rename) under
 an exclusive lock, so two concurrent records never lose one another's digests.
 
+Files (gpucheck.safeio): the reference file and its lock are opened with O_NOFOLLOW and used only
+when they are regular files (at most LIMITS["reference"] bytes); as root, the folder holding them
+must be owned by root and not writable by group or others, and so must every folder on the way
+(a sticky one excepted), else RefFileError naming it.
+
 Nothing here imports torch.
 """
 
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..state import atomic_write_text
+from .. import safeio
 from . import DEFAULT_REFERENCE_PATH
 from .fingerprint import fingerprint_key, short_key
 
@@ -201,30 +206,70 @@ def _is_hex64(s: Any) -> bool:
     return isinstance(s, str) and len(s) == 64 and all(c in "0123456789abcdef" for c in s)
 
 
-def loads(text: str, path: str = "<reference file>") -> dict[str, Any]:
+def loads(text: str | bytes, path: str = "<reference file>") -> dict[str, Any]:
     try:
-        doc = json.loads(text)
+        doc = safeio.loads_json(text)
     except ValueError as e:
         raise _fail(path, "", f"not valid JSON ({e})") from None
     return validate(doc, path)
 
 
+def check_folder(path: str | os.PathLike[str]) -> None:
+    """As root: RefFileError when the folder of `path` (or one on the way) could be changed by
+    users other than root (gpucheck.safeio.check_private_dir). Nothing to check otherwise."""
+    if os.geteuid() != 0:
+        return
+    p = Path(path)
+    try:
+        safeio.check_private_dir(p.parent, missing_ok=True)
+    except OSError as e:
+        raise _fail(str(p), "", f"refusing the reference file: {safeio.describe_error(e, str(p))}") from None
+
+
 def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> dict[str, Any] | None:
     """The validated file; None when it does not exist and missing_ok. RefFileError otherwise."""
     p = Path(path)
+    check_folder(p)
     try:
-        text = p.read_text(encoding="utf-8")
+        raw = safeio.read_private(p, "reference")
     except FileNotFoundError:
         if missing_ok:
             return None
         raise _fail(str(p), "", "reference file not found") from None
-    except IsADirectoryError:
-        raise _fail(str(p), "", "is a directory") from None
     except PermissionError:
         raise _fail(str(p), "", "cannot read the reference file (permission denied)") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        if isinstance(e, safeio.RefusedPath) and "directory" in (e.strerror or ""):
+            raise _fail(str(p), "", "is a directory") from None
+        raise _fail(str(p), "", f"cannot read the reference file: {safeio.describe_error(e, str(p))}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise _fail(str(p), "", f"cannot read the reference file: {e}") from None
     return loads(text, str(p))
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """RefFileError when `record` could not write `path`: an unsafe folder (as root), a missing or
+    unwritable folder, or something other than a regular file at the name (a symlink included)."""
+    p = Path(path)
+    check_folder(p)
+    parent = p.parent if str(p.parent) else Path(".")
+    try:
+        st = os.stat(p, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise _fail(str(p), "", safeio.describe_error(e, str(p))) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise _fail(str(p), "", "is a directory")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise _fail(str(p), "", f"is {kind}: the reference file is only ever a regular file, replaced by rename")
+    if not parent.is_dir():
+        raise _fail(str(p), "", f"folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _fail(str(p), "", f"folder {parent} is not writable")
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -291,7 +336,7 @@ def merge(doc: dict[str, Any], records: list[tuple[dict[str, Any], dict[str, str
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
     lock = path.parent / f".{path.name}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = safeio.open_private(lock, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -301,9 +346,12 @@ def _locked(path: Path) -> Iterator[None]:
 
 def record(path: str | os.PathLike[str], records: list[tuple[dict[str, Any], dict[str, str]]], *,
            host: str, now: str | None = None) -> RecordOutcome:
-    """Add `records` to the file at `path` (created when missing), atomically, under a lock.
-    RecordConflict: nothing written. RefFileError: the existing file is malformed."""
+    """Add `records` to the file at `path` (created when missing, 0644), atomically, under a lock.
+    RecordConflict: nothing written. RefFileError: the existing file is malformed, or (as root)
+    its folder is unsafe. OSError (RefusedPath: a symlink or not a regular file at the name or
+    at the lock) when it cannot be written."""
     p = Path(path)
+    check_folder(p)
     with _locked(p):
         doc = load(p, missing_ok=True) or empty()
         try:
@@ -312,8 +360,7 @@ def record(path: str | os.PathLike[str], records: list[tuple[dict[str, Any], dic
             raise RecordConflict(str(p), e.conflicts) from None
         out.path = str(p)
         if out.added:
-            mode = stat.S_IMODE(p.stat().st_mode) if p.exists() else 0o644
-            atomic_write_text(p, dumps(new), mode=mode)
+            safeio.replace_private(p, dumps(new), new_mode=0o644)  # an existing file keeps its mode
             out.written = True
     return out
 

@@ -487,15 +487,19 @@ def dump_snapshot(snap: dict[str, Any]) -> str:
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read and validate a snapshot file; SnapshotError (one line) when it is not one."""
+    from .. import safeio
+
     p = Path(path)
-    try:
-        raw = p.read_text(encoding="utf-8")
+    try:  # a regular file of at most safeio.LIMITS["snapshot"] bytes: a FIFO or /dev/zero is refused
+        raw = safeio.read_input(p, "snapshot").decode("utf-8")
     except FileNotFoundError:
         raise SnapshotError(f"{p}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SnapshotError(f"{p}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    except OSError as e:
+        raise SnapshotError(f"{p}: cannot read: {safeio.describe_error(e, str(p))}") from None
+    except UnicodeDecodeError as e:
+        raise SnapshotError(f"{p}: cannot read: {e}") from None
     try:
-        doc = json.loads(raw)
+        doc = safeio.loads_json(raw)
     except ValueError as e:
         raise SnapshotError(f"{p}: not JSON: {e}") from None
     validate_snapshot(doc, str(p))
