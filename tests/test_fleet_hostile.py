@@ -315,3 +315,18 @@ def test_fanout_keeps_a_bounded_output(monkeypatch):
     assert not runs["small"].truncated and runs["small"].stdout == "ok"
     o = classify(runs["big"])
     assert o.status == "error" and "larger than" in o.reason
+
+
+def test_deep_json_from_a_rank_or_a_hang_node_is_garbage_not_a_crash():
+    """A rank's event line or a node's hang document nested 100,000 deep: json raises
+    RecursionError, which the parsers did not catch (only ValueError)."""
+    from gpucheck.hang.collect import parse_node_doc
+    from gpucheck.hang.pyspy import DumpError, parse_dump
+    from gpucheck.nccl.report import parse_events
+
+    deep = "[" * 100_000 + "]" * 100_000
+    assert parse_events('{"event": "result", "x": ' + deep + "}\n") == []
+    doc, why = parse_node_doc(deep)
+    assert doc is None and why
+    with pytest.raises(DumpError):
+        parse_dump(deep, 1)

@@ -18,6 +18,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+from ..safeio import loads_json
 from .local import NODE_SCHEMA
 
 NODE_STATUSES = ("ok", "partial", "error", "no-processes", "interrupted")
@@ -112,7 +113,7 @@ def parse_node_doc(text: str) -> tuple[dict[str, Any] | None, str]:
     if not s:
         return None, "no output"
     try:
-        doc = json.loads(s)
+        doc = loads_json(s)
     except ValueError:
         return None, f"not a hang document: {_snippet(s)}"
     return validate_node_doc(doc)
@@ -248,11 +249,11 @@ def load_recorded(path: str, text: str) -> list[NodeResult]:
     document, a list of them, or one per line. ValueError naming the file when one is not valid."""
     s = text.strip()
     try:
-        docs = json.loads(s)
+        docs = loads_json(s)
         docs = docs if isinstance(docs, list) else [docs]
     except ValueError:
         try:
-            docs = [json.loads(line) for line in s.splitlines() if line.strip()]
+            docs = [loads_json(line) for line in s.splitlines() if line.strip()]
         except ValueError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
     out = []

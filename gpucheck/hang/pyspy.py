@@ -9,7 +9,6 @@ process group is stopped at the deadline or on SIGTERM.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -21,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..safeio import loads_json
 from ..processes import kill_group
 
 DUMP_ATTEMPTS = 3  # a non-blocking read can race the interpreter; a hung process reads the same
@@ -88,7 +88,7 @@ def dump_argv(py_spy: str, pid: int, *, native: bool = False) -> list[str]:
 def parse_dump(text: str, pid: int) -> list[Thread]:
     """`py-spy dump --json` output (a list of threads; py-spy 0.3.14 to 0.4.x) -> threads."""
     try:
-        doc = json.loads(text)
+        doc = loads_json(text)
     except ValueError:
         raise DumpError(f"py-spy printed no JSON: {' '.join(text.split())[:200]!r}") from None
     if not isinstance(doc, list):

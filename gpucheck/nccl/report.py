@@ -16,7 +16,7 @@ from .collective import timeout_summary
 
 def parse_events(text: str) -> list[dict[str, Any]]:
     """The JSON event lines in a `gpucheck nccl run` output; other lines are ignored."""
-    import json
+    from ..safeio import loads_json
 
     out = []
     for line in text.splitlines():
@@ -24,7 +24,7 @@ def parse_events(text: str) -> list[dict[str, Any]]:
         if not line.startswith("{"):
             continue
         try:
-            doc = json.loads(line)
+            doc = loads_json(line)
         except ValueError:
             continue
         if isinstance(doc, dict) and "event" in doc:
