@@ -41,7 +41,7 @@ import select
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 TMP_PREFIX = ".gpucheck-tmp-"  # every temporary file gpucheck creates starts with this
 STALE_TMP_AGE_S = 3600.0  # a temporary file of ours older than this was left by a killed writer
@@ -335,15 +335,25 @@ def _fsync_folder(dfd: int) -> None:
         os.close(rfd)
 
 
-def replace_in(dfd: int, folder: str, name: str, data: bytes, mode: int) -> None:
-    """Atomically replace `name` in folder `dfd` with `data` (permission bits `mode`): a
-    temporary file, fsync, a check that the name is still missing or a regular file, rename."""
+def _byte_chunks(data: "bytes | str | Iterable[bytes | str]") -> Iterator[bytes]:
+    """`data` as bytes chunks: a whole text or bytes, or an iterable of them (a streamed report)."""
+    if isinstance(data, (bytes, bytearray, str)):
+        data = (data,)
+    for chunk in data:
+        yield chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk)
+
+
+def replace_in(dfd: int, folder: str, name: str, data: "bytes | str | Iterable[bytes | str]", mode: int) -> None:
+    """Atomically replace `name` in folder `dfd` with `data` (bytes, text, or an iterable of
+    chunks written in turn; permission bits `mode`): a temporary file, fsync, a check that the
+    name is still missing or a regular file, rename."""
     tmp = _tmp_name()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
     try:
         try:
             os.fchmod(fd, mode & 0o777)
-            write_all(fd, data)
+            for chunk in _byte_chunks(data):
+                write_all(fd, chunk)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -424,7 +434,7 @@ def check_output(path: str) -> None:
         os.close(t.dfd)
 
 
-def _write_through(t: _Target, data: bytes) -> None:
+def _write_through(t: _Target, data: "bytes | str | Iterable[bytes | str]") -> None:
     """Write into a FIFO, /dev/null or a terminal; a FIFO without a reader yet is given until
     WRITE_THROUGH_TIMEOUT_S to get one (and to read everything)."""
     deadline = time.monotonic() + WRITE_THROUGH_TIMEOUT_S
@@ -441,15 +451,15 @@ def _write_through(t: _Target, data: bytes) -> None:
         st = os.fstat(fd)
         if not (stat.S_ISFIFO(st.st_mode) or _writable_device(st)):
             raise RefusedPath(t.path, f"is {_kind(st)}: not written through")
-        write_all(fd, data, deadline=deadline)
+        for chunk in _byte_chunks(data):
+            write_all(fd, chunk, deadline=deadline)
     finally:
         os.close(fd)
 
 
-def write_output(path: str | os.PathLike[str], data: bytes | str) -> None:
-    """Write a user-named output (see the module). RefusedPath / OSError when it cannot be."""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
+def write_output(path: str | os.PathLike[str], data: "bytes | str | Iterable[bytes | str]") -> None:
+    """Write a user-named output (see the module): bytes, text, or an iterable of chunks (a
+    report streamed from disk). RefusedPath / OSError when it cannot be."""
     t = _plan_output(os.fspath(path))
     try:
         if t.kind == "through":

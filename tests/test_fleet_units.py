@@ -4,6 +4,7 @@ fake scontrol and a fake pipeline, and `slurm resume`'s choice of nodes."""
 
 from __future__ import annotations
 
+import errno
 import json
 import shlex
 import syslog
@@ -417,3 +418,51 @@ def test_parse_show_node_and_resume_only_gpucheck_drains():
     sl2 = FakeSlurm(show_node=SHOW)
     dry = slurm.resume_nodes(["n3"], test=test, scontrol="scontrol", runner=sl2, dry_run=True, log=lambda p, m: None)
     assert [d.decision for d in dry] == ["would-resume"] and not [c for c in sl2.calls if c[1] == "update"]
+
+
+def _fake_fanout(monkeypatch, answers: dict[str, NodeRun]) -> None:
+    def run_nodes(commands, *, mode, fanout, timeout_s, on_done, **_kw):
+        for n in commands:
+            on_done(answers[n])
+        return {n: answers[n] for n in commands}
+
+    monkeypatch.setattr(fanout, "run_nodes", run_nodes)
+
+
+def test_a_report_that_cannot_be_written_never_masks_the_sweep_result(tmp_path, monkeypatch, capsys):
+    """The sweep found a bad node (exit 1); writing --report then fails (a full disk): the old
+    command exited 2, a usage error, hiding the bad node from a script that reads the exit code."""
+    from gpucheck import safeio
+
+    _fake_fanout(monkeypatch, {"n1": NodeRun("n1", 0, json.dumps(full_verdict("n1"))),
+                               "n2": NodeRun("n2", 255, "", "No route")})
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safeio, "write_output", full)
+    report = tmp_path / "report.json"
+    rc = main(["sweep", "n[1-2]", "--report", str(report)])
+    err = capsys.readouterr().err
+    assert rc == 1 and not report.exists()
+    assert "WARNING: --report" in err and "the sweep's result stands (exit 1)" in err
+
+
+def test_a_full_spool_never_masks_the_sweep_result_nor_replaces_an_old_report(tmp_path, monkeypatch, capsys):
+    from gpucheck.fleet import sweep as sweep_mod
+
+    _fake_fanout(monkeypatch, {"n1": NodeRun("n1", 0, json.dumps(full_verdict("n1"))),
+                               "n2": NodeRun("n2", 255, "", "No route")})
+    real_add = sweep_mod.VerdictSpool.add
+
+    def add(self, node, verdict):
+        self.error = self.error or f"cannot keep {node}'s verdict: No space left on device"
+
+    monkeypatch.setattr(sweep_mod.VerdictSpool, "add", add)
+    report = tmp_path / "report.json"
+    report.write_text('{"old": true}\n')
+    rc = main(["sweep", "n[1-2]", "--report", str(report)])
+    err = capsys.readouterr().err
+    assert rc == 1 and report.read_text() == '{"old": true}\n'
+    assert "the report lacks those verdicts; --report not written" in err
+    assert real_add is not add

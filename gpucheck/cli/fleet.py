@@ -221,7 +221,7 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
 
     from ..app import _check_writable, UsageError
     from ..fleet import compare
-    from ..fleet.sweep import VerdictSpool, apply_fleet, build_report, report_chunks
+    from ..fleet.sweep import VerdictSpool, apply_fleet, build_report
     from ..processes import stop_on_signals
 
     nodes = _nodes(nodeset)
@@ -238,17 +238,13 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     # SIGTERM/SIGINT: stop the clients, report the nodes that answered, exit 3
     with stop_on_signals(), contextlib.ExitStack() as stack:
         spool = None
-        if report_path or as_json:  # the verdicts wait on disk, next to the report, for the report
+        if report_path or as_json:  # the verdicts wait on disk for the report
             try:
-                spool = stack.enter_context(VerdictSpool(os.path.dirname(os.path.abspath(report_path))
-                                                         if report_path else None))
+                spool = stack.enter_context(VerdictSpool(_spool_folder(report_path)))
             except OSError as e:
                 click.echo(f"gpucheck sweep: error: cannot create a temporary file: {e.strerror or e}", err=True)
                 return 3
         outcomes, duration, interrupted = sweep_until_stopped(plan, settings, kw["strict"], spool=spool)
-        if spool is not None and spool.error:
-            click.echo(f"gpucheck sweep: error: {spool.error}; no report written", err=True)
-            return 3
         comparison = compare.compare_inputs({o.node: o.inputs for o in outcomes if o.inputs is not None},
                                             **thresholds)
         apply_fleet(outcomes, compare.findings_by_node(comparison))
@@ -256,18 +252,50 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
                               strict=kw["strict"])
         if interrupted:
             mark_interrupted(report, plan, outcomes, interrupted)
-        if report_path:
-            try:
-                write_report(report_path, report_chunks(report, spool))
-            except OSError as e:
-                click.echo(f"gpucheck sweep: error: --report {report_path}: {e.strerror or e}", err=True)
-                return 2
-        if as_json:
-            for chunk in report_chunks(report, spool):
-                sys.stdout.write(chunk)
-        else:
+        _emit_report(report, spool, report_path, as_json)
+        if not as_json:
             _print_sweep(outcomes, report, kw["strict"])
     return int(report["exit_code"])
+
+
+def _spool_folder(report_path: str | None) -> str | None:
+    """Where the verdicts wait for the report: next to a report that is (or will be) a regular
+    file, so a big fleet does not fill the temporary folder; else (no report, or a FIFO, a
+    terminal, /dev/null as the report) the temporary folder."""
+    import os
+    import stat
+
+    if not report_path:
+        return None
+    try:
+        st = os.stat(report_path)
+    except FileNotFoundError:
+        return os.path.dirname(os.path.abspath(report_path))
+    except OSError:
+        return None
+    return os.path.dirname(os.path.abspath(report_path)) if stat.S_ISREG(st.st_mode) else None
+
+
+def _emit_report(report: dict[str, Any], spool, report_path: str | None, as_json: bool) -> None:
+    """--report and --json. The sweep's result (its exit code) never depends on them: a report
+    that cannot be written, or verdicts the spool could not keep (a full disk), are warnings."""
+    from ..fleet.sweep import report_chunks
+    from ..safeio import output_problem
+
+    stands = f"the sweep's result stands (exit {report['exit_code']})"
+    if spool is not None and spool.error:
+        click.echo(f"gpucheck sweep: WARNING: {spool.error}: the report lacks those verdicts"
+                   + ("; --report not written" if report_path else "") + f"; {stands}", err=True)
+        report_path = None  # never replace a good old report with an incomplete one
+    if report_path:
+        try:
+            write_report(report_path, report_chunks(report, spool))
+        except OSError as e:  # found after the sweep: a loud warning, never a masked result
+            click.echo(f"gpucheck sweep: WARNING: --report {report_path} was not written: "
+                       f"{output_problem(e, report_path)}; {stands}", err=True)
+    if as_json:
+        for chunk in report_chunks(report, spool):
+            sys.stdout.write(chunk)
 
 
 def sweep_until_stopped(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None,
@@ -308,28 +336,13 @@ def mark_interrupted(report: dict[str, Any], plan, outcomes, signame: str) -> No
 
 
 def write_report(path: str, chunks) -> None:
-    """Write the report's text chunks to `path` through a temporary file and a rename (nothing
-    half-written is left behind). The report is written as one line: the indented encoder is
-    ten times slower on a big fleet."""
-    import os
-    import tempfile
+    """Write the report's text chunks to `path` (gpucheck.safeio: a regular file replaced by an
+    atomic rename, or written into a FIFO, /dev/null or a terminal; a device or an untrusted
+    symlink is refused, never replaced). The report is one line: the indented encoder is ten
+    times slower on a big fleet."""
+    from ..safeio import write_output
 
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_output(path, chunks)
 
 
 # -- slurm ------------------------------------------------------------------------------------
