@@ -123,6 +123,41 @@ def environment(torch, dev) -> dict:
     return env
 
 
+def breakdown(torch, dev, dtype: str, n: int, repeats: int, sets: int = 5) -> dict:
+    """Per operand set, in ms: generating both operands (each distribution; Burner._operands' fill,
+    the code the burn runs), the two checksums, and `repeats` GEMMs; and generation + checksums as
+    a fraction of the GEMMs (the part of the burn's time that is not GEMM, host sync and the
+    float64 reference aside)."""
+    from gpucheck.compute.gemm import DISTRIBUTIONS
+
+    b = Burner(torch, dev, LocalChannel(), BurnConfig(size=n, repeats=repeats, fp8_on_cpu=dev.type == "cpu"))
+    b._set_precision(dtype)
+    A, B, C0, C1, mm, fill = b._operands(dtype)
+    gen = torch.Generator(device=dev)
+    view = torch.int16 if C0.element_size() == 2 else torch.int32
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def ms(fn, k):
+        fn()
+        sync()
+        t = time.perf_counter()
+        for _ in range(k):
+            fn()
+        sync()
+        return (time.perf_counter() - t) / k * 1e3
+
+    fill(DISTRIBUTIONS[0], gen)
+    out = {f"fill_{d}_ms": ms(lambda d=d: fill(d, gen), sets) for d in DISTRIBUTIONS}
+    out["checksums_ms"] = ms(lambda: (C0.view(view).sum(dtype=torch.int64), C1.view(view).sum(dtype=torch.int64)), sets)
+    out["gemms_ms"] = ms(lambda: mm(C0), sets) * repeats
+    fill_mean = statistics.mean(out[f"fill_{d}_ms"] for d in DISTRIBUTIONS)
+    out["overhead_fraction"] = (fill_mean + out["checksums_ms"]) / out["gemms_ms"]
+    return out
+
+
 def measure_dtype(torch, dev, a: argparse.Namespace, dtype: str) -> dict:
     """Rounds of bare / burn / burn-normal for one dtype; medians and ratios."""
     bare, burn, burn_normal = [], [], []
@@ -152,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=16, help="burn GEMMs per operand set (burn.gemm default 16)")
     ap.add_argument("--window", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (cpu device)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="per dtype, also time operand generation, checksums and GEMMs of one set")
     ap.add_argument("--json", action="store_true", help="one JSON document instead of text")
     a = ap.parse_args(argv)
     dtypes = list(DTYPES) if a.dtype == "all" else parse_dtypes(a.dtype)
@@ -176,10 +213,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {dt} | skipped: {why} | | | | |")
             continue
         r = measure_dtype(torch, dev, a, dt)
+        if a.breakdown:
+            r["breakdown"] = breakdown(torch, dev, dt, a.size, a.repeats)
         rows.append(r)
         if not a.json:
             print(f"| {dt} | {r['bare_tflops']:.4g} | {r['burn_tflops']:.4g} | {r['ratio']:.3f} | "
                   f"{r['burn_normal_tflops']:.4g} | {r['ratio_normal']:.3f} |", flush=True)
+    if a.breakdown and not a.json:
+        print("\nper operand set, ms: | dtype | fill normal | wide | small | mixed | 2 checksums | "
+              f"{a.repeats} GEMMs | (fill + checksums) / GEMMs |")
+        for r in rows:
+            if "breakdown" in r:
+                d = r["breakdown"]
+                print(f"| {r['dtype']} | {d['fill_normal_ms']:.3g} | {d['fill_wide_ms']:.3g} | {d['fill_small_ms']:.3g} "
+                      f"| {d['fill_mixed_ms']:.3g} | {d['checksums_ms']:.3g} | {d['gemms_ms']:.4g} "
+                      f"| {d['overhead_fraction']:.4f} |")
     if a.json:
         print(json.dumps({"env": env, "args": vars(a), "dtypes": rows}))
     return 0

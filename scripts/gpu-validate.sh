@@ -48,7 +48,7 @@ PLAN=(
   'install|60|gv_install'
   'ptxas|30|gv_ptxas'
   'pytest-gpu|240|"$GV_PY" -m pytest -m gpu -q -s -rA -p no:cacheprovider --junitxml "$GV_OUT/pytest-gpu.xml" tests'
-  'bench-burn|150|"$GV_PY" benchmarks/bench_burn.py --device cuda --dtype all --size 8192 --seconds 5 --rounds 1 --json >"$GV_OUT/bench-burn.json"'
+  'bench-burn|150|"$GV_PY" benchmarks/bench_burn.py --device cuda --dtype all --size 8192 --seconds 5 --rounds 1 --breakdown --json >"$GV_OUT/bench-burn.json"'
   'bench-memtest|90|"$GV_PY" benchmarks/bench_memtest.py --device cuda --fraction 0.9 --rounds 3 --json >"$GV_OUT/bench-memtest.json"'
   'bench-poet|120|"$GV_PY" benchmarks/bench_poet.py --device cuda --seconds 0.5'
   'bench-copy|60|"$GV_PY" benchmarks/bench_copy_bandwidth.py --json >"$GV_OUT/bench-copy.json"'
