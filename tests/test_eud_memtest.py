@@ -331,6 +331,17 @@ def test_worker_outcomes_hang_crash_ecc_setup():
     assert r.status == Status.ERROR and r.summary.startswith("could not inject")
 
 
+def test_a_step_that_stalled_before_the_hang_is_named_in_the_evidence():
+    """A kernel that never returns: the worker reported which step stalled, then stopped
+    heartbeating and was killed: a hang (reset-gpu) whose evidence names the step."""
+    job = WorkerJob("gpu0", gpu=0)
+    hung = WorkerOutcome(job, HUNG, error="hang: no heartbeat for 60.2 s (limit 60 s)",
+                         progress={"stalled": "moving-inversions: descending verify ~P, write P", "waited_s": 60.1})
+    r = mt.judge_outcome(0, hung, P_DEFAULTS, "cuda", [])
+    assert r.status == Status.FAIL and r.action == Action.RESET_GPU and r.summary.startswith("hang:")
+    assert any("stalled=moving-inversions: descending verify ~P, write P" in e for e in r.evidence)
+
+
 def test_xid_during_the_test_warns():
     r = mt.judge_data(0, _data(), P_DEFAULTS, "cuda", [], telemetry={"samples": 5, "xid": [94]})
     assert r.status == Status.WARN and "Xid 94 during the pattern test" in r.summary

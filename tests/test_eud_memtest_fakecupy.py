@@ -323,6 +323,8 @@ def test_the_whole_check_on_cuda_fails_exactly_the_gpu_with_the_flip(monkeypatch
     assert ok.status == Status.PASS and ok.metrics["errors"] == 0 and ok.metrics["bytes_tested"] == 24 << 10
     assert ok.metrics["patterns"] == len(P.NAMES) and ok.summary.startswith("no memory errors in 24.0 KiB tested")
     assert any("device 'Fake GPU': tested 24.0 KiB in 3 chunk(s)" in x for x in ok.evidence)
+    assert ("kernels: blocks per SM from the occupancy API: check 8, fill 8, scrub 8 (one wave on 2 SMs); L2 4.0 KiB, "
+            "scrub buffer 8.0 KiB") in ok.evidence
     bad = res[1]
     assert bad.status == Status.FAIL and bad.action == Action.DRAIN
     assert bad.injected == ["bitflip:gpu=1,offset=12000,bit=5"]

@@ -420,6 +420,14 @@ def _plan_evidence(d: dict[str, Any], device: str, gpu: int, region: int, patter
                         f"chunk(s) of up to {human_bytes(mem.get('chunk_bytes') or 0)}; free "
                         f"{human_bytes(mem.get('free_bytes') or 0)} of {human_bytes(mem.get('total_bytes') or 0)}, "
                         f"headroom kept {human_bytes(mem.get('headroom_bytes') or 0)}")
+        per_sm = dev.get("blocks_per_sm") or {}
+        if per_sm:
+            kinds = {k: min(v for name, v in per_sm.items() if name.startswith(f"memtest_{k}")) for k in
+                     ("check", "fill", "scrub") if any(name.startswith(f"memtest_{k}") for name in per_sm)}
+            evidence.append("kernels: blocks per SM from the occupancy API: "
+                            + ", ".join(f"{k} {v}" for k, v in kinds.items())
+                            + f" (one wave on {dev.get('sms')} SMs); L2 {human_bytes(dev.get('l2_bytes') or 0)}, "
+                            f"scrub buffer {human_bytes(dev.get('scrub_bytes') or 0)}")
     h = d.get("headroom_round")
     if h:
         evidence.append(f"headroom round: released {human_bytes(h.get('released_bytes') or 0)} of the first round, "
