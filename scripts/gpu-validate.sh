@@ -25,6 +25,8 @@
 # seconds, exit code, status), SUMMARY.md, and last gpu-validate.tar.gz with all of them. A step
 # that fails or runs out of time is recorded and the next one starts. SIGTERM or SIGINT stops the
 # running step's whole process group, records it, writes the summary and exits (143 / 130).
+# OUTDIR must be this user's own: a link, a folder others can write, or one that holds a link or a
+# special file is refused (exit 2), so that nothing is ever written through a planted link.
 #
 # It only observes and loads the GPU: it never changes a GPU setting (no nvidia-smi -r, -pm, -pl,
 # -ac, -lgc, -c or -mig; only nvidia-smi -q and --query-gpu).
@@ -265,6 +267,9 @@ if [ -n "$(find "$OUTDIR" -maxdepth 0 \( ! -user "$(id -u)" -o -perm -0002 \) -p
   usage "OUTDIR $OUTDIR is not ours or others can write to it"
 fi
 GV_OUT=$(cd "$OUTDIR" && pwd -P)
+if [ -n "$(find "$GV_OUT" -mindepth 1 ! -type f ! -type d -print -quit)" ]; then
+  usage "OUTDIR $OUTDIR holds a link or a special file: the steps would write through it"
+fi
 for f in summary.tsv SUMMARY.md gpu-validate.tar.gz gpu-validate.tar.gz.part; do
   safe_file "$GV_OUT/$f" || exit 2
 done

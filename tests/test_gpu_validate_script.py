@@ -73,9 +73,12 @@ def test_it_never_changes_a_gpu_setting():
 
 
 def _fake_python(tmp_path: Path, body: str) -> Path:
+    """A stand-in `python3` (written aside and renamed in: never executed while open for writing)."""
     exe = tmp_path / "python3"
-    exe.write_text("#!/bin/bash\n" + body)
-    exe.chmod(0o755)
+    part = tmp_path / "python3.part"
+    part.write_text("#!/bin/bash\n" + body)
+    part.chmod(0o755)
+    os.replace(part, exe)
     return exe
 
 
@@ -83,10 +86,11 @@ def test_every_step_is_recorded_and_a_failing_step_does_not_stop_the_next(tmp_pa
     py = _fake_python(tmp_path, 'echo "stand-in python: $*"; exit 3\n')
     out = tmp_path / "out"
     p = _run("--only", "run-level1,telemetry", str(out), env={"PYTHON": str(py)})
-    assert p.returncode == 1, p.stderr
+    logs = {f.name: f.read_text() for f in out.glob("*.log")}
+    assert p.returncode == 1, (p.stdout, p.stderr, logs)
     rows = [line.split("\t") for line in (out / "summary.tsv").read_text().splitlines()]
     assert [(r[0], r[1], r[3], r[4]) for r in rows] == [("run-level1", "60", "3", "failed"),
-                                                         ("telemetry", "30", "3", "failed")]
+                                                         ("telemetry", "30", "3", "failed")], (p.stdout, logs)
     assert "stand-in python: -m gpucheck run --level 1 --json --output " + str(out) in (out / "run-level1.log").read_text()
     assert "| telemetry | 30 |" in (out / "SUMMARY.md").read_text()
     with tarfile.open(out / "gpu-validate.tar.gz") as t:
@@ -109,10 +113,10 @@ def test_it_refuses_links_and_folders_others_can_write(tmp_path):
     out.mkdir()
     victim = tmp_path / "victim"
     victim.write_text("keep")
-    (out / "telemetry.log").symlink_to(victim)  # planted: the step's log must not follow it
-    p = _run("--only", "telemetry", str(out), env={"PYTHON": str(py)})
-    assert p.returncode == 1 and victim.read_text() == "keep"
-    assert (out / "summary.tsv").read_text().split("\t")[4].strip() == "refused"
+    (out / "state").mkdir()
+    (out / "state" / "telemetry.json").symlink_to(victim)  # planted where a step writes: never followed
+    p = _run("--only", "telemetry", str(out), env={"PYTHON": str(_fake_python(tmp_path, f'echo x >"{out}/state/telemetry.json"\n'))})
+    assert p.returncode == 2 and "holds a link or a special file" in p.stderr and victim.read_text() == "keep"
 
 
 def test_sigterm_stops_the_running_steps_process_group_and_writes_the_summary(tmp_path):
