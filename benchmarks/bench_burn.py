@@ -1,7 +1,9 @@
-"""gpucheck's burn throughput against a bare matmul loop, in one process, on one device.
+"""gpucheck's burn throughput against a bare matmul loop, in one process, on one device, per dtype.
 
-    python benchmarks/bench_burn.py --device cuda --dtype bf16 --size 8192 --seconds 20
+    python benchmarks/bench_burn.py --device cuda --dtype all --size 8192 --seconds 10
+    python benchmarks/bench_burn.py --device cuda --dtype bf16,fp8 --size 8192 --seconds 20
     python benchmarks/bench_burn.py --device cpu --dtype fp32 --size 512 --seconds 5
+    python benchmarks/bench_burn.py --device cpu --dtype all --size 256 --seconds 3   # fp8: torch's CPU _scaled_mm
 
 Rounds alternate (bare, burn, burn with normal operands only) so that clock and thermal drift hit
 all three alike. Each measurement is the median of 1 s windows, the first (warm-up) window left
@@ -14,8 +16,9 @@ out, exactly as burn.gemm reports a GPU's TFLOP/s:
 - burn-normal: the same with N(0,1) operands only, which isolates the cost of verification
   (operand values change a GPU's power draw, and with it its clocks under a power cap).
 
-The goal (issue 4) is burn / bare >= 0.97. Results go to benchmarks/RESULTS.md with the SKU,
-driver and torch version this script prints.
+The goal (issues 4 and 20) is burn / bare >= 0.97 for every dtype. `--dtype all` (or a comma list)
+measures each dtype in turn and prints one row per dtype (and, with --json, one JSON document).
+Results go to benchmarks/RESULTS.md with the SKU, driver and torch version this script prints.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpucheck.compute.gemm import DTYPES, BurnConfig, Burner, flops_per_gemm  # noqa: E402
+from gpucheck.compute.gemm import DTYPES, BurnConfig, Burner, flops_per_gemm, parse_dtypes  # noqa: E402
 from gpucheck.workers.pool import LocalChannel, WorkerJob, torch_device  # noqa: E402
 
 
@@ -90,7 +93,8 @@ def median_tflops(windows: list[float]) -> float:
 
 def burn_loop(torch, dev, dtype: str, n: int, seconds: float, window_s: float, repeats: int,
               distributions: tuple[str, ...] | None) -> tuple[float, dict]:
-    cfg = BurnConfig(duration_s=seconds, dtypes=[dtype], size=n, repeats=repeats, window_s=window_s)
+    cfg = BurnConfig(duration_s=seconds, dtypes=[dtype], size=n, repeats=repeats, window_s=window_s,
+                     fp8_on_cpu=dev.type == "cpu")
     if distributions:
         cfg.distributions = distributions
     out = Burner(torch, dev, LocalChannel(WorkerJob("bench", gpu=0, device=dev.type)), cfg).run()
@@ -119,54 +123,113 @@ def environment(torch, dev) -> dict:
     return env
 
 
+def breakdown(torch, dev, dtype: str, n: int, repeats: int, sets: int = 5) -> dict:
+    """Per operand set, in ms: generating both operands (each distribution; Burner._operands' fill,
+    the code the burn runs), the two checksums, and `repeats` GEMMs; and generation + checksums as
+    a fraction of the GEMMs (the part of the burn's time that is not GEMM, host sync and the
+    float64 reference aside)."""
+    from gpucheck.compute.gemm import DISTRIBUTIONS
+
+    b = Burner(torch, dev, LocalChannel(), BurnConfig(size=n, repeats=repeats, fp8_on_cpu=dev.type == "cpu"))
+    b._set_precision(dtype)
+    A, B, C0, C1, mm, fill = b._operands(dtype)
+    gen = torch.Generator(device=dev)
+    view = torch.int16 if C0.element_size() == 2 else torch.int32
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    def ms(fn, k):
+        fn()
+        sync()
+        t = time.perf_counter()
+        for _ in range(k):
+            fn()
+        sync()
+        return (time.perf_counter() - t) / k * 1e3
+
+    fill(DISTRIBUTIONS[0], gen)
+    out = {f"fill_{d}_ms": ms(lambda d=d: fill(d, gen), sets) for d in DISTRIBUTIONS}
+    out["checksums_ms"] = ms(lambda: (C0.view(view).sum(dtype=torch.int64), C1.view(view).sum(dtype=torch.int64)), sets)
+    out["gemms_ms"] = ms(lambda: mm(C0), sets) * repeats
+    fill_mean = statistics.mean(out[f"fill_{d}_ms"] for d in DISTRIBUTIONS)
+    out["overhead_fraction"] = (fill_mean + out["checksums_ms"]) / out["gemms_ms"]
+    return out
+
+
+def measure_dtype(torch, dev, a: argparse.Namespace, dtype: str) -> dict:
+    """Rounds of bare / burn / burn-normal for one dtype; medians and ratios."""
+    bare, burn, burn_normal = [], [], []
+    detail: dict = {}
+    for _ in range(a.rounds):
+        bare.append(median_tflops(bare_loop(torch, dev, dtype, a.size, a.seconds, a.window)))
+        tf, detail = burn_loop(torch, dev, dtype, a.size, a.seconds, a.window, a.repeats, None)
+        burn.append(tf)
+        tf, _ = burn_loop(torch, dev, dtype, a.size, a.seconds, a.window, a.repeats, ("normal",))
+        burn_normal.append(tf)
+    b, u, un = statistics.median(bare), statistics.median(burn), statistics.median(burn_normal)
+    return {
+        "dtype": dtype, "bare_tflops": b, "burn_tflops": u, "burn_normal_tflops": un, "ratio": u / b,
+        "ratio_normal": un / b, "rounds": {"bare": bare, "burn": burn, "burn_normal": burn_normal},
+        "burn_detail": {k: detail.get(k) for k in ("sets", "iterations", "repeat_checks", "reference_checks",
+                                                   "reference_max_error", "reference_tolerance")},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--dtype", choices=DTYPES, default="bf16")
+    ap.add_argument("--dtype", default="bf16", help=f"comma list of {','.join(DTYPES)}, or all")
     ap.add_argument("--size", type=int, default=8192)
     ap.add_argument("--seconds", type=float, default=20.0, help="per measurement")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=16, help="burn GEMMs per operand set (burn.gemm default 16)")
     ap.add_argument("--window", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=1, help="CPU threads (cpu device)")
-    ap.add_argument("--json", action="store_true", help="one JSON line instead of text")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="per dtype, also time operand generation, checksums and GEMMs of one set")
+    ap.add_argument("--json", action="store_true", help="one JSON document instead of text")
     a = ap.parse_args(argv)
+    dtypes = list(DTYPES) if a.dtype == "all" else parse_dtypes(a.dtype)
 
     import torch
 
     chan = LocalChannel(WorkerJob("bench", gpu=0, device=a.device, args={"threads": a.threads}))
     dev = torch_device(chan)
     env = environment(torch, dev)
-    bare, burn, burn_normal = [], [], []
-    detail = {}
-    for _ in range(a.rounds):
-        bare.append(median_tflops(bare_loop(torch, dev, a.dtype, a.size, a.seconds, a.window)))
-        tf, detail = burn_loop(torch, dev, a.dtype, a.size, a.seconds, a.window, a.repeats, None)
-        burn.append(tf)
-        tf, _ = burn_loop(torch, dev, a.dtype, a.size, a.seconds, a.window, a.repeats, ("normal",))
-        burn_normal.append(tf)
-    b, u, un = statistics.median(bare), statistics.median(burn), statistics.median(burn_normal)
-    result = {
-        "env": env,
-        "args": vars(a),
-        "bare_tflops": b,
-        "burn_tflops": u,
-        "burn_normal_tflops": un,
-        "ratio": u / b,
-        "ratio_normal": un / b,
-        "rounds": {"bare": bare, "burn": burn, "burn_normal": burn_normal},
-        "burn_detail": {k: detail.get(k) for k in ("sets", "iterations", "repeat_checks", "reference_checks",
-                                                   "reference_max_error", "reference_tolerance")},
-    }
-    if a.json:
-        print(json.dumps(result))
-    else:
+    if not a.json:
         print(json.dumps(env))
-        print(f"{a.device} {a.dtype} {a.size}x{a.size}, {a.seconds:g} s x {a.rounds} rounds, repeats {a.repeats}")
-        print(f"bare matmul loop       {b:10.4f} TFLOP/s   rounds {['%.4f' % x for x in bare]}")
-        print(f"gpucheck burn          {u:10.4f} TFLOP/s   rounds {['%.4f' % x for x in burn]}   ratio {u / b:.3f}")
-        print(f"burn, N(0,1) operands  {un:10.4f} TFLOP/s   rounds {['%.4f' % x for x in burn_normal]}   "
-              f"ratio {un / b:.3f}")
+        print(f"{a.device} {a.size}x{a.size}, {a.seconds:g} s x {a.rounds} rounds per measurement, repeats {a.repeats}")
+        print("| dtype | bare TFLOP/s | burn TFLOP/s | burn / bare | burn N(0,1) TFLOP/s | burn N(0,1) / bare |")
+        print("|---|---|---|---|---|---|")
+    rows = []
+    for dt in dtypes:
+        why = Burner(torch, dev, chan, BurnConfig(size=a.size, fp8_on_cpu=dev.type == "cpu")).unsupported(
+            dt, env if dev.type != "cuda" else {"capability": [int(x) for x in env["capability"].split(".")]})
+        if why:
+            rows.append({"dtype": dt, "skipped": why})
+            if not a.json:
+                print(f"| {dt} | skipped: {why} | | | | |")
+            continue
+        r = measure_dtype(torch, dev, a, dt)
+        if a.breakdown:
+            r["breakdown"] = breakdown(torch, dev, dt, a.size, a.repeats)
+        rows.append(r)
+        if not a.json:
+            print(f"| {dt} | {r['bare_tflops']:.4g} | {r['burn_tflops']:.4g} | {r['ratio']:.3f} | "
+                  f"{r['burn_normal_tflops']:.4g} | {r['ratio_normal']:.3f} |", flush=True)
+    if a.breakdown and not a.json:
+        print("\nper operand set, ms: | dtype | fill normal | wide | small | mixed | 2 checksums | "
+              f"{a.repeats} GEMMs | (fill + checksums) / GEMMs |")
+        for r in rows:
+            if "breakdown" in r:
+                d = r["breakdown"]
+                print(f"| {r['dtype']} | {d['fill_normal_ms']:.3g} | {d['fill_wide_ms']:.3g} | {d['fill_small_ms']:.3g} "
+                      f"| {d['fill_mixed_ms']:.3g} | {d['checksums_ms']:.3g} | {d['gemms_ms']:.4g} "
+                      f"| {d['overhead_fraction']:.4f} |")
+    if a.json:
+        print(json.dumps({"env": env, "args": vars(a), "dtypes": rows}))
     return 0
 
 

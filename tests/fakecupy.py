@@ -30,7 +30,13 @@ check that e.g. no memory pool or managed memory is touched):
   (CUDADriverError). Then the kernel runs under the emulator with the geometry asked for: keep
   problems and grids small (every CUDA thread is an OS thread; blocks run one after another).
 - `fail_next(kernel, message)`: the next launch of `kernel` faults; the error surfaces at the next
-  synchronising call (stream or event synchronize, get/set), as an asynchronous CUDA fault does.
+  synchronising call (stream or event synchronize, get/set, Event.done), as an asynchronous CUDA
+  fault does.
+- For eud.memtest: `Event.done` (cudaEventQuery; `not_done(n)` makes the next n queries answer
+  False, a kernel still running; `event_polls` counts them), `RawModule.get_function(...).ptr` and
+  `cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, block, smem)` answering
+  `occupancy` (a number, or {kernel: number}; default 8; queries in `occupancy_queries`), and the
+  device property `l2CacheSize` (`l2`, default 4 KiB).
 """
 
 from __future__ import annotations
@@ -137,7 +143,7 @@ class FakeCupy(types.ModuleType):
     Devices share one memory account; launches run synchronously."""
 
     def __init__(self, *, count: int = 1, free: int = 1 << 20, total: int = 1 << 30, sms: int = 2,
-                 name: str = "Fake GPU", oom: str = "runtime"):
+                 name: str = "Fake GPU", oom: str = "runtime", l2: int = 4 << 10, occupancy: int | dict = 8):
         super().__init__("cupy")
         self.__spec__ = importlib.machinery.ModuleSpec("cupy", None)  # importlib.util.find_spec works
         self.__version__ = "14.0.0+fakecupy"
@@ -152,6 +158,12 @@ class FakeCupy(types.ModuleType):
         self._pending: str | None = None
         self._streams: list[Any] = []
         self.uint64 = np.uint64
+        # -- memtest additions: L2 size, occupancy answers, events that are not done at once --
+        self.l2 = int(l2)  # getDeviceProperties()["l2CacheSize"]
+        self.occupancy = occupancy  # blocks per SM: one number, or {kernel: number} (default 8)
+        self.occupancy_queries: list[tuple[str, int, int]] = []  # (kernel, block, dynamic smem)
+        self.event_polls = 0  # Event.done queries answered
+        self._not_done = 0  # Event.done answers False this many more times
         self.cuda = _make_cuda(self)
         self.ndarray = self.cuda._ndarray
         self.RawModule = self.cuda._RawModule
@@ -166,6 +178,10 @@ class FakeCupy(types.ModuleType):
 
     def live_bytes(self) -> int:
         return sum(self.live.values())
+
+    def not_done(self, polls: int) -> None:
+        """The next `polls` Event.done queries answer False (a kernel still running)."""
+        self._not_done = int(polls)
 
     # -- used by the stub classes ------------------------------------------------------------
     def _raise_pending(self) -> None:
@@ -283,6 +299,15 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
         def synchronize(self) -> None:
             fake._raise_pending()
 
+        @property
+        def done(self) -> bool:  # cudaEventQuery: False while work before it runs; a fault raises
+            fake.event_polls += 1
+            if fake._not_done > 0:
+                fake._not_done -= 1
+                return False
+            fake._raise_pending()
+            return True
+
     def get_elapsed_time(start: Event, end: Event) -> float:
         if not (start.timing and end.timing) or start.t is None or end.t is None:
             raise CUDARuntimeError("cudaErrorInvalidResourceHandle: event not recorded or without timing")
@@ -318,6 +343,8 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
     class Function:
         def __init__(self, lib: Any, name: str, params: tuple[tuple[str, str], ...]):
             self.lib, self.name, self.params = lib, name, params
+            self.ptr = id(self)  # the CUfunction handle (driver.occupancy* take it)
+            _function_names[self.ptr] = name
 
         def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
             if not (isinstance(grid, tuple) and isinstance(block, tuple)):
@@ -353,6 +380,14 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
                 raise CUDADriverError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name})")
             return Function(self._lib, name, self._params[name])
 
+    _function_names: dict[int, str] = {}
+
+    def occupancyMaxActiveBlocksPerMultiprocessor(func: int, block: int, smem: int) -> int:  # noqa: N802
+        name = _function_names[int(func)]
+        fake.occupancy_queries.append((name, int(block), int(smem)))
+        occ = fake.occupancy
+        return int(occ.get(name, 8) if isinstance(occ, dict) else occ)
+
     def memGetInfo() -> tuple[int, int]:  # noqa: N802 - CuPy's names
         free = fake.free
         if fake._take_after_meminfo:
@@ -373,14 +408,16 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
         if not 0 <= dev < fake.count:
             raise CUDARuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
         return {"name": fake.gpu_name.encode(), "multiProcessorCount": fake.sms, "major": 9, "minor": 0,
-                "totalGlobalMem": fake.total}
+                "totalGlobalMem": fake.total, "l2CacheSize": fake.l2}
 
     runtime = types.SimpleNamespace(
         CUDARuntimeError=CUDARuntimeError, getDeviceCount=lambda: fake.count, getDevice=lambda: fake.current_device,
         getDeviceProperties=getDeviceProperties, memGetInfo=memGetInfo, runtimeGetVersion=lambda: 13000,
         memcpyAsync=memcpyAsync, memcpyDeviceToDevice=MEMCPY_D2D)
     return types.SimpleNamespace(
-        runtime=runtime, driver=types.SimpleNamespace(CUDADriverError=CUDADriverError),
+        runtime=runtime, driver=types.SimpleNamespace(
+            CUDADriverError=CUDADriverError,
+            occupancyMaxActiveBlocksPerMultiprocessor=occupancyMaxActiveBlocksPerMultiprocessor),
         memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError), Memory=Memory, MemoryPointer=MemoryPointer,
         Device=Device, Event=Event, get_elapsed_time=get_elapsed_time, Stream=Stream, ExternalStream=ExternalStream,
         get_current_stream=fake._current_stream, _ndarray=ndarray, _RawModule=RawModule)

@@ -120,6 +120,60 @@ def test_fp8_is_skipped_on_cpu_and_says_why(torch_cpu):
     assert "compute capability >= 8.9" in out["skipped"]["fp8"]
 
 
+def test_fp8_operands_are_made_in_fp8_without_a_bf16_temporary(torch_cpu):
+    """Each fp8 operand of each set is two passes over its own bytes (random bytes, one AND), never
+    a bf16 temporary filled, clamped and cast (three passes of twice the bytes per operand, which
+    cost fp8 its share of the verification budget: an fp8 GEMM is twice as fast as bf16)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    torch, dev, chan = torch_cpu
+    n = 48
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor):
+                    self.ops.append((func.overloadpacket.__name__, o.dtype, tuple(o.shape)))
+            return out
+
+    cfg = BurnConfig(duration_s=2.0, dtypes=["fp8"], size=n, repeats=2, ref_every_s=0.0, fp8_on_cpu=True)
+    Burner(torch, dev, chan, BurnConfig(**{**cfg.__dict__, "duration_s": 0.3})).run()  # torch's one-time set-up
+    with Record() as rec:
+        out = Burner(torch, dev, chan, cfg).run()
+    r = out["dtypes"]["fp8"]
+    assert out["sdc_count"] == 0 and r["sets"] >= 2 and r["reference_checks"] == r["sets"]
+    square_bf16 = [name for name, dt, shape in rec.ops if dt == torch.bfloat16 and shape == (n, n)]
+    assert sorted(set(square_bf16)) == ["_scaled_mm", "empty"] and square_bf16.count("empty") == 2  # C0, C1 only
+    on_codes = [name for name, dt, shape in rec.ops
+                if dt == torch.uint8 and shape == (n, n) and name not in ("view", "detach")]  # aliases
+    assert on_codes == ["random_", "bitwise_and_"] * (2 * r["sets"])
+    square = {name for name, dt, shape in rec.ops if dt in (torch.float8_e4m3fn, torch.bfloat16) and shape == (n, n)}
+    assert not {"normal_", "clamp_", "clamp", "copy_", "_to_copy"} & square
+
+
+def test_fp8_distributions_cover_their_documented_values_and_never_nan(torch_cpu):
+    torch, dev, chan = torch_cpu
+    b = Burner(torch, dev, chan, BurnConfig(size=64, dtypes=["fp8"], fp8_on_cpu=True))
+    X = torch.empty((256, 256), dtype=torch.float8_e4m3fn)
+    gen = torch.Generator().manual_seed(7)
+    seen = {}
+    for dist in ("normal", "wide", "small", "mixed"):
+        b._fill_fp8(X, dist, gen)
+        v = X.to(torch.float64)
+        assert not v.isnan().any() and (v > 0).any() and (v < 0).any(), dist
+        seen[dist] = set(v.abs().flatten().tolist())
+    tiny = 2.0 ** -9  # the smallest e4m3 subnormal
+    assert max(seen["normal"]) == 1.875 and min(seen["normal"] - {0.0}) == tiny and len(seen["normal"]) > 60
+    assert max(seen["wide"]) == 240.0 and min(seen["wide"] - {0.0}) == tiny
+    assert seen["small"] == {k * tiny for k in range(8)}
+    assert seen["mixed"] == {0.0} | {2.0 ** e for e in range(-6, 1)}
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "fp64", "fp8"])
 def test_bitflip_is_caught_by_the_repeat_check(torch_cpu, dtype):
     torch, dev, chan = torch_cpu

@@ -57,7 +57,7 @@ def test_every_option_reaches_the_checks(monkeypatch, tmp_path):
     assert sorted(req.check_patterns) == ["eud.bandwidth", "eud.dcgm", "eud.memtest", "eud.power"]
     ctx = Context(level=Level.BURN_IN, options=req.options)
     assert memtest.plan(ctx) == {"fraction": 0.25, "duration_s": 90.0, "passes": 1,
-                                 "patterns": ["zeros", "moving-inversions"]}
+                                 "patterns": ["zeros", "moving-inversions"], "headroom_round": True}
     assert power.power_duration(ctx) == 120.0 and dcgm.dcgm_level(ctx) == 2
     # nothing given: nothing passed, the checks' level defaults apply
     seen.clear()

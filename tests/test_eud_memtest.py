@@ -1,12 +1,12 @@
-"""eud.memtest without a GPU: the pattern definitions, the NumPy path, the CUDA kernels of
-gpucheck/kernels/memtest.cu run on the CPU (tests/cudaemu.py), the error summaries and the
-verdict rules, the check through CPU workers and through `gpucheck run`. Every detector is shown
+"""eud.memtest without a GPU: the pattern definitions, the NumPy path, the error summaries and the
+verdict rules, the check through CPU workers and through `gpucheck run` (the CUDA kernels of
+gpucheck/kernels/memtest.cu run on the CPU in tests/test_eud_memtest_kernels.py; ECC counters and
+the headroom round in tests/test_eud_memtest_ecc.py). Every detector is shown
 to fire: an injected bit flip must come back at the right byte offset with the right expected
 and actual words and flipped bits, and turn exactly its GPU from pass into fail."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -17,7 +17,6 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-import cudaemu  # noqa: E402
 from gpucheck.check import Context, Level  # noqa: E402
 from gpucheck.config import Config  # noqa: E402
 from gpucheck.eud import memtest as mt  # noqa: E402
@@ -82,6 +81,44 @@ def test_moving_inversions_steps_and_bytes():
     # every pass writes new random data; moving inversions' base differs from the random pattern
     assert P.pattern_seed("random", 0, 0) != P.pattern_seed("random", 0, 1)
     assert P.pattern_seed("random", 0, 0) != P.pattern_seed("moving-inversions", 0, 0)
+
+
+def test_the_address_pattern_stores_every_address_bit_as_0_and_as_1():
+    """8 w alone never sets bits 0-2 (the byte offset of a word) nor the bits above the region's
+    size; the complement step writes ~(8 w) over every word, so each bit holds both values."""
+    steps = P.steps_for("address")
+    assert [(s.op, s.write, s.xor_expect, s.xor_write) for s in steps] == [
+        ("fill", False, 0, 0), ("check", True, 0, P.MASK64), ("check", False, P.MASK64, 0)]
+    for w in (0, 1, 12345, (1 << 34) + 7):
+        written = [P.word_value(P.KIND_ADDRESS, 0, w) ^ s.xor_write for s in steps if s.op == "fill" or s.write]
+        assert all({(v >> b) & 1 for v in written} == {0, 1} for b in range(64)), w
+    # the turnarounds of moving inversions start with an L2 scrub; no other step needs one
+    assert [s.scrub_before for s in P.steps_for("moving-inversions")] == [False, False, True, True]
+    assert not any(s.scrub_before for name in P.NAMES if name != "moving-inversions" for s in P.steps_for(name))
+
+
+@pytest.mark.parametrize("bit", [1, 45])
+def test_the_address_complement_step_catches_a_bit_stuck_at_0_that_8w_never_sets(bit):
+    class StuckAt0(NumpyBackend):  # bit `bit` of word 100 reads 0 whatever was written there
+        def fill(self, buf, base, kind, seed, xw):
+            super().fill(buf, base, kind, seed, xw)
+            self._stick(buf, base)
+
+        def check(self, buf, base, kind, seed, xe, write, xw, desc):
+            super().check(buf, base, kind, seed, xe, write, xw, desc)
+            if write:
+                self._stick(buf, base)
+
+        def _stick(self, buf, base):
+            if base <= 100 < base + buf.size:
+                buf[100 - base] &= ~np.uint64(1 << bit)
+
+    cfg = _cfg(patterns=["address"])
+    e = run_memtest(StuckAt0(cfg), cfg, LocalChannel())["errors"]
+    assert e["errors"] == 2 and e["persistent_words"] == 1 and e["first_offset"] == 800  # the run and its rerun
+    rec = e["records"][0]
+    assert rec["step"] == "verify the complement" and rec["expected"] == P.MASK64 ^ 800
+    assert rec["actual"] == P.MASK64 ^ 800 ^ (1 << bit) and e["down"][bit] == 2
 
 
 def test_accumulate_and_decode_a_known_set_of_errors():
@@ -196,136 +233,6 @@ def test_injection_outside_the_region_is_reported_not_ignored():
     assert "outside the tested region" in out["inject_problem"] and out["injected"] == []
 
 
-# -- the CUDA kernels, run on the CPU ------------------------------------------------------------
-LAUNCHERS = r"""
-extern "C" void emu_fill(EMU_LAUNCH_PARAMS, gc_u64* buf, gc_u64 n, gc_u64 base, int kind, gc_u64 seed, gc_u64 xw) {
-    EMU_LAUNCH(memtest_fill(buf, n, base, kind, seed, xw));
-}
-extern "C" void emu_check(EMU_LAUNCH_PARAMS, gc_u64* buf, gc_u64 n, gc_u64 base, int kind, gc_u64 seed, gc_u64 xe,
-                          int wb, gc_u64 xw, int desc, gc_u64* stats, gc_u64* errs, gc_u64 max_errs) {
-    EMU_LAUNCH(memtest_check(buf, n, base, kind, seed, xe, wb, xw, desc, stats, errs, max_errs));
-}
-extern "C" void emu_flip(EMU_LAUNCH_PARAMS, gc_u64* buf, gc_u64 i, gc_u64 mask) { EMU_LAUNCH(memtest_flip(buf, i, mask)); }
-"""
-U, U64, I, V = ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p
-
-
-@pytest.fixture(scope="module")
-def emu():
-    why = cudaemu.usable()
-    if why:
-        pytest.skip(why)
-    lib = cudaemu.build("memtest", LAUNCHERS)
-    lib.emu_fill.argtypes = [U] * 6 + [V, U64, U64, I, U64, U64]
-    lib.emu_check.argtypes = [U] * 6 + [V, U64, U64, I, U64, U64, I, U64, I, V, V, U64]
-    lib.emu_flip.argtypes = [U] * 6 + [V, U64, U64]
-    return lib
-
-
-class EmuBackend(NumpyBackend):
-    """run_memtest's backend with the .cu kernels executed by tests/cudaemu.py (small grids)."""
-
-    name = "emulated"
-
-    def __init__(self, cfg, lib, grid=3, block=32):
-        super().__init__(cfg)
-        self.lib, self.g, self.b = lib, grid, block
-
-    def fill(self, buf, base, kind, seed, xor_write):
-        self.lib.emu_fill(self.g, 1, 1, self.b, 1, 1, cudaemu.ptr(buf), buf.size, base, kind, seed, xor_write)
-
-    def check(self, buf, base, kind, seed, xor_expect, write, xor_write, descending):
-        self.lib.emu_check(self.g, 1, 1, self.b, 1, 1, cudaemu.ptr(buf), buf.size, base, kind, seed, xor_expect,
-                           int(write), xor_write, int(descending), cudaemu.ptr(self.stats), cudaemu.ptr(self.errs),
-                           self.cfg.max_errors)
-
-    def flip(self, buf, index, mask):
-        self.lib.emu_flip(1, 1, 1, 1, 1, 1, cudaemu.ptr(buf), index, mask)
-
-
-def test_kernels_fill_every_pattern_as_defined(emu):
-    n, base, seed = 3000, 123457, 0xC0FFEE
-    for kind in range(8):
-        buf = np.zeros(n, np.uint64)
-        emu.emu_fill(2, 1, 1, 64, 1, 1, cudaemu.ptr(buf), n, base, kind, seed, 0)
-        assert np.array_equal(buf, P.word_values(kind, seed, base, n)), kind
-    emu.emu_fill(2, 1, 1, 64, 1, 1, cudaemu.ptr(buf), n, base, P.KIND_RANDOM, seed, P.MASK64)
-    assert np.array_equal(buf, ~P.word_values(P.KIND_RANDOM, seed, base, n))
-
-
-@pytest.mark.parametrize("kind", range(8))
-def test_kernel_verify_matches_the_numpy_reference_on_injected_errors(emu, kind):
-    """Flips 0->1 and 1->0, single and multi-bit, at both ends and in the middle: the emulated
-    kernel's counts, bit histograms, span and records equal the NumPy path's, bit for bit."""
-    n, base, seed, max_errs = 4096, 1 << 20, 77, 8
-    buf = P.word_values(kind, seed, base, n).copy()
-    rng = np.random.default_rng(kind)
-    idx = np.array([0, n - 1, 1000, 1001, 2222], np.int64)
-    masks = np.array([1 << 0, 1 << 63, (1 << 5) | (1 << 6), int(rng.integers(1, 1 << 62)), P.MASK64], np.uint64)
-    buf[idx] ^= masks
-    stats, errs = P.new_stats(), np.zeros(3 * max_errs, np.uint64)
-    emu.emu_check(3, 1, 1, 32, 1, 1, cudaemu.ptr(buf), n, base, kind, seed, 0, 0, 0, 0, cudaemu.ptr(stats),
-                  cudaemu.ptr(errs), max_errs)
-    ref_s, ref_e = P.new_stats(), np.zeros(3 * max_errs, np.uint64)
-    exp = P.word_values(kind, seed, base, n)
-    P.accumulate_errors(ref_s, ref_e, max_errs, (idx + base).astype(np.uint64), exp[idx], buf[idx])
-    for k in (P.STATS_COUNT, P.STATS_OR, P.STATS_MIN, P.STATS_MAX):
-        assert int(stats[k]) == int(ref_s[k]), k
-    assert np.array_equal(stats[P.STATS_UP:], ref_s[P.STATS_UP:])
-    got, want = P.decode_step(stats, errs, max_errs), P.decode_step(ref_s, ref_e, max_errs)
-    assert got["records"] == want["records"] and len(got["records"]) == 5
-    assert got["records"][0] == {"word": base, "offset": 8 * base, "expected": int(exp[0]),
-                                 "actual": int(exp[0]) ^ 1, "bits": [0]}
-
-
-def test_kernel_keeps_the_first_n_records_and_counts_every_error(emu):
-    n, max_errs = 2048, 4
-    buf = np.full(n, 3, np.uint64)  # 'zeros' expected: every word is wrong in bits 0 and 1
-    stats, errs = P.new_stats(), np.zeros(3 * max_errs, np.uint64)
-    emu.emu_check(4, 1, 1, 32, 1, 1, cudaemu.ptr(buf), n, 0, P.KIND_ZEROS, 0, 0, 0, 0, 0, cudaemu.ptr(stats),
-                  cudaemu.ptr(errs), max_errs)
-    d = P.decode_step(stats, errs, max_errs)
-    assert d["errors"] == n and d["up"][0] == n and d["up"][1] == n and sum(d["down"]) == 0
-    assert d["first_word"] == 0 and d["last_word"] == n - 1 and len(d["records"]) == max_errs
-    assert all(r["expected"] == 0 and r["actual"] == 3 for r in d["records"])
-
-
-def test_kernel_moving_inversion_steps_write_the_inverse_in_both_directions(emu):
-    n, seed = 1500, 5
-    buf = np.zeros(n, np.uint64)
-    emu.emu_fill(2, 1, 1, 32, 1, 1, cudaemu.ptr(buf), n, 0, P.KIND_RANDOM, seed, 0)
-    pat = P.word_values(P.KIND_RANDOM, seed, 0, n)
-    for xe, xw, desc in ((0, P.MASK64, 0), (P.MASK64, 0, 1)):
-        stats, errs = P.new_stats(), np.zeros(12, np.uint64)
-        emu.emu_check(2, 1, 1, 32, 1, 1, cudaemu.ptr(buf), n, 0, P.KIND_RANDOM, seed, xe, 1, xw, desc,
-                      cudaemu.ptr(stats), cudaemu.ptr(errs), 4)
-        assert int(stats[P.STATS_COUNT]) == 0
-        assert np.array_equal(buf, pat ^ np.uint64(xw))
-    emu.emu_flip(1, 1, 1, 1, 1, 1, cudaemu.ptr(buf), 77, 1 << 9)
-    assert int(buf[77]) == int(pat[77]) ^ (1 << 9) and np.array_equal(np.delete(buf, 77), np.delete(pat, 77))
-
-
-@pytest.mark.parametrize("pattern", P.NAMES)
-def test_the_whole_loop_on_emulated_kernels_agrees_with_the_numpy_path(emu, pattern):
-    """run_memtest on the .cu kernels: the flip comes back at the same offset, with the same
-    words and bits, as in the NumPy path; a descending moving-inversions sweep included."""
-    outs = []
-    for make in (lambda c: NumpyBackend(c), lambda c: EmuBackend(c, emu)):
-        cfg = _cfg(cpu_bytes=24 << 10, cpu_chunk_bytes=8 << 10, patterns=[pattern],
-                   inject={"offset": 8 * 1500 + 16, "bit": 62})
-        outs.append(run_memtest(make(cfg), cfg, LocalChannel()))
-    (a, b) = outs
-    assert b["backend"] == "emulated" and b["memory"]["chunk_count"] == 3
-    for key in ("errors", "first_offset", "up", "down", "bits", "confirmations"):
-        assert a["errors"][key] == b["errors"][key], key
-    strip = [{k: r[k] for k in ("offset", "expected", "actual", "bits", "chunk", "step")} for r in b["errors"]["records"]]
-    assert strip == [{k: r[k] for k in ("offset", "expected", "actual", "bits", "chunk", "step")}
-                     for r in a["errors"]["records"]]
-    assert b["errors"]["errors"] == 1 and strip[0]["offset"] == 8 * 1500 + 16 and strip[0]["chunk"] == 1
-    want = P.word_value(P.BY_NAME[pattern].kind, P.pattern_seed(pattern, 0, 0), 1502)
-    assert (strip[0]["expected"], strip[0]["actual"], strip[0]["bits"]) == (want, want ^ (1 << 62), [62])
-
-
 # -- verdict rules (pure) --------------------------------------------------------------------------
 P_DEFAULTS = mt._params(Context())
 
@@ -424,6 +331,17 @@ def test_worker_outcomes_hang_crash_ecc_setup():
     assert r.status == Status.ERROR and r.summary.startswith("could not inject")
 
 
+def test_a_step_that_stalled_before_the_hang_is_named_in_the_evidence():
+    """A kernel that never returns: the worker reported which step stalled, then stopped
+    heartbeating and was killed: a hang (reset-gpu) whose evidence names the step."""
+    job = WorkerJob("gpu0", gpu=0)
+    hung = WorkerOutcome(job, HUNG, error="hang: no heartbeat for 60.2 s (limit 60 s)",
+                         progress={"stalled": "moving-inversions: descending verify ~P, write P", "waited_s": 60.1})
+    r = mt.judge_outcome(0, hung, P_DEFAULTS, "cuda", [])
+    assert r.status == Status.FAIL and r.action == Action.RESET_GPU and r.summary.startswith("hang:")
+    assert any("stalled=moving-inversions: descending verify ~P, write P" in e for e in r.evidence)
+
+
 def test_xid_during_the_test_warns():
     r = mt.judge_data(0, _data(), P_DEFAULTS, "cuda", [], telemetry={"samples": 5, "xid": [94]})
     assert r.status == Status.WARN and "Xid 94 during the pattern test" in r.summary
@@ -432,18 +350,21 @@ def test_xid_during_the_test_warns():
 # -- plan, options, budget -------------------------------------------------------------------------
 def test_plan_by_level_and_options():
     pl = mt.plan(Context(level=Level.STANDARD))
-    assert pl == {"fraction": 0.1, "duration_s": None, "passes": 1, "patterns": list(P.NAMES)}
+    assert pl == {"fraction": 0.1, "duration_s": None, "passes": 1, "patterns": list(P.NAMES), "headroom_round": False}
     pl = mt.plan(Context(level=Level.EXTENDED))
-    assert pl["fraction"] == 1.0 and pl["passes"] == 2 and pl["duration_s"] is None
+    assert pl["fraction"] == 1.0 and pl["passes"] == 2 and pl["duration_s"] is None and pl["headroom_round"] is True
     pl = mt.plan(Context(level=Level.BURN_IN))
-    assert pl["duration_s"] == 3600.0 and pl["passes"] == 1
+    assert pl["duration_s"] == 3600.0 and pl["passes"] == 1 and pl["headroom_round"] is True
     pl = mt.plan(Context(level=Level.STANDARD, options={"memtest_fraction": 0.5, "memtest_patterns": "random,ones",
                                                           "duration_s": 20}))
-    assert pl == {"fraction": 0.5, "duration_s": 20.0, "passes": 1, "patterns": ["random", "ones"]}
+    assert pl == {"fraction": 0.5, "duration_s": 20.0, "passes": 1, "patterns": ["random", "ones"],
+                  "headroom_round": False}
     with pytest.raises(ValueError):
         mt.plan(Context(options={"memtest_fraction": 1.5}))
     assert mt.memtest.spec.budget(Context(level=Level.STANDARD)) == 120 + 120 + 30
-    assert mt.memtest.spec.budget(Context(level=Level.BURN_IN)) == 120 + 3600 + 120 + 30
+    # levels 3 and 4: one more pass's budget for the headroom round
+    assert mt.memtest.spec.budget(Context(level=Level.EXTENDED)) == 120 + 2 * 120 + 120 + 30
+    assert mt.memtest.spec.budget(Context(level=Level.BURN_IN)) == 120 + 3600 + 120 + 120 + 30
     over = Context(level=Level.EXTENDED, config=Config(checks={"eud.memtest": {"passes_level3": 5}}))
     assert mt.plan(over)["passes"] == 5
 

@@ -11,9 +11,17 @@ for its share of the duration:
             column), so that terms inside one dot product and results across the matrix span
             many binades (ranges per dtype in WIDE_EXP; no overflow)
     small   N(0, s) with s near the bottom of the dtype's range (SMALL_STD): subnormal inputs for
-            fp16 and fp8, tiny products elsewhere
+            fp16, tiny products elsewhere
     mixed   integers uniform in [-m, m]: mixed signs and exact cancellation; in fp32/tf32/fp64
             every partial sum is exact, so the reference must match exactly
+  fp8 (e4m3fn) operands are generated in fp8 itself, one byte per element and no temporary (an
+  fp8 GEMM is twice as fast as bf16, so three passes over a bf16 temporary cost as much as the
+  verification budget): uniform random bytes, then one AND with the distribution's mask
+  (FP8_CODE_MASKS), which also keeps the only NaN codes (0x7F, 0xFF) out:
+    normal  +-(2^-9 .. 1.875): both signs, exponents 0-7, the eight binades up to 1
+    wide    +-(2^-9 .. 240): even exponents 0-14, sixteen binades
+    small   +-k 2^-9, k = 0..7: subnormal inputs only
+    mixed   0 and +-2^-6 .. +-1: signed powers of two, exact products, exact cancellation
 - each set is multiplied `repeats` times (R, default 16). The first result (C0) and the last (C1)
   are compared bitwise on the device: an integer checksum of each result's raw bits (no host
   copy), one host sync per set. Coverage is 2 of R results per set; the cost is one read of each
@@ -72,14 +80,13 @@ ROUNDOFF: dict[str, tuple[float, float, float]] = {
     "fp64": (0.0, 2.0**-53, 2.0**-53),
     "fp8": (0.0, 2.0**-8, 2.0**-14),
 }
-# Standard deviation of the "small" distribution (see the module doc).
+# Standard deviation of the "small" distribution (see the module doc; fp8: FP8_CODE_MASKS).
 SMALL_STD: dict[str, float] = {
     "bf16": 2.0**-50,
     "fp16": 2.0**-7,
     "tf32": 2.0**-50,
     "fp32": 2.0**-50,
     "fp64": 2.0**-400,
-    "fp8": 2.0**-5,
 }
 # Exponent range [lo, hi] of the per-row and per-column scales of the "wide" distribution. A
 # result element is a sum of terms scaled by up to 2^(4*hi): for fp16 that keeps |C| (about
@@ -90,9 +97,17 @@ WIDE_EXP: dict[str, tuple[int, int]] = {
     "tf32": (-20, 10),
     "fp32": (-20, 10),
     "fp64": (-100, 50),
-    "fp8": (-3, 2),
 }
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# fp8 e4m3fn codes (sign, 4 exponent bits, 3 mantissa bits; bias 7; NaN only at 0x7F and 0xFF):
+# each distribution is uniform random bytes ANDed with its mask (see the module doc). Every mask
+# clears at least one exponent bit, so no code is NaN, and the largest magnitude is 240: a K-term
+# dot product stays below 2^30, far inside bf16 (the output) and the fp32 accumulator.
+FP8_CODE_MASKS: dict[str, int] = {
+    "normal": 0b1_0111_111,  # exponents 0..7
+    "wide": 0b1_1110_111,  # even exponents 0..14
+    "small": 0b1_0000_111,  # exponent 0: subnormals
+    "mixed": 0b1_0111_000,  # mantissa 0: signed powers of two (and zero)
+}
 
 
 class DtypeError(ValueError):
@@ -297,48 +312,11 @@ class Burner:
         torch, dev, cfg = self.torch, self.dev, self.cfg
         n, reps = cfg.size, cfg.repeats
         self._set_precision(dtype)
-        store = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
-                 "fp32": torch.float32, "fp64": torch.float64}.get(dtype)
-        fp8 = dtype == "fp8"
-        out_dtype = torch.bfloat16 if fp8 else store
-        try:
-            if fp8:
-                A = torch.empty((n, n), dtype=torch.float8_e4m3fn, device=dev)
-                Bt = torch.empty((n, n), dtype=torch.float8_e4m3fn, device=dev)
-                B = Bt.t()  # column-major, as torch._scaled_mm wants its second operand
-                tmp = torch.empty((n, n), dtype=torch.bfloat16, device=dev)
-                one = torch.ones((), dtype=torch.float32, device=dev)
-            else:
-                A = torch.empty((n, n), dtype=store, device=dev)
-                B = torch.empty((n, n), dtype=store, device=dev)
-            C0 = torch.empty((n, n), dtype=out_dtype, device=dev)
-            C1 = torch.empty((n, n), dtype=out_dtype, device=dev)
-        except RuntimeError as e:
-            if "out of memory" not in str(e).lower():
-                raise  # a CUDA error while allocating is a finding, not a sizing problem
-            raise _AllocationError(f"{dtype}: could not allocate the {n}x{n} operands "
-                                   f"(GPU memory in use by another process? a smaller size?): {e}") from None
+        A, B, C0, C1, mm, fill = self._operands(dtype)
         self.chan.heartbeat(force=True)
         esize = C0.element_size()
         sum_view = torch.int16 if esize == 2 else torch.int32  # fp64: checksum over 32-bit halves
         flip_view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[esize]
-
-        if fp8:
-            def mm(out: Any) -> None:
-                torch._scaled_mm(A, B, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, out=out)
-
-            def fill(dist: str, gen: Any) -> None:
-                for dst in (A, Bt):
-                    self._fill(tmp, dist, dtype, gen)
-                    tmp.clamp_(-FP8_MAX, FP8_MAX)
-                    dst.copy_(tmp)
-        else:
-            def mm(out: Any) -> None:
-                torch.mm(A, B, out=out)
-
-            def fill(dist: str, gen: Any) -> None:
-                self._fill(A, dist, dtype, gen)
-                self._fill(B, dist, dtype, gen)
 
         def checksum(C: Any) -> Any:
             return C.view(sum_view).sum(dtype=torch.int64)
@@ -406,6 +384,53 @@ class Burner:
         if ws:
             res["tflops"] = statistics.median(ws[1:] if len(ws) >= 3 else ws)
         return res
+
+    def _operands(self, dtype: str) -> tuple[Any, Any, Any, Any, Any, Any]:
+        """A, B, C0, C1 (n x n), the set's GEMM `mm(out)` and operand fill `fill(dist, gen)`.
+        fp8: B is column-major (torch._scaled_mm's layout), the output bf16, the operands filled
+        in fp8 itself (_fill_fp8). _AllocationError when they do not fit."""
+        torch, dev, n = self.torch, self.dev, self.cfg.size
+        fp8 = dtype == "fp8"
+        store = torch.float8_e4m3fn if fp8 else {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32,
+                                                 "fp32": torch.float32, "fp64": torch.float64}[dtype]
+        out_dtype = torch.bfloat16 if fp8 else store
+        try:
+            A = torch.empty((n, n), dtype=store, device=dev)
+            Bt = torch.empty((n, n), dtype=store, device=dev)
+            C0 = torch.empty((n, n), dtype=out_dtype, device=dev)
+            C1 = torch.empty((n, n), dtype=out_dtype, device=dev)
+            one = torch.ones((), dtype=torch.float32, device=dev) if fp8 else None
+        except RuntimeError as e:
+            if "out of memory" not in str(e).lower():
+                raise  # a CUDA error while allocating is a finding, not a sizing problem
+            raise _AllocationError(f"{dtype}: could not allocate the {n}x{n} operands "
+                                   f"(GPU memory in use by another process? a smaller size?): {e}") from None
+        if fp8:
+            B = Bt.t()  # column-major, as torch._scaled_mm wants its second operand
+
+            def mm(out: Any) -> None:
+                torch._scaled_mm(A, B, scale_a=one, scale_b=one, out_dtype=torch.bfloat16, out=out)
+
+            def fill(dist: str, gen: Any) -> None:
+                self._fill_fp8(A, dist, gen)
+                self._fill_fp8(Bt, dist, gen)
+        else:
+            B = Bt
+
+            def mm(out: Any) -> None:
+                torch.mm(A, B, out=out)
+
+            def fill(dist: str, gen: Any) -> None:
+                self._fill(A, dist, dtype, gen)
+                self._fill(B, dist, dtype, gen)
+        return A, B, C0, C1, mm, fill
+
+    def _fill_fp8(self, X: Any, dist: str, gen: Any) -> None:
+        """An fp8 operand in place, in two passes over its own bytes and no temporary: uniform random
+        bytes, then the distribution's mask (FP8_CODE_MASKS: no NaN code survives it)."""
+        codes = X.view(self.torch.uint8)
+        codes.random_(0, 256, generator=gen)
+        codes.bitwise_and_(FP8_CODE_MASKS[dist])
 
     def _seed(self, dtype: str, s: int) -> int:
         # Every worker uses the same operand sets (same seed): results are comparable across GPUs.

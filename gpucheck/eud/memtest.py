@@ -38,6 +38,7 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
+from .memtest_ecc import ECC_RULES, growth, inject_spec
 from .patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 
 CHECK_ID = "eud.memtest"
@@ -62,8 +63,15 @@ DEFAULTS: dict[str, Any] = {
     "cpu_bytes": 16 << 20,  # --device cpu: host memory per worker
     "cpu_chunk_bytes": 8 << 20,
     "block": 256,  # threads per block
-    "blocks_per_sm": 8,  # grid = min(words / (block x words per thread), SMs x this)
+    "blocks_per_sm": 32,  # cap on the occupancy API's blocks per SM (the grid is one wave either way)
+    "headroom_round_level3": True,  # after the passes, test the headroom in a second allocation round
+    "headroom_round_level4": True,
+    "round2_reserve_bytes": 256 << 20,  # memory left free during that round
+    "ecc_corrected_growth_max": 0,  # fail when volatile corrected ECC errors grow by more during the test
+    "ecc_uncorrected_growth_max": 0,  # ... uncorrected ECC errors
+    "remapped_rows_growth_max": 0,  # ... remapped rows (corrected or uncorrectable)
     "pass_budget_s": 120.0,  # time budget per pass (an H100 pass over 75 GB takes about a second)
+    "stall_timeout_s": 60.0,  # a step of kernels still running this long is a hang (heartbeats stop)
     "heartbeat_timeout_s": 60.0,  # a worker silent this long is hung
     "startup_timeout_s": 120.0,  # spawn + CuPy import + kernel compile + CUDA init
     "sample_interval_s": 1.0,  # NVML sampling period (Xid events during the test)
@@ -71,8 +79,10 @@ DEFAULTS: dict[str, Any] = {
 # What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {
-    **{k: Limit("int", 1) for k in ("chunk_bytes", "passes_level2", "passes_level3", "max_errors", "copy_bytes",
-                                     "copy_repeats", "cpu_bytes", "cpu_chunk_bytes", "block", "blocks_per_sm")},
+    **{k: Limit("int", 1) for k in ("passes_level2", "passes_level3", "max_errors", "copy_bytes",
+                                     "copy_repeats", "cpu_bytes", "cpu_chunk_bytes", "blocks_per_sm")},
+    "chunk_bytes": Limit("int", 64, 16 << 30),  # the kernels' offsets within a chunk are 32-bit
+    "block": Limit("int", 1, 1024),
     **{f"fraction_level{n}": Limit("real", 0, 1, above=True) for n in (2, 3, 4)},  # of the free memory
 }
 
@@ -106,7 +116,17 @@ def plan(ctx: Context, p: dict[str, Any] | None = None) -> dict[str, Any]:
     duration = None if duration is None else float(duration)
     passes = 1 if lv == 4 else int(p[f"passes_level{lv}"])
     patterns = parse_patterns(ctx.options.get("memtest_patterns") or p["patterns"])
-    return {"fraction": frac, "duration_s": duration, "passes": passes, "patterns": patterns}
+    headroom = bool(p.get(f"headroom_round_level{lv}", False))
+    return {"fraction": frac, "duration_s": duration, "passes": passes, "patterns": patterns,
+            "headroom_round": headroom}
+
+
+def _work_s(pl: dict[str, Any], p: dict[str, Any]) -> float:
+    """The pattern work's time budget: the passes (or the loop and its last pass), and one more
+    pass for the headroom round."""
+    per_pass = float(p["pass_budget_s"])
+    work = (pl["duration_s"] + per_pass) if pl["duration_s"] is not None else pl["passes"] * per_pass
+    return work + (per_pass if pl["headroom_round"] else 0.0)
 
 
 def _budget(ctx: Context) -> float:
@@ -115,9 +135,7 @@ def _budget(ctx: Context) -> float:
         pl = plan(ctx, p)
     except ValueError:
         return float(p["startup_timeout_s"]) + 30.0
-    work = (pl["duration_s"] + float(p["pass_budget_s"])) if pl["duration_s"] is not None \
-        else pl["passes"] * float(p["pass_budget_s"])
-    return float(p["startup_timeout_s"]) + work + 30.0
+    return float(p["startup_timeout_s"]) + _work_s(pl, p) + 30.0
 
 
 def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
@@ -146,9 +164,26 @@ def _min_slice(ctx: Context) -> Any:
     return duration_slice(ctx, promise if promise.seconds else None, import_cpu_s=0.0)
 
 
-def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
-    """`--inject bitflip:gpu=N[,offset=BYTES][,bit=B][,pattern=NAME][,sticky=1]` for `gpu`:
-    worker args, the injection texts, and a usage problem."""
+def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[str, Any], list[str], str | None]:
+    """`--inject bitflip:...` and `--inject ecc:...` for `gpu`: worker args, the injection texts,
+    and a usage problem."""
+    spec, texts, problem = _bitflip_args(ctx, gpu, patterns)
+    if problem:
+        return {}, texts, problem
+    ecc: dict[str, Any] | None = None
+    for inj in ctx.injections_for("ecc"):
+        if not inj.targets_gpu(gpu):
+            continue
+        texts.append(str(inj))
+        try:
+            ecc = inject_spec(dict(inj.params))
+        except (TypeError, ValueError) as e:
+            return {}, texts, f"--inject {inj}: {e}"
+    return {"inject": spec, "ecc_inject": ecc}, texts, None
+
+
+def _bitflip_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
+    """`--inject bitflip:gpu=N[,offset=BYTES][,bit=B][,pattern=NAME][,sticky=1]` for `gpu`."""
     spec: dict[str, Any] | None = None
     texts: list[str] = []
     for inj in ctx.injections_for("bitflip"):
@@ -183,7 +218,7 @@ def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[st
     detects="HBM cells, rows and address faults that return wrong data (stuck, coupled, weak bits)",
     defaults=DEFAULTS,
     limits=LIMITS,
-    injects=("bitflip",),
+    injects=("bitflip", "ecc"),
     min_slice_fn=_min_slice,
     top_level=Level.BURN_IN,
 )
@@ -212,19 +247,16 @@ def memtest(ctx: Context) -> list[Result]:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to test")]
 
     keys = ("seed", "headroom_fraction", "headroom_min_bytes", "chunk_bytes", "max_errors", "report_errors",
-            "confirm", "copy_bytes", "copy_repeats", "cpu_bytes", "cpu_chunk_bytes", "block", "blocks_per_sm")
-
-    def inject(g: int) -> tuple[dict[str, Any], list[str], str | None]:
-        spec, texts, problem = injection_args(ctx, g, pl["patterns"])
-        return {"inject": spec}, texts, problem
-
-    work = (duration + float(p["pass_budget_s"])) if duration is not None else pl["passes"] * float(p["pass_budget_s"])
+            "confirm", "copy_bytes", "copy_repeats", "cpu_bytes", "cpu_chunk_bytes", "block", "blocks_per_sm",
+            "round2_reserve_bytes", "stall_timeout_s")
+    work = _work_s({**pl, "duration_s": duration}, p)
     run = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.eud.memtest_worker:memtest_worker", targets, device=device, p=p,
         budget_s=work + float(p["startup_timeout_s"]) + 30.0,
         make_args=lambda g: {"patterns": pl["patterns"], "passes": pl["passes"], "duration_s": duration,
-                             "fraction": pl["fraction"], **{k: p[k] for k in keys}},
-        injection_args=inject, hide_progress_keys=("first_error",),
+                             "fraction": pl["fraction"], "headroom_round": pl["headroom_round"],
+                             **{k: p[k] for k in keys}},
+        injection_args=lambda g: injection_args(ctx, g, pl["patterns"]), hide_progress_keys=("first_error",),
     )
     results.extend(run.results)
     if not run.jobs:
@@ -293,127 +325,153 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return "n/a" if x is None else f"{x:.4g}{unit}"
 
 
-def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, injected: list[str],
-               ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
-    """One GPU's result from the worker's data (pure; see the module doc for the rules)."""
-    e = d["errors"]
-    region = int(d["region_bytes"])
+def _errors_view(d: dict[str, Any]) -> dict[str, Any]:
+    """Both rounds' error summaries as one: totals, histograms, confirmations and records (round-2
+    records say so); the span and first offsets are the first round's (offsets are per round)."""
+    e1 = d["errors"]
+    e2 = ((d.get("headroom_round") or {}).get("errors")) or {}
+    view = dict(e1)
+    if not e2:
+        view["headroom_errors"] = 0
+        return view
+    view["errors"] = int(e1["errors"]) + int(e2.get("errors", 0))
+    view["headroom_errors"] = int(e2.get("errors", 0))
+    for k in ("steps_with_errors", "persistent_words", "records_kept", "distinct_words_recorded"):
+        view[k] = int(e1.get(k, 0)) + int(e2.get(k, 0))
+    view["up"] = [a + b for a, b in zip(e1["up"], e2["up"])]
+    view["down"] = [a + b for a, b in zip(e1["down"], e2["down"])]
+    view["bits"] = [b for b in range(64) if view["up"][b] or view["down"][b]]
+    view["confirmations"] = list(e1.get("confirmations", [])) + [dict(c, round=2) for c in e2.get("confirmations", [])]
+    view["records"] = list(e1.get("records", [])) + [dict(r, round=2) for r in e2.get("records", [])]
+    return view
+
+
+def _miscompare_cause(e: dict[str, Any], region: int, how: str, passes: int, ecc_enabled: bool | None
+                      ) -> tuple[str, Action, list[str]]:
+    """The summary, action and evidence for miscompares (see the module doc for the rules)."""
     n_err = int(e["errors"])
-    passes = int(d.get("passes", 0))
-    patterns = list(d.get("patterns", []))
-    gbps = d.get("gbps")
-    copy = (d.get("copy") or {}).get("gbps")
-    ratio = (gbps / copy) if gbps and copy else None
-    persistent = int(e.get("persistent_words", 0))
     confirmations = e.get("confirmations", [])
-    reproduced = any(c.get("reproduced") for c in confirmations)
-    metrics: dict[str, Any] = {
-        "errors": n_err,
-        "bytes_tested": region,
-        "passes": passes,
-        "patterns": len(patterns),
-        "bandwidth_gbps": None if gbps is None else round(gbps, 3),
-        "copy_gbps": None if copy is None else round(copy, 3),
-        "bandwidth_ratio": None if ratio is None else round(ratio, 3),
-        "error_words_recorded": int(e.get("distinct_words_recorded", 0)),
-        "persistent_error_words": persistent,
-        "first_error_offset": e.get("first_offset"),
-        "last_error_offset": e.get("last_offset"),
-        "flipped_bits": {str(b): e["up"][b] + e["down"][b] for b in e.get("bits", [])},
-        "flipped_bits_0to1": {str(b): e["up"][b] for b in e.get("bits", []) if e["up"][b]},
-        "flipped_bits_1to0": {str(b): e["down"][b] for b in e.get("bits", []) if e["down"][b]},
-    }
-    units = {"errors": "count", "bytes_tested": "B", "passes": "count", "patterns": "count",
-             "bandwidth_gbps": "GB/s (written + read)", "copy_gbps": "GB/s (read + written)",
-             "error_words_recorded": "count", "persistent_error_words": "count",
-             "first_error_offset": "B", "last_error_offset": "B"}
-    thresholds = [Threshold("errors", ">", 0, Status.FAIL, "count")]
+    persistent = int(e.get("persistent_words", 0))
+    first = e["records"][0] if e.get("records") else None
+    span = ""
+    if e.get("first_offset") is not None and e.get("last_offset") != e.get("first_offset"):
+        span = f" between offsets {e['first_offset']:#x} and {e['last_offset']:#x}"
+    runs_with_errors = int(e.get("steps_with_errors", 0))
+    if persistent or any(c.get("reproduced") for c in confirmations):
+        kind, action = f"persistent: {max(persistent, 1)} word(s) failed again in another verify run", Action.RMA
+    elif runs_with_errors >= 2:
+        # Two verify runs saw errors, at different words: two separate faults, not one upset.
+        again = [c for c in confirmations if c.get("errors_again")]
+        kind = (f"recurring: {runs_with_errors} verify runs found errors, at different words"
+                + (f" (the rerun of {again[0]['pattern']} found {again[0]['errors_again']} again)" if again else ""))
+        action = Action.RMA
+    elif confirmations:
+        kind, action = "transient: the rerun of the pattern was clean", Action.DRAIN
+    else:
+        kind = "transient: not seen in the other passes" if passes > 1 else "not re-tested"
+        action = Action.DRAIN
+    ecc_note = "; ECC is enabled, so this data was wrong without an ECC error (silent corruption)" if ecc_enabled else ""
+    headroom = f" ({e['headroom_errors']} in the headroom round)" if e.get("headroom_errors") else ""
+    cause = (f"memory errors: {n_err}{headroom} in {human_bytes(region)} tested ({how}){span}; first at "
+             f"{describe_error(first) if first else 'an unrecorded offset'}; bits flipped: "
+             f"{histogram_text(e['up'], e['down'], limit=8)}; {kind}{ecc_note}")
+    evidence = ["error " + describe_error(rec) for rec in e.get("records", [])]
+    more = n_err - len(e.get("records", []))
+    if more > 0:
+        evidence.append(f"... {more} more miscompare(s) counted, not listed (first {len(e.get('records', []))} by "
+                        f"offset shown; {e.get('records_kept', 0)} recorded)")
+    evidence.append("bit histogram (all errors): " + histogram_text(e["up"], e["down"], limit=64))
+    for c in confirmations:
+        where = " (headroom round)" if c.get("round") == 2 else ""
+        evidence.append(f"confirmation{where}: {c['pattern']} pass {c['pass']} found {c['errors']} error(s), the "
+                        f"rerun {c['errors_again']}, {c['same_words']} recorded word(s) in both")
+    if e.get("persistent_offsets"):
+        evidence.append("persistent offsets: " + ", ".join(f"{o:#x}" for o in e["persistent_offsets"]))
+    evidence.append("action: rma for a fault that reproduces at the same word or recurs in another verify run "
+                    "(a reset does not fix a bad cell or row; row remapping only follows ECC-detected errors), "
+                    "drain for one seen in a single verify run whose rerun was clean (re-test after a GPU "
+                    "reset; rma if it recurs)")
+    return cause, action, evidence
+
+
+def _ecc_rules(d: dict[str, Any], p: dict[str, Any], device: str) -> tuple[dict[str, Any], list[Threshold],
+                                                                            dict[str, str], dict[str, Action],
+                                                                            list[str], list[str]]:
+    """ECC_RULES over the counters read around the passes: metrics, thresholds, causes, actions,
+    evidence, and the counters a rule needed that could not be read."""
+    ecc = d.get("ecc") or {}
+    reads = ecc.get("reads") or []
+    metrics: dict[str, Any] = {}
+    thresholds: list[Threshold] = []
+    causes: dict[str, str] = {}
+    actions: dict[str, Action] = {}
     evidence: list[str] = []
-    dev = d.get("device", {})
+    unread: list[str] = []
+    if ecc.get("failure"):
+        return metrics, thresholds, causes, actions, [], [f"ECC counters ({ecc['failure']})"]
+    if not reads:
+        evidence.append(ecc.get("note") or ("no ECC counters read" if device == "cuda" else
+                                            "no ECC counters: a CPU worker stands in for the GPU"))
+        return metrics, thresholds, causes, actions, evidence, unread
+    g = growth(reads)
+    unsupported = []
+    for rule in ECC_RULES:
+        entry = g[rule.counter]
+        metrics[rule.metric] = entry["value"]
+        limit = int(p[rule.limit_key]) if rule.limit_key else 0
+        thresholds.append(Threshold(rule.metric, ">", limit, Status.FAIL, "count"))
+        steps = "; ".join(f"{b} -> {a}: {'+' if n > 0 else ''}{n}" for b, a, n in entry["steps"])
+        causes[rule.metric] = rule.cause + (f" ({steps})" if steps else "")
+        actions[rule.metric] = Action(rule.action)
+        if entry["unread"]:
+            unread.append(f"{rule.counter} ({entry['unread']})")
+        elif entry["value"] is None:
+            unsupported.append(rule.counter)
+    labels = ", ".join(r["label"] for r in reads)
+    evidence.append(f"ECC counters ({ecc.get('source')}) read {len(reads)} times: {labels}")
+    if unsupported:
+        evidence.append(f"not supported on this GPU (not judged): {', '.join(unsupported)}")
+    return metrics, thresholds, causes, actions, evidence, unread
+
+
+def _plan_evidence(d: dict[str, Any], device: str, gpu: int, region: int, patterns: list[str]) -> list[str]:
+    evidence: list[str] = []
     cfg = d.get("config") or {}
     if cfg:
         loop = (f"loop for {cfg['duration_s']:g} s" if cfg.get("duration_s") is not None
                 else f"{cfg.get('passes')} pass(es)")
         evidence.append(f"plan: memtest_fraction {cfg.get('fraction'):g} of the free memory"
                         + (" (GPUs only; a CPU stand-in tests cpu_bytes)" if device == "cpu" else "")
-                        + f", {loop}, patterns {', '.join(patterns)}, seed {cfg.get('seed')}")
+                        + f", {loop}, patterns {', '.join(patterns)}, seed {cfg.get('seed')}"
+                        + (", then a headroom round" if cfg.get("headroom_round") else ""))
     if device == "cpu":
         evidence.append(f"CPU worker {gpu} standing in for a GPU: the NumPy path over "
                         f"{human_bytes(region)} of host memory")
     else:
-        mem = d.get("memory", {})
+        mem, dev = d.get("memory", {}), d.get("device", {})
         evidence.append(f"device {dev.get('name')!r}: tested {human_bytes(region)} in {mem.get('chunk_count')} "
                         f"chunk(s) of up to {human_bytes(mem.get('chunk_bytes') or 0)}; free "
                         f"{human_bytes(mem.get('free_bytes') or 0)} of {human_bytes(mem.get('total_bytes') or 0)}, "
                         f"headroom kept {human_bytes(mem.get('headroom_bytes') or 0)}")
-    how = f"{len(patterns)} pattern(s) x {passes} pass(es)"
-    causes: dict[str, str] = {}
-    action = Action.NONE
-    if n_err:
-        first = e["records"][0] if e.get("records") else None
-        span = ""
-        if e.get("first_offset") is not None and e.get("last_offset") != e.get("first_offset"):
-            span = f" between offsets {e['first_offset']:#x} and {e['last_offset']:#x}"
-        runs_with_errors = int(e.get("steps_with_errors", 0))
-        if persistent or reproduced:
-            kind = (f"persistent: {max(persistent, 1)} word(s) failed again in another verify run")
-            action = Action.RMA
-        elif runs_with_errors >= 2:
-            # Two verify runs saw errors, at different words: two separate faults, not one upset.
-            again = [c for c in confirmations if c.get("errors_again")]
-            kind = (f"recurring: {runs_with_errors} verify runs found errors, at different words"
-                    + (f" (the rerun of {again[0]['pattern']} found {again[0]['errors_again']} again)" if again else ""))
-            action = Action.RMA
-        elif confirmations:
-            kind = "transient: the rerun of the pattern was clean"
-            action = Action.DRAIN
-        elif passes > 1:
-            kind = "transient: not seen in the other passes"
-            action = Action.DRAIN
-        else:
-            kind = "not re-tested"
-            action = Action.DRAIN
-        ecc_note = ""
-        if ecc_enabled:
-            ecc_note = "; ECC is enabled, so this data was wrong without an ECC error (silent corruption)"
-        causes["errors"] = (
-            f"memory errors: {n_err} in {human_bytes(region)} tested ({how}){span}; first at "
-            f"{describe_error(first) if first else 'an unrecorded offset'}; bits flipped: "
-            f"{histogram_text(e['up'], e['down'], limit=8)}; {kind}{ecc_note}")
-        for rec in e.get("records", []):
-            evidence.append("error " + describe_error(rec))
-        more = n_err - len(e.get("records", []))
-        if more > 0:
-            evidence.append(f"... {more} more miscompare(s) counted, not listed (first {len(e.get('records', []))} by "
-                            f"offset shown; {e.get('records_kept', 0)} recorded)")
-        evidence.append("bit histogram (all errors): " + histogram_text(e["up"], e["down"], limit=64))
-        for c in confirmations:
-            evidence.append(f"confirmation: {c['pattern']} pass {c['pass']} found {c['errors']} error(s), the rerun "
-                            f"{c['errors_again']}, {c['same_words']} recorded word(s) in both")
-        if e.get("persistent_offsets"):
-            evidence.append("persistent offsets: " + ", ".join(f"{o:#x}" for o in e["persistent_offsets"]))
-        evidence.append("action: rma for a fault that reproduces at the same word or recurs in another verify run "
-                        "(a reset does not fix a bad cell or row; row remapping only follows ECC-detected errors), "
-                        "drain for one seen in a single verify run whose rerun was clean (re-test after a GPU "
-                        "reset; rma if it recurs)")
-    ok = (f"no memory errors in {human_bytes(region)} tested ({how}); "
-          f"{_fmt(gbps, ' GB/s')} written + read")
-    if ratio is not None:
-        ok += f" = {ratio:.2f} of a device-to-device copy ({_fmt(copy, ' GB/s')})"
-    tel = telemetry or {}
-    xids = tel.get("xid") or []
-    if tel.get("samples"):
-        metrics["xid_events"] = len(xids)
-        units["xid_events"] = "count"
-        thresholds.append(Threshold("xid_events", ">", 0, Status.WARN, "count"))
-        if xids:
-            causes["xid_events"] = f"Xid {', '.join(map(str, xids))} during the pattern test (see the xid check)"
-    res = judge(CHECK_ID, thresholds, metrics, gpu=gpu, units=units, ok_summary=ok, causes=causes,
-                actions={"errors": action, "xid_events": Action.INVESTIGATE})
-    if d.get("inject_problem"):
-        res.status = Status.ERROR
-        res.summary = f"could not inject: {d['inject_problem']}"
-        res.action = Action.NONE
+        per_sm = dev.get("blocks_per_sm") or {}
+        if per_sm:
+            kinds = {k: min(v for name, v in per_sm.items() if name.startswith(f"memtest_{k}")) for k in
+                     ("check", "fill", "scrub") if any(name.startswith(f"memtest_{k}") for name in per_sm)}
+            evidence.append("kernels: blocks per SM from the occupancy API: "
+                            + ", ".join(f"{k} {v}" for k, v in kinds.items())
+                            + f" (one wave on {dev.get('sms')} SMs); L2 {human_bytes(dev.get('l2_bytes') or 0)}, "
+                            f"scrub buffer {human_bytes(dev.get('scrub_bytes') or 0)}")
+    h = d.get("headroom_round")
+    if h:
+        evidence.append(f"headroom round: released {human_bytes(h.get('released_bytes') or 0)} of the first round, "
+                        f"kept {human_bytes(h.get('held_bytes') or 0)} allocated, then tested "
+                        f"{human_bytes(h.get('region_bytes') or 0)} ({h.get('passes', 0)} pass)"
+                        + (f", leaving {human_bytes(h['reserve_bytes'])} free" if h.get("reserve_bytes") else ""))
+    return evidence
+
+
+def _tail_evidence(d: dict[str, Any], ratio: float | None, injected: list[str]) -> list[str]:
+    evidence: list[str] = []
     per = d.get("per_pattern", {})
     if per:
         evidence.append("per pattern: " + "; ".join(
@@ -427,17 +485,101 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
     elif cp.get("note"):
         evidence.append(f"no copy baseline: {cp['note']}")
     evidence.extend(d.get("notes", []))
-    if tel.get("xid_note"):
-        evidence.append(tel["xid_note"])
+    h = d.get("headroom_round") or {}
+    if h.get("allocation_note"):
+        evidence.append(f"headroom round: {h['allocation_note']}")
     evidence.extend(f"injected {x}" for x in d.get("injected", []))
-    if any(x.startswith("bitflip") for x in injected) and not d.get("injected") and not d.get("inject_problem"):
+    if any(x.startswith("bitflip") for x in injected) and not any(
+            x.startswith("bitflip") for x in d.get("injected", [])) and not d.get("inject_problem"):
         evidence.append("the bitflip injection did not fire (stopped before its pattern ran)")
-    if d.get("stopped") and res.status == Status.PASS and not any(v["runs"] for v in per.values()):
-        res.status = Status.ERROR
-        res.summary = f"not finished: stopped ({d['stopped']}) before any pattern was verified"
-    res.evidence = evidence
+    return evidence
+
+
+def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, injected: list[str],
+               ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
+    """One GPU's result from the worker's data (pure; see the module doc for the rules)."""
+    e = _errors_view(d)
+    h = d.get("headroom_round")
+    region = int(d["region_bytes"]) + int((h or {}).get("region_bytes") or 0)
+    n_err, passes, patterns = int(e["errors"]), int(d.get("passes", 0)), list(d.get("patterns", []))
+    gbps, copy = d.get("gbps"), (d.get("copy") or {}).get("gbps")
+    ratio = (gbps / copy) if gbps and copy else None
+    metrics: dict[str, Any] = {
+        "errors": n_err, "bytes_tested": int(d["region_bytes"]), "passes": passes, "patterns": len(patterns),
+        "bandwidth_gbps": None if gbps is None else round(gbps, 3), "copy_gbps": None if copy is None else round(copy, 3),
+        "bandwidth_ratio": None if ratio is None else round(ratio, 3),
+        "error_words_recorded": int(e.get("distinct_words_recorded", 0)),
+        "persistent_error_words": int(e.get("persistent_words", 0)),
+        "first_error_offset": e.get("first_offset"), "last_error_offset": e.get("last_offset"),
+        "flipped_bits": {str(b): e["up"][b] + e["down"][b] for b in e.get("bits", [])},
+        "flipped_bits_0to1": {str(b): e["up"][b] for b in e.get("bits", []) if e["up"][b]},
+        "flipped_bits_1to0": {str(b): e["down"][b] for b in e.get("bits", []) if e["down"][b]},
+    }
+    units = {"errors": "count", "bytes_tested": "B", "passes": "count", "patterns": "count",
+             "bandwidth_gbps": "GB/s (written + read)", "copy_gbps": "GB/s (read + written)",
+             "error_words_recorded": "count", "persistent_error_words": "count",
+             "first_error_offset": "B", "last_error_offset": "B"}
+    if h is not None:
+        metrics["headroom_bytes_tested"], units["headroom_bytes_tested"] = int(h.get("region_bytes") or 0), "B"
+        metrics["headroom_errors"], units["headroom_errors"] = int(e.get("headroom_errors", 0)), "count"
+    thresholds = [Threshold("errors", ">", 0, Status.FAIL, "count")]
+    how = f"{len(patterns)} pattern(s) x {passes} pass(es)" + (" + a headroom round" if h and h.get("passes") else "")
+    evidence = _plan_evidence(d, device, gpu, int(d["region_bytes"]), patterns)
+    causes: dict[str, str] = {}
+    actions: dict[str, Action] = {}
+    if n_err:
+        causes["errors"], actions["errors"], ev = _miscompare_cause(e, region, how, passes, ecc_enabled)
+        evidence.extend(ev)
+    em, et, ec, ea, ecc_evidence, unread = _ecc_rules(d, p, device)
+    metrics.update(em)
+    units.update({k: "count" for k in em})
+    thresholds += et
+    causes.update(ec)
+    actions.update(ea)
+    ok = f"no memory errors in {human_bytes(region)} tested ({how}); {_fmt(gbps, ' GB/s')} written + read"
+    if ratio is not None:
+        ok += f" = {ratio:.2f} of a device-to-device copy ({_fmt(copy, ' GB/s')})"
+    if em and not unread:
+        ok += "; ECC counters did not grow"
+    tel = telemetry or {}
+    if tel.get("samples"):
+        xids = tel.get("xid") or []
+        metrics["xid_events"], units["xid_events"] = len(xids), "count"
+        thresholds.append(Threshold("xid_events", ">", 0, Status.WARN, "count"))
+        actions["xid_events"] = Action.INVESTIGATE
+        if xids:
+            causes["xid_events"] = f"Xid {', '.join(map(str, xids))} during the pattern test (see the xid check)"
+    res = judge(CHECK_ID, thresholds, metrics, gpu=gpu, units=units, ok_summary=ok, causes=causes, actions=actions)
+    _could_not_judge(res, d, unread)
+    res.evidence = evidence + ecc_evidence + res.evidence + _tail_evidence(d, ratio, injected)
+    if tel.get("xid_note"):
+        res.evidence.append(tel["xid_note"])
     res.injected = list(injected)
     return res
+
+
+def _could_not_judge(res: Result, d: dict[str, Any], unread: list[str]) -> None:
+    """What turns a result into `error` (never into a pass): an injection that could not be made,
+    a stop before anything was verified, ECC counters that could not be read (unless a fault was
+    already found), a headroom round that could not allocate."""
+    per = d.get("per_pattern", {})
+    h = d.get("headroom_round")
+    if d.get("inject_problem"):
+        res.status, res.action = Status.ERROR, Action.NONE
+        res.summary = f"could not inject: {d['inject_problem']}"
+    elif d.get("stopped") and res.status == Status.PASS and not any(v["runs"] for v in per.values()):
+        res.status = Status.ERROR
+        res.summary = f"not finished: stopped ({d['stopped']}) before any pattern was verified"
+    elif res.status == Status.FAIL:
+        return
+    elif unread:
+        res.status, res.action = Status.ERROR, Action.NONE
+        res.summary = (f"could not judge the ECC counters around the passes: {', '.join(unread)} could not be read; "
+                       + res.summary)
+    elif h is not None and not h.get("passes") and not d.get("stopped"):
+        res.status, res.action = Status.ERROR, Action.NONE
+        res.summary = (f"could not test the headroom: {h.get('allocation_note') or 'nothing could be allocated'}; "
+                       + res.summary)
 
 
 CHECKS = [memtest]

@@ -3,10 +3,10 @@
 `memtest_worker(args, chan)` is the worker target (gpucheck.workers.pool). It picks a backend and
 runs `run_memtest`, which is the same loop for every backend:
 
-- `CupyBackend` (GPU): the kernels of gpucheck/kernels/memtest.cu through
-  gpucheck.kernels.cupy_module. Memory is allocated plainly with `cupy.cuda.Memory` (cudaMalloc:
-  never managed memory, no memory pool) in chunks of `chunk_bytes`, up to `fraction` of the free
-  memory while keeping max(headroom_fraction x total, headroom_min_bytes) free.
+- `CupyBackend` (GPU, gpucheck.eud.memtest_cupy): the kernels of gpucheck/kernels/memtest.cu
+  through gpucheck.kernels.cupy_module. Memory is allocated plainly with `cupy.cuda.Memory`
+  (cudaMalloc: never managed memory, no memory pool) in chunks of `chunk_bytes`, up to `fraction`
+  of the free memory while keeping max(headroom_fraction x total, headroom_min_bytes) free.
 - `NumpyBackend` (`--device cpu`): the same patterns, steps and error records in NumPy over
   `cpu_bytes` of host memory (gpucheck.eud.patterns.word_values / accumulate_errors).
 - tests/test_eud_memtest.py adds an emulated backend that runs the .cu kernels on the CPU.
@@ -18,9 +18,18 @@ pattern, is a persistent fault. Bandwidth is bytes written plus bytes read over 
 steps (GPU events on the GPU), next to a plain device-to-device copy measured in the same run
 (cudaMemcpyAsync between two chunks; counted as bytes read plus written).
 
+ECC: the GPU's ECC and row-remapping counters are read before the first pass and after every pass
+(gpucheck.eud.memtest_ecc); eud.memtest judges their growth.
+
+Headroom round (`headroom_round`, levels 3-4): the first round keeps max(5 %, 1 GiB) free for the
+driver and never tests it. After its passes, the lowest chunks of the first round (at least the
+headroom's size) are released, the others stay allocated, and a second round allocates all that
+is then free but `round2_reserve_bytes` and runs one pass over it: that memory includes the pages
+the first round left free.
+
 Fault injection (args["inject"]): flip bit `bit` of the word at region byte `offset` right after
 the first fill step of `pattern` (default: the first pattern run), once, or in every run of it
-with `sticky` (a stuck bit).
+with `sticky` (a stuck bit); args["ecc_inject"]: see gpucheck.eud.memtest_ecc.
 
 Only imported in worker processes, benchmarks and tests; NumPy and CuPy are imported inside.
 """
@@ -33,21 +42,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .patterns import (
-    BY_NAME,
-    MASK64,
-    NAMES,
-    STATS_WORDS,
-    ErrorLog,
-    decode_step,
-    parse_patterns,
-    pattern_seed,
-    steps_for,
+from .memtest_cupy import (  # noqa: F401 - re-exported: the launch helpers are tested from here
+    MAX_BLOCK,
+    MAX_CHUNK_BYTES,
+    CupyBackend,
+    MemtestSetupError,
+    check_args,
+    fill_args,
+    flip_args,
+    launch_grid,
+    scrub_args,
 )
+from .memtest_ecc import EccMonitor, EccReadError, NvmlEccReader
+from .patterns import BY_NAME, NAMES, ErrorLog, decode_step, parse_patterns, pattern_seed, steps_for
 
 MIN_CHUNK_BYTES = 64
-MAX_BLOCK = 1024  # threads per block: CUDA's limit on every GPU gpucheck supports
-MAX_GRID_X = (1 << 31) - 1  # gridDim.x limit
+ALIGN = 16  # every chunk an even number of words: the kernels move 16 bytes at a time
 
 
 @dataclass
@@ -59,6 +69,8 @@ class MemtestConfig:
     fraction: float = 0.1  # of the free GPU memory
     headroom_fraction: float = 0.05  # keep this fraction of the total memory free ...
     headroom_min_bytes: int = 1 << 30  # ... and at least this much
+    headroom_round: bool = False  # then test that headroom in a second allocation round
+    round2_reserve_bytes: int = 256 << 20  # memory left free during the headroom round
     chunk_bytes: int = 1 << 30
     cpu_bytes: int = 16 << 20
     cpu_chunk_bytes: int = 8 << 20
@@ -68,40 +80,56 @@ class MemtestConfig:
     copy_bytes: int = 1 << 30
     copy_repeats: int = 10
     block: int = 256
-    blocks_per_sm: int = 8
+    blocks_per_sm: int = 32  # a cap on the occupancy API's answer (the grid is one wave either way)
+    stall_timeout_s: float = 60.0  # a step of kernels still running after this long is a hang
     inject: dict[str, Any] | None = None  # {"pattern", "offset", "bit", "sticky"}
+    ecc_inject: dict[str, Any] | None = None  # gpucheck.eud.memtest_ecc.inject_spec
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "MemtestConfig":
         cfg = cls()
-        for key in ("fraction", "headroom_fraction"):
+        for key in ("fraction", "headroom_fraction", "stall_timeout_s"):
             if args.get(key) is not None:
                 setattr(cfg, key, float(args[key]))
         if args.get("duration_s") is not None:
             cfg.duration_s = float(args["duration_s"])
-        for key in ("passes", "seed", "headroom_min_bytes", "chunk_bytes", "cpu_bytes", "cpu_chunk_bytes",
-                    "max_errors", "report_errors", "copy_bytes", "copy_repeats", "block", "blocks_per_sm"):
+        for key in ("passes", "seed", "headroom_min_bytes", "round2_reserve_bytes", "chunk_bytes", "cpu_bytes",
+                    "cpu_chunk_bytes", "max_errors", "report_errors", "copy_bytes", "copy_repeats", "block",
+                    "blocks_per_sm"):
             if args.get(key) is not None:
                 setattr(cfg, key, int(args[key]))
-        if args.get("confirm") is not None:
-            cfg.confirm = bool(args["confirm"])
+        for key in ("confirm", "headroom_round"):
+            if args.get(key) is not None:
+                setattr(cfg, key, bool(args[key]))
         if args.get("patterns") is not None:
             cfg.patterns = parse_patterns(args["patterns"])
         cfg.inject = dict(args["inject"]) if args.get("inject") else None
-        if not 0.0 < cfg.fraction <= 1.0:
-            raise ValueError(f"memtest fraction must be in (0, 1], not {cfg.fraction}")
-        if cfg.passes < 1:
-            raise ValueError(f"passes must be at least 1, not {cfg.passes}")
-        if cfg.max_errors < 1:
-            raise ValueError(f"max_errors must be at least 1, not {cfg.max_errors}")
-        if not 1 <= cfg.block <= MAX_BLOCK:  # a launch the driver refuses would read as a GPU fault
-            raise ValueError(f"block must be in 1..{MAX_BLOCK} threads, not {cfg.block}")
-        if cfg.blocks_per_sm < 1:
-            raise ValueError(f"blocks_per_sm must be at least 1, not {cfg.blocks_per_sm}")
-        for key in ("chunk_bytes", "cpu_bytes", "cpu_chunk_bytes", "copy_bytes"):
-            if getattr(cfg, key) < MIN_CHUNK_BYTES:
-                raise ValueError(f"{key} must be at least {MIN_CHUNK_BYTES} bytes, not {getattr(cfg, key)}")
+        cfg.ecc_inject = dict(args["ecc_inject"]) if args.get("ecc_inject") else None
+        cfg.check()
         return cfg
+
+    def check(self) -> None:
+        """ValueError naming the first setting that cannot be run."""
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"memtest fraction must be in (0, 1], not {self.fraction}")
+        if self.passes < 1:
+            raise ValueError(f"passes must be at least 1, not {self.passes}")
+        if not 1 <= self.max_errors < 1 << 31:
+            raise ValueError(f"max_errors must be in 1..2^31-1, not {self.max_errors}")
+        if not 1 <= self.block <= MAX_BLOCK:  # a launch the driver refuses would read as a GPU fault
+            raise ValueError(f"block must be in 1..{MAX_BLOCK} threads, not {self.block}")
+        if self.blocks_per_sm < 1:
+            raise ValueError(f"blocks_per_sm must be at least 1, not {self.blocks_per_sm}")
+        if self.stall_timeout_s <= 0:
+            raise ValueError(f"stall_timeout_s must be > 0, not {self.stall_timeout_s}")
+        if self.round2_reserve_bytes < 0:
+            raise ValueError(f"round2_reserve_bytes must be >= 0, not {self.round2_reserve_bytes}")
+        for key in ("chunk_bytes", "cpu_bytes", "cpu_chunk_bytes", "copy_bytes"):
+            if getattr(self, key) < MIN_CHUNK_BYTES:
+                raise ValueError(f"{key} must be at least {MIN_CHUNK_BYTES} bytes, not {getattr(self, key)}")
+        if self.chunk_bytes > MAX_CHUNK_BYTES:
+            raise ValueError(f"chunk_bytes must be at most {MAX_CHUNK_BYTES} (the kernels' 32-bit offsets), "
+                             f"not {self.chunk_bytes}")
 
 
 def memtest_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
@@ -114,18 +142,26 @@ def memtest_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
             backend = NumpyBackend(cfg)
     except ImportError as e:
         return {"setup_error": f"{type(e).__name__}: {e}"}
-    except _SetupError as e:
+    except MemtestSetupError as e:
         return {"setup_error": str(e)}
+    ecc = ecc_monitor(chan, cfg)
     chan.heartbeat(force=True)
-    return run_memtest(backend, cfg, chan)
+    try:
+        return run_memtest(backend, cfg, chan, ecc=ecc)
+    finally:
+        ecc.close()
 
 
-class _SetupError(RuntimeError):
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# backends
+def ecc_monitor(chan: Any, cfg: MemtestConfig) -> EccMonitor:
+    """NVML's counters of this worker's GPU; none (and why) on a CPU stand-in or where NVML fails."""
+    if chan.device != "cuda":
+        return EccMonitor(None, cfg.ecc_inject, note="no ECC counters: a CPU worker stands in for the GPU")
+    try:
+        return EccMonitor(NvmlEccReader(int(chan.gpu or 0), chan.job.visible_device), cfg.ecc_inject)
+    except EccReadError as e:
+        mon = EccMonitor(None, None)
+        mon.failure = str(e)
+        return mon
 
 
 class NumpyBackend:
@@ -149,8 +185,14 @@ class NumpyBackend:
                 "backend": self.name, "numpy": self.np.__version__}
 
     def target_bytes(self) -> tuple[int, dict[str, Any]]:
-        return int(self.cfg.cpu_bytes), {"free_bytes": None, "total_bytes": None, "headroom_bytes": None,
-                                         "note": f"host memory stands in for GPU memory: {self.cfg.cpu_bytes} bytes"}
+        return int(self.cfg.cpu_bytes), {
+            "free_bytes": None, "total_bytes": None, "headroom_bytes": int(self.cfg.cpu_chunk_bytes),
+            "note": f"host memory stands in for GPU memory: {self.cfg.cpu_bytes} bytes"}
+
+    def second_round_target(self, released_bytes: int) -> tuple[int, dict[str, Any]]:
+        """The CPU stand-in has no headroom to reach: its second round takes the released chunks'
+        size plus cpu_chunk_bytes (its stand-in headroom) of new host memory."""
+        return released_bytes + int(self.cfg.cpu_chunk_bytes), {"free_bytes": None, "reserve_bytes": None}
 
     def chunk_bytes(self) -> int:
         return int(self.cfg.cpu_chunk_bytes)
@@ -206,13 +248,16 @@ class NumpyBackend:
             if write:
                 buf[s:e] = pat ^ np.uint64(xor_write) if xor_write else pat
 
+    def scrub(self) -> None:
+        """Host memory has no L2 of a GPU to evict: nothing to do."""
+
     def flip(self, buf: Any, index: int, mask: int) -> None:
         buf[index] ^= self.np.uint64(mask)
 
     def timer(self) -> Any:
         return time.perf_counter()
 
-    def elapsed(self, t0: Any) -> float:
+    def elapsed(self, t0: Any, what: str = "kernels") -> float:
         return time.perf_counter() - t0
 
     def copy(self, dst: Any, src: Any) -> None:
@@ -225,184 +270,8 @@ class NumpyBackend:
         bufs.clear()
 
 
-# Kernel arguments (pure, so that they are tested without a GPU: tests/test_eud_gpu.py checks them
-# against the parameter lists in memtest.cu). CuPy passes a NumPy scalar as its own C type and a
-# Python int as a 64-bit integer, so every scalar is an explicit np.uint64 (gc_u64) or np.int32
-# (int); pointers are CuPy arrays.
-
-
-def launch_grid(n: int, per_thread: int, block: int, sms: int, blocks_per_sm: int) -> tuple[int, int, int]:
-    """Blocks for a grid-stride kernel over n words, `per_thread` words per thread per sweep step:
-    enough to cover n once, at most sms x blocks_per_sm (and gridDim.x's limit), at least 1."""
-    per_block = block * per_thread
-    want = (n + per_block - 1) // per_block
-    return (max(1, min(want, sms * blocks_per_sm, MAX_GRID_X)), 1, 1)
-
-
-def fill_args(np: Any, buf: Any, n: int, base: int, kind: int, seed: int, xor_write: int) -> tuple:
-    """memtest_fill(gc_u64* buf, gc_u64 n, gc_u64 base, int kind, gc_u64 seed, gc_u64 xwrite)."""
-    return (buf, np.uint64(n), np.uint64(base), np.int32(kind), np.uint64(seed & MASK64),
-            np.uint64(xor_write & MASK64))
-
-
-def check_args(np: Any, buf: Any, n: int, base: int, kind: int, seed: int, xor_expect: int, write: bool,
-               xor_write: int, descending: bool, stats: Any, errs: Any, max_errors: int) -> tuple:
-    """memtest_check(gc_u64* buf, gc_u64 n, gc_u64 base, int kind, gc_u64 seed, gc_u64 xexp,
-    int write_back, gc_u64 xwrite, int descending, gc_u64* stats, gc_u64* errs, gc_u64 max_errs)."""
-    return (buf, np.uint64(n), np.uint64(base), np.int32(kind), np.uint64(seed & MASK64),
-            np.uint64(xor_expect & MASK64), np.int32(1 if write else 0), np.uint64(xor_write & MASK64),
-            np.int32(1 if descending else 0), stats, errs, np.uint64(max_errors))
-
-
-def flip_args(np: Any, buf: Any, index: int, mask: int) -> tuple:
-    """memtest_flip(gc_u64* buf, gc_u64 i, gc_u64 mask)."""
-    return (buf, np.uint64(index), np.uint64(mask & MASK64))
-
-
-def _is_oom(e: BaseException) -> bool:
-    text = str(e).lower()
-    return "memoryallocation" in text.replace(" ", "") or "out of memory" in text
-
-
-class CupyBackend:
-    """The kernels of gpucheck/kernels/memtest.cu on one GPU through CuPy."""
-
-    name = "cupy"
-    device = "cuda"
-
-    def __init__(self, cupy: Any, numpy: Any, dev: int, cfg: MemtestConfig):
-        self.cp = cupy
-        self.np = numpy
-        self.dev = dev
-        self.cfg = cfg
-        props = cupy.cuda.runtime.getDeviceProperties(dev)
-        name = props.get("name", b"")
-        self.gpu_name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
-        self.sms = int(props.get("multiProcessorCount", 0)) or 1
-        self.capability = [int(props.get("major", 0)), int(props.get("minor", 0))]
-        self.total_memory = int(props.get("totalGlobalMem", 0))
-        # The step buffers are plain allocations too (CuPy's memory pool would keep them, and
-        # anything else it was given, after the test).
-        self.stats = self.alloc(STATS_WORDS)
-        self.errs = self.alloc(3 * cfg.max_errors)
-        self.errs.set(numpy.zeros(3 * cfg.max_errors, numpy.uint64))
-        from ..kernels.cupy_module import launch, module
-
-        module("memtest")  # compile now: a compile error is a setup problem, not a memory error
-        self._launch = launch
-
-    @classmethod
-    def create(cls, chan: Any, cfg: MemtestConfig) -> "CupyBackend":
-        import cupy  # noqa: PLC0415 - in the worker only
-        import numpy  # noqa: PLC0415
-
-        from ..kernels.cupy_module import KernelError
-
-        try:
-            count = int(cupy.cuda.runtime.getDeviceCount())
-        except Exception as e:  # noqa: BLE001 - no driver, no device: a setup problem
-            raise _SetupError(f"CuPy {cupy.__version__} sees no CUDA device: {e}") from None
-        # CUDA_VISIBLE_DEVICES=<the GPU's UUID> (the pool sets it) leaves one device: CuPy's 0.
-        dev = 0 if chan.job.visible_device is not None else int(chan.gpu or 0)
-        if dev >= count:
-            raise _SetupError(f"cuda:{dev} does not exist (CuPy sees {count} GPU(s))")
-        try:
-            cupy.cuda.Device(dev).use()
-            return cls(cupy, numpy, dev, cfg)
-        except KernelError as e:
-            raise _SetupError(str(e)) from None
-        except MemoryError as e:  # the CUDA context or the step buffers did not fit: nothing tested
-            raise _SetupError(f"out of GPU memory before the test could start (memory taken by another "
-                              f"process?): {e}") from None
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            if _is_oom(e) or "devicesunavailable" in str(e).lower():  # exclusive-process GPU in use elsewhere
-                raise _SetupError(f"could not set up the GPU: {e}") from None
-            raise
-
-    def info(self) -> dict[str, Any]:
-        return {"name": self.gpu_name, "device": "cuda", "backend": self.name, "cupy": self.cp.__version__,
-                "capability": self.capability, "sms": self.sms, "memory_bytes": self.total_memory,
-                "cuda_runtime": int(self.cp.cuda.runtime.runtimeGetVersion())}
-
-    def target_bytes(self) -> tuple[int, dict[str, Any]]:
-        free, total = (int(x) for x in self.cp.cuda.runtime.memGetInfo())  # current device (CUDA context made)
-        headroom = max(int(self.cfg.headroom_fraction * total), int(self.cfg.headroom_min_bytes))
-        target = max(0, min(int(self.cfg.fraction * free), free - headroom))
-        return target, {"free_bytes": free, "total_bytes": total, "headroom_bytes": headroom, "note": None}
-
-    def chunk_bytes(self) -> int:
-        return int(self.cfg.chunk_bytes)
-
-    def alloc(self, words: int) -> Any:
-        """`words` uint64 of plain device memory: cudaMalloc (never managed memory, not CuPy's pool),
-        freed by cudaFree when the last array over it goes. MemoryError when it does not fit."""
-        cp = self.cp
-        try:
-            mem = cp.cuda.Memory(words * 8)
-        except cp.cuda.memory.OutOfMemoryError as e:
-            raise MemoryError(str(e)) from None
-        except cp.cuda.runtime.CUDARuntimeError as e:  # cudaErrorMemoryAllocation: out of memory
-            if _is_oom(e):
-                raise MemoryError(str(e)) from None
-            raise
-        return cp.ndarray((words,), dtype=cp.uint64, memptr=cp.cuda.MemoryPointer(mem, 0))
-
-    def address(self, buf: Any) -> int:
-        return int(buf.data.ptr)
-
-    def _grid(self, n: int, per_thread: int) -> tuple[int, int, int]:
-        return launch_grid(n, per_thread, self.cfg.block, self.sms, self.cfg.blocks_per_sm)
-
-    def new_step(self) -> None:
-        from .patterns import new_stats
-
-        self.stats.set(new_stats())  # on the current stream, ahead of the step's kernels
-
-    def read_step(self) -> tuple[Any, Any]:
-        return self.stats.get(), self.errs.get()  # synchronises the stream: faults surface here
-
-    def fill(self, buf: Any, base: int, kind: int, seed: int, xor_write: int) -> None:
-        n = int(buf.size)
-        self._launch("memtest", "memtest_fill", self._grid(n, 1), (self.cfg.block, 1, 1),
-                     fill_args(self.np, buf, n, base, kind, seed, xor_write))
-
-    def check(self, buf: Any, base: int, kind: int, seed: int, xor_expect: int, write: bool, xor_write: int,
-              descending: bool) -> None:
-        n = int(buf.size)
-        self._launch("memtest", "memtest_check", self._grid(n, 4), (self.cfg.block, 1, 1),
-                     check_args(self.np, buf, n, base, kind, seed, xor_expect, write, xor_write, descending,
-                                self.stats, self.errs, self.cfg.max_errors))
-
-    def flip(self, buf: Any, index: int, mask: int) -> None:
-        self._launch("memtest", "memtest_flip", (1, 1, 1), (1, 1, 1), flip_args(self.np, buf, index, mask),
-                     sync=True)
-
-    def timer(self) -> Any:
-        ev = self.cp.cuda.Event()  # timing enabled; recorded on the current stream
-        ev.record()
-        return ev
-
-    def elapsed(self, t0: Any) -> float:
-        ev = self.cp.cuda.Event()
-        ev.record()
-        ev.synchronize()
-        return self.cp.cuda.get_elapsed_time(t0, ev) / 1000.0  # milliseconds -> seconds
-
-    def copy(self, dst: Any, src: Any) -> None:
-        rt = self.cp.cuda.runtime
-        rt.memcpyAsync(dst.data.ptr, src.data.ptr, int(src.nbytes), rt.memcpyDeviceToDevice,
-                       self.cp.cuda.get_current_stream().ptr)
-
-    def sync(self) -> None:
-        self.cp.cuda.get_current_stream().synchronize()
-
-    def release(self, bufs: list[Any]) -> None:
-        self.sync()  # nothing may still be running on memory about to be freed
-        bufs.clear()  # the chunks' Memory objects are freed (cudaFree) with their last array
-
-
 # ---------------------------------------------------------------------------------------------
-# the loop
+# allocation and the copy baseline
 
 
 @dataclass
@@ -414,17 +283,15 @@ class _Chunk:
     address: int
 
 
-def _allocate(backend: Any, cfg: MemtestConfig, chan: Any) -> tuple[list[_Chunk], dict[str, Any]]:
-    target, mem = backend.target_bytes()
-    target -= target % 8
+def _allocate(backend: Any, target: int, chan: Any) -> tuple[list[_Chunk], str | None]:
+    """Chunks covering `target` bytes (rounded down to 16), or fewer where memory ran out, and why."""
+    target -= target % ALIGN
     chunks: list[_Chunk] = []
     base = 0
     note = None
-    step = max(MIN_CHUNK_BYTES, backend.chunk_bytes() - backend.chunk_bytes() % 8)
+    step = max(MIN_CHUNK_BYTES, backend.chunk_bytes() - backend.chunk_bytes() % ALIGN)
     while base * 8 < target:
         want = min(step, target - base * 8) // 8
-        if want <= 0:
-            break
         try:
             buf = backend.alloc(want)
         except MemoryError as e:
@@ -434,9 +301,7 @@ def _allocate(backend: Any, cfg: MemtestConfig, chan: Any) -> tuple[list[_Chunk]
         chunks.append(_Chunk(len(chunks), base, want, buf, backend.address(buf)))
         base += want
         chan.heartbeat()
-    mem.update(target_bytes=target, region_bytes=base * 8, chunk_count=len(chunks),
-               chunk_bytes=backend.chunk_bytes(), allocation_note=note)
-    return chunks, mem
+    return chunks, note
 
 
 def _copy_bandwidth(backend: Any, chunks: list[_Chunk], cfg: MemtestConfig, chan: Any) -> dict[str, Any]:
@@ -456,7 +321,7 @@ def _copy_bandwidth(backend: Any, chunks: list[_Chunk], cfg: MemtestConfig, chan
     for _ in range(max(1, cfg.copy_repeats)):
         t0 = backend.timer()
         backend.copy(dst, src)
-        samples.append(backend.elapsed(t0))
+        samples.append(backend.elapsed(t0, "the copy baseline"))
         chan.heartbeat()
     med = statistics.median(samples)
     return {"gbps": 2.0 * n * 8 / med / 1e9 if med > 0 else None, "bytes": n * 8, "repeats": len(samples),
@@ -485,9 +350,8 @@ class _Injector:
         elif not 0 <= word < region_words:
             self.problem = f"bitflip offset {offset} is outside the tested region of {region_words * 8} bytes"
         else:
-            for c in chunks:
-                if c.base <= word < c.base + c.words:
-                    self.target = (c, word - c.base)
+            chunk = _chunk_of(chunks, word)
+            self.target = (chunk, word - chunk.base) if chunk else None
             self.word = word
 
     def due(self, pattern: str, confirming: bool) -> bool:
@@ -505,128 +369,196 @@ class _Injector:
                               f"(chunk {chunk.index}) after the fill of {pattern}, pass {pass_index}{what}")
 
 
-def run_memtest(backend: Any, cfg: MemtestConfig, chan: Any) -> dict[str, Any]:
-    """Allocate, measure the copy baseline, run the passes; return plain data (see module doc)."""
-    t_start = time.monotonic()
-    out: dict[str, Any] = {"device": backend.info(), "backend": backend.name, "patterns": list(cfg.patterns),
-                           "stopped": None, "notes": [], "injected": []}
-    chunks, mem = _allocate(backend, cfg, chan)
-    out["memory"] = mem
-    out["chunks"] = [{"index": c.index, "bytes": c.words * 8, "address": c.address} for c in chunks[:8]]
-    if not chunks:
-        out["setup_error"] = (f"could not allocate memory to test (target {mem['target_bytes']} bytes"
-                              + (f"; {mem['allocation_note']}" if mem.get("allocation_note") else "") + ")")
-        return out
-    region_words = sum(c.words for c in chunks)
-    region_bytes = region_words * 8
-    out["region_bytes"] = region_bytes
-    if mem.get("allocation_note"):
-        out["notes"].append(mem["allocation_note"])
-    out["copy"] = _copy_bandwidth(backend, chunks, cfg, chan)
-    inj = _Injector(cfg.inject, cfg, chunks)
-    if inj.problem:
-        out["inject_problem"] = inj.problem
-    log = ErrorLog(report_errors=cfg.report_errors)
-    per_pattern: dict[str, dict[str, Any]] = {
-        name: {"runs": 0, "bytes": 0, "seconds": 0.0, "errors": 0} for name in cfg.patterns}
-    deadline = None if cfg.duration_s is None else t_start + cfg.duration_s
-    passes = 0
-    stopped = None
-
-    def run_pattern(name: str, pass_index: int, confirming: bool) -> int:
-        p = BY_NAME[name]
-        seed = pattern_seed(name, cfg.seed, pass_index)
-        found = 0
-        for si, step in enumerate(steps_for(name)):
-            order = list(reversed(chunks)) if step.descending else chunks
-            if step.op == "fill":
-                t0 = backend.timer()
-                for c in order:
-                    backend.fill(c.buf, c.base, p.kind, seed, step.xor_write)
-                    chan.heartbeat()
-                secs = backend.elapsed(t0)
-                if si == 0 and inj.due(name, confirming):
-                    inj.apply(backend, name, pass_index, confirming)
-            else:
-                backend.new_step()
-                t0 = backend.timer()
-                for c in order:
-                    backend.check(c.buf, c.base, p.kind, seed, step.xor_expect, step.write, step.xor_write,
-                                  step.descending)
-                    chan.heartbeat()
-                secs = backend.elapsed(t0)
-                stats, errs = backend.read_step()
-                ev = decode_step(stats, errs, cfg.max_errors)
-                if ev["errors"]:
-                    for r in ev["records"]:
-                        c = _chunk_of(chunks, r["word"])
-                        r["chunk"] = c.index if c else None
-                        r["address"] = c.address + 8 * (r["word"] - c.base) if c else None
-                    label = step.label + (" (confirmation run)" if confirming else "")
-                    ev.update(pattern=name, step=label, **{"pass": pass_index})
-                    log.add(ev, run_key=(name, pass_index, si, confirming))
-                    found += ev["errors"]
-            moved = step.bytes_moved(region_bytes)
-            pp = per_pattern[name]
-            pp["bytes"] += moved
-            pp["seconds"] += secs
-        per_pattern[name]["runs"] += 1
-        per_pattern[name]["errors"] += found
-        return found
-
-    while stopped is None:
-        for name in cfg.patterns:
-            if chan.should_stop():
-                stopped = chan.stop_reason or "stop"
-                break
-            found = run_pattern(name, passes, False)
-            if found and cfg.confirm:
-                again = run_pattern(name, passes, True)
-                log.confirm(name, passes, found, again)
-            pp = per_pattern[name]
-            chan.progress({
-                "pattern": name, "pass": passes, "errors": log.errors,
-                "gbps": pp["bytes"] / pp["seconds"] / 1e9 if pp["seconds"] > 0 else None,
-                "bytes_tested": region_bytes,
-                "time_left_s": None if deadline is None else max(0.0, deadline - time.monotonic()),
-                "first_error": log.first_record(),
-            })
-        else:
-            passes += 1
-            if deadline is None:
-                if passes >= cfg.passes:
-                    break
-            elif time.monotonic() >= deadline:
-                break
-            continue
-        break
-    if stopped is None and chan.should_stop():
-        stopped = chan.stop_reason
-    inj.target = None  # it holds a chunk: drop every reference so that the memory is freed now
-    backend.release([c.buf for c in chunks])
-    chunks.clear()
-    total_bytes = sum(pp["bytes"] for pp in per_pattern.values())
-    total_s = sum(pp["seconds"] for pp in per_pattern.values())
-    for pp in per_pattern.values():
-        pp["gbps"] = pp["bytes"] / pp["seconds"] / 1e9 if pp["seconds"] > 0 else None
-    out.update(
-        passes=passes,
-        stopped=stopped,
-        per_pattern=per_pattern,
-        bytes_moved=total_bytes,
-        kernel_seconds=round(total_s, 6),
-        gbps=total_bytes / total_s / 1e9 if total_s > 0 else None,
-        errors=log.summary(),
-        injected=inj.texts + ([f"... and {inj.done - 3} more flips (sticky)"] if inj.done > 3 else []),
-        seconds=round(time.monotonic() - t_start, 3),
-        config={"fraction": cfg.fraction, "passes": cfg.passes, "duration_s": cfg.duration_s, "seed": cfg.seed,
-                "max_errors": cfg.max_errors, "confirm": cfg.confirm},
-    )
-    return out
-
-
 def _chunk_of(chunks: list[_Chunk], word: int) -> _Chunk | None:
     for c in chunks:
         if c.base <= word < c.base + c.words:
             return c
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+@dataclass
+class _Round:
+    number: int  # 1: the main region; 2: the headroom round
+    chunks: list[_Chunk]
+    log: ErrorLog
+    injector: _Injector | None = None
+
+    @property
+    def region_bytes(self) -> int:
+        return 8 * sum(c.words for c in self.chunks)
+
+
+class _Memtest:
+    """One run_memtest: the rounds, passes, patterns and steps over a backend."""
+
+    def __init__(self, backend: Any, cfg: MemtestConfig, chan: Any, ecc: EccMonitor):
+        self.backend, self.cfg, self.chan, self.ecc = backend, cfg, chan, ecc
+        self.per_pattern: dict[str, dict[str, Any]] = {
+            name: {"runs": 0, "bytes": 0, "seconds": 0.0, "errors": 0} for name in cfg.patterns}
+        self.t_start = time.monotonic()
+        self.passes = 0
+        self.stopped: str | None = None
+
+    def step(self, rnd: _Round, name: str, si: int, seed: int, pass_index: int, confirming: bool) -> int:
+        """One step of a pattern over every chunk of the round; the errors it found."""
+        be, p, step = self.backend, BY_NAME[name], steps_for(name)[si]
+        order = list(reversed(rnd.chunks)) if step.descending else rnd.chunks
+        if step.op == "check":
+            be.new_step()
+        t0 = be.timer()
+        if step.scrub_before:
+            be.scrub()
+        for c in order:
+            if step.op == "fill":
+                be.fill(c.buf, c.base, p.kind, seed, step.xor_write)
+            else:
+                be.check(c.buf, c.base, p.kind, seed, step.xor_expect, step.write, step.xor_write, step.descending)
+            self.chan.heartbeat()
+        secs = be.elapsed(t0, f"{name}: {step.label}")
+        pp = self.per_pattern[name]
+        pp["bytes"] += step.bytes_moved(rnd.region_bytes)
+        pp["seconds"] += secs
+        if step.op == "fill":
+            if si == 0 and rnd.injector is not None and rnd.injector.due(name, confirming):
+                rnd.injector.apply(be, name, pass_index, confirming)
+            return 0
+        ev = decode_step(*be.read_step(), self.cfg.max_errors)
+        if not ev["errors"]:
+            return 0
+        for r in ev["records"]:
+            c = _chunk_of(rnd.chunks, r["word"])
+            r["chunk"] = c.index if c else None
+            r["address"] = c.address + 8 * (r["word"] - c.base) if c else None
+            if rnd.number == 2:
+                r["round"] = 2
+        ev.update(pattern=name, step=step.label + (" (confirmation run)" if confirming else ""), **{"pass": pass_index})
+        rnd.log.add(ev, run_key=(name, pass_index, si, confirming))
+        return int(ev["errors"])
+
+    def pattern(self, rnd: _Round, name: str, pass_index: int, confirming: bool) -> int:
+        seed = pattern_seed(name, self.cfg.seed, pass_index)
+        found = sum(self.step(rnd, name, si, seed, pass_index, confirming) for si in range(len(steps_for(name))))
+        self.per_pattern[name]["runs"] += 1
+        self.per_pattern[name]["errors"] += found
+        return found
+
+    def one_pass(self, rnd: _Round, pass_index: int, deadline: float | None) -> bool:
+        """Every pattern once (and its confirmation run); False when a stop request cut it short."""
+        for name in self.cfg.patterns:
+            if self.chan.should_stop():
+                self.stopped = self.chan.stop_reason or "stop"
+                return False
+            found = self.pattern(rnd, name, pass_index, False)
+            if found and self.cfg.confirm:
+                again = self.pattern(rnd, name, pass_index, True)
+                rnd.log.confirm(name, pass_index, found, again)
+            pp = self.per_pattern[name]
+            self.chan.progress({
+                "pattern": name, "pass": pass_index, "round": rnd.number, "errors": rnd.log.errors,
+                "gbps": pp["bytes"] / pp["seconds"] / 1e9 if pp["seconds"] > 0 else None,
+                "bytes_tested": rnd.region_bytes,
+                "time_left_s": None if deadline is None else max(0.0, deadline - time.monotonic()),
+                "first_error": rnd.log.first_record(),
+            })
+        return True
+
+    def main_passes(self, rnd: _Round) -> None:
+        deadline = None if self.cfg.duration_s is None else self.t_start + self.cfg.duration_s
+        self.ecc.read("before pass 0", 0)
+        while self.one_pass(rnd, self.passes, deadline):
+            self.passes += 1
+            self.ecc.read(f"after pass {self.passes - 1}", self.passes)
+            if (self.passes >= self.cfg.passes) if deadline is None else (time.monotonic() >= deadline):
+                break
+        if self.stopped is None and self.chan.should_stop():
+            self.stopped = self.chan.stop_reason
+
+    def headroom_round(self, r1: _Round, headroom: int) -> dict[str, Any]:
+        """Release the lowest chunks of round 1 (at least `headroom` bytes), keep the rest, allocate
+        what is then free (but the reserve) and run one pass over it."""
+        released: list[_Chunk] = []
+        while r1.chunks and 8 * sum(c.words for c in released) < headroom:
+            released.append(r1.chunks.pop(0))
+        released_bytes = 8 * sum(c.words for c in released)
+        bufs = [c.buf for c in released]
+        released.clear()
+        self.backend.release(bufs)
+        target, mem = self.backend.second_round_target(released_bytes)
+        chunks, note = _allocate(self.backend, target, self.chan)
+        info: dict[str, Any] = {"released_bytes": released_bytes, "held_bytes": r1.region_bytes, "target_bytes": target,
+                                "chunk_count": len(chunks), **mem, "allocation_note": note}
+        rnd = _Round(2, chunks, ErrorLog(report_errors=self.cfg.report_errors))
+        info["region_bytes"] = rnd.region_bytes
+        info["chunks"] = [{"index": c.index, "bytes": c.words * 8, "address": c.address} for c in chunks[:8]]
+        if chunks and self.one_pass(rnd, 0, None):
+            info["passes"] = 1
+            self.ecc.read("after the headroom round", self.passes)
+        else:
+            info["passes"] = 0
+        info["errors"] = rnd.log.summary()
+        self.backend.release([c.buf for c in rnd.chunks])
+        rnd.chunks.clear()
+        return info
+
+
+def run_memtest(backend: Any, cfg: MemtestConfig, chan: Any, ecc: EccMonitor | None = None) -> dict[str, Any]:
+    """Allocate, measure the copy baseline, run the passes (and the headroom round); return plain
+    data (see the module doc)."""
+    run = _Memtest(backend, cfg, chan, ecc if ecc is not None else EccMonitor())
+    out: dict[str, Any] = {"device": backend.info(), "backend": backend.name, "patterns": list(cfg.patterns),
+                           "stopped": None, "notes": [], "injected": []}
+    target, mem = backend.target_bytes()
+    chunks, note = _allocate(backend, target, chan)
+    mem.update(target_bytes=target - target % ALIGN, region_bytes=8 * sum(c.words for c in chunks),
+               chunk_count=len(chunks), chunk_bytes=backend.chunk_bytes(), allocation_note=note)
+    out["memory"] = mem
+    out["chunks"] = [{"index": c.index, "bytes": c.words * 8, "address": c.address} for c in chunks[:8]]
+    if not chunks:
+        out["setup_error"] = (f"could not allocate memory to test (target {mem['target_bytes']} bytes"
+                              + (f"; {note}" if note else "") + ")")
+        return out
+    r1 = _Round(1, chunks, ErrorLog(report_errors=cfg.report_errors))
+    out["region_bytes"] = r1.region_bytes
+    if note:
+        out["notes"].append(note)
+    out["copy"] = _copy_bandwidth(backend, chunks, cfg, chan)
+    r1.injector = _Injector(cfg.inject, cfg, chunks)
+    if r1.injector.problem:
+        out["inject_problem"] = r1.injector.problem
+    run.main_passes(r1)
+    injected = r1.injector.texts + ([f"... and {r1.injector.done - 3} more flips (sticky)"]
+                                    if r1.injector.done > 3 else [])
+    r1.injector = None  # it holds a chunk: drop every reference so that the memory is freed when released
+    out["headroom_round"] = None
+    if cfg.headroom_round and run.stopped is None:
+        out["headroom_round"] = run.headroom_round(r1, int(mem.get("headroom_bytes") or 0))
+    backend.release([c.buf for c in r1.chunks])
+    r1.chunks.clear()
+    _finish(out, run, r1, injected)
+    return out
+
+
+def _finish(out: dict[str, Any], run: _Memtest, r1: _Round, injected: list[str]) -> None:
+    cfg, per_pattern = run.cfg, run.per_pattern
+    total_bytes = sum(pp["bytes"] for pp in per_pattern.values())
+    total_s = sum(pp["seconds"] for pp in per_pattern.values())
+    for pp in per_pattern.values():
+        pp["gbps"] = pp["bytes"] / pp["seconds"] / 1e9 if pp["seconds"] > 0 else None
+    out.update(
+        passes=run.passes,
+        stopped=run.stopped,
+        per_pattern=per_pattern,
+        bytes_moved=total_bytes,
+        kernel_seconds=round(total_s, 6),
+        gbps=total_bytes / total_s / 1e9 if total_s > 0 else None,
+        errors=r1.log.summary(),
+        ecc=run.ecc.to_data(),
+        injected=injected + run.ecc.injected,
+        seconds=round(time.monotonic() - run.t_start, 3),
+        config={"fraction": cfg.fraction, "passes": cfg.passes, "duration_s": cfg.duration_s, "seed": cfg.seed,
+                "max_errors": cfg.max_errors, "confirm": cfg.confirm, "headroom_round": cfg.headroom_round},
+    )

@@ -20,7 +20,7 @@ Patterns (value of word w):
 | walking-zeros | ~(1 << (w mod 64)) |
 | checkerboard | 0x5555555555555555 for even w, 0xAAAAAAAAAAAAAAAA for odd w (every bit differs from its neighbours in the word and in the next word) |
 | checkerboard-inv | the inverse: 0xAAAA... for even w, 0x5555... for odd w |
-| address | 8 * w, the word's own byte offset (address-in-address: every word distinct, catches address-decoder faults that alias two locations) |
+| address | 8 * w, the word's own byte offset (address-in-address: every word distinct, catches address-decoder faults that alias two locations); then its complement ~(8 * w): fill A; verify A and write ~A; verify ~A (bits 0-2, always 0 in a byte offset, and the bits above the region's size then hold 1s) |
 | random | splitmix64(seed, w): `gc_mix64` on the device, gpucheck.kernels.splitmix64 here; regenerated from the seed for checking, never stored |
 | moving-inversions | a random base pattern P (seed ^ MI_SALT), four steps: fill P; ascending: verify P and write ~P word by word; descending: verify ~P and write P; verify P |
 
@@ -37,7 +37,13 @@ complement) so neighbouring bits take all combinations.
 
 Every other pattern is a fill step (every chunk) followed by a verify step (every chunk): the whole
 region is written before the first word is read back, so a write that corrupts a word elsewhere
-(an address fault) is caught whatever the distance.
+(an address fault) is caught whatever the distance. `address` adds the complement step: its verify
+writes ~(8 w) back, and a last verify reads the complement, so every address bit is stored both
+as 0 and as 1 in every word (8 w alone never sets bits 0-2, nor the bits above the region size).
+
+Between the moving-inversions steps the GPU backend scrubs the L2 cache (a read and rewrite of a
+scratch buffer twice the L2's size): a sweep ends where the next one starts, and without the scrub
+the next sweep's first ~50 MB would be read back from dirty L2 lines instead of HBM.
 
 Verification results (both on the GPU and in the NumPy path) use one layout, `STATS_WORDS`
 uint64 per step:
@@ -139,6 +145,7 @@ class Step:
     xor_write: int = 0
     write: bool = False
     descending: bool = False
+    scrub_before: bool = False  # evict the L2 cache first: this sweep starts where the last one ended
 
     def bytes_moved(self, region_bytes: int) -> int:
         """Bytes written plus bytes read by this step over the region."""
@@ -149,21 +156,66 @@ class Step:
 
 def steps_for(pattern: str) -> list[Step]:
     p = BY_NAME[pattern]
-    if not p.moving_inversions:
-        return [Step("fill", "fill"), Step("check", "verify")]
     inv = MASK64
-    return [
-        Step("fill", "fill P"),
-        Step("check", "ascending verify P, write ~P", xor_expect=0, xor_write=inv, write=True),
-        Step("check", "descending verify ~P, write P", xor_expect=inv, xor_write=0, write=True, descending=True),
-        Step("check", "verify P"),
-    ]
+    if p.moving_inversions:
+        return [
+            Step("fill", "fill P"),
+            Step("check", "ascending verify P, write ~P", xor_expect=0, xor_write=inv, write=True),
+            Step("check", "descending verify ~P, write P", xor_expect=inv, xor_write=0, write=True, descending=True,
+                 scrub_before=True),
+            Step("check", "verify P", scrub_before=True),
+        ]
+    if p.kind == KIND_ADDRESS:  # the address and its complement: every address bit stored as 0 and as 1
+        return [
+            Step("fill", "fill"),
+            Step("check", "verify, write the complement", xor_write=inv, write=True),
+            Step("check", "verify the complement", xor_expect=inv),
+        ]
+    return [Step("fill", "fill"), Step("check", "verify")]
 
 
 def pattern_seed(pattern: str, seed: int, pass_index: int) -> int:
     """The seed a pattern uses in a pass: every pass of a loop writes different random data."""
     s = (int(seed) + 0x9E3779B97F4A7C15 * (int(pass_index) + 1)) & MASK64
     return s ^ MI_SALT if BY_NAME[pattern].moving_inversions else s
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+# Pattern families of memtest.cu (one kernel pair per family): the value of word w is
+# family(w; p0, p1) ^ xor.
+FAMILIES: tuple[str, ...] = ("pair", "walk", "address", "random")
+
+
+@dataclass(frozen=True)
+class KernelPattern:
+    family: str
+    p0: int = 0
+    p1: int = 0
+    xor: int = 0  # folded by the host into the kernels' xexp / xwrite
+
+
+def kernel_pattern(kind: int, seed: int) -> KernelPattern:
+    """The memtest.cu family and parameters that compute pattern `kind` (word_value's values)."""
+    if kind == KIND_ZEROS:
+        return KernelPattern("pair", 0, 0)
+    if kind == KIND_ONES:
+        return KernelPattern("pair", MASK64, MASK64)
+    if kind == KIND_WALKING_ONES:
+        return KernelPattern("walk")
+    if kind == KIND_WALKING_ZEROS:
+        return KernelPattern("walk", xor=MASK64)
+    if kind == KIND_CHECKERBOARD:
+        return KernelPattern("pair", CHECKER_EVEN, CHECKER_ODD)
+    if kind == KIND_CHECKERBOARD_INV:
+        return KernelPattern("pair", CHECKER_ODD, CHECKER_EVEN)
+    if kind == KIND_ADDRESS:
+        return KernelPattern("address")
+    if kind == KIND_RANDOM:
+        return KernelPattern("random", int(seed) & MASK64)
+    raise ValueError(f"unknown pattern kind {kind}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +355,8 @@ def describe_error(e: dict[str, Any]) -> str:
         where += f" (chunk {e['chunk']}"
         where += f", address {e['address']:#x})" if e.get("address") is not None else ")"
     ctx = []
+    if e.get("round") == 2:
+        ctx.append("headroom round")
     if e.get("pattern"):
         ctx.append(f"pattern {e['pattern']}")
     if e.get("step"):

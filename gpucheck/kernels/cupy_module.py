@@ -96,6 +96,20 @@ def launch(name: str, kernel: str, grid: Sequence[int], block: Sequence[int], ar
         raise KernelError(name, kernel, f"bad launch arguments: {e}", grid, block) from e
 
 
+def occupancy(name: str, kernel: str, block: int, dynamic_smem: int = 0) -> int:
+    """How many blocks of `block` threads of `kernel` one SM of the current device holds at once
+    (cuOccupancyMaxActiveBlocksPerMultiprocessor, the driver call behind the runtime's
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor), from the compiled kernel's registers and
+    shared memory: SMs x this is one wave. KernelError when the driver refuses the question."""
+    import cupy  # noqa: PLC0415
+
+    fn = _function(name, kernel)
+    try:
+        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, int(block), int(dynamic_smem)))
+    except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as e:
+        raise KernelError(name, kernel, f"occupancy query for blocks of {block} threads failed: {e}") from e
+
+
 _functions: dict[tuple[str, int, str], Any] = {}
 
 
