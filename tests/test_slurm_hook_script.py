@@ -292,6 +292,48 @@ def test_broken_settings_file_is_logged_not_a_drain(hooks, text, why):
     assert why in r.stderr and "-> not drained (on-error pass), exit 0" in r.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to another user)")
+@pytest.mark.parametrize("plant", ["world-writable", "group-writable", "other-owner", "writable-folder",
+                                   "link-to-other-owner"])
+def test_a_settings_file_another_user_could_write_is_never_sourced(hooks, tmp_path, plant):
+    """The settings file is shell code the hook runs as root: one that a user other than root
+    could have written (owned by them, writable by group/others, in a folder others can write, or
+    a link to such a file) would run that user's code as root. It is not sourced: the hook logs
+    why and follows on-error (here: pass, exit 0), and the planted code never runs."""
+    env = hooks.root / "gpucheck-slurm.env"
+    marker = tmp_path / "planted-code-ran"
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), extra=f'touch "{marker}"\n')
+    if plant == "world-writable":
+        env.chmod(0o666)
+    elif plant == "group-writable":
+        env.chmod(0o664)
+    elif plant == "other-owner":
+        os.chown(env, 65534, 65534)
+    elif plant == "writable-folder":
+        hooks.root.chmod(0o777)
+    else:
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        real = elsewhere / "slurm.env"
+        env.rename(real)
+        os.chown(real, 65534, 65534)
+        env.symlink_to(real)
+    try:
+        r = hooks.run()
+    finally:
+        hooks.root.chmod(0o700)
+    assert r.returncode == 0, r.stderr
+    assert "not sourced:" in r.stderr and "-> not drained (on-error pass), exit 0" in r.stderr
+    assert not marker.exists()
+
+
+def test_a_root_owned_private_settings_file_is_sourced(hooks, tmp_path):
+    marker = tmp_path / "sourced"
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), extra=f'touch "{marker}"\n')
+    (hooks.root / "gpucheck-slurm.env").chmod(0o644)
+    assert hooks.run().returncode == 0 and marker.exists()
+
+
 def test_settings_may_vary_per_node(hooks):
     hooks.settings(gpucheck=hooks.gpucheck_exiting(0), prolog_args="--budget 15s",
                    extra='case "$SLURMD_NODENAME" in n1) GPUCHECK_PROLOG_ARGS="--budget 30s" ;; esac\n')

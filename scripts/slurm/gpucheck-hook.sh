@@ -11,7 +11,8 @@
 #   <this script's folder>/gpucheck-slurm.env   /etc/gpucheck/slurm.env
 # is sourced (shell syntax, with SLURMD_NODENAME and the job's variables set, so that it can
 # vary the settings per node; it is read twice, a trial in a subshell first, so keep it to
-# assignments). It may set:
+# assignments). It must be owned by root and writable by root only, in a folder only root can
+# write: a file another user could have written is never sourced. It may set:
 #   GPUCHECK             how to start gpucheck (default /usr/local/bin/gpucheck); may be
 #                        several words, e.g. "/opt/gpucheck/bin/python3 -m gpucheck"
 #   GPUCHECK_ARGS        arguments for both hooks (e.g. --state-dir /var/lib/gpucheck)
@@ -144,13 +145,37 @@ exit_meaning() {
 }
 
 # -- settings ------------------------------------------------------------------------------
+unsafe_to_source() {  # $1: a settings file; prints why root must not source it (nothing: safe)
+  me=$(id -u)
+  file=$1
+  for p in "$file" "$(dirname -- "$file")"; do  # the file (a link: the link, then its target) and its folder
+    for how in -c -Lc; do
+      # shellcheck disable=SC2046  # owner, octal mode, type: three words on purpose
+      set -- $(stat "$how" '%u %a %F' -- "$p" 2>/dev/null)
+      if [ $# -lt 3 ]; then printf '%s: cannot stat it' "$p"; return; fi
+      case "$3" in symbolic*) continue ;; esac  # the link itself: judged by its target below
+      if [ "$1" != 0 ] && [ "$1" != "$me" ]; then printf '%s is owned by uid %s, not root' "$p" "$1"; return; fi
+      w=$(( 0$2 & 022 ))
+      sticky=$(( 0$2 & 01000 ))
+      if [ "$w" != 0 ] && { [ "$p" = "$file" ] || [ "$sticky" = 0 ]; }; then
+        printf '%s is writable by group or others (mode %s)' "$p" "$2"; return
+      fi
+    done
+  done
+}
+
 # A settings file that the shell cannot read would stop this script with a non-zero exit, and
-# Slurm would drain the node: check it first (syntax, then a trial in a subshell).
+# Slurm would drain the node: check it first (syntax, then a trial in a subshell). It is shell
+# code run as root: one that another user could have written or replaced (not owned by root, or
+# writable by group or others, or in such a folder) is never sourced.
 settings_error=
 case "$0" in */*) dir=${0%/*} ;; *) dir=. ;; esac
 for f in "$dir/gpucheck-slurm.env" /etc/gpucheck/slurm.env; do
   if [ -f "$f" ] && [ -r "$f" ]; then
-    if ! syntax=$(/bin/sh -n "$f" 2>&1); then
+    unsafe=$(unsafe_to_source "$f")
+    if [ -n "$unsafe" ]; then
+      settings_error="$f: not sourced: $unsafe"
+    elif ! syntax=$(/bin/sh -n "$f" 2>&1); then
       settings_error="$f: not valid shell: $(one_line "$syntax" 200)"
     elif [ "$( . "$f" </dev/null >/dev/null 2>&1; echo read)" != read ]; then
       settings_error="$f: reading it stops the shell (exit, or a failing special built-in)"
