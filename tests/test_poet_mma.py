@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import subprocess
 import sys
 
@@ -19,6 +18,7 @@ import pytest
 
 import cudaemu
 import nvrtc
+import ptxas
 from gpucheck import kernels
 from gpucheck.poet.bounds import STORE_ROUNDOFF, TC_ROUNDOFF, mma_acc_coeff, unit_acc_coeff, unit_floor
 
@@ -384,31 +384,6 @@ def _require_nvrtc() -> None:
         pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
 
 
-def ptxas_report(text: str, name: str, arch: str) -> dict[str, dict[str, int]]:
-    """{kernel: {registers, spill_stores, spill_loads, smem}} from ptxas --verbose through NVRTC
-    (compiling for a real sm_XX architecture runs ptxas: inline PTX is assembled, not pasted)."""
-    lib = ctypes.CDLL(nvrtc.find_library())
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), text.encode(), f"{name}.cu".encode(), 0, None, None) == 0
-    try:
-        opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"--ptxas-options=--verbose"]
-        rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value or 1)
-        lib.nvrtcGetProgramLog(prog, log)
-        text_log = log.value.decode(errors="replace")
-        assert rc == 0, text_log
-    finally:
-        lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    out: dict[str, dict[str, int]] = {}
-    for m in re.finditer(r"Function properties for (\w+)\n.*?(\d+) bytes spill stores, (\d+) bytes spill loads\n"
-                         r".*?Used (\d+) registers.*?(\d+) bytes smem", text_log, re.S):
-        out[m.group(1)] = {"spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
-                           "registers": int(m.group(4)), "smem": int(m.group(5))}
-    return out
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_warp_test_kernels_assemble_for_the_gpu(arch):
     _require_nvrtc()
@@ -424,13 +399,14 @@ def test_the_tensor_core_kernel_fits_its_launch_without_spills(arch):
     (cupy_ops.mma_shared_bytes, <= 48 KiB), registers that let 128-thread blocks run 4 at a time
     per SM (65536 / (4 * 128) = 128), and mma.sync in the PTX."""
     _require_nvrtc()
-    report = ptxas_report(kernels.source("poet"), "poet", arch)
+    report = ptxas.report(kernels.source("poet"), "poet", arch)
     assert {"poet_bd_mma_bf16", "poet_bd_mma_f16", "poet_bd_apply_bf16"} <= set(report), report
     for kernel in ("poet_bd_mma_bf16", "poet_bd_mma_f16"):
         r = report[kernel]
         assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
         assert r["smem"] == cupy_ops.mma_shared_bytes() <= cupy_ops.MAX_STATIC_SHARED, r
         assert r["registers"] <= 128, r
+        assert ptxas.blocks_per_sm(r, cupy_ops.MMA_THREADS) >= 4, r
     ptx = nvrtc.compile_ptx(kernels.source("poet"), "poet", arch, ("--std=c++17",))
     body = ptx[ptx.index(".entry poet_bd_mma_bf16"):]
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in body
