@@ -217,6 +217,42 @@ def test_the_tensor_core_kernel_at_gpu_size_against_torch_bmm(gpu, dtype, b, rec
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_emulators_mma_model_against_the_hardware(gpu, dtype, record_property):
+    """The CPU emulator's arithmetic model of mma.sync (the products and c summed in binary64,
+    truncated to fp32 once) is a model, not the hardware: the same tensor-core kernel on the GPU
+    and under the emulator, on the same inputs, both within the tensor-core bound of float64;
+    the share of output elements whose bits differ is recorded (0 would mean the model is
+    bit-accurate on these data)."""
+    import cudaemu
+    import poet_emu
+
+    from gpucheck.poet.ortho import bd_torch
+
+    if cudaemu.usable():
+        pytest.skip(cudaemu.usable())
+    torch, dev, cops, _, _ = gpu
+    f64 = torch.float64
+    b = 64
+    p = _problem(gpu, dtype, b, seed=21, n=2 * b, m=256, chain=1)
+    G = cops.cnp(p.t_in.Q, dtype)
+    Y = cops.bd(p.x, G, in_idx=p.t_in.perm)
+    cops.sync()
+    emu = poet_emu.EmuOps(poet_emu.build())
+    Ye = emu.bd(p.x.cpu(), G.cpu(), in_idx=p.t_in.perm.cpu())
+    X64, G64 = p.x.cpu().to(f64), G.cpu().to(f64)
+    ref = bd_torch(torch, X64, G64, in_idx=p.t_in.perm.cpu(), acc=f64)
+    absr = bd_torch(torch, X64.abs(), G64.abs(), in_idx=p.t_in.perm.cpu(), acc=f64)
+    u = STORE_ROUNDOFF[dtype]
+    bound = u * ref.abs() + (1 + u) * unit_acc_coeff("tensor", b) * absr + unit_floor("tensor", dtype, b)
+    assert bool(((Y.cpu().to(f64) - ref).abs() <= bound).all()) and bool(((Ye.to(f64) - ref).abs() <= bound).all())
+    differ = float((Y.cpu().view(torch.int16) != Ye.view(torch.int16)).double().mean())
+    record_property("emulator_bits_differ_share", differ)
+    print(f"\n{torch.cuda.get_device_name(dev)} {dtype}: {differ:.2%} of the tensor-core outputs differ in bits "
+          "from the emulator's model")
+
+
+@needs_gpu
 def test_a_faulting_kernel_is_a_kernel_error_naming_the_launch():
     """A launch on a bad address must surface as KernelError naming that launch at the sync after
     it, not as a later, unrelated failure. In a subprocess: the fault poisons that process's CUDA

@@ -235,32 +235,53 @@ struct alignas(16) poet_mma_smem {
 __device__ __forceinline__ gc_u16 poet_bits(float v, gc_bf16) { return gc_f32_to_bf16(v); }
 __device__ __forceinline__ gc_u16 poet_bits(float v, gc_f16) { return gc_f32_to_f16(v); }
 
-// xs[r][kk] = A(row0 + r, in_s[kk]) for r < TM, kk < b (0 for rows >= m).
+// xs[r][kk] = A(row0 + r, in_s[kk]) for r < TM, kk < b (0 for rows >= m). Each thread issues a
+// batch of independent loads before it stores any (POET_MMA_BATCH 16-bit values, or 2 vectors),
+// so that enough loads are in flight to hide memory latency; TM * b is a multiple of the batch
+// times the thread count for every b that is a multiple of 32 (64 b / (128 * 8) = b / 16).
+#define POET_MMA_BATCH 8
+__device__ __forceinline__ void poet_mma_gather_scalar(poet_mma_smem& sm, const gc_u16* __restrict__ X,
+                                                       gc_i64 x_rs, gc_i64 x_cs, int m, int row0, int b) {
+    const bool by_rows = x_rs == 1;  // a transposed operand: rows adjacent in memory vary fastest
+    for (int e0 = threadIdx.x; e0 < POET_MMA_TM * b; e0 += POET_MMA_BATCH * POET_MMA_THREADS) {
+        gc_u16 val[POET_MMA_BATCH];
+        for (int u = 0; u < POET_MMA_BATCH; ++u) {
+            const int e = e0 + u * POET_MMA_THREADS;
+            const int r = by_rows ? e % POET_MMA_TM : e / b, kk = by_rows ? e / POET_MMA_TM : e % b;
+            const int row = row0 + r;
+            val[u] = row < m ? X[(gc_i64)row * x_rs + (gc_i64)sm.in_s[kk] * x_cs] : (gc_u16)0;
+        }
+        for (int u = 0; u < POET_MMA_BATCH; ++u) {
+            const int e = e0 + u * POET_MMA_THREADS;
+            const int r = by_rows ? e % POET_MMA_TM : e / b, kk = by_rows ? e / POET_MMA_TM : e % b;
+            sm.xs[r][kk] = val[u];
+        }
+    }
+}
+
 __device__ __forceinline__ void poet_mma_gather(poet_mma_smem& sm, const gc_u16* __restrict__ X, gc_i64 x_rs,
                                                 gc_i64 x_cs, bool contiguous, int m, int row0, int colbase,
                                                 int b) {
     const int tid = threadIdx.x;
     if (contiguous) {  // no gather, unit column stride, 16-byte aligned rows: 8 columns per load
         const int per_row = b >> 3;
-        for (int e = tid; e < POET_MMA_TM * per_row; e += POET_MMA_THREADS) {
-            const int r = e / per_row, v = e - r * per_row;
-            const int row = row0 + r;
-            gc_v16 val = {{0u, 0u, 0u, 0u}};
-            if (row < m) val = gc_ld_v16(X + (gc_i64)row * x_rs + colbase + 8 * v);
-            gc_st_v16(&sm.xs[r][8 * v], val);
-        }
-    } else if (x_rs == 1) {  // a transposed operand: consecutive rows are adjacent in memory
-        for (int e = tid; e < POET_MMA_TM * b; e += POET_MMA_THREADS) {
-            const int kk = e / POET_MMA_TM, r = e % POET_MMA_TM;
-            const int row = row0 + r;
-            sm.xs[r][kk] = row < m ? X[row + (gc_i64)sm.in_s[kk] * x_cs] : (gc_u16)0;
+        for (int e0 = tid; e0 < POET_MMA_TM * per_row; e0 += 2 * POET_MMA_THREADS) {
+            gc_v16 val[2];
+            for (int u = 0; u < 2; ++u) {
+                const int e = e0 + u * POET_MMA_THREADS, r = e / per_row, v = e - r * per_row;
+                const int row = row0 + r;
+                val[u] = gc_v16{{0u, 0u, 0u, 0u}};
+                if (row < m) val[u] = gc_ld_v16(X + (gc_i64)row * x_rs + colbase + 8 * v);
+            }
+            for (int u = 0; u < 2; ++u) {
+                const int e = e0 + u * POET_MMA_THREADS, r = e / per_row, v = e - r * per_row;
+                gc_st_v16(&sm.xs[r][8 * v], val[u]);
+            }
         }
     } else {
-        for (int e = tid; e < POET_MMA_TM * b; e += POET_MMA_THREADS) {
-            const int r = e / b, kk = e - r * b;
-            const int row = row0 + r;
-            sm.xs[r][kk] = row < m ? X[(gc_i64)row * x_rs + (gc_i64)sm.in_s[kk] * x_cs] : (gc_u16)0;
-        }
+        // a transposed operand (x_rs == 1): consecutive rows are adjacent in memory, so rows vary
+        // fastest across the threads; otherwise the block's columns do
+        poet_mma_gather_scalar(sm, X, x_rs, x_cs, m, row0, b);
     }
 }
 
