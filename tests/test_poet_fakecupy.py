@@ -201,7 +201,7 @@ def test_launches_go_on_torchs_current_stream(fake):
     ops.bd(p.x, G)
     ops.sync()
     assert [ln.stream for ln in fake.launches] == [0, 0, 0, 0x7F00, 0x7F00, 0, 0x7F00]
-    assert fake.syncs == [0, 0x7F00, 0, 0x7F00]  # each sync waits on every stream its launches went to
+    assert fake.syncs == [0, 0x7F00, 0, 0x7F00]  # each sync waits once on every stream its launches went to
     assert made == [(0x7F00, 0), (0x7F00, 0)]  # wrapped when torch's stream changes, reused while it stays
     ops.sync()
     assert fake.syncs == [0, 0x7F00, 0, 0x7F00]  # nothing launched since: nothing to wait for

@@ -308,7 +308,7 @@ class CupyOps(KernelOps):
         if not pending:
             return
         cp = self._cp
-        streams = list({id(s): s for _, _, s in pending}.values())
+        streams = list({int(s.ptr): s for _, _, s in pending}.values())  # each stream once
         try:
             with self._device:
                 for stream in streams:
