@@ -209,6 +209,31 @@ def check_table(torch, dev, ops, pool, dtypes, blocks, problems, sync) -> None:
     print()
 
 
+def _cupy_ops(torch, dev):
+    """(CupyOps on dev, None) or (None, why not)."""
+    try:
+        from gpucheck.poet.cupy_ops import CupyOps
+
+        return CupyOps(torch, dev), None
+    except ImportError as e:
+        return None, f"CuPy not importable ({e}): (a) and the kernel forward are not measured"
+
+
+def _machine(torch, dev) -> str:
+    """The device's name and the software versions."""
+    if dev.type != "cuda":
+        name = platform.processor() or platform.machine()
+        return f"{name} (torch {torch.__version__}, {torch.get_num_threads()} thread(s))"
+    versions = f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    try:
+        import cupy
+
+        versions += f", CuPy {cupy.__version__}"
+    except ImportError:
+        pass
+    return f"{torch.cuda.get_device_name(dev)} ({versions})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -247,16 +272,7 @@ def main() -> int:
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     if cuda:
         set_precision(torch)
-
-    cupy_ops = None
-    cupy_note = None
-    if cuda:
-        try:
-            from gpucheck.poet.cupy_ops import CupyOps
-
-            cupy_ops = CupyOps(torch, dev)
-        except ImportError as e:
-            cupy_note = f"CuPy not importable ({e}): (a) and the kernel forward are not measured"
+    cupy_ops, cupy_note = _cupy_ops(torch, dev) if cuda else (None, None)
 
     def sync():
         if cupy_ops is not None:
@@ -264,19 +280,7 @@ def main() -> int:
         if cuda:
             torch.cuda.synchronize(dev)
 
-    name = torch.cuda.get_device_name(dev) if cuda else (platform.processor() or platform.machine())
-    versions = f"torch {torch.__version__}"
-    if cuda:
-        versions += f", CUDA {torch.version.cuda}"
-        try:
-            import cupy
-
-            versions += f", CuPy {cupy.__version__}"
-        except ImportError:
-            pass
-    else:
-        versions += f", {torch.get_num_threads()} thread(s)"
-    print(f"# POET benchmark on {name} ({versions}); x: {m} x {n}, W: {n} x {n}\n")
+    print(f"# POET benchmark on {_machine(torch, dev)}; x: {m} x {n}, W: {n} x {n}\n")
 
     pool = QPool(torch, dev, seed=0)
     tops = TorchOps(torch, dev)

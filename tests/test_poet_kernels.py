@@ -19,6 +19,7 @@ from gpucheck.poet.ortho import QPool, TorchOps, bd_torch, cnp_torch, make_probl
 CPU = torch.device("cpu")
 F64 = torch.float64
 
+
 @pytest.fixture(scope="module")
 def lib():
     why = cudaemu.usable()
