@@ -8,7 +8,8 @@ launches run the very same .cu source on the CPU (tests/cudaemu.py).
 What it models (only what gpucheck uses; anything else is an AttributeError, which is itself a
 check that e.g. no memory pool or managed memory is touched):
 
-- one or more devices (`count`), each with `total` bytes, `free` bytes and `sms` SMs;
+- one or more devices (`count`), each with `total` bytes, `free` bytes, `sms` SMs and compute
+  capability `cc` ("90": sm_90; "75" for a GPU without the sm_80 tensor-core instructions);
   `cupy.cuda.Memory(n)` takes n bytes (cudaMalloc: out of memory raises CUDARuntimeError
   "cudaErrorMemoryAllocation", or cupy.cuda.memory.OutOfMemoryError with `oom="pool"`) and gives
   them back when its last reference goes, as CuPy does. New memory holds junk (0xA5 bytes), not
@@ -27,7 +28,8 @@ check that e.g. no memory pool or managed memory is touched):
   parameter exactly a np.uint64, an `int` exactly a np.int32, a `float` exactly a np.float32;
   anything else raises LaunchArgumentError (an AssertionError: a test failure, never mistaken
   for a GPU fault). Grid and block are checked against CUDA's limits like the driver does
-  (CUDADriverError). Then the kernel runs under the emulator with the geometry asked for: keep
+  (CUDADriverError), and so is the block against the kernel's `__launch_bounds__` (a kernel
+  compiled for 128 threads refuses a launch of 256). Then the kernel runs under the emulator with the geometry asked for: keep
   problems and grids small (every CUDA thread is an OS thread; blocks run one after another).
 - `fail_next(kernel, message)`: the next launch of `kernel` faults; the error surfaces at the next
   synchronising call (stream or event synchronize, get/set, Event.done), as an asynchronous CUDA
@@ -97,6 +99,16 @@ def kernel_params(code: str) -> dict[str, tuple[tuple[str, str], ...]]:
     return out
 
 
+@lru_cache(maxsize=None)
+def launch_bounds(code: str) -> dict[str, int]:
+    """{kernel: the most threads per block its __launch_bounds__ allows} of every entry point of
+    `code` that declares one."""
+    pre = subprocess.run(["g++", "-E", "-P", "-x", "c++", "-"], input=code, capture_output=True, text=True,
+                         check=True).stdout
+    entry = r'extern\s+"C"\s+__global__\s+void\s+__launch_bounds__\s*\(\s*(\d+)[^)]*\)\s*(\w+)\s*\('
+    return {m.group(2): int(m.group(1)) for m in re.finditer(entry, pre)}
+
+
 def _base(ctype: str) -> str:
     return ctype.removeprefix("const ").strip()
 
@@ -143,11 +155,13 @@ class FakeCupy(types.ModuleType):
     Devices share one memory account; launches run synchronously."""
 
     def __init__(self, *, count: int = 1, free: int = 1 << 20, total: int = 1 << 30, sms: int = 2,
-                 name: str = "Fake GPU", oom: str = "runtime", l2: int = 4 << 10, occupancy: int | dict = 8):
+                 name: str = "Fake GPU", oom: str = "runtime", l2: int = 4 << 10, occupancy: int | dict = 8,
+                 cc: str = "90"):
         super().__init__("cupy")
         self.__spec__ = importlib.machinery.ModuleSpec("cupy", None)  # importlib.util.find_spec works
         self.__version__ = "14.0.0+fakecupy"
         self.count, self.free, self.total, self.sms, self.gpu_name, self.oom = count, free, total, sms, name, oom
+        self.cc = cc
         self.launches: list[Launch] = []
         self.modules: list[Any] = []
         self.live: dict[int, int] = {}  # ptr -> size of every Memory not freed yet (no reference kept)
@@ -338,11 +352,11 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
         @property
         def compute_capability(self) -> str:
             self._check()
-            return "90"
+            return fake.cc
 
     class Function:
-        def __init__(self, lib: Any, name: str, params: tuple[tuple[str, str], ...]):
-            self.lib, self.name, self.params = lib, name, params
+        def __init__(self, lib: Any, name: str, params: tuple[tuple[str, str], ...], max_threads: int = 1024):
+            self.lib, self.name, self.params, self.max_threads = lib, name, params, max_threads
             self.ptr = id(self)  # the CUfunction handle (driver.occupancy* take it)
             _function_names[self.ptr] = name
 
@@ -352,7 +366,8 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
             g = tuple(int(x) for x in (grid + (1, 1))[:3])
             b = tuple(int(x) for x in (block + (1, 1))[:3])
             if not (1 <= g[0] <= 2**31 - 1 and 1 <= g[1] <= 65535 and 1 <= g[2] <= 65535
-                    and 1 <= b[0] <= 1024 and 1 <= b[1] <= 1024 and 1 <= b[2] <= 64 and b[0] * b[1] * b[2] <= 1024):
+                    and 1 <= b[0] <= 1024 and 1 <= b[1] <= 1024 and 1 <= b[2] <= 64
+                    and b[0] * b[1] * b[2] <= min(1024, self.max_threads)):
                 raise CUDADriverError("CUDA_ERROR_INVALID_VALUE: invalid argument")
             vals = check_args(self.name, self.params, args)
             s = stream if stream is not None else fake._current_stream()
@@ -378,7 +393,7 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
             self.compile()
             if name not in self._params:
                 raise CUDADriverError(f"CUDA_ERROR_NOT_FOUND: named symbol not found ({name})")
-            return Function(self._lib, name, self._params[name])
+            return Function(self._lib, name, self._params[name], launch_bounds(self.code).get(name, 1024))
 
     _function_names: dict[int, str] = {}
 
@@ -407,8 +422,8 @@ def _make_cuda(fake: FakeCupy) -> types.SimpleNamespace:
     def getDeviceProperties(dev: int) -> dict[str, Any]:  # noqa: N802
         if not 0 <= dev < fake.count:
             raise CUDARuntimeError("cudaErrorInvalidDevice: invalid device ordinal")
-        return {"name": fake.gpu_name.encode(), "multiProcessorCount": fake.sms, "major": 9, "minor": 0,
-                "totalGlobalMem": fake.total, "l2CacheSize": fake.l2}
+        return {"name": fake.gpu_name.encode(), "multiProcessorCount": fake.sms, "major": int(fake.cc[:-1]),
+                "minor": int(fake.cc[-1]), "totalGlobalMem": fake.total, "l2CacheSize": fake.l2}
 
     runtime = types.SimpleNamespace(
         CUDARuntimeError=CUDARuntimeError, getDeviceCount=lambda: fake.count, getDevice=lambda: fake.current_device,

@@ -57,7 +57,7 @@ def test_injected_bitflip_and_hang_fail_exactly_their_gpus():
     ok = res[0]
     assert ok.status == Status.PASS and ok.injected == [] and ok.action == Action.NONE
     assert "POET problems verified (bf16, fp32; blocks 32, 64)" in ok.summary
-    assert "on the torch path: 8 invariants clean, worst error/bound" in ok.summary
+    assert "on the torch path: 9 invariants clean, worst error/bound" in ok.summary
     assert ok.metrics["problems"] >= 4 and ok.metrics["violations"] == 0 and ok.metrics["cuda_kernels"] == 0
     assert 0 < ok.metrics["max_ratio_kernel_reference"] <= 1.0
     assert any(t.metric == "violations" and t.status == Status.FAIL for t in ok.thresholds)

@@ -1,8 +1,11 @@
 """poet.ortho on a real GPU (run on the GPU machine: python3 -m pytest -m gpu tests/test_poet_gpu.py).
 
 The CUDA kernels through CuPy against the float64 / torch references for every dtype and block
-size, every invariant on the device, healthy seeds, injected faults, a kernel fault surfacing as
-KernelError, and `gpucheck poet` end to end on the node's GPUs (the tests marked gpu).
+size (the tensor-core kernel poet_bd_mma included: within its derived bound, the same bits when
+run again, agreeing with the CUDA-core kernel within both bounds, and its speed against torch.bmm
+recorded), every invariant on the device, healthy seeds, injected faults in any bit, a kernel
+fault surfacing as KernelError, and `gpucheck poet` end to end on the node's GPUs (the tests
+marked gpu).
 
 Unmarked, so in the CPU suite: what the CuPy launches are made of, checked against poet.cu itself
 (the launch arguments' C types against the kernels' parameter lists, the tile constants, the
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_coeff, stage_floor
+from gpucheck.poet.bounds import STORE_ROUNDOFF, cnp_coeff, stage_floor, unit_acc_coeff, unit_floor
 from gpucheck.poet.invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
 
 needs_gpu = pytest.mark.gpu
@@ -75,17 +78,30 @@ def test_cupy_kernels_match_the_references(gpu, dtype, b):
     beta = u * Gx.abs() + cnp_coeff(b, u) * P + stage_floor(dtype, 4 * b)
     assert bool(((G.to(f64) - Gx).abs() <= beta).all())
     assert bool(((G.to(f64) - tops.cnp(p.t_in.Q, dtype).to(f64)).abs() <= 2 * beta).all())
-    # (1) block-diagonal apply in every mode
+    # (1) and (3): block-diagonal apply in every mode, on every unit (tensor cores for bf16/fp16)
     X, perm, inv = p.x, p.t_in.perm, p.t_in.inv
+    assert cops.units(dtype) == (("cuda",) if dtype == "fp32" else ("tensor", "cuda"))
     for src, kw in ((X, dict(in_idx=perm)), (X, dict(transpose=True, out_idx=perm)),
-                    (X, dict(in_idx=perm, out_idx=inv)), (p.W, dict(x_t=True, y_t=True, out_idx=inv))):
-        Y = cops.bd(src, G, **kw)
+                    (X, dict(in_idx=perm, out_idx=inv)), (X, dict()), (p.W, dict(x_t=True, y_t=True, out_idx=inv))):
         ref = bd_torch(torch, src.to(f64), G.to(f64), acc=f64, **kw)
         absr = bd_torch(torch, src.to(f64).abs(), G.to(f64).abs(), acc=f64, **kw)
-        bound = u * ref.abs() + (1 + u) * acc_coeff(b, U32) * absr + stage_floor(dtype, b)
-        assert bool(((Y.to(f64) - ref).abs() <= bound).all()), kw
+        out = {}
+        for unit in cops.units(dtype):
+            Y = cops.bd(src, G, unit=unit, **kw)
+            again = cops.bd(src, G, unit=unit, **kw)
+            cops.sync()
+            bound = u * ref.abs() + (1 + u) * unit_acc_coeff(unit, b) * absr + unit_floor(unit, dtype, b)
+            assert bool(((Y.to(f64) - ref).abs() <= bound).all()), (unit, kw)
+            assert torch.equal(Y.view(torch.int16 if Y.element_size() == 2 else torch.int32),
+                               again.view(torch.int16 if Y.element_size() == 2 else torch.int32)), (unit, kw)
+            out[unit] = (Y, bound)
+        tbound = u * ref.abs() + (1 + u) * unit_acc_coeff("torch", b) * absr + unit_floor("torch", dtype, b)
         Yt = tops.bd(src, G, **kw)
-        assert bool(((Y.to(f64) - Yt.to(f64)).abs() <= 2 * bound).all()), kw
+        for unit, (Y, bound) in out.items():
+            assert bool(((Y.to(f64) - Yt.to(f64)).abs() <= bound + tbound).all()), (unit, kw)
+        if len(out) == 2:  # the two units agree within the sum of their bounds (core_agreement)
+            (Ya, ba), (Yb, bb) = out["tensor"], out["cuda"]
+            assert bool(((Ya.to(f64) - Yb.to(f64)).abs() <= ba + bb).all()), kw
 
 
 @needs_gpu
@@ -95,8 +111,11 @@ def test_every_invariant_holds_on_the_device(gpu, dtype, b):
     torch, dev, cops, _, _ = gpu
     out = check_problem(torch, cops, _problem(gpu, dtype, b, seed=100 + b, n=2048, m=1024), VerifyConfig())
     assert out["violations"] == [], out["violations"][:2]
-    assert set(out["ratios"]) == set(INVARIANTS) and max(out["ratios"].values()) <= 1.0
-    assert out["launches"] == 6 * 3 + 9  # 6 CNP constructions of 3 launches, 9 block-diagonal applies
+    two_units = dtype != "fp32"  # bf16/fp16 on sm_80+: tensor cores and CUDA cores
+    assert set(out["ratios"]) == set(INVARIANTS) - (set() if two_units else {"core_agreement"})
+    assert max(out["ratios"].values()) <= 1.0
+    # 6 CNP constructions of 3 launches and 9 block-diagonal applies, each run twice, on every unit
+    assert out["launches"] == 2 * 6 * 3 + 2 * (2 if two_units else 1) * 9
 
 
 @needs_gpu
@@ -131,9 +150,114 @@ def test_a_flipped_bit_in_a_kernel_output_is_caught_on_the_device(gpu, op, dtype
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_a_flip_in_any_bit_of_any_kernel_output_fails_on_the_device(gpu, dtype):
+    """Every bit of every operation's output: the repeat of the kernel on the same inputs differs
+    in that bit (repeat_bitwise), whatever the rounding bounds would let through."""
+    torch, dev, cops, _, _ = gpu
+    nbits = 32 if dtype == "fp32" else 16
+    for op in INJECT_OPS:
+        for bit in range(nbits):
+            p = _problem(gpu, dtype, 64, seed=11, n=256, m=128, chain=1, index=0)
+            out = check_problem(torch, cops, p, VerifyConfig(ortho_blocks=1), inject={"op": op, "bit": bit})
+            fired = {v["invariant"] for v in out["violations"]}
+            assert "repeat_bitwise" in fired, (op, bit, fired)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("b", [32, 64, 128, 256])
+def test_the_tensor_core_kernel_at_gpu_size_against_torch_bmm(gpu, dtype, b, record_property):
+    """m = 16384, n = 4096 (the benchmark's size): the tensor-core kernel within its derived bound
+    of the float64 reference (computed in row chunks), the same bits on every run, and its time
+    against torch.bmm with the gather (recorded, not judged: benchmarks/bench_poet.py measures)."""
+    import time
+
+    from gpucheck.poet.ortho import bd_torch
+
+    torch, dev, cops, tops, _ = gpu
+    f64 = torch.float64
+    p = _problem(gpu, dtype, b, seed=b, n=4096, m=16384, chain=1)
+    G = tops.cnp(p.t_in.Q, dtype)
+    X, perm = p.x, p.t_in.perm
+    Y = cops.bd(X, G, in_idx=perm)
+    again = cops.bd(X, G, in_idx=perm)
+    cops.sync()
+    assert torch.equal(Y.view(torch.int16), again.view(torch.int16))
+    u = STORE_ROUNDOFF[dtype]
+    for r0 in range(0, p.m, 2048):
+        Xr = X[r0:r0 + 2048]
+        ref = bd_torch(torch, Xr.to(f64), G.to(f64), in_idx=perm, acc=f64)
+        absr = bd_torch(torch, Xr.to(f64).abs(), G.to(f64).abs(), in_idx=perm, acc=f64)
+        bound = u * ref.abs() + (1 + u) * unit_acc_coeff("tensor", b) * absr + unit_floor("tensor", dtype, b)
+        assert bool(((Y[r0:r0 + 2048].to(f64) - ref).abs() <= bound).all()), r0
+
+    def timed(fn, reps=20):
+        fn()
+        torch.cuda.synchronize(dev)
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize(dev)
+        return (time.perf_counter() - t) / reps
+
+    k = p.n // b
+    perm32 = perm.to(torch.int32)  # converted once, not inside the timing
+    t_mma = timed(lambda: cops.bd(X, G, in_idx=perm32))
+    t_cuda = timed(lambda: cops.bd(X, G, in_idx=perm32, unit="cuda"))
+    t_bmm = timed(lambda: torch.bmm(X.index_select(1, perm).reshape(p.m, k, b).transpose(0, 1), G)
+                  .transpose(0, 1).reshape(p.m, p.n))
+    cops.sync()
+    tflops = 2.0 * p.m * p.n * b / 1e12
+    record_property("tensor_core_tflops", tflops / t_mma)
+    record_property("cuda_core_tflops", tflops / t_cuda)
+    record_property("bmm_gather_tflops", tflops / t_bmm)
+    print(f"\n{torch.cuda.get_device_name(dev)} {dtype} b={b}: tensor cores {tflops / t_mma:.1f} TFLOP/s, "
+          f"CUDA cores {tflops / t_cuda:.1f}, torch bmm+gather {tflops / t_bmm:.1f}; "
+          f"ratio vs bmm+gather {t_bmm / t_mma:.2f}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_emulators_mma_model_against_the_hardware(gpu, dtype, record_property):
+    """The CPU emulator's arithmetic model of mma.sync (the products and c summed in binary64,
+    truncated to fp32 once) is a model, not the hardware: the same tensor-core kernel on the GPU
+    and under the emulator, on the same inputs, both within the tensor-core bound of float64;
+    the share of output elements whose bits differ is recorded (0 would mean the model is
+    bit-accurate on these data)."""
+    import cudaemu
+    import poet_emu
+
+    from gpucheck.poet.ortho import bd_torch
+
+    if cudaemu.usable():
+        pytest.skip(cudaemu.usable())
+    torch, dev, cops, _, _ = gpu
+    f64 = torch.float64
+    b = 64
+    p = _problem(gpu, dtype, b, seed=21, n=2 * b, m=256, chain=1)
+    G = cops.cnp(p.t_in.Q, dtype)
+    Y = cops.bd(p.x, G, in_idx=p.t_in.perm)
+    cops.sync()
+    emu = poet_emu.EmuOps(poet_emu.build())
+    Ye = emu.bd(p.x.cpu(), G.cpu(), in_idx=p.t_in.perm.cpu())
+    X64, G64 = p.x.cpu().to(f64), G.cpu().to(f64)
+    ref = bd_torch(torch, X64, G64, in_idx=p.t_in.perm.cpu(), acc=f64)
+    absr = bd_torch(torch, X64.abs(), G64.abs(), in_idx=p.t_in.perm.cpu(), acc=f64)
+    u = STORE_ROUNDOFF[dtype]
+    bound = u * ref.abs() + (1 + u) * unit_acc_coeff("tensor", b) * absr + unit_floor("tensor", dtype, b)
+    assert bool(((Y.cpu().to(f64) - ref).abs() <= bound).all()) and bool(((Ye.to(f64) - ref).abs() <= bound).all())
+    differ = float((Y.cpu().view(torch.int16) != Ye.view(torch.int16)).double().mean())
+    record_property("emulator_bits_differ_share", differ)
+    print(f"\n{torch.cuda.get_device_name(dev)} {dtype}: {differ:.2%} of the tensor-core outputs differ in bits "
+          "from the emulator's model")
+
+
+@needs_gpu
 def test_a_faulting_kernel_is_a_kernel_error_naming_the_launch():
-    """A launch on a bad address must surface as KernelError at that launch (sync=True), not as a
-    later, unrelated failure. In a subprocess: the fault poisons that process's CUDA context."""
+    """A launch on a bad address must surface as KernelError naming that launch at the sync after
+    it, not as a later, unrelated failure. In a subprocess: the fault poisons that process's CUDA
+    context."""
     _require_cupy_and_cuda()
     code = textwrap.dedent("""
         import torch
@@ -146,7 +270,8 @@ def test_a_faulting_kernel_is_a_kernel_error_naming_the_launch():
         args = [("ptr", None), ("i64", 64), ("i64", 1), ("ptr", G), ("ptr", Y), ("i64", 64), ("i64", 1),
                 ("ptr", None), ("ptr", None), ("i32", 256), ("i32", 32), ("i32", 2), ("i32", 0)]
         try:
-            ops._run("poet_bd_apply_f32", (2, 2, 1), args)
+            ops._run("poet_bd_apply_f32", (2, 2, 1), args)  # launched: the fault surfaces at the sync
+            ops.sync()
         except KernelError as e:
             print("KERNELERROR", e, flush=True)  # before the poisoned context's teardown at exit
         else:
@@ -218,9 +343,14 @@ def test_the_launch_constants_are_poet_cu_s():
     d = _defines()
     assert (d["POET_THREADS"], d["POET_TN"], d["POET_TK"], d["POET_BD_TM"], d["POET_CNP_TM"]) == \
         (co.THREADS, co.TN, co.TK, co.BD_TM, co.CNP_TM)
+    assert (d["POET_MMA_THREADS"], d["POET_MMA_TM"], d["POET_MMA_TN"], d["POET_MMA_KC"], d["POET_MMA_BMAX"],
+            d["POET_MMA_PAD"]) == (co.MMA_THREADS, co.MMA_TM, co.MMA_TN, co.MMA_KC, co.MMA_BMAX, co.MMA_PAD)
     # a thread owns (TM/32) x 4 outputs: 8 threads across the 32 tile columns, 32 down the rows
     assert co.THREADS == (co.TN // 4) * 32 and co.THREADS <= co.MAX_BLOCK_THREADS
     assert co.BD_TM % 32 == 0 and co.CNP_TM % 32 == 0
+    # the tensor-core kernel: a warp per 16 rows (one m16 strip), 4 n8 tiles per pass, k16 steps
+    assert co.MMA_THREADS == 32 * (co.MMA_TM // 16) and co.MMA_TN == 4 * 8 and co.MMA_KC % 16 == 0
+    assert co.MMA_BMAX % co.MMA_KC == 0 and co.MMA_PAD * 2 == 16  # 16-byte aligned, conflict-free rows
 
 
 def test_static_shared_memory_fits_every_launch():
@@ -229,6 +359,7 @@ def test_static_shared_memory_fits_every_launch():
     assert co.tile_shared_bytes(co.BD_TM) == 4 * (32 * 129 + 32 * 33) == 20736
     assert co.tile_shared_bytes(co.CNP_TM) == 4 * (32 * 65 + 32 * 33) == 12544
     assert max(co.tile_shared_bytes(tm) for tm in (co.BD_TM, co.CNP_TM)) <= co.MAX_STATIC_SHARED
+    assert co.mma_shared_bytes() == 2 * (64 * 264 + 32 * 72) + 8 * 256 == 40448 <= co.MAX_STATIC_SHARED
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
@@ -242,7 +373,7 @@ def test_launch_arguments_have_the_kernel_parameters_types(dtype, b):
     from gpucheck.poet.ortho import storage_dtype
 
     sigs = _kernel_signatures()
-    assert len(sigs) == 6
+    assert len(sigs) == 8
     st = storage_dtype(torch, dtype)
     k, m = 2, 130
     n = k * b
@@ -250,6 +381,9 @@ def test_launch_arguments_have_the_kernel_parameters_types(dtype, b):
     idx = torch.arange(n, dtype=torch.int32)
     Q, H1, H2 = (torch.zeros(k, b, b) for _ in range(3))
     launches = [bd_plan(X, G, Y, in_idx=idx, transpose=True), *cnp_plan(Q, H1, H2, G)]
+    if dtype != "fp32":
+        launches.append(bd_plan(X, G, Y, in_idx=idx, transpose=True, tensor_cores=True))
+        assert launches[-1][0] == f"poet_bd_mma_{dtype.replace('fp', 'f')}" and launches[-1][1] == (k, 3, 1)
     for kernel, grid, args in launches:
         conv = launch_args(args, np)
         assert kernel in sigs, kernel
@@ -277,12 +411,16 @@ def test_launch_arguments_and_grids_refuse_what_cuda_cannot_take():
         launch_args([("i64", -(2**63) - 1)], np)
     assert launch_args([("i32", -(2**31)), ("f32", 2.0)], np) == (np.int32(-(2**31)), np.float32(2.0))
     # gridDim.y <= 65535 row tiles: more rows is a ValueError before any launch, and a setup error
-    meta = dict(device="meta")
+    meta = dict(device="meta", dtype=torch.bfloat16)
     G = torch.empty(1, 32, 32, **meta)
-    kernel, grid, _ = bd_plan(torch.empty(MAX_ROWS, 32, **meta), G, torch.empty(MAX_ROWS, 32, **meta))
+    assert MAX_ROWS == 65535 * 64  # the tensor-core kernel's 64-row tiles are the smaller
+    kernel, grid, _ = bd_plan(torch.empty(MAX_ROWS, 32, **meta), G, torch.empty(MAX_ROWS, 32, **meta),
+                              tensor_cores=True)
     assert grid == (1, 65535, 1)
     with pytest.raises(ValueError, match="grid"):
-        bd_plan(torch.empty(MAX_ROWS + 1, 32, **meta), G, torch.empty(MAX_ROWS + 1, 32, **meta))
+        bd_plan(torch.empty(MAX_ROWS + 1, 32, **meta), G, torch.empty(MAX_ROWS + 1, 32, **meta), tensor_cores=True)
+    big = 65535 * 128  # the CUDA-core kernel's 128-row tiles reach further, size_problem the lesser
+    assert bd_plan(torch.empty(big, 32, **meta), G, torch.empty(big, 32, **meta))[1] == (1, 65535, 1)
     assert size_problem(4096, 4096) is None and "rows" in size_problem(MAX_ROWS + 1, 4096)
     # the kernel reads int32 indices
     X, Y = torch.zeros(4, 32), torch.zeros(4, 32)

@@ -4,8 +4,6 @@ GPU runs, against the torch/float64 reference for every dtype, and the whole per
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 
 import cudaemu
@@ -14,26 +12,12 @@ from gpucheck.poet.invariants import VerifyConfig, check_problem
 
 torch = pytest.importorskip("torch")
 
-from gpucheck.poet.cupy_ops import KernelOps, bd_plan, cnp_plan  # noqa: E402
+import poet_emu  # noqa: E402
+from gpucheck.poet.cupy_ops import bd_plan, cnp_plan  # noqa: E402
 from gpucheck.poet.ortho import QPool, TorchOps, bd_torch, cnp_torch, make_problem  # noqa: E402
 
 CPU = torch.device("cpu")
 F64 = torch.float64
-
-DRIVER = ""
-for _suf, _st in (("f32", "float"), ("bf16", "gc_u16"), ("f16", "gc_u16")):
-    DRIVER += f"""
-extern "C" void emu_poet_bd_apply_{_suf}(EMU_LAUNCH_PARAMS, const {_st}* X, gc_i64 x_rs, gc_i64 x_cs, const {_st}* G,
-        {_st}* Y, gc_i64 y_rs, gc_i64 y_cs, const int* in_idx, const int* out_idx, int m, int b, int k, int transpose) {{
-    EMU_LAUNCH(poet_bd_apply_{_suf}(X, x_rs, x_cs, G, Y, y_rs, y_cs, in_idx, out_idx, m, b, k, transpose));
-}}
-extern "C" void emu_poet_cnp_step_{_suf}(EMU_LAUNCH_PARAMS, const float* Q, const float* H, {_st}* out, int b, int k,
-        float c, int first) {{
-    EMU_LAUNCH(poet_cnp_step_{_suf}(Q, H, out, b, k, c, first));
-}}
-"""
-
-_CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
 
 
 @pytest.fixture(scope="module")
@@ -42,26 +26,10 @@ def lib():
     if why:
         pytest.skip(why)
     torch.set_num_threads(1)
-    return cudaemu.build("poet", DRIVER)
+    return poet_emu.build()
 
 
-class EmuOps(KernelOps):
-    """KernelOps whose launches run the emulated kernels: the CuPy backend minus CuPy."""
-
-    name = "emu"
-
-    def __init__(self, lib):
-        super().__init__(torch, CPU)
-        self.lib = lib
-        self.calls = []
-
-    def _run(self, kernel, grid, args):
-        fn = getattr(self.lib, "emu_" + kernel)
-        fn.argtypes = [ctypes.c_uint] * 6 + [_CTYPES[k] for k, _ in args]
-        fn.restype = None
-        vals = [(None if v is None else v.data_ptr()) if k == "ptr" else v for k, v in args]
-        self.calls.append((kernel, grid))
-        fn(*grid, 256, 1, 1, *vals)
+EmuOps = poet_emu.EmuOps
 
 
 def _data(dtype, m, k, b, seed):
@@ -97,7 +65,7 @@ def test_bd_kernel_matches_the_reference_in_every_mode(lib, dtype, b, k, m):
     modes = [dict(in_idx=perm), dict(transpose=True, out_idx=perm), dict(in_idx=perm, out_idx=inv, transpose=True),
              dict()]
     for kw in modes:
-        Y = ops.bd(X, G, **kw)
+        Y = ops.bd(X, G, unit="cuda", **kw)  # the CUDA-core kernel (bf16/fp16 default to tensor cores)
         assert Y.dtype == X.dtype and tuple(Y.shape) == (m, k * b)
         bound = _assert_bd_within_bound(dtype, Y, X, G, **kw)
         # the torch backend (fp32 accumulation in another order) is within the same bound of the
@@ -106,7 +74,7 @@ def test_bd_kernel_matches_the_reference_in_every_mode(lib, dtype, b, k, m):
         assert bool(((Y.double() - Yt.double()).abs() <= 2 * bound).all())
     # x_t / y_t: a square operand read and written transposed (the weight-centric merge)
     Wt = torch.randn(k * b, k * b, generator=torch.Generator().manual_seed(1)).to(X.dtype)
-    Y = ops.bd(Wt, G, x_t=True, y_t=True, out_idx=inv)
+    Y = ops.bd(Wt, G, x_t=True, y_t=True, out_idx=inv, unit="cuda")
     _assert_bd_within_bound(dtype, Y, Wt, G, x_t=True, y_t=True, out_idx=inv)
     assert [c[0] for c in ops.calls] == [f"poet_bd_apply_{ {'fp32': 'f32', 'bf16': 'bf16', 'fp16': 'f16'}[dtype]}"] * 5
     assert ops.calls[0][1] == (k * b // 32, (m + 127) // 128, 1)
@@ -140,8 +108,13 @@ def test_the_whole_check_runs_on_the_emulated_kernels(lib, dtype):
     p = make_problem(torch, CPU, pool, index=1, seed=31, dtype=dtype, b=32, n=64, m=40, rho_min=0.1, rho_max=0.5,
                      chain_steps=2)
     out = check_problem(torch, ops, p, VerifyConfig(ortho_blocks=2))
-    assert out["violations"] == [] and out["launches"] == 4 * 3 + 7
+    # 4 CNP constructions of 3 launches and 7 block-diagonal applies, each run twice; bf16 and fp16
+    # run every apply on both units (tensor cores and CUDA cores)
+    units = 2 if dtype != "fp32" else 1
+    assert out["violations"] == [] and out["launches"] == 2 * (4 * 3) + 2 * units * 7
     assert all(r <= 1.0 for r in out["ratios"].values())
+    assert out["checks"]["repeat_bitwise"] == 4 + 7 * units and out["ratios"]["repeat_bitwise"] == 0.0
+    assert out["checks"].get("core_agreement", 0) == 7 * (units - 1)
     # the same problem with a flipped bit in one kernel output: caught
     p = make_problem(torch, CPU, pool, index=1, seed=31, dtype=dtype, b=32, n=64, m=40, rho_min=0.1, rho_max=0.5,
                      chain_steps=2)

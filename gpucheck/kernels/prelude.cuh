@@ -7,7 +7,11 @@
 //     as an OS thread, so the kernels' indexing and arithmetic execute on the CPU in tests.
 // Rules for kernel sources: no #include (NVRTC has no standard headers here), extern "C" entry
 // points (no templates at the entry; templates inside are fine), static __shared__ sizes only,
-// no warp intrinsics (__shfl*, __ballot*), no early `return` before a __syncthreads().
+// no early `return` before a __syncthreads(). Warp-level operations (__syncwarp, __shfl*_sync,
+// __ballot_sync, __any_sync, __all_sync, gc_mma_16816_* below) only with the full warp
+// converged (mask 0xffffffff, every lane of the warp calling): the emulator runs them with a
+// barrier among the warp's 32 lanes and refuses any other mask; no __activemask, no partial
+// masks, no warp-synchronous code that relies on lockstep execution without a *_sync operation.
 
 typedef unsigned char gc_u8;
 typedef unsigned short gc_u16;
@@ -63,4 +67,82 @@ __device__ __forceinline__ gc_u64 gc_mix64(gc_u64 seed, gc_u64 i) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
+}
+
+// 16 bytes moved as one (ld/st.v4.u32 on the device): for vectorised loads and stores of
+// 16-byte-aligned data, and 32-bit words of 16-bit arrays. Only at addresses that are multiples
+// of their size.
+struct alignas(16) gc_v16 {
+    gc_u32 w[4];
+};
+#ifdef GC_EMULATION
+__device__ __forceinline__ gc_v16 gc_ld_v16(const void* p) { gc_v16 v; memcpy(&v, p, 16); return v; }
+__device__ __forceinline__ void gc_st_v16(void* p, gc_v16 v) { memcpy(p, &v, 16); }
+__device__ __forceinline__ gc_u32 gc_ld_u32(const void* p) { gc_u32 v; memcpy(&v, p, 4); return v; }
+__device__ __forceinline__ void gc_st_u32(void* p, gc_u32 v) { memcpy(p, &v, 4); }
+#else
+__device__ __forceinline__ gc_v16 gc_ld_v16(const void* p) { return *(const gc_v16*)p; }
+__device__ __forceinline__ void gc_st_v16(void* p, gc_v16 v) { *(gc_v16*)p = v; }
+__device__ __forceinline__ gc_u32 gc_ld_u32(const void* p) { return *(const gc_u32*)p; }
+__device__ __forceinline__ void gc_st_u32(void* p, gc_u32 v) { *(gc_u32*)p = v; }
+#endif
+
+// ---- tensor cores: one warp-level matrix multiply-accumulate ------------------------------------
+// d = A . B + c with A 16 x 16 (row major), B 16 x 8 (column major), c and d 16 x 8 in fp32:
+// mma.sync.aligned.m16n8k16.row.col.f32.<bf16|f16>.<bf16|f16>.f32 (sm_80 and later). Fragments
+// as the PTX ISA documents them ("Matrix Fragments for mma.m16n8k16 with floating point type"),
+// with g = lane / 4 and t = lane % 4, two 16-bit elements per register (lower index in the low
+// half):
+//   a[0] = A[g][2t, 2t+1]    a[1] = A[g+8][2t, 2t+1]    a[2] = A[g][2t+8, 2t+9]    a[3] = A[g+8][2t+8, 2t+9]
+//   b[0] = B[2t, 2t+1][g]    b[1] = B[2t+8, 2t+9][g]
+//   c[i], d[i] = C, D[g + 8 (i >= 2)][2t + (i & 1)]
+// Every lane of the warp calls it together. On the device: inline PTX (a GPU older than sm_80
+// traps; gpucheck.poet.cupy_ops never launches it there). In emulation (tests/cudaemu.h): the
+// lanes exchange their fragments and each computes its own d with the same layout.
+#ifdef GC_EMULATION
+__device__ __forceinline__ void gc_mma_16816_bf16(float (&d)[4], const gc_u32 (&a)[4], const gc_u32 (&b)[2],
+                                                  const float (&c)[4]) {
+    emu_mma_m16n8k16(EMU_MMA_BF16, d, a, b, c);
+}
+__device__ __forceinline__ void gc_mma_16816_f16(float (&d)[4], const gc_u32 (&a)[4], const gc_u32 (&b)[2],
+                                                 const float (&c)[4]) {
+    emu_mma_m16n8k16(EMU_MMA_F16, d, a, b, c);
+}
+#else
+__device__ __forceinline__ void gc_mma_16816_bf16(float (&d)[4], const gc_u32 (&a)[4], const gc_u32 (&b)[2],
+                                                  const float (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void gc_mma_16816_f16(float (&d)[4], const gc_u32 (&a)[4], const gc_u32 (&b)[2],
+                                                 const float (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+#else
+    __trap();
+#endif
+}
+#endif
+
+// The mma of a storage dtype tag (bf16 or fp16): gc_mma_16816(d, a, b, c, gc_bf16()).
+__device__ __forceinline__ void gc_mma_16816(float (&d)[4], const gc_u32 (&a)[4], const gc_u32 (&b)[2],
+                                             const float (&c)[4], gc_bf16) {
+    gc_mma_16816_bf16(d, a, b, c);
+}
+__device__ __forceinline__ void gc_mma_16816(float (&d)[4], const gc_u32 (&a)[4], const gc_u32 (&b)[2],
+                                             const float (&c)[4], gc_f16) {
+    gc_mma_16816_f16(d, a, b, c);
 }

@@ -33,6 +33,16 @@ SUBNORMAL_HALF_SPACING: dict[str, float] = {"fp32": 2.0**-150, "bf16": 2.0**-134
 DENSE_ACC_ROUNDOFF = 2.0**-23
 # Per-element rounding floor of the accumulator (fp32 subnormals), per operation.
 ACC_FLOOR = 2.0**-150
+# Tensor cores (mma.sync, bf16/fp16 products, fp32 accumulation): not IEEE. Each instruction adds
+# its exact products and the accumulator in fused groups of g products, aligning every term to
+# the largest one with truncation and truncating the normalised sum to fp32 (Fasi, Higham,
+# Mikaitis, Pranesh 2021: g = 4 on V100, 8 on A100; Khattak and Mikaitis 2025: 16 on H100).
+# Truncation (round toward zero) has unit roundoff 2^-23, twice round-to-nearest's.
+TC_ROUNDOFF = 2.0**-23
+TC_GROUPS: tuple[int, ...] = (4, 8, 16)
+# Units a block-diagonal apply runs on: the scalar CUDA kernel (fp32 FMA), the tensor-core kernel,
+# and torch (fp32 bmm standing in for the kernels).
+UNITS: tuple[str, ...] = ("cuda", "tensor", "torch")
 
 
 class PoetInputError(ValueError):
@@ -83,6 +93,41 @@ def acc_coeff(n: int, u_acc: float) -> float:
     """Relative (to |A|.|B|) accumulation bound of one product stage of inner size n, plus the
     float64 reference's own error (it is computed, not exact)."""
     return gamma(n, u_acc) + gamma(n + 2, U64)
+
+
+def mma_acc_coeff(n: int) -> float:
+    """Relative (to |A|.|B|) accumulation bound of a length-n dot product on tensor cores, plus the
+    float64 reference's own error.
+
+    One fused group of g exact products p_i and the accumulator c: every term is aligned to the
+    largest, |t_max| >= 2^e, keeping 23 bits below 2^e, so each of the other g terms loses less
+    than 2^(e-23) <= u |t_max|; the sum is then truncated to fp32, less than u |sum|: the error is
+    below (g + 1) u (|c| + sum |p_i|), u = TC_ROUNDOFF. Chained over s = ceil(n / g) groups,
+    E_j <= (1 + e) E_(j-1) + e T_j (T_j the sum of |products| so far, e = (g + 1) u) gives
+    E_s <= ((1 + e)^s - 1) T_n. The worst over TC_GROUPS (it is g = 4's: (g + 1) / g is largest)."""
+    worst = max(math.expm1(math.ceil(n / g) * math.log1p((g + 1) * TC_ROUNDOFF)) for g in TC_GROUPS)
+    return worst + gamma(n + 2, U64)
+
+
+def unit_acc_coeff(unit: str, n: int) -> float:
+    """acc_coeff of a block-diagonal apply of inner size n computed on `unit` (UNITS): fp32 FMA
+    (round to nearest) for the scalar kernel and torch, mma_acc_coeff on tensor cores."""
+    if unit == "tensor":
+        return mma_acc_coeff(n)
+    if unit in ("cuda", "torch"):
+        return acc_coeff(n, U32)
+    raise ValueError(f"unknown unit {unit!r} (one of {', '.join(UNITS)})")
+
+
+def unit_floor(unit: str, dtype: str, n: int) -> float:
+    """stage_floor for `unit`: on tensor cores every term of a group and every group's sum may be
+    truncated at the bottom of fp32's range, a full subnormal spacing (2^-149) each: at most
+    2n + 1 of them."""
+    if unit == "tensor":
+        return SUBNORMAL_HALF_SPACING[dtype] + (2 * n + 1) * 2.0 * ACC_FLOOR
+    if unit in ("cuda", "torch"):
+        return stage_floor(dtype, n)
+    raise ValueError(f"unknown unit {unit!r} (one of {', '.join(UNITS)})")
 
 
 def stage_floor(dtype: str, n: int) -> float:

@@ -1,14 +1,19 @@
 """The POET operations on the CUDA kernels of gpucheck/kernels/poet.cu, launched through CuPy.
 
     ops = CupyOps(torch, dev)        # compiles poet.cu once (KernelError if it cannot)
-    G = ops.cnp(Q, "bf16")           # 3 launches of poet_cnp_step_*, each checked and synced
-    Y = ops.bd(X, G, in_idx=perm)    # 1 launch of poet_bd_apply_*
+    G = ops.cnp(Q, "bf16")           # 3 launches of poet_cnp_step_*
+    Y = ops.bd(X, G, in_idx=perm)    # 1 launch: poet_bd_mma_* (tensor cores) for bf16/fp16 on
+                                     # sm_80+, poet_bd_apply_* (CUDA cores) otherwise
+    Ys = ops.bd(X, G, in_idx=perm, unit="cuda")   # the same on the CUDA-core kernel
+    ops.sync()                       # wait once where the results are needed; KernelError on a fault
 
 Tensors stay torch tensors (torch allocates, the kernels write through raw device pointers) on
 torch's current stream, so the verification in gpucheck.poet.invariants reads them directly and
-an injected bit flip lands on exactly the kernel's output. The launch geometry and argument lists
-are built by `KernelOps` in plain Python: the CPU tests run the very same plans on the same .cu
-source under tests/cudaemu.py, so everything but the CuPy call itself is tested without a GPU.
+an injected bit flip lands on exactly the kernel's output. Launches are not synchronised one by
+one: `sync()` waits for those since the last one and names them if one faulted. The launch
+geometry and argument lists are built by `KernelOps` in plain Python: the CPU tests run the very
+same plans on the same .cu source under tests/cudaemu.py, so everything but the CuPy call itself
+is tested without a GPU.
 """
 
 from __future__ import annotations
@@ -23,6 +28,15 @@ TN = 32  # columns per tile (POET_TN)
 TK = 32  # inner-dimension chunk per tile (POET_TK)
 BD_TM = 128  # rows per tile of poet_bd_apply (POET_BD_TM)
 CNP_TM = 64  # rows per tile of poet_cnp_step (POET_CNP_TM)
+# poet_bd_mma (tensor cores): 4 warps, 64 rows x one whole diagonal block per thread block
+MMA_THREADS = 128  # POET_MMA_THREADS
+MMA_TM = 64  # POET_MMA_TM: rows per thread block
+MMA_TN = 32  # POET_MMA_TN: output columns per pass
+MMA_KC = 64  # POET_MMA_KC: inner-dimension chunk of G staged per pass
+MMA_BMAX = 256  # POET_MMA_BMAX: the largest block size (the operand stripe is MMA_TM x MMA_BMAX)
+MMA_PAD = 8  # POET_MMA_PAD: 16-bit elements of padding per shared row
+MMA_DTYPES = ("bf16", "fp16")  # fp32 has no tensor-core kernel (tf32 would round its inputs)
+MMA_MIN_CC = 80  # mma.sync m16n8k16 with bf16: compute capability 8.0 and later
 SUFFIX = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
 DTYPE_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -31,9 +45,9 @@ MAX_GRID_X = 2**31 - 1
 MAX_GRID_YZ = 65535
 MAX_BLOCK_THREADS = 1024
 MAX_STATIC_SHARED = 48 * 1024  # bytes of static __shared__ per block
-# The most rows one poet_bd_apply launch covers (gridDim.y <= 65535 tiles of BD_TM rows): m of x,
-# and n for the launches on W (n x n).
-MAX_ROWS = MAX_GRID_YZ * BD_TM
+# The most rows one block-diagonal launch covers (gridDim.y <= 65535 row tiles; the tensor-core
+# kernel's tiles of MMA_TM rows are the smaller): m of x, and n for the launches on W (n x n).
+MAX_ROWS = MAX_GRID_YZ * min(BD_TM, MMA_TM)
 INT32_MAX = 2**31 - 1
 
 # An argument of a launch: (kind, value) with kind "ptr" (a tensor or None), "i64", "i32", "f32".
@@ -50,6 +64,17 @@ def tile_shared_bytes(tm: int) -> int:
     return 4 * (TK * (tm + 1) + TK * (TN + 1))
 
 
+def mma_shared_bytes() -> int:
+    """Static shared memory of poet_bd_mma (struct poet_mma_smem): the operand stripe and the G
+    pass (16-bit, padded rows), and the block's input and output indices (int)."""
+    return 2 * (MMA_TM * (MMA_BMAX + MMA_PAD) + MMA_TN * (MMA_KC + MMA_PAD)) + 4 * 2 * MMA_BMAX
+
+
+def block_of(kernel: str) -> tuple[int, int, int]:
+    """The thread block a kernel of poet.cu is launched with."""
+    return (MMA_THREADS, 1, 1) if kernel.startswith("poet_bd_mma_") else (THREADS, 1, 1)
+
+
 def check_grid(grid: tuple[int, int, int], kernel: str) -> None:
     """ValueError when the driver would refuse the launch geometry (rather than a KernelError
     from the launch, which reads as a GPU fault)."""
@@ -62,7 +87,8 @@ def size_problem(m: int, n: int) -> str | None:
     """Why the kernels cannot run a problem of m rows and n features (None: they can)."""
     for what, v in (("rows (m)", m), ("size (n)", n)):
         if v > MAX_ROWS:
-            return f"{what} {v} is more than the CUDA kernels' {MAX_ROWS} (gridDim.y <= {MAX_GRID_YZ} tiles of {BD_TM})"
+            return (f"{what} {v} is more than the CUDA kernels' {MAX_ROWS} "
+                    f"(gridDim.y <= {MAX_GRID_YZ} tiles of {min(BD_TM, MMA_TM)} rows)")
     return None
 
 
@@ -89,9 +115,10 @@ def launch_args(args: list[Arg], np: Any) -> tuple:
 
 
 def bd_plan(X: Any, G: Any, Y: Any, *, in_idx: Any = None, out_idx: Any = None, transpose: bool = False,
-            x_t: bool = False, y_t: bool = False) -> Launch:
-    """The launch of poet_bd_apply_<dtype> computing Y (allocated, contiguous) from X and G; the
-    index tensors must be int32 (or None)."""
+            x_t: bool = False, y_t: bool = False, tensor_cores: bool = False) -> Launch:
+    """The launch of poet_bd_apply_<dtype> (or, with tensor_cores, poet_bd_mma_<dtype>: bf16 and
+    fp16, b <= MMA_BMAX) computing Y (allocated, contiguous) from X and G; the index tensors must
+    be int32 (or None). Both kernels take the same arguments."""
     if x_t:
         n, m = X.shape
         x_rs, x_cs = 1, m
@@ -115,8 +142,16 @@ def bd_plan(X: Any, G: Any, Y: Any, *, in_idx: Any = None, out_idx: Any = None, 
             raise ValueError(f"{name} must be a contiguous int32 tensor of length {n}")
     if m > INT32_MAX or n > INT32_MAX:
         raise ValueError(f"{m} x {n} does not fit the kernel's int sizes")
-    grid = (k * (b // TN), max(1, (m + BD_TM - 1) // BD_TM), 1)
-    kernel = f"poet_bd_apply_{SUFFIX[dt]}"
+    if tensor_cores:
+        if dt not in MMA_DTYPES:
+            raise ValueError(f"the tensor-core kernel takes {' and '.join(MMA_DTYPES)}, not {dt}")
+        if b > MMA_BMAX:
+            raise ValueError(f"the tensor-core kernel takes blocks of up to {MMA_BMAX}, not {b}")
+        grid = (k, max(1, (m + MMA_TM - 1) // MMA_TM), 1)
+        kernel = f"poet_bd_mma_{SUFFIX[dt]}"
+    else:
+        grid = (k * (b // TN), max(1, (m + BD_TM - 1) // BD_TM), 1)
+        kernel = f"poet_bd_apply_{SUFFIX[dt]}"
     check_grid(grid, kernel)
     args: list[Arg] = [("ptr", X), ("i64", x_rs), ("i64", x_cs), ("ptr", G), ("ptr", Y), ("i64", y_rs),
                        ("i64", y_cs), ("ptr", in_idx), ("ptr", out_idx), ("i32", m), ("i32", b), ("i32", k),
@@ -148,15 +183,24 @@ def cnp_plan(Q: Any, H1: Any, H2: Any, G: Any) -> list[Launch]:
 
 
 class KernelOps(TorchOps, abc.ABC):
-    """The operations on poet.cu's kernels; subclasses say how a launch runs (`_run`). The dense
-    GEMM stays torch's (TorchOps.dense)."""
+    """The operations on poet.cu's kernels; subclasses say how a launch runs (`_run`) and how to
+    wait for launches (`sync`). The dense GEMM stays torch's (TorchOps.dense).
+
+    Units: bf16 and fp16 block-diagonal applies run on the tensor-core kernel by default, with
+    the CUDA-core kernel as the second unit a check compares them with ("tensor", "cuda"); fp32,
+    and every dtype where `tensor_cores` is off (a GPU older than sm_80), on the CUDA-core kernel
+    only."""
 
     name = "kernels"
     cuda_kernels = True
+    tensor_cores = True
 
     @abc.abstractmethod
     def _run(self, kernel: str, grid: tuple[int, int, int], args: list[Arg]) -> None:  # pragma: no cover
-        """Launch `kernel` of poet.cu with `args` (see launch_args) on `grid`."""
+        """Launch `kernel` of poet.cu with `args` (see launch_args) on `grid`, block_of(kernel)."""
+
+    def units(self, dtype: str) -> tuple[str, ...]:
+        return ("tensor", "cuda") if self.tensor_cores and dtype in MMA_DTYPES else ("cuda",)
 
     def cnp(self, Q: Any, dtype: str) -> Any:
         torch = self.torch
@@ -169,14 +213,19 @@ class KernelOps(TorchOps, abc.ABC):
         return G
 
     def bd(self, X: Any, G: Any, *, in_idx: Any = None, out_idx: Any = None, transpose: bool = False,
-           x_t: bool = False, y_t: bool = False) -> Any:
+           x_t: bool = False, y_t: bool = False, unit: str | None = None) -> Any:
         torch = self.torch
+        units = self.units(dtype_name(X))
+        unit = units[0] if unit is None else unit
+        if unit not in units:
+            raise ValueError(f"no {unit!r} unit for {dtype_name(X)} here (units: {', '.join(units)})")
         X = X.contiguous()
         G = G.contiguous()
         m, n = (X.shape[1], X.shape[0]) if x_t else tuple(X.shape)
         Y = torch.empty((n, m) if y_t else (m, n), dtype=X.dtype, device=X.device)
         i32 = [None if t is None else t.to(torch.int32).contiguous() for t in (in_idx, out_idx)]
-        kernel, grid, args = bd_plan(X, G, Y, in_idx=i32[0], out_idx=i32[1], transpose=transpose, x_t=x_t, y_t=y_t)
+        kernel, grid, args = bd_plan(X, G, Y, in_idx=i32[0], out_idx=i32[1], transpose=transpose, x_t=x_t, y_t=y_t,
+                                     tensor_cores=unit == "tensor")
         self._run(kernel, grid, args)
         self.launches += 1
         return Y
@@ -188,12 +237,15 @@ class CupyUnavailable(RuntimeError):
 
 
 class CupyOps(KernelOps):
-    """KernelOps on a CUDA device through CuPy: every launch checked and synchronized
-    (gpucheck.kernels.cupy_module.launch raises KernelError on a refused launch or a fault).
+    """KernelOps on a CUDA device through CuPy: a refused launch raises KernelError at once
+    (gpucheck.kernels.cupy_module.launch); a fault while a kernel ran surfaces at `sync()`, which
+    waits for the launches since the last one and names them. No host sync per launch.
 
     The kernels write into torch-allocated tensors through their raw device pointers, on torch's
     current stream of the device (looked up at every launch: CuPy's own current stream is not
-    torch's), so they are ordered with the torch operations around them."""
+    torch's), so they are ordered with the torch operations around them; a caller that reads a
+    result on the host calls `sync()` first, so that a fault is a KernelError naming our kernel
+    rather than torch's report of a sticky CUDA error."""
 
     name = "cupy"
 
@@ -214,6 +266,7 @@ class CupyOps(KernelOps):
         self.tensor_device = torch.device("cuda", self._index)
         self._stream_ptr: int | None = None
         self._stream: Any = None
+        self._pending: list[tuple[str, tuple[int, int, int], Any]] = []  # (kernel, grid, stream) since sync()
         cuda_errors = (cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.driver.CUDADriverError)
         try:
             count = int(cupy.cuda.runtime.getDeviceCount())
@@ -221,7 +274,8 @@ class CupyOps(KernelOps):
                 raise CupyUnavailable(f"CuPy {cupy.__version__} sees {count} GPU(s), not cuda:{self._index}")
             self._device = cupy.cuda.Device(self._index)
             with self._device:
-                self._device.compute_capability  # noqa: B018 - touches the device: a CUDA error surfaces here
+                cc = self._device.compute_capability  # touches the device: a CUDA error surfaces here
+            self.tensor_cores = int(cc) >= MMA_MIN_CC
         except cuda_errors as e:
             raise CupyUnavailable(f"CuPy {cupy.__version__} cannot use cuda:{self._index}: {e}") from None
         with self._device:
@@ -242,5 +296,26 @@ class CupyOps(KernelOps):
             if kind == "ptr" and v is not None and v.device != self.tensor_device:
                 raise ValueError(f"{kernel}: a tensor on {v.device} passed to a launch on {self.tensor_device}")
         conv = launch_args(args, self._np)
+        stream = self._current_stream()
         with self._device:
-            self._cm.launch("poet", kernel, grid, (THREADS, 1, 1), conv, sync=True, stream=self._current_stream())
+            self._cm.launch("poet", kernel, grid, block_of(kernel), conv, sync=False, stream=stream)
+        self._pending.append((kernel, tuple(grid), stream))
+
+    def sync(self) -> None:
+        """Wait for every launch since the last sync (on each stream they went to); KernelError
+        naming them (the one, or all of them) when a kernel faulted."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        cp = self._cp
+        streams = list({int(s.ptr): s for _, _, s in pending}.values())  # each stream once
+        try:
+            with self._device:
+                for stream in streams:
+                    stream.synchronize()
+        except (cp.cuda.runtime.CUDARuntimeError, cp.cuda.driver.CUDADriverError) as e:
+            if len(pending) == 1:
+                kernel, grid, _ = pending[0]
+                raise self._cm.KernelError("poet", kernel, str(e), grid, block_of(kernel)) from e
+            names = "; ".join(f"{k} grid={g} block={block_of(k)}" for k, g, _ in pending)
+            raise self._cm.KernelError("poet", f"one of {len(pending)} launches ({names})", str(e)) from e

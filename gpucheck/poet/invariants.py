@@ -7,14 +7,17 @@ every invariant, return plain data. The same code for both backends.
 
 Operations of one problem (n features, m rows, k = n / b blocks; Pi_* permutations):
     G_in, G_out = cnp(Q_in), cnp(Q_out)                                    CUDA kernel (2)
-    Y1    = bd(x, G_in, gather Pi_in)        = x Pi_in BD(G_in)            CUDA kernel (1)
+    Y1    = bd(x, G_in, gather Pi_in)        = x Pi_in BD(G_in)            CUDA kernel (1) or (3)
     Z     = dense(Y1, W)                     = Y1 W^T                      torch / cuBLAS
-    y_in  = bd(Z, G_out, scatter Pi_out)     = Z BD(G_out) Pi_out          CUDA kernel (1)
-    A     = bd(W, G_in^T, scatter Pi_in^T)   = W BD(G_in)^T Pi_in^T        CUDA kernel (1)
-    W_eff = bd(A^T, G_out, scatter Pi_out)^T = Pi_out^T BD(G_out)^T A      CUDA kernel (1)
+    y_in  = bd(Z, G_out, scatter Pi_out)     = Z BD(G_out) Pi_out          CUDA kernel
+    A     = bd(W, G_in^T, scatter Pi_in^T)   = W BD(G_in)^T Pi_in^T        CUDA kernel
+    W_eff = bd(A^T, G_out, scatter Pi_out)^T = Pi_out^T BD(G_out)^T A      CUDA kernel
     y_w   = dense(x, W_eff)                  = x W_eff^T                   torch / cuBLAS
     X2    = bd(Y1, G_in^T, scatter Pi_in^T)  = x Pi_in BD(G_in G_in^T) Pi_in^T (round trip)
     merge chain: W_t = Pi^T BD(G_out,t)^T W_(t-1) BD(G_in,t)^T Pi^T with fresh transforms
+Every kernel operation runs twice on the same inputs, and a block-diagonal apply runs on every
+unit the backend has for the dtype (ops.units: tensor cores and CUDA cores for bf16/fp16 on the
+CUDA kernels), each twice; the first result of the first unit is the one used downstream.
 
 Invariants (the tolerances are derived in gpucheck.poet.bounds and docs/poet.md):
     cnp_reference        every G element vs the float64 Cayley-Neumann of the stored Q
@@ -26,6 +29,11 @@ Invariants (the tolerances are derived in gpucheck.poet.bounds and docs/poet.md)
     round_trip           X2 vs x Pi BD((I - Q^4)^2) Pi^T, the exact CNP round trip (X up to
                          the CNP's orthogonality error)
     norm_drift           ||W_t||_F / ||W||_F over the merge chain within the compounded bound
+    repeat_bitwise       every kernel run twice on the same inputs gives the same bits (every
+                         kernel has a fixed reduction order): catches a flip in any bit, also
+                         those below the rounding bounds above
+    core_agreement       the CUDA-core result of every bd vs the tensor-core one, within the sum
+                         of both units' kernel_reference bounds (only where both units exist)
 """
 
 from __future__ import annotations
@@ -37,7 +45,6 @@ from typing import Any, Callable
 
 from .bounds import (
     STORE_ROUNDOFF,
-    U32,
     U64,
     acc_coeff,
     cnp_coeff,
@@ -48,6 +55,8 @@ from .bounds import (
     interval_check,
     norm_eval_error,
     stage_floor,
+    unit_acc_coeff,
+    unit_floor,
 )
 from .ortho import TOP_MANTISSA_BIT, Problem, Transform, bd_torch, cnp_torch, flip_bit
 
@@ -60,7 +69,10 @@ INVARIANTS: tuple[str, ...] = (
     "row_norms",
     "round_trip",
     "norm_drift",
+    "repeat_bitwise",
+    "core_agreement",
 )
+UNIT_NAMES = {"tensor": "tensor cores", "cuda": "CUDA cores", "torch": "torch"}
 # Where an injected bit flip can land: the output of one kernel call.
 INJECT_OPS: tuple[str, ...] = ("forward", "output", "merge", "roundtrip", "cnp")
 
@@ -75,19 +87,21 @@ class VerifyConfig:
 
 
 class _Checker:
-    def __init__(self, torch: Any, prob: Problem, cfg: VerifyConfig, rng: random.Random):
+    def __init__(self, torch: Any, prob: Problem, cfg: VerifyConfig, rng: random.Random,
+                 units: tuple[str, ...] = ("cuda",)):
         self.torch = torch
         self.prob = prob
         self.cfg = cfg
         self.rng = rng
+        self.units = units  # the units of a bd: the first computes what is used downstream
         self.violations: list[dict[str, Any]] = []
         self.ratios: dict[str, float] = {}
         self.checks: dict[str, int] = {}
         dt = prob.dtype
         self.u = STORE_ROUNDOFF[dt]
-        self.cb = acc_coeff(prob.b, U32)
+        self.cb = unit_acc_coeff(units[0], prob.b)
         self.cn = acc_coeff(prob.n, cfg.dense_acc_roundoff)
-        self.fb = stage_floor(dt, prob.b)
+        self.fb = unit_floor(units[0], dt, prob.b)
         self.fn = stage_floor(dt, prob.n)
 
     # -- recording ---------------------------------------------------------------------------
@@ -128,6 +142,27 @@ class _Checker:
             self._violation(name, op, float(err.reshape(-1)[flat].item()), float(bound.reshape(-1)[flat].item()),
                             elements=nbad, where=where, index=list(idx),
                             got=float(got.reshape(-1)[flat].item()), expected=float(expected.reshape(-1)[flat].item()))
+
+    def bitwise(self, name: str, op: str, first: Any, again: Any, shape_names: tuple[str, ...]) -> None:
+        """`first` and `again` (the same kernel on the same inputs) hold the same bits. Ratio 0
+        when they do, inf when not; the violation names the first element that differs."""
+        torch = self.torch
+        view = {2: torch.int16, 4: torch.int32}[first.element_size()]
+        a, b = first.contiguous().view(view), again.contiguous().view(view)
+        diff = a != b
+        ndiff = int(diff.sum().item())
+        self._ratio(name, math.inf if ndiff else 0.0)
+        if not ndiff:
+            return
+        flat = int(diff.reshape(-1).nonzero()[0, 0].item())
+        idx = _unravel(flat, tuple(diff.shape))
+        got, again_v = float(first.reshape(-1)[flat].item()), float(again.reshape(-1)[flat].item())
+        mask = (1 << (8 * first.element_size())) - 1
+        bits = f"bits {int(a.reshape(-1)[flat].item()) & mask:#x} then {int(b.reshape(-1)[flat].item()) & mask:#x}"
+        err = abs(got - again_v) if math.isfinite(got) and math.isfinite(again_v) else math.inf
+        where = ", ".join(f"{k} {v}" for k, v in zip(shape_names, idx))
+        self._violation(name, op, err, 0.0, elements=ndiff, where=f"{where}, {bits}", index=list(idx), got=got,
+                        expected=again_v)
 
     def interval(self, name: str, op: str, value: float, lo: float, hi: float, where: str, **details: Any) -> None:
         ok, err, bound, ratio = interval_check(value, lo, hi)
@@ -194,9 +229,9 @@ class _Checker:
                                 measured=ej, theory=theory, rho=rho)
 
     # -- one bd call: kernel_reference, returns the local bound ------------------------------
-    def bd_reference(self, op: str, got: Any, X: Any, G64: Any, absG: Any, **kw: Any) -> tuple[Any, Any]:
-        """Compare a bd output with float64 from its own stored inputs; return (ref, local
-        bound) with local = u |ref| + (1 + u) c_b |X| |BD(G)| + floor."""
+    def bd_reference(self, op: str, got: Any, X: Any, G64: Any, absG: Any, **kw: Any) -> tuple[Any, Any, Any]:
+        """Compare a bd output (of the first unit) with float64 from its own stored inputs; return
+        (ref, |X| |BD(G)|, local bound) with local = u |ref| + (1 + u) c_b |X| |BD(G)| + floor."""
         torch = self.torch
         f64 = torch.float64
         X64 = X.to(f64)
@@ -204,7 +239,12 @@ class _Checker:
         absr = bd_torch(torch, X64.abs(), absG, acc=f64, **kw)
         loc = self.u * ref.abs() + (1.0 + self.u) * self.cb * absr + self.fb
         self.elementwise("kernel_reference", op, got, ref, loc, ("row", "col"))  # of the stored output
-        return ref, loc
+        return ref, absr, loc
+
+    def unit_bound(self, unit: str, ref: Any, absr: Any) -> Any:
+        """kernel_reference's local bound for a bd computed on `unit`."""
+        b, u = self.prob.b, self.u
+        return u * ref.abs() + (1.0 + u) * unit_acc_coeff(unit, b) * absr + unit_floor(unit, self.prob.dtype, b)
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -251,56 +291,105 @@ class _Injector:
                          f"bit {bit}: {before:.6g} -> {after:.6g}")
 
 
+class _Run:
+    """One problem's operations through `ops`, each kernel repeated and every unit run, with the
+    checks of each result made where it is produced."""
+
+    def __init__(self, torch: Any, ops: Any, prob: Problem, ck: _Checker, inj: _Injector, beat: Callable[[], None]):
+        self.torch, self.ops, self.prob, self.ck, self.inj, self.beat = torch, ops, prob, ck, inj, beat
+
+    def cnp(self, t: Transform, name: str, inject_op: str | None = None) -> tuple[Any, dict[str, Any]]:
+        """G of transform t, twice: cnp_reference on the first, repeat_bitwise between the two."""
+        ops, dtype = self.ops, self.prob.dtype
+        G = ops.cnp(t.Q, dtype)
+        again = ops.cnp(t.Q, dtype)
+        ops.sync()
+        if inject_op:
+            self.inj(inject_op, G)
+        self.beat()
+        info = self.ck.cnp(G, t, name)
+        self.ck.bitwise("repeat_bitwise", f"cnp {name}", G, again, ("block", "row", "col"))
+        return G, info
+
+    def bd(self, op: str, X: Any, G: Any, info: dict[str, Any], inject_op: str | None = None,
+           **kw: Any) -> tuple[Any, Any, Any]:
+        """One block-diagonal apply on every unit, each twice: kernel_reference on the first
+        unit's first result (the one returned and used downstream), repeat_bitwise for every
+        unit, core_agreement of the other units with the first. Returns (Y, ref, local bound)."""
+        ops, ck = self.ops, self.ck
+        runs = []
+        for i, unit in enumerate(ck.units):
+            ukw = {"unit": unit} if i else {}  # the first unit is the backend's default
+            runs.append((ops.bd(X, G, **kw, **ukw), ops.bd(X, G, **kw, **ukw)))
+        ops.sync()
+        Y = runs[0][0]
+        if inject_op:
+            self.inj(inject_op, Y)
+        self.beat()
+        ref, absr, loc = ck.bd_reference(f"bd_apply {op}", Y, X, info["G64"], info["G64"].abs(), **kw)
+        for unit, (first, again) in zip(ck.units, runs):
+            label = f"bd_apply {op}" + (f" ({UNIT_NAMES[unit]})" if len(ck.units) > 1 else "")
+            ck.bitwise("repeat_bitwise", label, first, again, ("row", "col"))
+        Y64 = Y.to(self.torch.float64)
+        for unit, (first, _) in zip(ck.units[1:], runs[1:]):
+            ck.elementwise("core_agreement", f"bd_apply {op}: {UNIT_NAMES[unit]} vs {UNIT_NAMES[ck.units[0]]}",
+                           first, Y64, loc + ck.unit_bound(unit, ref, absr), ("row", "col"))
+        return Y, ref, loc
+
+
 def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject: dict[str, Any] | None = None,
                   beat: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run one problem through `ops` and verify it. Returns plain data (see the module doc)."""
     beat = beat or (lambda: None)
     rng = random.Random(prob.seed)
-    ck = _Checker(torch, prob, cfg, rng)
+    units = tuple(ops.units(prob.dtype))
+    ck = _Checker(torch, prob, cfg, rng, units)
     inj = _Injector(torch, prob, inject)
-    f64 = torch.float64
-    u, cb, cn, fb, fn = ck.u, ck.cb, ck.cn, ck.fb, ck.fn
-    n, m = prob.n, prob.m
+    run = _Run(torch, ops, prob, ck, inj, beat)
     launches0 = ops.launches
     x, W, ti, to = prob.x, prob.W, prob.t_in, prob.t_out
 
-    # -- the CNP blocks ------------------------------------------------------------------------
-    G_in = ops.cnp(ti.Q, prob.dtype)
-    inj("cnp", G_in)
-    G_out = ops.cnp(to.Q, prob.dtype)
-    beat()
-    ci = ck.cnp(G_in, ti, "G_in")
-    co = ck.cnp(G_out, to, "G_out")
+    G_in, ci = run.cnp(ti, "G_in", inject_op="cnp")
+    G_out, co = run.cnp(to, "G_out")
     infos = [ci, co]
-    Gi64, Go64 = ci["G64"], co["G64"]
-    aGi, aGo = Gi64.abs(), Go64.abs()
-
-    # -- input-centric forward -----------------------------------------------------------------
-    Y1 = ops.bd(x, G_in, in_idx=ti.perm)
-    inj("forward", Y1)
-    beat()
-    _, e1 = ck.bd_reference("bd_apply x·Π_in·BD(G_in)", Y1, x, Gi64, aGi, in_idx=ti.perm)
+    # input-centric forward, then the weight-centric merge W_eff
+    Y1, _, e1 = run.bd("x·Π_in·BD(G_in)", x, G_in, ci, inject_op="forward", in_idx=ti.perm)
     Z = ops.dense(Y1, W)
-    y_in = ops.bd(Z, G_out, out_idx=to.inv)
-    inj("output", y_in)
-    beat()
-    ref3, _ = ck.bd_reference("bd_apply Z·BD(G_out)·Π_out", y_in, Z, Go64, aGo, out_idx=to.inv)
-
-    # -- weight-centric: merge W_eff -------------------------------------------------------------
-    A = ops.bd(W, G_in, transpose=True, out_idx=ti.perm)
-    beat()
-    _, eA = ck.bd_reference("bd_apply W·BD(G_in)ᵀ·Π_inᵀ", A, W, Gi64, aGi, transpose=True, out_idx=ti.perm)
-    W_eff = ops.bd(A, G_out, x_t=True, y_t=True, out_idx=to.inv)
-    inj("merge", W_eff)
-    beat()
-    _, locW = ck.bd_reference("bd_apply Π_outᵀ·BD(G_out)ᵀ·A", W_eff, A, Go64, aGo, x_t=True, y_t=True,
-                              out_idx=to.inv)
-    eWe = locW + bd_torch(torch, eA, aGo, x_t=True, y_t=True, out_idx=to.inv, acc=f64)
+    y_in, ref3, _ = run.bd("Z·BD(G_out)·Π_out", Z, G_out, co, inject_op="output", out_idx=to.inv)
+    A, _, eA = run.bd("W·BD(G_in)ᵀ·Π_inᵀ", W, G_in, ci, transpose=True, out_idx=ti.perm)
+    W_eff, _, locW = run.bd("Π_outᵀ·BD(G_out)ᵀ·A", A, G_out, co, inject_op="merge", x_t=True, y_t=True,
+                            out_idx=to.inv)
+    eWe = locW + bd_torch(torch, eA, co["G64"].abs(), x_t=True, y_t=True, out_idx=to.inv, acc=torch.float64)
     y_w = ops.dense(x, W_eff)
     beat()
+    _forward_equivalence(ck, prob, cfg, rng, Y1, Z, y_in, y_w, W_eff, e1, ref3, eWe, co)
+    beat()
+    lo1, hi1, nW, nWe = _frobenius(ck, prob, cfg, W_eff, eWe, ci, co)
+    _row_norms(ck, prob, cfg, A, eA, ci)
+    beat()
+    _round_trip(run, Y1, G_in, ci, e1)
+    _chain(run, cfg, infos, W_eff, nW, nWe, lo1, hi1)
+    ck.orthogonality(infos)
+    for v in ck.violations:
+        v["injected"] = bool(inj.done)
+    return {
+        "violations": ck.violations,
+        "ratios": ck.ratios,
+        "checks": ck.checks,
+        "launches": ops.launches - launches0,
+        "flops": _flops(prob),
+        "injected": inj.done,
+    }
 
-    # -- forward_equivalence on sampled rows -------------------------------------------------------
-    rows = sorted(rng.sample(range(m), min(m, max(1, cfg.verify_rows))))
+
+def _forward_equivalence(ck: _Checker, prob: Problem, cfg: VerifyConfig, rng: random.Random, Y1: Any, Z: Any,
+                         y_in: Any, y_w: Any, W_eff: Any, e1: Any, ref3: Any, eWe: Any, co: dict[str, Any]) -> None:
+    """y_in (input-centric) vs y_w (weight-centric) on `verify_rows` sampled rows."""
+    torch = ck.torch
+    f64 = torch.float64
+    u, cb, cn, fb, fn = ck.u, ck.cb, ck.cn, ck.fb, ck.fn
+    x, W, to = prob.x, prob.W, prob.t_out
+    rows = sorted(rng.sample(range(prob.m), min(prob.m, max(1, cfg.verify_rows))))
     R = torch.tensor(rows, dtype=torch.long, device=x.device)
     W64, We64 = W.to(f64), W_eff.to(f64)
     xR = x.index_select(0, R).to(f64)
@@ -309,27 +398,37 @@ def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject
     S2 = Y1R @ W64.t()
     e2 = u * S2.abs() + ((1.0 + u) * cn * Y1R.abs() + e1.index_select(0, R)) @ W64.abs().t() + fn
     e3 = (u * ref3.index_select(0, R).abs()
-          + bd_torch(torch, (1.0 + u) * cb * ZR.abs() + e2, aGo, out_idx=to.inv, acc=f64) + fb)
+          + bd_torch(torch, (1.0 + u) * cb * ZR.abs() + e2, co["G64"].abs(), out_idx=to.inv, acc=f64) + fb)
     Syw = xR @ We64.t()
     e_yw = u * Syw.abs() + xR.abs() @ ((1.0 + u) * cn * We64.abs() + eWe).t() + fn
     ck.elementwise("forward_equivalence", "x·Π_in·BD(G_in)·Wᵀ·BD(G_out)·Π_out vs x·W_effᵀ",
                    y_in.index_select(0, R), y_w.index_select(0, R).to(f64), e3 + e_yw, ("row", "col"),
                    row_map=rows)
-    beat()
 
-    # -- frobenius_norm of W_eff and the start of the drift chain ----------------------------------
-    nW = _fro(torch, W64)
-    nWe = _fro(torch, We64)
+
+def _frobenius(ck: _Checker, prob: Problem, cfg: VerifyConfig, W_eff: Any, eWe: Any, ci: dict[str, Any],
+               co: dict[str, Any]) -> tuple[float, float, float, float]:
+    """frobenius_norm of W_eff; returns the interval it was judged against (the start of the
+    drift chain) and the two norms."""
+    torch = ck.torch
+    nW = _fro(torch, prob.W)
+    nWe = _fro(torch, W_eff)
     rr = _fro(torch, eWe) * cfg.bound_scale / nW
-    ev = 4.0 * norm_eval_error(n * n)
+    ev = 4.0 * norm_eval_error(prob.n * prob.n)
     s_lo = min(ci["sig_lo"]) * min(co["sig_lo"])
     s_hi = max(ci["sig_hi"]) * max(co["sig_hi"])
     lo1, hi1 = max(0.0, s_lo - rr), s_hi + rr
     ck.interval("frobenius_norm", "‖W_eff‖_F / ‖W‖_F", nWe / nW, lo1 - ev, hi1 + ev, where="W_eff",
                 norm_w=nW, norm_w_eff=nWe)
+    return lo1, hi1, nW, nWe
 
-    # -- row_norms of A = W BD(G_in)^T Pi^T (row norms do not see the column permutation) ------------
-    k, b = prob.k, prob.b
+
+def _row_norms(ck: _Checker, prob: Problem, cfg: VerifyConfig, A: Any, eA: Any, ci: dict[str, Any]) -> None:
+    """row_norms of A = W BD(G_in)^T Pi^T (row norms do not see the column permutation)."""
+    torch = ck.torch
+    f64 = torch.float64
+    n, k, b = prob.n, prob.k, prob.b
+    W64 = prob.W.to(f64)
     seg2 = (W64.reshape(n, k, b) ** 2).sum(2)
     sl = torch.tensor(ci["sig_lo"], dtype=f64, device=W64.device) ** 2
     sh = torch.tensor(ci["sig_hi"], dtype=f64, device=W64.device) ** 2
@@ -352,44 +451,43 @@ def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject
         ck._violation("row_norms", "rows of W·BD(G_in)ᵀ·Π_inᵀ vs rows of W", float(err[worst].item()),
                       float(bnd[worst].item()), where=f"row {worst}", rows_bad=int(bad.sum().item()),
                       value=float(v[worst].item()), lo=float(lo[worst].item()), hi=float(hi[worst].item()))
-    beat()
 
-    # -- round trip X Pi BD(G) BD(G)^T Pi^T --------------------------------------------------------
-    X2 = ops.bd(Y1, G_in, transpose=True, out_idx=ti.perm)
-    inj("roundtrip", X2)
-    beat()
-    _, loc2 = ck.bd_reference("bd_apply Y1·BD(G_in)ᵀ·Π_inᵀ", X2, Y1, Gi64, aGi, transpose=True, out_idx=ti.perm)
+
+def _round_trip(run: _Run, Y1: Any, G_in: Any, ci: dict[str, Any], e1: Any) -> None:
+    """X2 = x Pi BD(G) BD(G)^T Pi^T against x Pi BD((I - Q^4)^2) Pi^T."""
+    torch, prob, ck = run.torch, run.prob, run.ck
+    f64 = torch.float64
+    ti = prob.t_in
+    X2, _, loc2 = run.bd("Y1·BD(G_in)ᵀ·Π_inᵀ", Y1, G_in, ci, inject_op="roundtrip", transpose=True, out_idx=ti.perm)
     Gx, beta = ci["Gx"], ci["beta"]
     aGx = Gx.abs() + beta
     D = Gx @ Gx.transpose(1, 2)  # = (I - Q^4)^2, the exact CNP round trip
     # float64 evaluation of D and of x.D (expected): (1 + gamma_b)^2 - 1 <= gamma_2b of |x| |G| |G|^T
     Gerr = (beta @ aGx.transpose(1, 2) + aGx @ beta.transpose(1, 2) + beta @ beta.transpose(1, 2)
             + gamma(2 * prob.b, U64) * (Gx.abs() @ Gx.abs().transpose(1, 2)))
-    x64 = x.to(f64)
+    x64 = prob.x.to(f64)
     expected = bd_torch(torch, x64, D, in_idx=ti.perm, out_idx=ti.perm, acc=f64)
-    bound_rt = (loc2 + bd_torch(torch, e1, aGi, transpose=True, out_idx=ti.perm, acc=f64)
+    bound_rt = (loc2 + bd_torch(torch, e1, ci["G64"].abs(), transpose=True, out_idx=ti.perm, acc=f64)
                 + bd_torch(torch, x64.abs(), Gerr, in_idx=ti.perm, out_idx=ti.perm, acc=f64))
     ck.elementwise("round_trip", "x·Π_in·BD(G_in)·BD(G_in)ᵀ·Π_inᵀ vs x·Π_in·BD((I−Q⁴)²)·Π_inᵀ", X2, expected,
                    bound_rt, ("row", "col"))
 
-    # -- merge-then-reinitialize chain ---------------------------------------------------------------
-    lo_c, hi_c = lo1, hi1
+
+def _chain(run: _Run, cfg: VerifyConfig, infos: list[dict[str, Any]], W_eff: Any, nW: float, nWe: float,
+           lo_c: float, hi_c: float) -> None:
+    """The merge-then-reinitialize chain: norm_drift after every merge (infos grows by the
+    chain's CNP blocks, for cnp_orthogonality)."""
+    torch, prob, ck = run.torch, run.prob, run.ck
+    ev = 4.0 * norm_eval_error(prob.n * prob.n)
     W_prev, n_prev = W_eff, nWe
     for step, (t2i, t2o) in enumerate(prob.chain, start=2):
-        gi = ops.cnp(t2i.Q, prob.dtype)
-        go = ops.cnp(t2o.Q, prob.dtype)
-        beat()
-        c2i = ck.cnp(gi, t2i, f"G_in (merge {step})")
-        c2o = ck.cnp(go, t2o, f"G_out (merge {step})")
+        gi, c2i = run.cnp(t2i, f"G_in (merge {step})")
+        go, c2o = run.cnp(t2o, f"G_out (merge {step})")
         infos += [c2i, c2o]
-        A2 = ops.bd(W_prev, gi, transpose=True, out_idx=t2i.perm)
-        W2 = ops.bd(A2, go, x_t=True, y_t=True, out_idx=t2o.inv)
-        beat()
-        _, eA2 = ck.bd_reference(f"bd_apply merge {step} W·BD(G_in)ᵀ·Π_inᵀ", A2, W_prev, c2i["G64"],
-                                 c2i["G64"].abs(), transpose=True, out_idx=t2i.perm)
-        _, eW2 = ck.bd_reference(f"bd_apply merge {step} Π_outᵀ·BD(G_out)ᵀ·A", W2, A2, c2o["G64"],
-                                 c2o["G64"].abs(), x_t=True, y_t=True, out_idx=t2o.inv)
-        eW2 = eW2 + bd_torch(torch, eA2, c2o["G64"].abs(), x_t=True, y_t=True, out_idx=t2o.inv, acc=f64)
+        A2, _, eA2 = run.bd(f"merge {step} W·BD(G_in)ᵀ·Π_inᵀ", W_prev, gi, c2i, transpose=True, out_idx=t2i.perm)
+        W2, _, eW2 = run.bd(f"merge {step} Π_outᵀ·BD(G_out)ᵀ·A", A2, go, c2o, x_t=True, y_t=True,
+                            out_idx=t2o.inv)
+        eW2 = eW2 + bd_torch(torch, eA2, c2o["G64"].abs(), x_t=True, y_t=True, out_idx=t2o.inv, acc=torch.float64)
         delta = _fro(torch, eW2) * cfg.bound_scale / n_prev
         lo_c *= max(0.0, min(c2i["sig_lo"]) * min(c2o["sig_lo"]) - delta)
         hi_c *= max(c2i["sig_hi"]) * max(c2o["sig_hi"]) + delta
@@ -398,20 +496,7 @@ def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject
         ck.interval("norm_drift", f"‖W_{step}‖_F / ‖W‖_F after {step} merges", n_t / nW, lo_c - evs, hi_c + evs,
                     where=f"merge {step}", step=step)
         W_prev, n_prev = W2, n_t
-        beat()
-
-    ck.orthogonality(infos)
-    for v in ck.violations:
-        v["injected"] = bool(inj.done)
-    flops = _flops(prob)
-    return {
-        "violations": ck.violations,
-        "ratios": ck.ratios,
-        "checks": ck.checks,
-        "launches": ops.launches - launches0,
-        "flops": flops,
-        "injected": inj.done,
-    }
+        run.beat()
 
 
 def _flops(p: Problem) -> float:

@@ -88,12 +88,23 @@ class TorchOps:
         self.dev = dev
         self.launches = 0
 
+    def units(self, dtype: str) -> tuple[str, ...]:
+        """The units a block-diagonal apply of `dtype` runs on, the first one by default
+        (gpucheck.poet.bounds.UNITS); a check compares the others with it."""
+        return ("torch",)
+
+    def sync(self) -> None:
+        """Wait for the operations launched so far (torch raises its own errors): call before
+        reading their results."""
+
     def cnp(self, Q: Any, dtype: str) -> Any:
         self.launches += 1
         return cnp_torch(self.torch, Q, out=storage_dtype(self.torch, dtype))
 
     def bd(self, X: Any, G: Any, *, in_idx: Any = None, out_idx: Any = None, transpose: bool = False,
-           x_t: bool = False, y_t: bool = False) -> Any:
+           x_t: bool = False, y_t: bool = False, unit: str | None = None) -> Any:
+        if unit not in (None, "torch"):
+            raise ValueError(f"the torch backend has no unit {unit!r}")
         self.launches += 1
         return bd_torch(self.torch, X, G, in_idx=in_idx, out_idx=out_idx, transpose=transpose, x_t=x_t,
                         y_t=y_t, out=X.dtype)

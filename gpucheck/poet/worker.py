@@ -310,12 +310,17 @@ class PoetRunner:
                 self.chan.heartbeat()
         if out["stopped"] is None and self.chan.should_stop():
             out["stopped"] = self.chan.stop_reason
-        seconds = time.monotonic() - t0
+        return self._summary(out, combos, i, time.monotonic() - t0)
+
+    def _summary(self, out: dict[str, Any], combos: dict[str, dict[str, Any]], problems: int,
+                 seconds: float) -> dict[str, Any]:
+        """The run's totals into `out`: problems, violations, rates, the invariants checked."""
         total_flops = sum(c["flops"] for c in combos.values())
+        checked = [name for name in INVARIANTS if any(name in c["checks"] for c in combos.values())]
         out.update(
-            problems=i, violations=self.events, violation_count=self.event_count, injected=self.injected,
+            problems=problems, violations=self.events, violation_count=self.event_count, injected=self.injected,
             seconds=round(seconds, 3), tflops=(total_flops / seconds / 1e12) if seconds > 0 else None,
-            invariants=list(INVARIANTS),
+            invariants=checked,  # core_agreement only where a second unit exists (tensor cores)
         )
         for c in combos.values():
             c["max_ratio"] = {k: (v if math.isfinite(v) else None) for k, v in c["max_ratio"].items()}
