@@ -118,6 +118,22 @@ def test_a_hung_nvml_never_starves_the_prolog_of_its_xid_check(tmp_path, monkeyp
     assert out.judgement == "unhealthy" and out.exit_code == slurm.EXIT_HOOK_UNHEALTHY, out.log_line
 
 
+@pytest.mark.xfail(strict=True, reason="a job given GPU 7 on a node whose NVML lists GPUs 0-6 is a '--gpus' usage "
+                                       "error in the prolog: could not judge, on-error pass, the job runs on a GPU that "
+                                       "is gone (the inventory check, which fails it, never runs)")
+def test_a_job_gpu_missing_from_nvml_fails_the_prolog(tmp_path):
+    snap = json.loads(HEALTHY.read_text())
+    snap["gpus"] = [g for g in snap["gpus"] if g["index"] != 7]  # GPU 7 still on the PCI bus, gone from NVML
+    seven = tmp_path / "seven-of-eight.json"
+    seven.write_text(json.dumps(snap))
+    calls: list[list[str]] = []
+    opts = slurm.HookOptions("prolog", snapshot=str(seven), state_dir=str(tmp_path / "state"))
+    out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "7"}, runner=lambda argv: (calls.append(argv), (0, "", ""))[1],
+                         log=lambda p, m: None)
+    assert out.judgement == "unhealthy" and out.exit_code == slurm.EXIT_HOOK_UNHEALTHY, out.log_line
+    assert calls and calls[0][3] == "State=DRAIN"
+
+
 # -- 2. a signal after the verdict: the hook dies, the wrapper lets the job run on a bad node -------------
 
 @pytest.mark.xfail(strict=True, reason="after execute() returns the handlers are gone: SIGTERM while the hook drains "

@@ -118,6 +118,17 @@ def test_hang_groups_nested_too_deeply_is_a_usage_error(tmp_path):
     assert rc == 2 and "groups.json" in err and "RecursionError" not in err, err[-400:]
 
 
+@pytest.mark.xfail(strict=True, reason="load_config calls Path.exists(), which raises ENAMETOOLONG: `gpucheck run "
+                                       "--config <300-character name>` is a traceback, exit 1 ('unhealthy')")
+def test_a_config_name_too_long_is_a_usage_error(tmp_path, capsys):
+    from gpucheck.cli.main import main
+
+    rc = main(["run", "--snapshot", str(SNAPS / "h100-healthy.json"), "--no-history",
+               "--config", str(tmp_path / ("x" * 300))])
+    err = capsys.readouterr().err
+    assert rc == 2 and "xxxxxxxx" in err
+
+
 # -- 3. --workers has no upper bound --------------------------------------------------------------------
 
 @pytest.mark.xfail(strict=True, reason="--workers is unbounded: 5,000,000 CPU workers is accepted (a list of that "
