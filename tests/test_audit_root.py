@@ -83,7 +83,7 @@ def test_a_plain_group_still_resolves_through_the_sites_groups(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "n1,n2,n3", r.stderr[-600:]
 
 
-# -- 2. `gpucheck hang --from/--groups` read any file with open().read() ---------------------------------
+# -- 2. input files that miss safeio: hang --from/--groups (open().read()), a --config name too long -
 
 @pytest.mark.xfail(strict=True, reason="hang --from opens a FIFO and waits for a writer forever")
 def test_hang_from_a_fifo_is_refused_not_waited_on(tmp_path):
