@@ -261,9 +261,10 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" "))
 
 
-def parse_block(lines: list[str]) -> tuple[Tree, list[tuple[Path, str | None]], list[str]]:
+def parse_block(lines: list[str], min_indent: int = 0) -> tuple[Tree, list[tuple[Path, str | None]], list[str]]:
     """One block of `Key : value` lines nested by indentation -> (first value per path, every
-    (path, value) in order, lines that are neither: wrapped or cut lines, prompts)."""
+    (path, value) in order, lines that are neither: wrapped or cut lines, prompts). Lines indented
+    less than `min_indent` (a GPU section's lines are all indented under its header) are none."""
     tree: Tree = {}
     entries: list[tuple[Path, str | None]] = []
     unparsed: list[str] = []
@@ -271,6 +272,9 @@ def parse_block(lines: list[str]) -> tuple[Tree, list[tuple[Path, str | None]], 
     body = [ln for ln in lines if ln.strip()]
     for i, line in enumerate(body):
         indent = _indent(line)
+        if indent < min_indent:  # e.g. the rest of a long value a terminal wrapped to column 0
+            unparsed.append(line.strip())
+            continue
         key, value = _split_kv(line.strip())
         if value is None:
             nxt = body[i + 1] if i + 1 < len(body) else None
@@ -331,7 +335,7 @@ def split_text(lines: list[str]) -> tuple[dict[str, str], list[Block], list[str]
                             "in it): those lines are read as one GPU")
     for n, start in enumerate(starts):
         end = starts[n + 1] if n + 1 < len(starts) else len(lines)
-        tree, entries, unparsed = parse_block(lines[start + 1:end])
+        tree, entries, unparsed = parse_block(lines[start + 1:end], _indent(lines[start]) + 1)
         bus = _GPU_HEADER_RE.match(lines[start]).group("bus")  # type: ignore[union-attr]
         blocks.append(Block(bus, tree, _text_processes(entries), len(unparsed)))
     return top, blocks, warnings
@@ -651,13 +655,13 @@ class GpuReader:
 
     def _reset_status(self) -> None:
         """GPU Reset Status (R450+): "Yes" means the driver wants this GPU reset before new work."""
-        for text_key, xml_key in (("reset required", "reset_required"),
-                                  ("drain and reset recommended", "drain_and_reset_recommended")):
-            found = self.find([("gpu reset status", text_key)], [("gpu_reset_status", xml_key)])
+        for label, xml_key in (("Reset Required", "reset_required"),
+                               ("Drain and Reset Recommended", "drain_and_reset_recommended")):
+            found = self.find([("gpu reset status", label.lower())], [("gpu_reset_status", xml_key)])
             if found.kind == "gone":
                 self.gone.append((found.detail or "reset_required", f"GPU Reset Status: {found.text}"))
             elif found.kind == "value" and _word(found.text or "") in _TRUE:
-                self.gone.append(("reset_required", f"GPU Reset Status: {text_key.capitalize()}: {found.text}"))
+                self.gone.append(("reset_required", f"GPU Reset Status: {label}: {found.text}"))
 
     def _extras(self) -> None:
         """What the capture shows that no check judges: kept under the GPU's "capture" key."""
