@@ -148,6 +148,13 @@ def test_an_unusual_address_token_is_counted_on_gpu_unknown_never_dropped():
     assert unknown[0].summary.startswith("GPU unknown (the log names it 'PCI:...', not by PCI address)")
 
 
+def test_bus_losses_without_an_address_are_kept_apart_by_how_the_log_names_the_gpu():
+    r = parse_lines(["NVRM: GPU has fallen off the bus.", "NVRM: GPU6 has fallen off the bus.",
+                     "NVRM: GPU7 has fallen off the bus.", "NVRM: GPU6 has fallen off the bus."])
+    assert [(e.xid, e.implied, e.gpu_token, len(e.related)) for e in r.events] == [
+        (79, True, None, 0), (79, True, "GPU6", 1), (79, True, "GPU7", 0)]
+
+
 def test_rm_init_adapter_tail_line_is_evidence_of_its_event():
     r = parse_lines((REAL / "gpu-operator-1146-rminitadapter-failed.log").read_text().splitlines())
     assert len(r.events) == 6 and all(len(e.related) == 1 and "rm_init_adapter failed" in e.related[0]

@@ -347,7 +347,8 @@ class Parser:
 
     def _add_79(self, ev: XidEvent) -> XidEvent | None:
         """Record an Xid 79 (explicit or implied); None when it is the same bus loss as before."""
-        bus = ev.pci_bus_id or ""
+        # Without an address, the way the line names the GPU keys it ("GPU6" is not "GPU7").
+        bus = ev.pci_bus_id or "?" + (ev.gpu_token or "")
         prev = self._last79.get(bus)
         if prev is not None and self._near(prev.time, prev.seq, ev.time, ev.seq, MERGE_WINDOW_S):
             if prev.implied and not ev.implied:
