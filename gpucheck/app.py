@@ -308,9 +308,13 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None,
         from .telemetry.snapshot import SnapshotError, load_snapshot
 
         try:
-            return load_snapshot(req.snapshot_path), "snapshot"
+            snap = load_snapshot(req.snapshot_path)
         except SnapshotError as e:
             raise UsageError(str(e)) from None
+        where = "standard input" if req.snapshot_path == "-" else req.snapshot_path
+        for warning in (snap.get("capture") or {}).get("warnings") or []:  # an nvidia-smi capture
+            _warn(f"{where}: {warning}", None)
+        return snap, "snapshot"
     if req.device != "cpu" or any(Need.NVML in c.spec.needs for c in checks):
         return _collect_live(LIVE_TELEMETRY_TIMEOUT_S, until=until, interrupts=interrupts), "live"
     return None, "none"

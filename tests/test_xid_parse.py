@@ -233,8 +233,10 @@ def test_unrecognised_xid_like_lines_are_kept_not_dropped():
         "NVRM: GPU has fallen off the bus somewhere",
         "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.90.07",  # context, not an event
     ])
-    assert [type(u) for u in r.unrecognised] == [Unrecognised] * 3
-    assert r.events == [] and r.sxid_events == []
+    assert [type(u) for u in r.unrecognised] == [Unrecognised] * 2
+    # A bus loss without an address still counts: an implied Xid 79 on "GPU unknown" (issue 15).
+    assert [(e.xid, e.implied, e.pci_bus_id) for e in r.events] == [(79, True, None)]
+    assert r.sxid_events == []
 
 
 def test_garbage_binary_and_huge_lines_never_crash():

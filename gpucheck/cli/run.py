@@ -63,7 +63,8 @@ def common_run_options(f):
                      help="Exit code for could-not-judge: pass -> 3 (default), fail -> 1 (fail-closed)."),
         click.option("--config", "config_path", metavar="FILE", help="TOML config (default /etc/gpucheck/config.toml)."),
         click.option("--snapshot", "snapshot_path", metavar="FILE",
-                     help="Judge a recorded telemetry snapshot instead of live NVML."),
+                     help="Judge a recorded telemetry snapshot, or an nvidia-smi -q / -q -x capture, instead of "
+                          "live NVML (- is standard input)."),
         click.option("--state-dir", metavar="DIR", help="State directory (history, cursors)."),
         click.option("--no-history", is_flag=True, help="Do not read or append the verdict history."),
         click.option("--timeout", "timeout_text", metavar="DURATION",

@@ -3,6 +3,8 @@
 `gpucheck telemetry dump [-o FILE]` writes a snapshot (docs/snapshot.md): everything the level-1
 checks judge, as JSON. It works on a broken node too (no driver, a lost GPU): the snapshot then
 says so (nvml.ok false, GPU states), which is the point of capturing it.
+`gpucheck telemetry import CAPTURE [-o FILE]` converts an `nvidia-smi -q` (or `-q -x`) capture
+into the same snapshot format (gpucheck.telemetry.nvsmi).
 """
 
 from __future__ import annotations
@@ -57,4 +59,55 @@ def dump_command(output: str | None, sysfs_root: Path, timeout_s: float, kernel_
     nv = snap["nvml"]
     state = "NVML ok" if nv["ok"] else f"NVML unavailable: {nv['error']['kind']}"
     click.echo(f"wrote {output}: {len(gpus)} GPU(s), {state}", err=True)
+    return 0
+
+
+@telemetry_group.command("import")
+@click.argument("capture", metavar="FILE")
+@click.option("-o", "--output", "output", metavar="FILE", default=None,
+              help="Write the snapshot to FILE (atomically; - is standard output) instead of standard output.")
+def import_command(capture: str, output: str | None) -> int:
+    """Convert an nvidia-smi -q (or -q -x) capture FILE (- is standard input) into a snapshot.
+
+    Every field the capture does not hold is recorded as "not in this capture" (never judged as
+    healthy); what was missing or cut short is printed as warnings. Exit 0 when written, 2 when
+    FILE is not a capture or cannot be read, or the output cannot be written.
+    """
+    from ..safeio import check_output, describe_error, output_problem, write_output
+    from ..telemetry import nvsmi
+    from ..telemetry.snapshot import SnapshotError, dump_snapshot, validate_snapshot
+
+    where = "standard input" if capture == "-" else capture
+    if output == "-":
+        output = None
+    if output is not None:
+        try:  # refused before anything is read: a device, an untrusted symlink, no such folder
+            check_output(output)
+        except OSError as e:
+            click.echo(f"gpucheck telemetry import: cannot write {output}: {output_problem(e, output)}", err=True)
+            return 2
+    try:
+        text = nvsmi.read_text(capture)
+    except (OSError, UnicodeDecodeError) as e:
+        why = "no such file" if isinstance(e, FileNotFoundError) else describe_error(e, capture)
+        click.echo(f"gpucheck telemetry import: {where}: cannot read: {why}", err=True)
+        return 2
+    try:
+        snap = nvsmi.convert(text, where)
+        validate_snapshot(snap, where)
+    except (nvsmi.CaptureError, SnapshotError) as e:
+        click.echo(f"gpucheck telemetry import: {e}", err=True)
+        return 2
+    for warning in snap["capture"]["warnings"]:
+        click.echo(f"gpucheck telemetry import: warning: {where}: {warning}", err=True)
+    text_out = dump_snapshot(snap)
+    if output is None:
+        click.echo(text_out, nl=False)
+        return 0
+    try:
+        write_output(output, text_out)
+    except OSError as e:
+        click.echo(f"gpucheck telemetry import: cannot write {output}: {output_problem(e, output)}", err=True)
+        return 2
+    click.echo(f"wrote {output}: {len(snap['gpus'])} GPU(s) from {snap['capture']['format']}", err=True)
     return 0

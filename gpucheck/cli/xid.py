@@ -254,10 +254,10 @@ def _document(sc: Any, results: list[Any], classes: dict[int, Any], gpu_map: Any
 def _events(events: list[Any], classes: dict[int, Any], gpu_map: Any, compact: bool) -> list[dict[str, Any]]:
     if not compact:
         return [_event_dict(ev, classes.get(id(ev)), gpu_map) for ev in events]
-    last: dict[tuple[Any, int], Any] = {}
-    count: dict[tuple[Any, int], int] = defaultdict(int)
+    last: dict[tuple[Any, Any], Any] = {}
+    count: dict[tuple[Any, Any], int] = defaultdict(int)
     for ev in events:
-        key = (ev.pci_bus_id, ev.xid)
+        key = (ev.pci_bus_id or ev.gpu_token, ev.kind)
         last[key] = ev
         count[key] += 1
     out = []
@@ -295,7 +295,7 @@ def _print_table(doc: dict[str, Any]) -> None:
 
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for e in doc["events"]:
-        groups[(e["pci_bus_id"], e["xid"])].append(e)
+        groups[(e["pci_bus_id"] or e.get("gpu_token"), e["xid"] if e["xid"] is not None else e["signature"])].append(e)
     if groups:
         rows = []
         for (bus, xid), evs in sorted(groups.items(), key=lambda kv: (kv[1][-1]["epoch"] or 0, kv[0][0] or "")):
@@ -304,7 +304,7 @@ def _print_table(doc: dict[str, Any]) -> None:
             name = last.get("description") or last.get("name") or ""
             if last.get("nvlink") and last["nvlink"].get("unit"):
                 name = f"{name} [{last['nvlink']['unit']}]"
-            rows.append([_short_time(last["time"]), gpu, bus or "-", str(xid), name[:44],
+            rows.append([_short_time(last["time"]), gpu, bus or "unknown", str(xid), name[:44],
                          last.get("action", ""), last.get("severity", ""),
                          str(sum(e.get("count", 1) for e in evs))])
         out("")
@@ -359,7 +359,8 @@ def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -
             c = classify(item)
             d = {"kind": "xid", "origin": origin, **item.to_dict(), "name": c.name,
                  "description": c.description, "severity": c.severity, "action": c.action}
-            text = (f"{_short_time(d['time'])}  Xid {item.xid:<4} PCI {item.pci_bus_id or '-'}  "
+            what = f"Xid {item.xid:<4}" if item.xid is not None else f"{item.signature} (no Xid)"
+            text = (f"{_short_time(d['time'])}  {what} PCI {item.pci_bus_id or item.gpu_token or 'unknown'}  "
                     f"{c.description}  [{c.severity}, {c.action}]  ({origin})")
         elif isinstance(item, SXidEvent):
             sev, act = classify_sxid(item)

@@ -287,6 +287,25 @@ SXID_FATAL = ("critical", "reboot")
 SXID_NONFATAL = ("app", "none")  # counted; repeats beyond repeat_limit warn "investigate"
 SXID_UNKNOWN = ("warning", "investigate")  # a continuation line without its header
 
+# Fault signatures the driver prints without an Xid number (parse.SIGNATURE_RES), from real logs:
+# name -> (severity, action, description, note). Each makes the GPU unusable until acted on.
+SIGNATURES: dict[str, tuple[str, str, str, str]] = {
+    "reset_required": ("critical", "reset-gpu", "GPU needs a reset (NV_ERR_RESET_REQUIRED, no Xid)",
+                       "the driver refuses work on this GPU until it is reset: CUDA reports the device busy "
+                       "or unavailable"),
+    "gpu_lost": ("critical", "reboot", "GPU lost from the bus (NV_ERR_GPU_IS_LOST, no Xid)",
+                 "the driver lost the GPU like an Xid 79: reboot (cold boot) the node; repeats -> hardware"),
+    "gsp_heartbeat_timeout": ("critical", "reset-gpu", "GSP heartbeat timed out (no Xid)",
+                              "the GPU's firmware (GSP) stopped answering: reset the GPU; repeats -> investigate "
+                              "driver and firmware"),
+    "gsp_rpc_timeout": ("critical", "reset-gpu", "GSP RPC timeout (GSP Timeout banner)",
+                        "what Xid 119 reports; the banner counts on its own because it names no PCI address "
+                        "(the Xid 119 line, when printed, is counted for its GPU too)"),
+    "init_failed": ("critical", "reboot", "the driver could not initialise the GPU (RmInitAdapter failed)",
+                    "the GPU is unusable since the driver loaded: reboot; if it persists, investigate "
+                    "(GSP firmware, power, hardware)"),
+}
+
 SEVERITIES = ("critical", "warning", "app", "info")
 
 

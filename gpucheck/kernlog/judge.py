@@ -55,6 +55,9 @@ class Classification:
 
 def classify(ev: XidEvent, ignore: Iterable[int] = ()) -> Classification:
     """What one Xid event means on its own (see `classify_all` for the rules between events)."""
+    if ev.xid is None:  # a fault signature without an Xid number
+        sev, act, desc, note = catalog.SIGNATURES[str(ev.signature)]
+        return Classification(sev, act, str(ev.signature), desc, "", note, True)
     e = catalog.lookup(ev.xid)
     sev, act, note = e.severity, e.action, e.note
     if ev.xid in catalog.NVLINK5_XIDS and ev.nvlink and ev.nvlink.get("fatal") is False:
@@ -85,10 +88,14 @@ def classify(ev: XidEvent, ignore: Iterable[int] = ()) -> Classification:
 
 
 def subject_key(ev: XidEvent | SXidEvent, gpu_map: GpuMap) -> tuple[str, Any]:
+    """("gpu", index), ("pci", bus id), or ("unknown", how the line names the GPU) for an event
+    whose line has no PCI address ("GPU unknown": counted, never dropped)."""
     g = gpu_map.lookup(ev.pci_bus_id)
     if g is not None and g.index is not None:
         return ("gpu", g.index)
-    return ("pci", ev.pci_bus_id or "unknown")
+    if ev.pci_bus_id:
+        return ("pci", ev.pci_bus_id)
+    return ("unknown", getattr(ev, "gpu_token", None) or "")
 
 
 def classify_all(events: list[XidEvent], gpu_map: GpuMap, ignore: Iterable[int] = ()) -> dict[int, Classification]:
@@ -145,11 +152,11 @@ def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls
     status = _status(sev_counts, bool(repeated))
 
     # One summary part per Xid number, most severe first.
-    per_xid: dict[int, list[XidEvent]] = defaultdict(list)
+    per_xid: dict[int | str, list[XidEvent]] = defaultdict(list)  # Xid number, or signature name
     for e in evs:
-        per_xid[e.xid].append(e)
+        per_xid[e.kind].append(e)
 
-    def rank(x: int) -> tuple[int, float]:
+    def rank(x: int | str) -> tuple[int, float]:
         worst = min(_SEV_RANK[cls[id(e)].severity] for e in per_xid[x])
         first = min((e.time for e in per_xid[x] if e.time is not None), default=0.0)
         return worst, first
@@ -162,6 +169,7 @@ def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls
         last = max((e.time for e in group if e.time is not None), default=None)
         when = f", last {iso_utc(last)}" if last is not None else ""
         label = c.description if c.description and c.description != "Unused" else c.name
+        head = f"Xid {x} {label}" if isinstance(x, int) else label
         if worst.severity in ("critical", "warning"):
             extra = f": {worst.action}" + (f" ({worst.note})" if worst.note else "")
         elif worst.severity == "app":
@@ -169,7 +177,7 @@ def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls
                      else ": application-class (restart-app)")
         else:
             extra = ": informational"
-        parts.append(f"Xid {x} {label} x{len(group)}{when}{extra}")
+        parts.append(f"{head} x{len(group)}{when}{extra}")
     if status == Status.PASS:
         summary = "no hardware fault: " + "; ".join(parts)
     else:
@@ -187,7 +195,8 @@ def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls
 
     ordered = sorted(evs, key=lambda e: (_SEV_RANK[cls[id(e)].severity], e.seq))
     lines: list[str] = []
-    ident = [f"PCI {info.pci_bus_id if info else evs[0].pci_bus_id}"]
+    bus = info.pci_bus_id if info else evs[0].pci_bus_id
+    ident = [f"PCI {bus}" if bus else "no PCI address in the log"]
     if info is not None and info.uuid:
         ident.append(info.uuid)
     if info is not None and info.serial:
@@ -197,13 +206,20 @@ def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls
         lines.append(e.raw)
         lines.extend(e.related)
     gpu = key[1] if key[0] == "gpu" else None
-    prefix = f"GPU {gpu}: " if gpu is not None else f"PCI {key[1]} (no GPU index known): "
+    if gpu is not None:
+        prefix = f"GPU {gpu}: "
+    elif key[0] == "pci":
+        prefix = f"PCI {key[1]} (no GPU index known): "
+    else:
+        prefix = (f"GPU unknown (the log names it {key[1]!r}, not by PCI address): " if key[1]
+                  else "GPU unknown (the log names no PCI address): ")
     r = Result(
         check=check,
         status=status,
         summary=prefix + summary,
         gpu=gpu,
-        subject=None if gpu is not None else f"pci:{key[1]}",
+        subject=None if gpu is not None else (f"pci:{key[1]}" if key[0] == "pci"
+                                              else "gpu:unknown" + (f":{key[1]}" if key[1] else "")),
         action=action,
         evidence=_evidence(lines, max_lines),
         thresholds=[
@@ -304,9 +320,11 @@ def judge(
 
     results: list[Result] = []
     # Node result: what was read, the window, what could not be recognised.
-    n_x = sum(len(v) for v in groups.values())
-    if n_x or sxid_events:
-        head = f"{n_x} Xid event(s), {len(sxid_events)} SXid event(s) {window_label}"
+    n_sig = sum(1 for v in groups.values() for e in v if e.xid is None)
+    n_x = sum(len(v) for v in groups.values()) - n_sig
+    if n_x or n_sig or sxid_events:
+        sig = f", {n_sig} fault signature(s) without an Xid number" if n_sig else ""
+        head = f"{n_x} Xid event(s){sig}, {len(sxid_events)} SXid event(s) {window_label}"
     else:
         head = f"no Xid or SXid events {window_label}"
     summary = f"{head} (read {read_summary})"
@@ -324,6 +342,7 @@ def judge(
                                         Status.WARN if params.get("unrecognised_warn", True) else Status.PASS,
                                         "count")])
     node.metric("xid_events", n_x, "count")
+    node.metric("signature_events", n_sig, "count")
     node.metric("sxid_events", len(sxid_events), "count")
     node.metric("unrecognised_lines", len(unrecognised), "count")
     results.append(node)

@@ -15,9 +15,23 @@ Recognised forms (all seen on real machines):
   ``..., Severity 0 ...`` and ``..., Data {0x...}`` lines of the same SXid (one event)
 - the driver's PCI -> UUID lines: ``NVRM: GPU at PCI:0000:9b:00: GPU-509665ad-...`` (+ board serial)
 
-Anything else that looks like an Xid, SXid or bus-loss report but matches none of these is kept as
-an "unrecognised" line, never dropped. Other NVRM chatter (GSP RPC history tables, module loading)
-is context, not an event.
+- an Xid line whose address token is not a PCI address (``Xid (PCI:...): 145``, a redacted or
+  cut address, a GPU ordinal): the event is kept, on "GPU unknown" (`pci_bus_id` None, the token in
+  `gpu_token`)
+- fault signatures that carry no Xid number (`XidEvent.signature`, judged from catalog.SIGNATURES):
+  ``nvAssertOkFailedNoLog: Assertion failed: Reset required [NV_ERR_RESET_REQUIRED]`` (the GPU is
+  unusable until reset), ``... [NV_ERR_GPU_IS_LOST]``, GSP heartbeat timeouts
+  (``_kgspIsHeartbeatTimedOut: Heartbeat timed out``, ``GSP RM heartbeat timed out``), GSP RPC
+  timeouts (the ``_kgspLogRpcTimeout`` / ``_kgspLogXid119`` "GSP Timeout" banners, "Back to back
+  GSP RPC timeout detected"), ``RmInitAdapter failed`` (with its ``rm_init_adapter failed`` line as
+  related evidence). They name their GPU by a PCI address where the line has one, else by the
+  driver's ordinal (``NVRM: GPU6 ...``) or not at all: "GPU unknown"
+- a bus-loss line without an Xid number and without an address is an implied Xid 79 on "GPU unknown"
+
+Numbers that appear only in other text ("caused by previous Xid 149", ``_kgspLogXid119`` banners)
+are not events. Anything else that looks like an Xid, SXid or bus-loss report but matches none of
+these is kept as an "unrecognised" line, never dropped. Other NVRM chatter (GSP RPC history tables,
+module loading) is context, not an event.
 """
 
 from __future__ import annotations
@@ -51,6 +65,24 @@ _RECOVERY_RE = re.compile(
     r"(?P<tc>0x[0-9A-Fa-f]+)(?:\s*\((?P<tl>[^)]*)\))?"
 )
 _CAUSED_RE = re.compile(r"caused by previous Xid (?P<xid>\d+)")
+# An Xid line whose address is no PCI address: "(PCI:...)", a redacted one, a GPU ordinal.
+ODD_XID_RE = re.compile(r"NVRM: Xid \((?P<token>[^()]{0,64})\):\s*(?P<xid>\d+)\b,?\s*(?P<rest>.*)$")
+
+# Fault signatures without an Xid number: name -> pattern (first match wins).
+SIGNATURE_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("reset_required", re.compile(r"\[NV_ERR_RESET_REQUIRED\]|Assertion failed: Reset required")),
+    ("gpu_lost", re.compile(r"\[NV_ERR_GPU_IS_LOST\]")),
+    ("gsp_heartbeat_timeout", re.compile(r"_kgspIsHeartbeatTimedOut: Heartbeat timed out|GSP RM heartbeat timed out")),
+    ("gsp_rpc_timeout", re.compile(r"_kgsp(?:LogRpcTimeout|LogXid119):\s*\*+\s*GSP (?:Timeout|Failure)"
+                                   r"|Back to back GSP RPC timeout detected")),
+    ("init_failed", re.compile(r"RmInitAdapter failed")),
+)
+_INIT_TAIL_RE = re.compile(r"rm_init_adapter failed")
+_SIG_BUS_RES = (
+    re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?" + _BUS + r":"),
+    re.compile(r"\(PCI:" + _BUS + r"\)"),
+)
+_ORDINAL_RE = re.compile(r"NVRM: (?P<ord>GPU\d{1,3})\s")
 
 _BUS_LOSS_RES = (
     re.compile(r"NVRM: GPU at (?:PCI:)?" + _BUS + r":? has fallen off the bus"),
@@ -74,7 +106,7 @@ _LOOKS_LIKE = re.compile(r"NVRM: Xid|SXid|fallen off the bus")
 
 @dataclass
 class XidEvent:
-    xid: int
+    xid: int | None  # None for a fault signature without an Xid number (`signature`)
     pci_bus_id: str | None
     time: float | None
     raw: str
@@ -90,10 +122,19 @@ class XidEvent:
     related: list[str] = field(default_factory=list)  # other lines of the same event
     time_kind: str | None = None
     seq: int = 0  # order of the line among the relevant lines
+    signature: str | None = None  # a fault without an Xid number: a key of catalog.SIGNATURES
+    gpu_token: str | None = None  # how the line names a GPU it gives no PCI address for ("PCI:...", "GPU6")
+
+    @property
+    def kind(self) -> int | str:
+        """The Xid number, or the signature's name."""
+        return self.xid if self.xid is not None else str(self.signature)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "xid": self.xid,
+            "signature": self.signature,
+            "gpu_token": self.gpu_token,
             "pci_bus_id": self.pci_bus_id,
             "time": iso_utc(self.time),
             "epoch": self.time,
@@ -196,18 +237,26 @@ def _int_or_none(s: str | None) -> int | None:
 
 
 def parse_xid_message(msg: str) -> dict[str, Any] | None:
-    """The fields of one ``NVRM: Xid (...)`` message, or None when it is no Xid line."""
+    """The fields of one ``NVRM: Xid (...)`` message, or None when it is no Xid line. An address
+    token that is no PCI address gives `pci_bus_id` None and the token in `gpu_token`."""
     m = XID_RE.search(msg)
-    if not m:
-        return None
-    bus = short_bus_id(m.group("bus"))
-    if bus is None:
-        return None
-    xid = int(m.group("xid"))
-    rest = m.group("rest") or ""
+    if m:
+        bus = short_bus_id(m.group("bus"))
+        if bus is not None:
+            return _xid_fields(int(m.group("xid")), bus, m.group("rest") or "",
+                               _int_or_none(m.group("gi")), _int_or_none(m.group("ci")), None)
+    o = ODD_XID_RE.search(msg)
+    if o:
+        return _xid_fields(int(o.group("xid")), None, o.group("rest") or "", None, None,
+                           o.group("token").strip() or None)
+    return None
+
+
+def _xid_fields(xid: int, bus: str | None, rest: str, gi: int | None, ci: int | None,
+                token: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "xid": xid, "pci_bus_id": bus, "pid": None, "process": None, "text": rest,
-        "gpu_instance": _int_or_none(m.group("gi")), "compute_instance": _int_or_none(m.group("ci")),
+        "gpu_instance": gi, "compute_instance": ci, "gpu_token": token,
         "nvlink": None, "recovery": None, "caused_by": None,
     }
     pm = _PID_RE.match(rest)
@@ -219,17 +268,7 @@ def parse_xid_message(msg: str) -> dict[str, Any] | None:
         out["text"] = pm.group("text") or ""
     text = out["text"]
     if 144 <= xid <= 150:
-        nm = _NVLINK5_RE.match(text)
-        if nm:
-            out["nvlink"] = {
-                "unit": nm.group("unit"),
-                "fatal": "Fatal" in nm.group("fatal") and not nm.group("fatal").startswith("Non"),
-                "severity_text": nm.group("fatal"),
-                "link": _int_or_none(nm.group("link")),
-                "xc": nm.group("xc"),
-                "instance": nm.group("inst"),
-                "words": _HEX_RE.findall(nm.group("words") or ""),
-            }
+        out["nvlink"] = _nvlink5(text)
     elif xid == 74:
         lm = _LINK_RE.search(text)
         out["nvlink"] = {
@@ -255,6 +294,38 @@ def parse_xid_message(msg: str) -> dict[str, Any] | None:
     return out
 
 
+def _nvlink5(text: str) -> dict[str, Any] | None:
+    """Xid 144-150: "<UNIT> Fatal|Nonfatal XC<n> i<n> Link <n> (words)"."""
+    nm = _NVLINK5_RE.match(text)
+    if not nm:
+        return None
+    return {
+        "unit": nm.group("unit"),
+        "fatal": "Fatal" in nm.group("fatal") and not nm.group("fatal").startswith("Non"),
+        "severity_text": nm.group("fatal"),
+        "link": _int_or_none(nm.group("link")),
+        "xc": nm.group("xc"),
+        "instance": nm.group("inst"),
+        "words": _HEX_RE.findall(nm.group("words") or ""),
+    }
+
+
+def match_signature(msg: str) -> tuple[str, str | None, str | None] | None:
+    """(signature name, PCI bus id or None, GPU token or None) of a fault line without an Xid
+    number, or None."""
+    for name, rx in SIGNATURE_RES:
+        if rx.search(msg):
+            for brx in _SIG_BUS_RES:
+                bm = brx.search(msg)
+                if bm:
+                    bus = short_bus_id(bm.group("bus"))
+                    if bus is not None:
+                        return name, bus, None
+            om = _ORDINAL_RE.search(msg)
+            return name, None, om.group("ord") if om else None
+    return None
+
+
 class Parser:
     """Feed lines (oldest first); collect events. Streaming: `feed` returns what is new."""
 
@@ -266,6 +337,7 @@ class Parser:
         self._pending_the_gpu: tuple[str, float | None, str, int] | None = None
         self._last_announce: GpuAnnouncement | None = None
         self._last_announce_seq = -10
+        self._last_init: XidEvent | None = None
 
     # -- helpers -------------------------------------------------------------------------------
     def _near(self, t1: float | None, s1: int, t2: float | None, s2: int, window_s: float) -> bool:
@@ -275,7 +347,8 @@ class Parser:
 
     def _add_79(self, ev: XidEvent) -> XidEvent | None:
         """Record an Xid 79 (explicit or implied); None when it is the same bus loss as before."""
-        bus = ev.pci_bus_id or ""
+        # Without an address, the way the line names the GPU keys it ("GPU6" is not "GPU7").
+        bus = ev.pci_bus_id or "?" + (ev.gpu_token or "")
         prev = self._last79.get(bus)
         if prev is not None and self._near(prev.time, prev.seq, ev.time, ev.seq, MERGE_WINDOW_S):
             if prev.implied and not ev.implied:
@@ -291,6 +364,27 @@ class Parser:
         self._last79[bus] = ev
         self.result.events.append(ev)
         return ev
+
+    def _signature(self, line: str, msg: str, stamp: Any, seq: int) -> list[Item] | None:
+        """A fault signature without an Xid number (a new event, or evidence of the one it
+        belongs to), or None when the line is none."""
+        if _INIT_TAIL_RE.search(msg):  # "rm_init_adapter failed" follows its "RmInitAdapter failed!"
+            bm = _SIG_BUS_RES[0].search(msg)
+            bus = short_bus_id(bm.group("bus")) if bm else None
+            last = self._last_init
+            if last is not None and last.pci_bus_id == bus and seq - last.seq <= 3:
+                last.related.append(line)
+                return []
+        found = match_signature(msg)
+        if found is None:
+            return None
+        name, bus, token = found
+        ev = XidEvent(None, bus, stamp.epoch, line, text=msg.split("NVRM:", 1)[-1].strip(), time_kind=stamp.kind,
+                      seq=seq, signature=name, gpu_token=token)
+        if name == "init_failed":
+            self._last_init = ev
+        self.result.events.append(ev)
+        return [ev]
 
     # -- the one entry point -------------------------------------------------------------------
     def feed(self, line: str, *, boot_time: float | None = None, ref_time: float | None = None) -> list[Item]:
@@ -311,7 +405,7 @@ class Parser:
                     xid=f["xid"], pci_bus_id=f["pci_bus_id"], time=stamp.epoch, raw=line, text=f["text"],
                     pid=f["pid"], process=f["process"], gpu_instance=f["gpu_instance"],
                     compute_instance=f["compute_instance"], nvlink=f["nvlink"], recovery=f["recovery"],
-                    caused_by=f["caused_by"], time_kind=stamp.kind, seq=seq,
+                    caused_by=f["caused_by"], time_kind=stamp.kind, seq=seq, gpu_token=f["gpu_token"],
                 )
                 if ev.xid == 79:
                     added = self._add_79(ev)
@@ -321,6 +415,9 @@ class Parser:
                     self.result.events.append(ev)
                     new.append(ev)
                 return new
+            sig = self._signature(line, msg, stamp, seq)
+            if sig is not None:
+                return sig
             if "fallen off the bus" in msg:
                 bus = None
                 for rx in _BUS_LOSS_RES:
@@ -338,14 +435,12 @@ class Parser:
                         self._pending_the_gpu = None
                         added = self._add_79(ev)
                         return [added] if added is not None else []
-                if bus is not None:
-                    ev = XidEvent(79, bus, stamp.epoch, line, text="GPU has fallen off the bus",
-                                  implied=True, time_kind=stamp.kind, seq=seq)
-                    added = self._add_79(ev)
-                    return [added] if added is not None else []
-                u = Unrecognised(line, stamp.epoch)
-                self.result.unrecognised.append(u)
-                return [u]
+                # Without an address the bus loss still counts: on "GPU unknown" (or the ordinal).
+                om = _ORDINAL_RE.search(msg) if bus is None else None
+                ev = XidEvent(79, bus, stamp.epoch, line, text="GPU has fallen off the bus",
+                              implied=True, time_kind=stamp.kind, seq=seq, gpu_token=om.group("ord") if om else None)
+                added = self._add_79(ev)
+                return [added] if added is not None else []
             tm = _THE_GPU_RE.search(msg)
             if tm:
                 bus = short_bus_id(tm.group("bus"))

@@ -142,6 +142,8 @@ def scan_read(read: ReadResult, window: Window) -> Scan:
     sc = Scan(read=read, window=window)
     if not read.ok:
         return sc
+    if read.undated:  # copied logs whose [seconds] stamps count from another boot: never dated
+        window.label += f" (times unknown for {', '.join(read.undated)})"
     sc.parsed = parse_read(read)
     start = window.start
     for found, kept in ((sc.parsed.events, sc.events), (sc.parsed.sxid_events, sc.sxid_events)):

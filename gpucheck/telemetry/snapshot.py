@@ -486,23 +486,31 @@ def dump_snapshot(snap: dict[str, Any]) -> str:
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a snapshot file; SnapshotError (one line) when it is not one."""
+    """Read and validate a snapshot file ("-": standard input); an `nvidia-smi -q` or `-q -x`
+    capture is converted (gpucheck.telemetry.nvsmi). SnapshotError (one line) when it is neither."""
     from .. import safeio
+    from . import nvsmi
 
-    p = Path(path)
-    try:  # a regular file of at most safeio.LIMITS["snapshot"] bytes: a FIFO or /dev/zero is refused
-        raw = safeio.read_input(p, "snapshot").decode("utf-8")
+    p = "standard input" if str(path) == "-" else str(Path(path))
+    try:  # a regular file of at most safeio.LIMITS["snapshot"] bytes (or "-", standard input)
+        raw = nvsmi.read_text(path)
     except FileNotFoundError:
         raise SnapshotError(f"{p}: no such file") from None
     except OSError as e:
-        raise SnapshotError(f"{p}: cannot read: {safeio.describe_error(e, str(p))}") from None
+        raise SnapshotError(f"{p}: cannot read: {safeio.describe_error(e, p)}") from None
     except UnicodeDecodeError as e:
         raise SnapshotError(f"{p}: cannot read: {e}") from None
-    try:
-        doc = safeio.loads_json(raw)
-    except ValueError as e:
-        raise SnapshotError(f"{p}: not JSON: {e}") from None
-    validate_snapshot(doc, str(p))
+    if nvsmi.detect(raw) is not None:  # nvidia-smi -q or -q -x: converted (docs/snapshot.md)
+        try:
+            doc = nvsmi.convert(raw, p)
+        except nvsmi.CaptureError as e:
+            raise SnapshotError(str(e) if str(e).startswith(p) else f"{p}: {e}") from None
+    else:
+        try:
+            doc = safeio.loads_json(raw)
+        except ValueError as e:
+            raise SnapshotError(f"{p}: neither a gpucheck snapshot nor an nvidia-smi -q capture (not JSON: {e})") from None
+    validate_snapshot(doc, p)
     return doc
 
 

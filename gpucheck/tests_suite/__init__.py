@@ -17,6 +17,9 @@ from ..check import Context
 from ..result import Action, Result, Status
 from ..telemetry.fields import judged_view
 
+# The failure kind of a field a converted capture (nvidia-smi -q) does not hold (docs/snapshot.md).
+NOT_IN_CAPTURE = "not_in_capture"
+
 STATE_TEXT = {
     "lost": "GPU is lost (fell off the bus or stopped answering; NVML GPU_IS_LOST)",
     "reset_required": "GPU needs a reset (NVML RESET_REQUIRED)",
@@ -81,7 +84,8 @@ def unreadable_fields(g: dict[str, Any]) -> dict[str, str]:
     holds a value its field cannot hold (the "invalid" map of telemetry.fields.judged_view),
     field -> why, in words that name the field."""
     errors = g.get("errors") if isinstance(g.get("errors"), dict) else {}
-    out = {str(f): f"could not read {f} ({kind})" for f, kind in sorted(errors.items())}
+    out = {str(f): (f"{f} not in this capture" if kind == NOT_IN_CAPTURE else f"could not read {f} ({kind})")
+           for f, kind in sorted(errors.items())}
     for f, value in sorted((g.get("invalid") or {}).items()):
         out[f] = f"invalid value in {f} ({value})"
     return out

@@ -1,0 +1,142 @@
+"""Real nvidia-smi captures (tests/fixtures/nvsmi, provenance in each .source) judged by the level-1
+checks through the same code as any snapshot: `load_snapshot` (which converts them) and the runner,
+and end to end through `gpucheck run --snapshot` and `gpucheck telemetry import`.
+
+Every test asserts the exact set of results that are not `pass` (check, subject, status, action).
+What a capture does not hold is "not in this capture": an error where a fail rule needs the field
+(nvidia-smi -q never prints NVLink state; drivers before R565 print no GPU Recovery Action), a
+warning where only an advisory rule does. Never a pass.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucheck.check import Context, Level
+from gpucheck.cli.main import main
+from gpucheck.registry import all_checks
+from gpucheck.runner import run_checks
+from gpucheck.telemetry.snapshot import load_snapshot
+
+FIX = Path(__file__).parent / "fixtures" / "nvsmi"
+LEVEL1 = {"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action"}
+E, W, F, S = "error", "warn", "fail", "skip"
+
+
+def not_pass(name: str) -> set[tuple[str, str, str, str]]:
+    snap = load_snapshot(FIX / name)
+    out = run_checks([c for c in all_checks() if c.id in LEVEL1], Context(level=Level.QUICK, snapshot=snap),
+                     install_signal_handlers=False)
+    return {(r.check, r.subject, r.status.value, r.action.value) for r in out.results if r.status.value != "pass"}
+
+
+def per_gpu(check: str, gpus, status: str = E, action: str = "none") -> set[tuple[str, str, str, str]]:
+    return {(check, f"gpu{i}", status, action) for i in gpus}
+
+
+def test_h100_x8_r565_healthy_only_nvlink_is_not_in_the_capture():
+    assert not_pass("h100-x8-565-healthy.txt") == per_gpu("nvlink", range(8))
+
+
+@pytest.mark.parametrize("name,gpus", [("h200-550-healthy.txt", [0]), ("h100nvl-x2-550-healthy.txt", [0, 1])])
+def test_r550_healthy_captures_lack_nvlink_and_the_recovery_action(name, gpus):
+    assert not_pass(name) == per_gpu("nvlink", gpus) | per_gpu("recovery-action", gpus)
+
+
+def test_gh200_with_a_lifetime_dbe_warns():
+    """Aggregate DRAM Uncorrectable 1 (and one uncorrectable-error row remapped, nothing pending):
+    nothing to reset now, worth a look."""
+    assert not_pass("gh200-550-ecc-lifetime-dbe.txt") == (
+        {("ecc", "gpu0", W, "investigate")} | per_gpu("nvlink", [0]) | per_gpu("recovery-action", [0]))
+
+
+def test_a100_mig_r510_xml():
+    """Remapped rows are N/A with MIG instances active (not supported: skip); R510 prints no SRAM
+    threshold flag (ecc: error), no device PCIe maximum (pcie: warn); persistence off and MIG on
+    (inventory: warn)."""
+    assert not_pass("a100-mig-510-netdata.xml") == {
+        ("ecc", "gpu0", E, "none"), ("inventory", "gpu0", W, "investigate"), ("memory-remap", "gpu0", S, "none"),
+        ("pcie", "gpu0", W, "investigate")} | per_gpu("nvlink", [0]) | per_gpu("recovery-action", [0])
+
+
+def test_a100_xml_holding_one_of_four_attached_gpus():
+    got = not_pass("a100-mig-535-telegraf-1of4.xml")
+    missing = set().union(*(per_gpu(c, [1, 2, 3]) for c in ("clocks", "ecc", "inventory", "memory-remap", "pcie")))
+    assert got == missing | {("inventory", "node", E, "none"), ("ecc", "gpu0", E, "none"),
+                             ("inventory", "gpu0", W, "investigate"), ("memory-remap", "gpu0", S, "none")} \
+        | per_gpu("nvlink", range(4)) | per_gpu("recovery-action", range(4))
+
+
+def test_half_pasted_remap_pending_fails_on_what_it_holds():
+    """Four lines of one GPU: the pending remap is judged (fail, reset); everything else is not in
+    the capture (error), so nothing passes."""
+    assert not_pass("remap-pending-excerpt-gpud80.txt") == {("memory-remap", "gpu0", F, "reset-gpu"),
+                                                             ("inventory", "node", E, "none")} | \
+        set().union(*(per_gpu(c, [0]) for c in ("clocks", "ecc", "inventory", "nvlink", "pcie", "recovery-action")))
+
+
+def test_half_pasted_redacted_a100_judges_nothing_as_healthy():
+    got = not_pass("a100-535-half-pasted-redacted-dcgm152.txt")
+    assert got == {("inventory", "node", E, "none")} | set().union(
+        *(per_gpu(c, [0]) for c in ("clocks", "ecc", "inventory", "memory-remap", "nvlink", "pcie", "recovery-action")))
+
+
+# -- end to end -------------------------------------------------------------------------------------
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_run_snapshot_on_a_capture_end_to_end(capsys):
+    rc, out, err = run(capsys, "run", "--json", "--no-history", "--snapshot", str(FIX / "h100-x8-565-healthy.txt"))
+    v = json.loads(out)
+    assert rc == 3 and v["status"] == "error" and v["source"]["kind"] == "snapshot" and not v["source"]["synthetic"]
+    assert len(v["gpus"]) == 8 and v["software"]["driver"] == "565.57.01"
+    assert {r["summary"] for r in v["results"] if r["status"] == "error"} == {"nvlink not in this capture"}
+    rc, out, _ = run(capsys, "run", "--json", "--no-history", "--skip", "nvlink", "--snapshot",
+                     str(FIX / "h100-x8-565-healthy.txt"))
+    assert rc == 0 and json.loads(out)["status"] == "pass"
+
+
+def test_run_snapshot_from_stdin_with_the_warnings(capsys, monkeypatch):
+    data = (FIX / "a100-mig-535-telegraf-1of4.xml").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    rc, out, err = run(capsys, "run", "--json", "--no-history", "--snapshot", "-")
+    assert rc == 3 and json.loads(out)["status"] == "error"
+    assert "gpucheck: WARNING: standard input: the capture holds 1 of the 4 attached GPUs" in err
+
+
+def test_a_pending_remap_in_a_pasted_excerpt_exits_1(capsys):
+    rc, out, err = run(capsys, "run", "--json", "--no-history", "--snapshot", str(FIX / "remap-pending-excerpt-gpud80.txt"))
+    assert rc == 1 and json.loads(out)["action"] == "reset-gpu"
+    assert "starts inside a GPU section" in err
+
+
+def test_telemetry_import_writes_a_snapshot_that_judges_the_same(capsys, tmp_path):
+    out_file = tmp_path / "snap.json"
+    rc, _, err = run(capsys, "telemetry", "import", str(FIX / "gh200-550-ecc-lifetime-dbe.txt"), "-o", str(out_file))
+    assert rc == 0 and "wrote" in err and "recovery_action" in err  # the warning names the missing field
+    doc = json.loads(out_file.read_text())
+    assert doc["kind"] == "gpucheck.snapshot" and doc["capture"]["format"] == "nvidia-smi -q"
+    assert doc["gpus"][0]["errors"] == {"recovery_action": "not_in_capture", "nvlink": "not_in_capture"}
+    rc1, out1, _ = run(capsys, "run", "--json", "--no-history", "--snapshot", str(out_file))
+    rc2, out2, _ = run(capsys, "run", "--json", "--no-history", "--snapshot", str(FIX / "gh200-550-ecc-lifetime-dbe.txt"))
+    res = [[(r["check"], r["subject"], r["status"], r["summary"]) for r in json.loads(o)["results"]] for o in (out1, out2)]
+    assert rc1 == rc2 == 3 and res[0] == res[1]
+
+
+def test_telemetry_import_usage_errors(capsys, tmp_path):
+    rc, _, err = run(capsys, "telemetry", "import", str(tmp_path / "missing.txt"))
+    assert rc == 2 and "no such file" in err
+    junk = tmp_path / "junk.txt"
+    junk.write_text("not a capture\n")
+    rc, _, err = run(capsys, "telemetry", "import", str(junk))
+    assert rc == 2 and "not an nvidia-smi -q capture" in err and err.count("\n") == 1
+    rc, _, err = run(capsys, "telemetry", "import", str(FIX / "h200-550-healthy.txt"), "-o", str(tmp_path))
+    assert rc == 2 and "cannot write" in err
