@@ -116,3 +116,14 @@ def test_gb10_persistence_finding_is_config_not_hardware():
     assert (w.error_id, w.category_name, w.severity_name) == (29, "software_other", "config")
     (r,) = map_results(doc)
     assert r.status == E and "not a hardware verdict" in r.summary and "Persistence mode for GPU 0" in r.summary
+
+
+def test_the_real_documents_are_labelled_by_the_version_dcgm_states_and_sentinels_are_no_serials():
+    """DCGM 3.1.0's real output still writes 2.x-shaped "gpu_ids" results: the parser labelled
+    it "2.x JSON" (the label reaches the evidence); and DCGM writes "<<<NOT_SUPPORTED>>>" where a
+    serial is unknown, which the parser kept as GPU 0's serial."""
+    for name in sorted(p.name for p in REAL.glob("*.json")):
+        doc = parse_diag((REAL / name).read_text())
+        if doc.version:
+            assert doc.format == f"{doc.version.split('.')[0]}.x", (name, doc.format, doc.version)
+        assert not any(s.startswith("<<<") for s in doc.serials.values()), (name, doc.serials)

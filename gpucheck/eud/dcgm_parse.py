@@ -36,6 +36,7 @@ dcgmErrorCategory_t, dcgmErrorSeverity_t).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,13 +290,13 @@ def parse_diag(text: str) -> DiagDoc:
     serials = doc.get("GPU Device Serials")
     if isinstance(serials, dict):
         for k, v in serials.items():
-            if _int(k) is not None:
-                out.serials[_int(k)] = str(v)
+            if _int(k) is not None and _serial(v) is not None:
+                out.serials[_int(k)] = _serial(v)
     for grp in doc.get("entity_groups") or []:
         if isinstance(grp, dict) and str(grp.get("entity_group", "")).upper() == "GPU":
             for e in grp.get("entities") or []:
-                if isinstance(e, dict) and _int(e.get("entity_id")) is not None and e.get("serial_num"):
-                    out.serials[_int(e["entity_id"])] = str(e["serial_num"])
+                if isinstance(e, dict) and _int(e.get("entity_id")) is not None and _serial(e.get("serial_num")):
+                    out.serials[_int(e["entity_id"])] = _serial(e["serial_num"])
     if cats is None:
         if out.runtime_error:
             return out
@@ -317,11 +318,29 @@ def parse_diag(text: str) -> DiagDoc:
             if not isinstance(t, dict) or "name" not in t:
                 raise DcgmParseError(f"category {cname!r}: a test without a name")
             _parse_test(out, cname, t)
-    if fmt == "3.x" and any(isinstance(r, dict) and "gpu_ids" in r
-                            for c in cats if isinstance(c, dict) for t in (c.get("tests") or []) if isinstance(t, dict)
-                            for r in (t.get("results") or [])):
+    by_version = _format_of_version(out.version)
+    if by_version is not None:  # the version DCGM states wins over the shape of its JSON
+        out.format = by_version
+    elif fmt == "3.x" and any(isinstance(r, dict) and "gpu_ids" in r
+                              for c in cats if isinstance(c, dict) for t in (c.get("tests") or []) if isinstance(t, dict)
+                              for r in (t.get("results") or [])):
         out.format = "2.x"
     return out
+
+
+def _format_of_version(version: Any) -> str | None:
+    """"3.x" for a stated version "3.1.0" (DCGM 3.1 still writes 2.x-shaped "gpu_ids" results)."""
+    m = re.match(r"\s*(\d+)\.", str(version or ""))
+    return f"{m.group(1)}.x" if m else None
+
+
+def _serial(value: Any) -> str | None:
+    """A GPU serial as DCGM wrote it, or None for its blank sentinels ("<<<NOT_SUPPORTED>>>",
+    "<<<NULL>>>", ...) and empty values: a sentinel is no serial, never one to match GPUs by."""
+    text = str(value or "").strip()
+    if not text or (text.startswith("<<<") and text.endswith(">>>")):
+        return None
+    return text
 
 
 def _parse_test(out: DiagDoc, cname: str, t: dict[str, Any]) -> None:
