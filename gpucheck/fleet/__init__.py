@@ -10,5 +10,5 @@ compare  compare nodes with each other: bitwise digests by majority, throughput 
 slurm    the Slurm prolog/epilog hooks and `slurm resume`
 bisect   find the bad node(s) of a failing job's node list with group tests
 
-Nothing here is imported by the core; the CLI (gpucheck.cli.fleet) imports it on demand.
+Nothing here is imported by the core; the CLI (gpucheck.cli.sweep, .slurm, .bisect) imports it on demand.
 """
