@@ -4,6 +4,4 @@ and the remote options), gpucheck.cli.slurm (`gpucheck slurm`) and gpucheck.cli.
 
 from .bisect import bisect_command  # noqa: F401
 from .slurm import HookCommand, epilog_command, prolog_command, resume_command, slurm_group  # noqa: F401
-from .sweep import (  # noqa: F401
-    build_plan, mark_interrupted, remote_options, runner_settings, sweep_command, sweep_until_stopped, write_report,
-)
+from .sweep import build_plan, progress_sweep, remote_options, runner_settings, sweep_command  # noqa: F401

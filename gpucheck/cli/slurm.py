@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from .sweep import _duration, _nodes, build_plan, remote_options, runner_settings, sweep_until_stopped
+from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
 
 @click.group("slurm")
 def slurm_group() -> None:
@@ -71,20 +71,11 @@ def hook_options(kind: str):
 
 
 def _hook(kind: str, kw: dict[str, Any]) -> int:
-    from ..fleet.slurm import HookOptions, run_hook
+    from ..fleet.hook import hook_options, run_hook
 
-    opts = HookOptions(
-        kind=kind, level=kw["level"], checks=[c for s in kw["checks"] for c in s.split(",") if c.strip()],
-        skips=[c for s in kw["skips"] for c in s.split(",") if c.strip()],
-        budget_s=_duration(kw["budget_text"], "--budget"),
-        failed_level=kw.get("failed_level"),
-        failed_budget_s=_duration(kw.get("failed_budget_text"), "--failed-budget"),
-        failed_checks=[c for s in kw.get("failed_checks", ()) for c in s.split(",") if c.strip()],
-        on_error=kw["on_error"], strict=kw["strict"], snapshot=kw["snapshot"], state_dir=kw["state_dir"],
-        config_path=kw["config_path"], device=kw["device"], workers=kw["workers"], drain=not kw["no_drain"],
-        scontrol=kw["scontrol"], as_json=kw["as_json"], all_gpus=kw["all_gpus"], force=kw["force"],
-    )
-    return _hook_exit(run_hook(opts, os.environ))
+    values = dict(kw, budget_s=_duration(kw["budget_text"], "--budget"),
+                  failed_budget_s=_duration(kw.get("failed_budget_text"), "--failed-budget"))
+    return _hook_exit(run_hook(hook_options(kind, values), os.environ))
 
 
 def _hook_exit(outcome) -> int:
@@ -104,29 +95,13 @@ def _hook_exit(outcome) -> int:
     return outcome.exit_code
 
 
-def _option_value(args: list[str], name: str) -> str | None:
-    """The last value of `name` in raw arguments (`--name V` or `--name=V`), for a hook whose
-    arguments could not be parsed."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg[len(name) + 1:]
-    return value
-
-
 def _hook_failed(kind: str, args: list[str], cause: str) -> int:
     """The hook could not run (a usage error in its settings, a crash before the pipeline): a
     could-not-judge outcome like any other, logged, recorded and on-error, with what can be read
     from its arguments."""
-    from ..fleet.slurm import HookOptions, hook_failed
+    from ..fleet.hook import hook_failed, options_from_args
 
-    on_error = _option_value(args, "--on-error")
-    opts = HookOptions(kind=kind, on_error=on_error if on_error in ("pass", "fail") else None,
-                       state_dir=_option_value(args, "--state-dir"), config_path=_option_value(args, "--config"),
-                       scontrol=_option_value(args, "--scontrol"), drain="--no-drain" not in args)
-    return _hook_exit(hook_failed(opts, os.environ, cause))
+    return _hook_exit(hook_failed(options_from_args(kind, args), os.environ, cause))
 
 
 class HookCommand(click.Command):
@@ -193,22 +168,14 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
     (nothing is resumed after the signal).
     """
     from ..fleet.nodeset import fold
-    from ..fleet.slurm import default_runner, find_scontrol, resume_nodes
-    from ..processes import Interrupted, stop_on_signals
+    from ..fleet.slurm import default_runner, find_scontrol, resume_exit_code, resume_nodes, sweep_test
+    from ..processes import stop_on_signals
 
     nodes = _nodes(nodeset)
     build_plan(nodes, **kw)  # validate the options before touching anything
+    opts = remote_settings(kw)
     settings = runner_settings(**kw)
-
-    def test(candidates: list[str]):
-        plan = build_plan(nodes, subset=candidates, **kw)
-        outcomes, _, interrupted = sweep_until_stopped(plan, settings, kw["strict"], "resume: sweep")
-        judged = {o.node: (not o.is_bad(kw["strict"]), f"{o.status}" + (f": {o.reason}" if o.reason else ""))
-                  for o in outcomes}
-        if interrupted:
-            raise Interrupted(interrupted, partial=judged)
-        return judged
-
+    test = sweep_test(nodes, opts, lambda plan: progress_sweep(plan, settings, opts.strict, "resume: sweep"))
     with stop_on_signals():  # SIGTERM/SIGINT: stop the sweep, resume nothing more, report, exit 3
         try:
             decisions = resume_nodes(nodes, test=test, scontrol=find_scontrol(scontrol), runner=default_runner,
@@ -227,6 +194,4 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
                 ns = fold(d.node for d in decisions if d.decision == key)
                 if ns:
                     click.echo(f"{label}: {ns}")
-    if any(d.decision == "interrupted" for d in decisions):
-        return 3
-    return 1 if any(d.decision == "still-bad" for d in decisions) else 0
+    return resume_exit_code(decisions)

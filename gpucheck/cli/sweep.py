@@ -8,8 +8,8 @@ and tables, and maps outcomes to exit codes (0 healthy, 1 bad nodes found, 2 usa
 
 from __future__ import annotations
 
+import contextlib
 import sys
-import time
 from typing import Any
 
 import click
@@ -78,55 +78,33 @@ def remote_options(f):
     return f
 
 
-def build_plan(nodes: list[str], *, subset: list[str] | None = None, level, checks, skips, snapshot_path,
-               injections, device, strict, run_args, node_args, remote_cmd, fanout, timeout_text, use_srun,
-               force=False, **_ignored):
-    from ..fleet.nodeset import NodeSetError, parse_node_map
-    from ..fleet.sweep import SweepPlan, remote_command
+def remote_settings(kw: dict[str, Any]):
+    """The remote options as gpucheck.fleet.remote.RemoteOptions (durations parsed)."""
+    from ..fleet.remote import RemoteOptions
 
-    args: list[str] = []
-    if level:
-        args += ["--level", str(level)]
-    for c in checks:
-        args += ["--check", c]
-    for s in skips:
-        args += ["--skip", s]
-    if snapshot_path:
-        args += ["--snapshot", snapshot_path]
-    for i in injections:
-        args += ["--inject", i]
-    if device:
-        args += ["--device", device]
-    if strict:
-        args.append("--strict")
-    if force:
-        args.append("--force")
-    args += list(run_args)
+    return RemoteOptions(
+        level=kw["level"], checks=tuple(kw["checks"]), skips=tuple(kw["skips"]), snapshot_path=kw["snapshot_path"],
+        injections=tuple(kw["injections"]), device=kw["device"], strict=kw["strict"], force=kw.get("force", False),
+        run_args=tuple(kw["run_args"]), node_args=tuple(kw["node_args"]), remote_cmd=kw["remote_cmd"],
+        fanout=kw["fanout"], timeout_s=_duration(kw["timeout_text"], "--timeout"), use_srun=kw["use_srun"],
+        srun_args=tuple(kw.get("srun_args", ())), ssh_options=kw.get("ssh_options"), ssh_user=kw.get("ssh_user"),
+        connect_timeout_s=_duration(kw.get("connect_timeout_text"), "--connect-timeout"))
+
+
+def build_plan(nodes: list[str], *, subset: list[str] | None = None, **kw: Any):
+    """gpucheck.fleet.remote.build_plan from the remote options; a PlanError is a usage error."""
+    from ..fleet.remote import PlanError, build_plan as plan
+
     try:
-        per_node = parse_node_map(node_args, nodes, what="--node-args")
-    except NodeSetError as e:
-        raise click.BadParameter(str(e), param_hint="--node-args") from None
-    for node, extra in per_node.items():
-        try:
-            remote_command(remote_cmd, args, extra)
-        except ValueError as e:
-            raise click.BadParameter(f"{node}: {extra!r}: {e}", param_hint="--node-args") from None
-    if subset is not None:  # run on these nodes only (the node arguments were checked against all)
-        nodes = [n for n in nodes if n in set(subset)]
-        per_node = {n: a for n, a in per_node.items() if n in set(subset)}
-    return SweepPlan(nodes=nodes, remote_cmd=remote_cmd, run_args=args, node_args=per_node,
-                     mode="srun" if use_srun else "ssh", fanout=fanout,
-                     timeout_s=_duration(timeout_text, "--timeout"))
+        return plan(nodes, remote_settings(kw), subset=subset)
+    except PlanError as e:
+        raise click.BadParameter(str(e), param_hint=e.option) from None
 
 
-def runner_settings(*, srun_args, ssh_options, ssh_user, connect_timeout_text, **_ignored) -> dict[str, Any]:
-    from ..fleet.fanout import SrunSettings, SshSettings
+def runner_settings(**kw: Any) -> dict[str, Any]:
+    from ..fleet.remote import runner_settings as settings
 
-    return {
-        "ssh": SshSettings(ssh_options=ssh_options, ssh_user=ssh_user,
-                           connect_timeout_s=_duration(connect_timeout_text, "--connect-timeout")),
-        "srun": SrunSettings(extra_args=list(srun_args)),
-    }
+    return settings(remote_settings(kw))
 
 
 class _Progress:
@@ -214,12 +192,8 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     healthy, 1 when any node fails, cannot be reached, times out or gives no verdict, 3 when
     SIGTERM/SIGINT stopped it (the nodes that answered are reported).
     """
-    import contextlib
-    import os
-
     from ..app import _check_writable, UsageError
-    from ..fleet import compare
-    from ..fleet.sweep import VerdictSpool, apply_fleet, build_report
+    from ..fleet.sweep import VerdictSpool, report_chunks, save_report, spool_folder, sweep_report
     from ..processes import stop_on_signals
 
     nodes = _nodes(nodeset)
@@ -232,112 +206,41 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
             raise click.BadParameter(str(e).removeprefix("--report "), param_hint="--report") from None
     thresholds = {k: v for k, v in (("mad_z", mad_z), ("rel_floor", rel_floor)) if v is not None}
 
-    started = time.time()
     # SIGTERM/SIGINT: stop the clients, report the nodes that answered, exit 3
     with stop_on_signals(), contextlib.ExitStack() as stack:
         spool = None
         if report_path or as_json:  # the verdicts wait on disk for the report
             try:
-                spool = stack.enter_context(VerdictSpool(_spool_folder(report_path)))
+                spool = stack.enter_context(VerdictSpool(spool_folder(report_path)))
             except OSError as e:
                 click.echo(f"gpucheck sweep: error: cannot create a temporary file: {e.strerror or e}", err=True)
                 return 3
-        outcomes, duration, interrupted = sweep_until_stopped(plan, settings, kw["strict"], spool=spool)
-        comparison = compare.compare_inputs({o.node: o.inputs for o in outcomes if o.inputs is not None},
-                                            **thresholds)
-        apply_fleet(outcomes, compare.findings_by_node(comparison))
-        report = build_report(outcomes, comparison, plan=plan, started_at=started, duration_s=duration,
-                              strict=kw["strict"])
-        if interrupted:
-            mark_interrupted(report, plan, outcomes, interrupted)
-        _emit_report(report, spool, report_path, as_json)
-        if not as_json:
+        with _progress(plan, kw["strict"]) as progress:
+            outcomes, report = sweep_report(plan, settings, strict=kw["strict"], thresholds=thresholds, spool=spool,
+                                            on_node=progress.node)
+        for warning in save_report(report, spool, report_path):
+            click.echo(f"gpucheck sweep: WARNING: {warning}", err=True)
+        if as_json:
+            for chunk in report_chunks(report, spool):
+                sys.stdout.write(chunk)
+        else:
             _print_sweep(outcomes, report, kw["strict"])
     return int(report["exit_code"])
 
 
-def _spool_folder(report_path: str | None) -> str | None:
-    """Where the verdicts wait for the report: next to a report that is (or will be) a regular
-    file, so a big fleet does not fill the temporary folder; else (no report, or a FIFO, a
-    terminal, /dev/null as the report) the temporary folder."""
-    import os
-    import stat
-
-    if not report_path:
-        return None
+@contextlib.contextmanager
+def _progress(plan, strict: bool, label: str | None = None):
+    """The progress bar of a sweep of `plan` (TTY only), closed on the way out."""
+    progress = _Progress(len(plan.nodes), label or f"sweep {plan.mode}", strict)
     try:
-        st = os.stat(report_path)
-    except FileNotFoundError:
-        return os.path.dirname(os.path.abspath(report_path))
-    except OSError:
-        return None
-    return os.path.dirname(os.path.abspath(report_path)) if stat.S_ISREG(st.st_mode) else None
-
-
-def _emit_report(report: dict[str, Any], spool, report_path: str | None, as_json: bool) -> None:
-    """--report and --json. The sweep's result (its exit code) never depends on them: a report
-    that cannot be written, or verdicts the spool could not keep (a full disk), are warnings."""
-    from ..fleet.sweep import report_chunks
-    from ..safeio import output_problem
-
-    stands = f"the sweep's result stands (exit {report['exit_code']})"
-    if spool is not None and spool.error:
-        click.echo(f"gpucheck sweep: WARNING: {spool.error}: the report lacks those verdicts"
-                   + ("; --report not written" if report_path else "") + f"; {stands}", err=True)
-        report_path = None  # never replace a good old report with an incomplete one
-    if report_path:
-        try:
-            write_report(report_path, report_chunks(report, spool))
-        except OSError as e:  # found after the sweep: a loud warning, never a masked result
-            click.echo(f"gpucheck sweep: WARNING: --report {report_path} was not written: "
-                       f"{output_problem(e, report_path)}; {stands}", err=True)
-    if as_json:
-        for chunk in report_chunks(report, spool):
-            sys.stdout.write(chunk)
-
-
-def sweep_until_stopped(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None,
-                        spool=None):
-    """run_sweep with the fan-out; on a stop (processes.Interrupted) the outcomes of the nodes
-    that answered before it. Returns (outcomes in node order, wall time, the signal or None)."""
-    from ..fleet.fanout import run_nodes
-    from ..fleet.sweep import run_sweep
-    from ..processes import Interrupted
-
-    t0 = time.monotonic()
-    answered = {}
-    progress = _Progress(len(plan.nodes), progress_label or f"sweep {plan.mode}", strict)
-
-    def on_node(outcome) -> None:
-        answered[outcome.node] = outcome
-        progress.node(outcome)
-
-    try:
-        outcomes, duration = run_sweep(plan, runner=run_nodes, on_node=on_node, spool=spool, **settings)
-        return outcomes, duration, None
-    except Interrupted as e:
-        return [answered[n] for n in plan.nodes if n in answered], time.monotonic() - t0, e.signame
+        yield progress
     finally:
         progress.close()
 
 
-def mark_interrupted(report: dict[str, Any], plan, outcomes, signame: str) -> None:
-    """A sweep report cut short: it covers only the nodes that answered, names the others, and
-    its exit code is 3 (could not judge the node set)."""
-    from ..fleet.nodeset import fold
+def progress_sweep(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None, spool=None):
+    """gpucheck.fleet.sweep.sweep_until_stopped with the progress bar: a SweepRun."""
+    from ..fleet.sweep import sweep_until_stopped
 
-    seen = {o.node for o in outcomes}
-    report["interrupted"] = signame
-    report["unanswered"] = fold(n for n in plan.nodes if n not in seen)
-    report["planned"] = len(plan.nodes)
-    report["exit_code"] = 3
-
-
-def write_report(path: str, chunks) -> None:
-    """Write the report's text chunks to `path` (gpucheck.safeio: a regular file replaced by an
-    atomic rename, or written into a FIFO, /dev/null or a terminal; a device or an untrusted
-    symlink is refused, never replaced). The report is one line: the indented encoder is ten
-    times slower on a big fleet."""
-    from ..safeio import write_output
-
-    write_output(path, chunks)
+    with _progress(plan, strict, progress_label) as progress:
+        return sweep_until_stopped(plan, settings, on_node=progress.node, spool=spool)

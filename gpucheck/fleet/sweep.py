@@ -24,7 +24,7 @@ import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .compare import FleetInputs, fleet_inputs
 from .fanout import MAX_OUTPUT_BYTES, NodeRun
@@ -420,3 +420,117 @@ def report_chunks(report: Mapping[str, Any], spool: VerdictSpool | None) -> Iter
         text = spool.text(entry["node"]) if spool is not None else None
         yield ("" if i == 0 else ", ") + json.dumps(entry)[:-1] + ', "verdict": ' + (text or "null") + "}"
     yield "]}\n"
+
+
+# -- a whole sweep: run, stop, compare, report ---------------------------------------------------
+
+@dataclass
+class SweepRun:
+    """The nodes that answered (in node order), the wall time, and the signal that stopped the
+    sweep (None: every node answered or timed out)."""
+
+    outcomes: list[NodeOutcome]
+    duration_s: float
+    interrupted: str | None = None
+
+
+def sweep_until_stopped(plan: SweepPlan, settings: Mapping[str, Any], *,
+                        on_node: Callable[[NodeOutcome], None] | None = None,
+                        spool: VerdictSpool | None = None) -> SweepRun:
+    """run_sweep with the fan-out (gpucheck.fleet.fanout.run_nodes); on a stop
+    (processes.Interrupted: SIGTERM/SIGINT) the outcomes of the nodes that answered before it."""
+    from ..processes import Interrupted
+    from . import fanout
+
+    t0 = time.monotonic()
+    answered: dict[str, NodeOutcome] = {}
+
+    def done(outcome: NodeOutcome) -> None:
+        answered[outcome.node] = outcome
+        if on_node is not None:
+            on_node(outcome)
+
+    try:
+        outcomes, duration = run_sweep(plan, runner=fanout.run_nodes, on_node=done, spool=spool, **settings)
+        return SweepRun(outcomes, duration)
+    except Interrupted as e:
+        return SweepRun([answered[n] for n in plan.nodes if n in answered], time.monotonic() - t0, e.signame)
+
+
+def mark_interrupted(report: dict[str, Any], plan: SweepPlan, outcomes: list[NodeOutcome], signame: str) -> None:
+    """A sweep report cut short: it covers only the nodes that answered, names the others, and
+    its exit code is 3 (could not judge the node set)."""
+    from .nodeset import fold
+
+    seen = {o.node for o in outcomes}
+    report["interrupted"] = signame
+    report["unanswered"] = fold(n for n in plan.nodes if n not in seen)
+    report["planned"] = len(plan.nodes)
+    report["exit_code"] = 3
+
+
+def sweep_report(plan: SweepPlan, settings: Mapping[str, Any], *, strict: bool,
+                 thresholds: Mapping[str, float] | None = None, spool: VerdictSpool | None = None,
+                 on_node: Callable[[NodeOutcome], None] | None = None) -> tuple[list[NodeOutcome], dict[str, Any]]:
+    """Sweep the plan's nodes, compare them with each other (gpucheck.fleet.compare; thresholds:
+    mad_z, rel_floor), and build the report; its `exit_code` is the sweep's (0 healthy, 1 a bad
+    node, 3 stopped by a signal)."""
+    from . import compare
+
+    started = time.time()
+    run = sweep_until_stopped(plan, settings, on_node=on_node, spool=spool)
+    comparison = compare.compare_inputs({o.node: o.inputs for o in run.outcomes if o.inputs is not None},
+                                        **dict(thresholds or {}))
+    apply_fleet(run.outcomes, compare.findings_by_node(comparison))
+    report = build_report(run.outcomes, comparison, plan=plan, started_at=started, duration_s=run.duration_s,
+                          strict=strict)
+    if run.interrupted:
+        mark_interrupted(report, plan, run.outcomes, run.interrupted)
+    return run.outcomes, report
+
+
+def spool_folder(report_path: str | None) -> str | None:
+    """Where the verdicts wait for the report: next to a report that is (or will be) a regular
+    file, so a big fleet does not fill the temporary folder; else (no report, or a FIFO, a
+    terminal, /dev/null as the report) the temporary folder."""
+    import os
+    import stat
+
+    if not report_path:
+        return None
+    try:
+        st = os.stat(report_path)
+    except FileNotFoundError:
+        return os.path.dirname(os.path.abspath(report_path))
+    except OSError:
+        return None
+    return os.path.dirname(os.path.abspath(report_path)) if stat.S_ISREG(st.st_mode) else None
+
+
+def write_report(path: str, chunks: Iterable[str]) -> None:
+    """Write the report's text chunks to `path` (gpucheck.safeio: a regular file replaced by an
+    atomic rename, or written into a FIFO, /dev/null or a terminal; a device or an untrusted
+    symlink is refused, never replaced). The report is one line: the indented encoder is ten
+    times slower on a big fleet."""
+    from ..safeio import write_output
+
+    write_output(path, chunks)
+
+
+def save_report(report: Mapping[str, Any], spool: VerdictSpool | None, report_path: str | None) -> list[str]:
+    """Write --report; the warnings to show. The sweep's result (its exit code) never depends on
+    the report: one that cannot be written, or verdicts the spool could not keep (a full disk),
+    are warnings, and an incomplete report never replaces a good old one."""
+    from ..safeio import output_problem
+
+    stands = f"the sweep's result stands (exit {report['exit_code']})"
+    if spool is not None and spool.error:
+        return [f"{spool.error}: the report lacks those verdicts" + ("; --report not written" if report_path else "")
+                + f"; {stands}"]
+    if not report_path:
+        return []
+    try:
+        write_report(report_path, report_chunks(report, spool))
+    except OSError as e:  # found after the sweep: a loud warning, never a masked result
+        return [f"--report {report_path} was not written: {output_problem(e, report_path)}; {stands}"]
+    return []
