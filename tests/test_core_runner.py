@@ -174,12 +174,16 @@ def test_snapshot_replay_never_computes_on_this_machine():
 
 # -- one execution object per check: a typed interruption, no hung check left running where it can stop --
 
-def test_a_hung_check_that_honours_cancel_is_stopped_alone_and_leaves_no_thread(monkeypatch):
+
+@pytest.fixture
+def exact_budget(monkeypatch):
+    """A check's budget is its declared one: no factor, no slack."""
+
+
+def test_a_hung_check_that_honours_cancel_is_stopped_alone_and_leaves_no_thread(exact_budget):
     """Past its budget a check is cancelled (its own cancel, not the run's) and the runner waits
     for it: no thread of it runs on beside the next check. The old runner never cancelled it and
     left its daemon thread running."""
-    monkeypatch.setattr(runner_mod, "BUDGET_SLACK_S", 0.0)
-    monkeypatch.setattr(runner_mod, "BUDGET_FACTOR", 1.0)
     stopped = threading.Event()
     seen_by_next = {}
 
@@ -207,12 +211,10 @@ def test_a_hung_check_that_honours_cancel_is_stopped_alone_and_leaves_no_thread(
     assert not [t for t in threading.enumerate() if t.name == "check-hang"]
 
 
-def test_a_hung_check_that_ignores_cancel_is_left_behind_and_said_so(monkeypatch):
+def test_a_hung_check_that_ignores_cancel_is_left_behind_and_said_so(exact_budget, monkeypatch):
     """A check stuck where cancel cannot reach (a driver call) is left behind after HANG_GRACE_S:
     the outcome says so (abandoned), so the pipeline kills its worker processes. The old runner
     reported it as not abandoned."""
-    monkeypatch.setattr(runner_mod, "BUDGET_SLACK_S", 0.0)
-    monkeypatch.setattr(runner_mod, "BUDGET_FACTOR", 1.0)
     monkeypatch.setattr(runner_mod, "HANG_GRACE_S", 0.2)
     release = threading.Event()
 

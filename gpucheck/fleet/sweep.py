@@ -142,28 +142,30 @@ def parse_verdict(text: str) -> tuple[dict[str, Any] | None, str]:
     try:
         doc = json.loads(s)
     except RecursionError:
-        return None, f"not a verdict: JSON nested too deep ({_snippet(s)})"
+        return None, f"not a verdict: JSON nested too deep ({snippet(s)})"
     except ValueError:
-        return None, f"not a verdict: {_snippet(s)}"
+        return None, f"not a verdict: {snippet(s)}"
     if not isinstance(doc, dict) or doc.get("schema") != VERDICT_SCHEMA:
-        return None, f"not a verdict: {_snippet(s)}"
+        return None, f"not a verdict: {snippet(s)}"
     version = doc.get("schema_version")
     if not isinstance(version, str) or not _VERSION_RE.fullmatch(version):
-        return None, f"verdict schema_version {_snippet(str(version or '?'))} is not supported (want 1.x)"
+        return None, f"verdict schema_version {snippet(str(version or '?'))} is not supported (want 1.x)"
     why = verdict_problem(doc)
     if why:
         return None, f"invalid verdict: {why}"
     return doc, ""
 
 
-def _snippet(s: str) -> str:
+def snippet(s: str) -> str:
+    """`s` on one line, cut at SNIPPET characters."""
     s = " ".join(s.split())
     return s[:SNIPPET] + ("..." if len(s) > SNIPPET else "")
 
 
-def _last_line(s: str) -> str:
+def last_line(s: str) -> str:
+    """The last non-blank line of `s`, as a snippet."""
     lines = [ln.strip() for ln in s.splitlines() if ln.strip()]
-    return _snippet(lines[-1]) if lines else ""
+    return snippet(lines[-1]) if lines else ""
 
 
 def failing_results(verdict: dict[str, Any]) -> list[dict[str, Any]]:
@@ -179,7 +181,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
     """One node's status from what its command did."""
-    base = dict(node=run.node, rc=run.rc, duration_s=run.duration_s, stderr_tail=_last_line(run.stderr))
+    base = dict(node=run.node, rc=run.rc, duration_s=run.duration_s, stderr_tail=last_line(run.stderr))
     if run.timed_out:
         limit = f" within {timeout_s:g} s" if timeout_s else ""
         return NodeOutcome(status="timeout", reason=f"no answer{limit} (killed)", action="investigate", **base)
@@ -189,7 +191,7 @@ def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
                            action="investigate", **base)
     verdict, why = parse_verdict(run.stdout)
     if verdict is None:
-        err = _last_line(run.stderr)
+        err = last_line(run.stderr)
         if run.via == "ssh" and run.rc == 255:
             return NodeOutcome(status="unreachable", reason=err or "ssh failed (exit 255)",
                                action="investigate", **base)
