@@ -174,10 +174,11 @@ def test_snapshot_replay_never_computes_on_this_machine():
 
 # -- one execution object per check: a typed interruption, no hung check left running where it can stop --
 
-
 @pytest.fixture
 def exact_budget(monkeypatch):
     """A check's budget is its declared one: no factor, no slack."""
+    monkeypatch.setattr(runner_mod, "BUDGET_SLACK_S", 0.0)
+    monkeypatch.setattr(runner_mod, "BUDGET_FACTOR", 1.0)
 
 
 def test_a_hung_check_that_honours_cancel_is_stopped_alone_and_leaves_no_thread(exact_budget):
