@@ -1,10 +1,10 @@
 """`gpucheck slurm prolog|epilog|resume`: the Slurm hooks and resuming the nodes they drained.
 
-See docs/fleet.md. The logic lives in gpucheck.fleet.slurm; this module parses options and maps
-outcomes to exit codes. `slurm prolog|epilog` exit 0 (go) or 42 (judged unhealthy), and a usage
-error in their arguments is one more could-not-judge outcome (gpucheck.fleet.slurm); `slurm
-resume` exits 0 (every node gpucheck drained is back), 1 (some still fail), 2 (usage error) or
-3 (stopped by a signal, or scontrol failed).
+See docs/fleet.md. The logic lives in gpucheck.fleet.hook (the hooks, and how they read their
+arguments) and gpucheck.fleet.slurm (resume); this module parses options, renders and exits.
+`slurm prolog|epilog` exit 0 (go) or 42 (judged unhealthy), and a usage error in their arguments
+is one more could-not-judge outcome; `slurm resume` exits 0 (every node gpucheck drained is
+back), 1 (some still fail), 2 (usage error) or 3 (stopped by a signal, or scontrol failed).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
+
 
 @click.group("slurm")
 def slurm_group() -> None:
@@ -71,11 +72,11 @@ def hook_options(kind: str):
 
 
 def _hook(kind: str, kw: dict[str, Any]) -> int:
-    from ..fleet.hook import hook_options, run_hook
+    from ..fleet import hook
 
     values = dict(kw, budget_s=_duration(kw["budget_text"], "--budget"),
                   failed_budget_s=_duration(kw.get("failed_budget_text"), "--failed-budget"))
-    return _hook_exit(run_hook(hook_options(kind, values), os.environ))
+    return _hook_exit(hook.run_hook(hook.hook_options(kind, values), os.environ))
 
 
 def _hook_exit(outcome) -> int:
