@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .compare import FleetInputs, fleet_inputs
 from .fanout import MAX_OUTPUT_BYTES, NodeRun
+from .snippets import last_line, snippet
 from .verdict_check import verdict_problem
 
 GOOD = ("pass", "warn", "skip")
@@ -38,7 +39,6 @@ VERDICT_SCHEMA = "gpucheck.verdict"
 _VERSION_RE = re.compile(r"^1\.\d+$")
 REPORT_SCHEMA = "gpucheck.sweep"
 REPORT_SCHEMA_VERSION = "1.0"
-SNIPPET = 200
 
 
 @dataclass
@@ -154,18 +154,6 @@ def parse_verdict(text: str) -> tuple[dict[str, Any] | None, str]:
     if why:
         return None, f"invalid verdict: {why}"
     return doc, ""
-
-
-def snippet(s: str) -> str:
-    """`s` on one line, cut at SNIPPET characters."""
-    s = " ".join(s.split())
-    return s[:SNIPPET] + ("..." if len(s) > SNIPPET else "")
-
-
-def last_line(s: str) -> str:
-    """The last non-blank line of `s`, as a snippet."""
-    lines = [ln.strip() for ln in s.splitlines() if ln.strip()]
-    return snippet(lines[-1]) if lines else ""
 
 
 def failing_results(verdict: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from ..fleet.sweep import SNIPPET, last_line, snippet
+from ..fleet.snippets import SNIPPET, last_line, snippet
 from ..safeio import loads_json
 from .local import NODE_SCHEMA
 
