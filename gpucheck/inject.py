@@ -7,7 +7,7 @@ is listed in the verdict, and every result it touched carries it in `injected`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 
 class InjectionError(ValueError):
@@ -57,3 +57,45 @@ def parse_injection(text: str) -> Injection:
                 raise InjectionError(f"bad --inject parameter {part!r} in {text!r} (want key=value)")
             params[key.strip().lower()] = _coerce(value.strip())
     return Injection(kind, params, text)
+
+
+# What a check's injection parse gives the worker of one GPU: its arguments, the injection texts
+# (listed on its results), and a usage problem (None when every injection could be honoured).
+InjectionArgs = tuple[dict[str, Any], list[str], "str | None"]
+
+
+def injections_for_gpu(injections: Iterable[Injection], gpu: int, kinds: Iterable[str],
+                       parse: Callable[[Injection, dict[str, Any]], None]) -> InjectionArgs:
+    """The one parse loop of every check's --inject: for each injection of `kinds` that targets
+    `gpu`, in order, its text, and parse(injection, args) putting what it asks for into `args`.
+    The first one `parse` refuses (ValueError or TypeError, naming what is wrong) stops the loop
+    with the problem "--inject TEXT: why"."""
+    wanted = tuple(kinds)
+    args: dict[str, Any] = {}
+    texts: list[str] = []
+    for inj in injections:
+        if inj.kind not in wanted or not inj.targets_gpu(gpu):
+            continue
+        texts.append(str(inj))
+        try:
+            parse(inj, args)
+        except (TypeError, ValueError) as e:
+            return args, texts, f"--inject {inj}: {e}"
+    return args, texts, None
+
+
+def fraction(inj: Injection, key: str, default: float) -> float:
+    """A parameter in (0, 1] (a slow-down factor); ValueError naming it otherwise."""
+    f = float(inj.get(key, default))
+    if not 0.0 < f <= 1.0:
+        raise ValueError(f"{key} must be in (0, 1], not {f}")
+    return f
+
+
+def choice(inj: Injection, key: str, default: str, allowed: Iterable[str]) -> str:
+    """A parameter from a fixed set; ValueError naming the set otherwise."""
+    options = tuple(allowed)
+    value = str(inj.get(key, default))
+    if value not in options:
+        raise ValueError(f"{key} must be one of {', '.join(options)}, not {value!r}")
+    return value

@@ -4,10 +4,15 @@ Order: every read-only check (NVML judges, the kernel log) runs before any compu
 compute check can never starve them of the run's time. The outcome lists the checks in the order
 they were selected.
 
-Each check runs in a daemon thread that the runner supervises. A check that outlives its budget
-is reported as a hang (`fail` of the check's subject, not a crash of gpucheck) and the run goes
-on; a check that raises becomes an `error` result. Compute checks fan out to one worker process
-per GPU themselves (gpucheck.workers), watching `ctx.cancel`.
+Each check is one CheckExecution: a daemon thread the runner supervises, with a context of its
+own whose `cancel` event stops that check alone, and a typed `interruption` (a signal, the run's
+time limit, a hang; None when it returned by itself). A check that outlives its budget is
+reported as a hang (`fail` of the check's subject, not a crash of gpucheck), is cancelled and
+given HANG_GRACE_S to return, and the run goes on; one that does not return is left behind
+(`left_running`, Outcome.abandoned: the caller kills its worker processes). A check that raises
+becomes an `error` result. Compute checks fan out to one worker process per GPU themselves
+(gpucheck.workers), watching `ctx.cancel`. Why a run stopped is the runner's own record
+(Interruption, Outcome.interrupted), never read back from a result's text.
 
 Time limit (`timeout_s`, counted from `started`): the run ends inside it. `limits()` splits it:
 checks work until `ctx.deadline`; then the running check is cancelled and has `ctx.stop_s` to stop
@@ -30,6 +35,7 @@ that does not apply to this node's shape, one GPU where it needs two, is not cou
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 import time
 import traceback
@@ -50,7 +56,28 @@ OUTPUT_RESERVE_S = 0.3
 # Slack on top of a check's declared budget before it is called a hang.
 BUDGET_SLACK_S = 5.0
 BUDGET_FACTOR = 1.5
+# A check past its budget is cancelled and has this long to return before the run moves on without it.
+HANG_GRACE_S = 1.0
 POLL_S = 0.05
+
+
+class InterruptionKind(enum.Enum):
+    SIGNAL = "signal"  # SIGTERM/SIGINT: the check and the run are cancelled
+    TIMEOUT = "timeout"  # the run's time limit: the check and the run are cancelled
+    HANG = "hang"  # the check outlived its own budget: it alone is cancelled, the run goes on
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """Why a check was stopped before it returned on its own."""
+
+    kind: InterruptionKind
+    reason: str  # the signal's name (SIGTERM, SIGINT), "timeout" or "hang"
+
+    @property
+    def stops_the_run(self) -> str | None:
+        """The run's `interrupted` value this stop means (None: the run goes on)."""
+        return None if self.kind is InterruptionKind.HANG else self.reason
 
 
 @dataclass
@@ -63,6 +90,8 @@ class CheckRun:
     ran: bool = False  # it examined something (not a skip, not "not run")
     run_level: int = 0  # the level it ran at (CheckSpec.run_level)
     applies: bool = True  # False: skipped as not applying to this node's shape (one GPU, no peers)
+    interruption: Interruption | None = None  # why it was stopped; None: it returned on its own (or never ran)
+    left_running: bool = False  # it did not stop when cancelled: its thread (and workers) may live on
 
 
 @dataclass
@@ -187,8 +216,9 @@ def _run_all(checks: list[Check], ctx: Context, lim: Limits | None, interrupts: 
             continue
         if on_start:
             on_start(check)
-        run, stopped, left_running = _run_one(check, ctx, lim, interrupts)
-        abandoned = abandoned or left_running
+        run = _execute(check, ctx, lim, interrupts)
+        stopped = run.interruption.stops_the_run if run.interruption is not None else None
+        abandoned = abandoned or run.left_running
         runs[check.id] = run
         if on_done:
             on_done(run)
@@ -229,95 +259,145 @@ def _no_slice(check: Check, ctx: Context) -> CheckRun | None:
     return CheckRun(check.id, int(check.spec.level), Status.ERROR, 0.0, [r])
 
 
-def _run_one(check: Check, ctx: Context, lim: Limits | None, interrupts: Interrupts
-             ) -> tuple[CheckRun, str | None, bool]:
-    """(the check's run, why the run stopped during it or None, whether it was left running)."""
-    t0 = time.monotonic()
+def _execute(check: Check, ctx: Context, lim: Limits | None, interrupts: Interrupts) -> CheckRun:
+    """The check's run: a skip when its needs are not met here, else its supervised execution."""
     why, compute = unmet_needs(check, ctx)
     if why:
-        skip = compute_skip(ctx, check.id, why) if check.spec.is_compute and compute else \
-            Result(check.id, Status.SKIP, why)
-        return CheckRun(check.id, int(check.spec.level), Status.SKIP, 0.0, [skip],
-                        applies=not does_not_apply(check, ctx)), None, False
-    cctx = _check_ctx(check, ctx)
-    box: dict[str, object] = {}
-    # Completion is signalled with an Event, not Thread.join(): the runner polls the signal
-    # record and the deadline between short waits.
-    done = threading.Event()
+        return _skipped(check, ctx, why, compute)
+    execution = CheckExecution(check, ctx, interrupts)
+    execution.start()
+    return execution.supervise(lim, interrupts)
 
-    def target():
+
+def _skipped(check: Check, ctx: Context, why: str, compute: bool) -> CheckRun:
+    """A check whose needs are not met here: its skip, unexamined where the run was asked to examine it."""
+    skip = compute_skip(ctx, check.id, why) if check.spec.is_compute and compute else Result(check.id, Status.SKIP, why)
+    return CheckRun(check.id, int(check.spec.level), Status.SKIP, 0.0, [skip], applies=not does_not_apply(check, ctx))
+
+
+class CheckExecution:
+    """One check running in a thread of its own, supervised by the runner.
+
+    The check gets its own context, whose `cancel` event is set when this check must stop (a
+    signal, the run's time limit, its own budget outlived) and only then: a hung check is
+    cancelled without cancelling the checks after it. What the check returned or raised, and
+    why it was stopped (`interruption`, None when it returned on its own), are fields of this
+    object; `left_running` says that its thread did not stop when asked (it is a daemon thread:
+    it cannot hold the interpreter's exit, and the caller kills its worker processes).
+    """
+
+    def __init__(self, check: Check, ctx: Context, interrupts: Interrupts):
+        self.check = check
+        self.run_ctx = ctx
+        self.cancel = threading.Event()
+        interrupts.listen(self.cancel)  # a signal reaches the check at once, as it reaches the run
+        self.ctx = dataclasses.replace(_check_ctx(check, ctx), cancel=self.cancel)
+        self.budget_s = check.spec.budget(self.ctx) * BUDGET_FACTOR + BUDGET_SLACK_S
+        self.done = threading.Event()  # set when check.run returned or raised
+        self.returned: object = None
+        self.raised: BaseException | None = None
+        self.traceback = ""
+        self.interruption: Interruption | None = None
+        self.t0 = 0.0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def left_running(self) -> bool:
+        return self._thread is not None and not self.done.is_set()
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._target, name=f"check-{self.check.id}", daemon=True)
+        self._thread.start()
+
+    def _target(self) -> None:
         try:
-            box["results"] = check.run(cctx)
+            self.returned = self.check.run(self.ctx)
         except BaseException as e:  # noqa: BLE001 - report anything a check throws
-            box["exc"] = e
-            box["tb"] = traceback.format_exc()
+            self.raised = e
+            self.traceback = traceback.format_exc()
         finally:
-            done.set()
+            self.done.set()
 
-    th = threading.Thread(target=target, name=f"check-{check.id}", daemon=True)
-    th.start()
-    budget = check.spec.budget(cctx) * BUDGET_FACTOR + BUDGET_SLACK_S
-    hard_stop = t0 + budget
-    while True:
-        finished = done.wait(POLL_S)
-        now = time.monotonic()
-        # A signal cancels the check at once (it listens on ctx.cancel): one that finished after
-        # a signal may have stopped early, and says so.
-        stop = interrupts.reason or (
-            "timeout" if not finished and ctx.deadline is not None and now >= ctx.deadline else None)
-        if stop is not None:
-            run, left_running = _stop(check, ctx, box, done, t0, stop, lim, interrupts)
-            return run, stop, left_running
-        if finished:
-            return _make_run(check, ctx, _from_box(check, box, t0), t0), None, False
-        if now >= hard_stop:
-            return _hang(check, ctx, budget, now - t0, t0), None, False
+    def supervise(self, lim: Limits | None, interrupts: Interrupts) -> CheckRun:
+        """Wait for the check, polling the signal record, the run's deadline and the check's
+        budget between short waits (never Thread.join()); stop it when one of them comes first."""
+        hard_stop = self.t0 + self.budget_s
+        while True:
+            finished = self.done.wait(POLL_S)
+            now = time.monotonic()
+            # A signal cancels the check at once: one that finished after a signal may have
+            # stopped early, and says so.
+            if interrupts.reason is not None:
+                return self._stop(Interruption(InterruptionKind.SIGNAL, interrupts.reason), lim, interrupts)
+            if not finished and self.run_ctx.deadline is not None and now >= self.run_ctx.deadline:
+                return self._stop(Interruption(InterruptionKind.TIMEOUT, "timeout"), lim, interrupts)
+            if finished:
+                return self._make_run(self._results())
+            if now >= hard_stop:
+                return self._hang(lim, interrupts)
 
+    def _wait_stopped(self, seconds: float, lim: Limits | None, interrupts: Interrupts) -> bool:
+        """After cancel: wait up to `seconds` (never past the run's stop point; a second signal
+        ends the wait) for the check to return. Whether it did."""
+        signals = interrupts.count
+        until = time.monotonic() + seconds
+        if lim is not None:
+            until = min(until, lim.stop_by)
+        while not self.done.is_set() and time.monotonic() < until and interrupts.count <= max(signals, 1):
+            self.done.wait(min(POLL_S, max(0.0, until - time.monotonic())))
+        return self.done.is_set()
 
-def _hang(check: Check, ctx: Context, budget: float, elapsed: float, t0: float) -> CheckRun:
-    r = Result(
-        check.id,
-        Status.FAIL,
-        f"hang: check did not finish within its budget of {budget:.0f} s "
-        "(a stuck driver call or GPU; gpucheck moved on)",
-        action=Action.INVESTIGATE,
-    )
-    r.thresholds.append(Threshold("duration_s", ">", round(budget, 1), Status.FAIL, "s"))
-    r.metric("duration_s", round(elapsed, 1), "s")
-    return _make_run(check, ctx, [r], t0)
+    def _stop(self, why: Interruption, lim: Limits | None, interrupts: Interrupts) -> CheckRun:
+        """A signal or the run's time limit: cancel the check (and the run) and give it
+        ctx.stop_s to return what it has."""
+        self.interruption = why
+        self.run_ctx.cancel.set()
+        self.cancel.set()
+        finished = self._wait_stopped(self.run_ctx.stop_s, lim, interrupts)
+        results = self._results() if finished else []
+        if results:
+            note = ("stopped early by the whole-run timeout" if why.kind is InterruptionKind.TIMEOUT
+                    else f"run interrupted by {why.reason}; results may be partial")
+            for r in results:
+                r.evidence.append(note)
+        else:
+            what = "the whole-run timeout" if why.kind is InterruptionKind.TIMEOUT else why.reason
+            results = [_error(self.check, f"not finished: stopped by {what} after "
+                                          f"{time.monotonic() - self.t0:.1f} s in this check"
+                                          + ("" if finished else f"; it did not stop within {self.run_ctx.stop_s:.1f} s"))]
+        return self._make_run(results)
 
+    def _hang(self, lim: Limits | None, interrupts: Interrupts) -> CheckRun:
+        """The check outlived its budget: a hang (`fail`), and it is cancelled, alone, with
+        HANG_GRACE_S to return, so that nothing of it runs on beside the next checks where it
+        can stop; one that does not stop is left running (and its workers killed at the end)."""
+        elapsed = time.monotonic() - self.t0
+        self.interruption = Interruption(InterruptionKind.HANG, "hang")
+        self.cancel.set()
+        stopped = self._wait_stopped(HANG_GRACE_S, lim, interrupts)
+        r = Result(self.check.id, Status.FAIL,
+                   f"hang: check did not finish within its budget of {self.budget_s:.0f} s "
+                   "(a stuck driver call or GPU; gpucheck moved on)", action=Action.INVESTIGATE)
+        r.thresholds.append(Threshold("duration_s", ">", round(self.budget_s, 1), Status.FAIL, "s"))
+        r.metric("duration_s", round(elapsed, 1), "s")
+        r.evidence.append("cancelled at its budget: it stopped" if stopped else
+                          f"cancelled at its budget: still running {HANG_GRACE_S:g} s later (left behind; its "
+                          "worker processes are killed when the run ends)")
+        return self._make_run([r])
 
-def _stop(check: Check, ctx: Context, box: dict[str, object], done: threading.Event, t0: float, reason: str,
-          lim: Limits | None, interrupts: Interrupts) -> tuple[CheckRun, bool]:
-    """Cancel the running check and give it ctx.stop_s (never past the run's stop point; a second
-    signal ends the wait) to return what it has."""
-    ctx.cancel.set()
-    signals = interrupts.count
-    wait_until = time.monotonic() + ctx.stop_s
-    if lim is not None:
-        wait_until = min(wait_until, lim.stop_by)
-    while not done.is_set() and time.monotonic() < wait_until and interrupts.count <= max(signals, 1):
-        done.wait(min(POLL_S, max(0.0, wait_until - time.monotonic())))
-    finished = done.is_set()
-    why = "the whole-run timeout" if reason == "timeout" else reason
-    results = _from_box(check, box, t0) if finished else []
-    if results:
-        note = ("stopped early by the whole-run timeout" if reason == "timeout"
-                else f"run interrupted by {reason}; results may be partial")
-        for r in results:
-            r.evidence.append(note)
-    else:
-        results = [_error(check, f"not finished: stopped by {why} after {time.monotonic() - t0:.1f} s in this check"
-                                 + ("" if finished else f"; it did not stop within {ctx.stop_s:.1f} s"))]
-    return _make_run(check, ctx, results, t0), not finished
+    def _results(self) -> list[Result]:
+        if self.raised is not None:
+            e = self.raised
+            return [_error(self.check, f"internal error in check {self.check.id}: {type(e).__name__}: {e}",
+                           self.traceback.strip().splitlines()[-12:])]
+        return _finish(self.check, self.returned, self.t0)
 
-
-def _from_box(check: Check, box: dict[str, object], t0: float) -> list[Result]:
-    if "exc" in box:
-        e = box["exc"]
-        return [_error(check, f"internal error in check {check.id}: {type(e).__name__}: {e}",
-                       str(box.get("tb", "")).strip().splitlines()[-12:])]
-    return _finish(check, box.get("results"), t0)
+    def _make_run(self, results: list[Result]) -> CheckRun:
+        run = _make_run(self.check, self.run_ctx, results, self.t0)
+        run.interruption = self.interruption
+        run.left_running = self.left_running
+        return run
 
 
 def _make_run(check: Check, ctx: Context, results: list[Result], t0: float) -> CheckRun:

@@ -170,3 +170,82 @@ def test_snapshot_replay_never_computes_on_this_machine():
     why = missing_need(Need.GPU, Context(snapshot=snap, options={"snapshot_path": "/x.json"}))
     assert "recorded snapshot" in why
     assert missing_need(Need.GPU, Context(snapshot=snap, device="cpu", options={"snapshot_path": "/x.json"})) is None
+
+
+# -- one execution object per check: a typed interruption, no hung check left running where it can stop --
+
+@pytest.fixture
+def exact_budget(monkeypatch):
+    """A check's budget is its declared one: no factor, no slack."""
+    monkeypatch.setattr(runner_mod, "BUDGET_SLACK_S", 0.0)
+    monkeypatch.setattr(runner_mod, "BUDGET_FACTOR", 1.0)
+
+
+def test_a_hung_check_that_honours_cancel_is_stopped_alone_and_leaves_no_thread(exact_budget):
+    """Past its budget a check is cancelled (its own cancel, not the run's) and the runner waits
+    for it: no thread of it runs on beside the next check. The old runner never cancelled it and
+    left its daemon thread running."""
+    stopped = threading.Event()
+    seen_by_next = {}
+
+    def hangs_until_cancelled(ctx):
+        ctx.cancel.wait(30)
+        stopped.set()
+        return [Result("hang", Status.PASS, "late")]
+
+    def after(ctx):
+        seen_by_next["cancel"] = ctx.cancel.is_set()
+        seen_by_next["hung check stopped"] = stopped.is_set()
+        return [Result("after", Status.PASS, "fine")]
+
+    ctx = Context()
+    out = run_checks([_mk("hang", hangs_until_cancelled, budget_s=0.3), _mk("after", after)], ctx,
+                     install_signal_handlers=False)
+    hang_run, after_run = out.runs
+    assert hang_run.status is Status.FAIL and hang_run.results[0].summary.startswith("hang:")
+    assert hang_run.interruption.kind is runner_mod.InterruptionKind.HANG
+    assert hang_run.interruption.stops_the_run is None and not hang_run.left_running
+    assert "cancelled at its budget: it stopped" in hang_run.results[0].evidence
+    assert seen_by_next == {"cancel": False, "hung check stopped": True}
+    assert after_run.status is Status.PASS and after_run.interruption is None
+    assert not out.abandoned and out.interrupted is None and not ctx.cancel.is_set()
+    assert not [t for t in threading.enumerate() if t.name == "check-hang"]
+
+
+def test_a_hung_check_that_ignores_cancel_is_left_behind_and_said_so(exact_budget, monkeypatch):
+    """A check stuck where cancel cannot reach (a driver call) is left behind after HANG_GRACE_S:
+    the outcome says so (abandoned), so the pipeline kills its worker processes. The old runner
+    reported it as not abandoned."""
+    monkeypatch.setattr(runner_mod, "HANG_GRACE_S", 0.2)
+    release = threading.Event()
+
+    def stuck(ctx):
+        release.wait(30)
+        return [Result("stuck", Status.PASS, "late")]
+
+    try:
+        out = run_checks([_mk("stuck", stuck, budget_s=0.3), _mk("ok", ok_check)], Context(),
+                         install_signal_handlers=False)
+    finally:
+        release.set()
+    run = out.runs[0]
+    assert run.status is Status.FAIL and run.left_running and out.abandoned
+    assert any("left behind" in e for e in run.results[0].evidence)
+    assert out.runs[1].status is Status.PASS and out.interrupted is None
+
+
+def test_the_interruption_of_a_check_is_typed_for_a_signal_and_for_the_time_limit():
+    def waits(ctx):
+        ctx.cancel.wait(10)
+        return [Result("w", Status.PASS, "cut short")]
+
+    out = run_checks([_mk("w", waits, budget_s=60)], Context(), timeout_s=0.4, install_signal_handlers=False)
+    assert out.runs[0].interruption == runner_mod.Interruption(runner_mod.InterruptionKind.TIMEOUT, "timeout")
+    assert out.interrupted == "timeout"
+
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    out = run_checks([_mk("w", waits, budget_s=60)], Context())
+    timer.cancel()
+    assert out.runs[0].interruption == runner_mod.Interruption(runner_mod.InterruptionKind.SIGNAL, "SIGTERM")
+    assert out.interrupted == "SIGTERM"

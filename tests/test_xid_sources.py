@@ -102,7 +102,7 @@ def test_kmsg_epipe_means_overwritten_and_reading_goes_on(tmp_path, monkeypatch)
             raise BrokenPipeError(errno.EPIPE, "Broken pipe")
         return real_read(fd, n)
 
-    monkeypatch.setattr(sources.os, "read", flaky_read)
+    monkeypatch.setattr(sources.kmsg.os, "read", flaky_read)
     p = paths_for(tmp_path, kmsg=str(FIX / "kmsg_records.txt"))
     res = read_kernel_log("kmsg", paths=p)
     assert res.ok and res.source == "kmsg" and res.records == 6
@@ -322,9 +322,9 @@ def test_big_file_segments_scan_like_the_stream(tmp_path, monkeypatch):
     p.write_bytes("\n".join(out).encode() + b"\nNVRM: last line without a newline")
     with open(p, "rb") as f:
         want = [b.decode() for b in iter_relevant_lines(f, chunk_bytes=4096)]
-    monkeypatch.setattr(sources, "PARALLEL_MIN_BYTES", 8192)
-    monkeypatch.setattr(sources, "_usable_cpus", lambda: 4)
-    monkeypatch.setattr(sources.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(sources.files, "PARALLEL_MIN_BYTES", 8192)
+    monkeypatch.setattr(sources.files, "_usable_cpus", lambda: 4)
+    monkeypatch.setattr(sources.files.threading, "active_count", lambda: 1)
     lines, n = sources.read_file(str(p))
     assert lines == want and n == p.stat().st_size
     assert want[-1] == "NVRM: last line without a newline" and len(want) > 60
@@ -341,9 +341,9 @@ def _die_like_sigbus(job):
 def test_a_worker_killed_by_sigbus_falls_back_to_the_stream(tmp_path, monkeypatch):
     p = tmp_path / "big.log"
     p.write_bytes(b"noise\n" * 5000 + XID79.encode() + b"\n" + b"noise\n" * 5000)
-    monkeypatch.setattr(sources, "PARALLEL_MIN_BYTES", 8192)
-    monkeypatch.setattr(sources, "_usable_cpus", lambda: 2)
-    monkeypatch.setattr(sources.threading, "active_count", lambda: 1)
-    monkeypatch.setattr(sources, "_scan_segment", _die_like_sigbus)
+    monkeypatch.setattr(sources.files, "PARALLEL_MIN_BYTES", 8192)
+    monkeypatch.setattr(sources.files, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(sources.files.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(sources.files, "_scan_segment", _die_like_sigbus)
     lines, n = sources.read_file(str(p))
     assert lines == [XID79] and n == p.stat().st_size

@@ -21,9 +21,9 @@ SUBCOMMANDS: dict[str, str] = {
     "poet": "gpucheck.cli.poet:poet_command",
     "eud": "gpucheck.cli.eud:eud_command",
     "repro": "gpucheck.cli.repro:repro_group",
-    "sweep": "gpucheck.cli.fleet:sweep_command",
-    "slurm": "gpucheck.cli.fleet:slurm_group",
-    "bisect": "gpucheck.cli.fleet:bisect_command",
+    "sweep": "gpucheck.cli.sweep:sweep_command",
+    "slurm": "gpucheck.cli.slurm:slurm_group",
+    "bisect": "gpucheck.cli.bisect:bisect_command",
     "nccl": "gpucheck.cli.nccl:nccl_group",
     "hang": "gpucheck.cli.hang:hang_command",
 }

@@ -34,6 +34,7 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..data.bandwidth import BandwidthSku, lookup
+from ..inject import fraction
 from ..result import Action, Result, Status, Threshold, judge
 
 CHECK_ID = "eud.bandwidth"
@@ -89,11 +90,9 @@ def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], 
     texts: dict[int, list[str]] = {}
     for inj in ctx.injections_for("slow"):
         try:
-            f = float(inj.get("factor", 0.5))
+            f = fraction(inj, "factor", 0.5)
         except (TypeError, ValueError) as e:
             return {}, {}, f"--inject {inj}: {e}"
-        if not 0.0 < f <= 1.0:
-            return {}, {}, f"--inject {inj}: factor must be in (0, 1], not {f}"
         for g in gpus:
             if inj.targets_gpu(g):
                 factors[g] = factors.get(g, 1.0) * f

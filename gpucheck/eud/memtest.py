@@ -37,6 +37,7 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..config import Limit
+from ..inject import InjectionArgs, injections_for_gpu
 from ..result import Action, Result, Status, Threshold, judge
 from .memtest_ecc import ECC_RULES, growth, inject_spec
 from .patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
@@ -164,48 +165,40 @@ def _min_slice(ctx: Context) -> Any:
     return duration_slice(ctx, promise if promise.seconds else None, import_cpu_s=0.0)
 
 
-def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[str, Any], list[str], str | None]:
+def injection_args(ctx: Context, gpu: int, patterns: list[str]) -> InjectionArgs:
     """`--inject bitflip:...` and `--inject ecc:...` for `gpu`: worker args, the injection texts,
     and a usage problem."""
-    spec, texts, problem = _bitflip_args(ctx, gpu, patterns)
+    def bitflip(inj: Any, spec: dict[str, Any]) -> None:  # the last one for the GPU wins
+        spec.clear()
+        spec.update(_bitflip_spec(inj, patterns))
+
+    def ecc_counts(inj: Any, spec: dict[str, Any]) -> None:  # the last one for the GPU wins
+        spec.clear()
+        spec.update(inject_spec(dict(inj.params)))
+
+    flip, texts, problem = injections_for_gpu(ctx.injections, gpu, ("bitflip",), bitflip)
     if problem:
         return {}, texts, problem
-    ecc: dict[str, Any] | None = None
-    for inj in ctx.injections_for("ecc"):
-        if not inj.targets_gpu(gpu):
-            continue
-        texts.append(str(inj))
-        try:
-            ecc = inject_spec(dict(inj.params))
-        except (TypeError, ValueError) as e:
-            return {}, texts, f"--inject {inj}: {e}"
-    return {"inject": spec, "ecc_inject": ecc}, texts, None
+    ecc, ecc_texts, problem = injections_for_gpu(ctx.injections, gpu, ("ecc",), ecc_counts)
+    if problem:
+        return {}, texts + ecc_texts, problem
+    return {"inject": flip or None, "ecc_inject": ecc or None}, texts + ecc_texts, None
 
 
-def _bitflip_args(ctx: Context, gpu: int, patterns: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
-    """`--inject bitflip:gpu=N[,offset=BYTES][,bit=B][,pattern=NAME][,sticky=1]` for `gpu`."""
-    spec: dict[str, Any] | None = None
-    texts: list[str] = []
-    for inj in ctx.injections_for("bitflip"):
-        if not inj.targets_gpu(gpu):
-            continue
-        texts.append(str(inj))
-        try:
-            bit = int(inj.get("bit", 17))
-            offset = inj.get("offset")
-            offset = None if offset is None else int(offset)
-            pattern = inj.get("pattern")
-            pattern = None if pattern is None else parse_patterns(str(pattern))[0]
-        except (TypeError, ValueError) as e:
-            return None, texts, f"--inject {inj}: {e}"
-        if not 0 <= bit < 64:
-            return None, texts, f"--inject {inj}: bit must be in 0..63, not {bit}"
-        if offset is not None and offset < 0:
-            return None, texts, f"--inject {inj}: offset must be >= 0, not {offset}"
-        if pattern is not None and pattern not in patterns:
-            return None, texts, f"--inject {inj}: pattern {pattern} is not run (patterns: {', '.join(patterns)})"
-        spec = {"bit": bit, "offset": offset, "pattern": pattern, "sticky": bool(int(inj.get("sticky", 0) or 0))}
-    return spec, texts, None
+def _bitflip_spec(inj: Any, patterns: list[str]) -> dict[str, Any]:
+    """`--inject bitflip:gpu=N[,offset=BYTES][,bit=B][,pattern=NAME][,sticky=1]`; ValueError."""
+    bit = int(inj.get("bit", 17))
+    offset = inj.get("offset")
+    offset = None if offset is None else int(offset)
+    pattern = inj.get("pattern")
+    pattern = None if pattern is None else parse_patterns(str(pattern))[0]
+    if not 0 <= bit < 64:
+        raise ValueError(f"bit must be in 0..63, not {bit}")
+    if offset is not None and offset < 0:
+        raise ValueError(f"offset must be >= 0, not {offset}")
+    if pattern is not None and pattern not in patterns:
+        raise ValueError(f"pattern {pattern} is not run (patterns: {', '.join(patterns)})")
+    return {"bit": bit, "offset": offset, "pattern": pattern, "sticky": bool(int(inj.get("sticky", 0) or 0))}
 
 
 @define(

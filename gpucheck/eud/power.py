@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from ..check import Context, Level, Need, define
 from ..config import Limit
+from ..inject import InjectionArgs, choice, fraction, injections_for_gpu
 from ..result import Result, Status
 from .power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
 
@@ -107,36 +108,22 @@ def no_telemetry(ctx: Context) -> str | None:
 # fault injection on telemetry
 
 
-def injection_specs(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], str | None]:
+def _inject(inj: Any, spec: dict[str, Any]) -> None:
+    if inj.kind == "throttle":
+        reason = choice(inj, "reason", "hw_slowdown", HW_REASONS)
+        spec["throttle"] = (reason, fraction(inj, "factor", 0.5))
+    elif inj.kind == "hot":
+        delta = float(inj.get("delta", 15.0))
+        if delta <= 0:
+            raise ValueError(f"delta must be > 0, not {delta}")
+        spec["hot"] = delta
+    else:
+        spec["lowpower"] = fraction(inj, "factor", 0.4)
+
+
+def injection_specs(ctx: Context, gpu: int) -> InjectionArgs:
     """The telemetry alterations that target `gpu`, their texts, and a usage problem."""
-    spec: dict[str, Any] = {}
-    texts: list[str] = []
-    for inj in ctx.injections:
-        if inj.kind not in _INJECTS or not inj.targets_gpu(gpu):
-            continue
-        texts.append(str(inj))
-        try:
-            if inj.kind == "throttle":
-                reason = str(inj.get("reason", "hw_slowdown"))
-                if reason not in HW_REASONS:
-                    return spec, texts, f"--inject {inj}: reason must be one of {', '.join(HW_REASONS)}, not {reason!r}"
-                f = float(inj.get("factor", 0.5))
-                if not 0.0 < f <= 1.0:
-                    return spec, texts, f"--inject {inj}: factor must be in (0, 1], not {f}"
-                spec["throttle"] = (reason, f)
-            elif inj.kind == "hot":
-                delta = float(inj.get("delta", 15.0))
-                if delta <= 0:
-                    return spec, texts, f"--inject {inj}: delta must be > 0, not {delta}"
-                spec["hot"] = delta
-            else:
-                f = float(inj.get("factor", 0.4))
-                if not 0.0 < f <= 1.0:
-                    return spec, texts, f"--inject {inj}: factor must be in (0, 1], not {f}"
-                spec["lowpower"] = f
-        except (TypeError, ValueError) as e:
-            return spec, texts, f"--inject {inj}: {e}"
-    return spec, texts, None
+    return injections_for_gpu(ctx.injections, gpu, _INJECTS, _inject)
 
 
 def apply_injections(samples: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:

@@ -312,21 +312,7 @@ def run_nodes(
         try:
             task = task_self()
             task_box["task"] = task
-            task.set_info("fanout", int(fanout))
-            # The collector keeps the output; ClusterShell's own message trees would hold every
-            # line a second time.
-            task.set_default("stdout_msgtree", False)
-            task.set_default("stderr_msgtree", False)
-            for key in ("local_worker", "distant_worker"):
-                cls = task.default(key)
-                if getattr(cls, "SHELL_CLASS", None) is not None:
-                    task.set_default(key, _in_own_session(cls))
-            if mode == "ssh":
-                s = resolve_ssh(ssh)
-                task.set_info("ssh_path", s.ssh_path)
-                task.set_info("ssh_options", s.ssh_options)
-                task.set_info("ssh_user", s.ssh_user)
-                task.set_info("connect_timeout", float(s.connect_timeout_s or 0))
+            _set_up_task(task, mode, int(fanout), ssh)
             for cmd, nodes in groups.items():
                 task.shell(cmd, nodes=NodeSet.fromlist(nodes), handler=collector.handler,
                            timeout=timeout_s, stderr=True, stdin=(mode != "exec"), tree=False,
@@ -350,10 +336,35 @@ def run_nodes(
     if "error" in box:
         raise box["error"]
 
+    return _in_order(commands, collector.done, mode)
+
+
+def _set_up_task(task, mode: str, fanout: int, ssh: SshSettings | None) -> None:
+    """The ClusterShell task's fan-out, workers (clients in sessions of their own) and ssh settings."""
+    task.set_info("fanout", fanout)
+    # The collector keeps the output; ClusterShell's own message trees would hold every line a
+    # second time.
+    task.set_default("stdout_msgtree", False)
+    task.set_default("stderr_msgtree", False)
+    for key in ("local_worker", "distant_worker"):
+        cls = task.default(key)
+        if getattr(cls, "SHELL_CLASS", None) is not None:
+            task.set_default(key, _in_own_session(cls))
+    if mode == "ssh":
+        s = resolve_ssh(ssh)
+        task.set_info("ssh_path", s.ssh_path)
+        task.set_info("ssh_options", s.ssh_options)
+        task.set_info("ssh_user", s.ssh_user)
+        task.set_info("connect_timeout", float(s.connect_timeout_s or 0))
+
+
+def _in_order(commands: Mapping[str, str], done: Mapping[str, NodeRun], mode: str) -> dict[str, NodeRun]:
+    """A NodeRun for every node, in `commands` order: a node the engine gave no event for is
+    reported as such, never dropped."""
     out: dict[str, NodeRun] = {}
     for node in commands:
-        run = collector.done.get(node)
-        if run is None:  # the engine gave no event for it: report it, never drop it
+        run = done.get(node)
+        if run is None:
             run = NodeRun(node=node, rc=None, stderr="no result from the fan-out engine",
                           via=mode, command=commands[node])
         out[node] = run

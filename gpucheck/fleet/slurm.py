@@ -1,62 +1,34 @@
-"""Slurm hooks: `gpucheck slurm prolog`, `gpucheck slurm epilog`, `gpucheck slurm resume`.
+"""Slurm: `gpucheck slurm resume`, and what the hooks (gpucheck.fleet.hook) share with it:
+the job's environment, scontrol (node states, drain) and syslog.
 
 Slurm runs Prolog=/Epilog= programs as root (SlurmdUser) with almost no environment: no PATH,
 but SLURMD_NODENAME, SLURM_JOB_ID, SLURM_JOB_USER, SLURM_SCRIPT_CONTEXT, SLURM_CONF, the job's
 GPUs (SLURM_JOB_GPUS, where GRES gives them) and, in the epilog, the job's exit code
 (SLURM_JOB_EXIT_CODE2 "code:signal", SLURM_JOB_EXIT_CODE the raw wait status).
 
-A prolog or epilog that exits non-zero makes Slurm drain the node ("Prolog error", a reason
-`resume` never undoes); a failed prolog also fails an interactive job (srun) and requeues a
-batch job (held). A drain reason set before the hook exits is kept, so on an unhealthy verdict
-the hook drains the node itself with
-`scontrol update NodeName=<node> State=DRAIN Reason="gpucheck: <cause>"` and exits
-EXIT_HOOK_UNHEALTHY (42), which the wrapper (scripts/slurm/gpucheck-hook.sh) turns into exit 1.
-Only that code means "judged unhealthy": any other non-zero exit is gpucheck's own failure,
-which the wrapper logs and passes through on-error.
-
-Could not judge (an error result, a run cut short by the budget, a usage error in the hook's
-settings, a config problem, a bug in gpucheck): the node is not drained and the hook exits 0,
-unless the site chose fail-closed (on-error fail: `--on-error`, else GPUCHECK_ON_ERROR, else
-the config's `[run] on_error`, read on its own so that it survives other errors in the file),
-in which case it drains with "gpucheck: could not judge: ..." and exits 42. Either way one line
-goes to syslog (LOG_DAEMON, ident "gpucheck"), and the history in the state directory gets the
-verdict, or, when there is none, a could-not-judge verdict naming the cause. The verdict is
-captured in memory as soon as it is built: no write (history, cursors, syslog, stdout) can
-change the judgement.
-
 `resume` resumes only nodes that are drained with a reason starting with "gpucheck:" and that
 pass now; nodes drained by people or other tools are never touched.
 
 scontrol runs through an injectable runner (argv -> (rc, stdout, stderr)); syslog through an
 injectable logger, so all of this is tested without a cluster too.
+
+The hooks' names (run_hook, HookOptions, EXIT_HOOK_UNHEALTHY, ...) are still importable from
+here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import subprocess
-import sys
 import syslog
-import time
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 REASON_PREFIX = "gpucheck:"
 REASON_MAX = 200
-JOBS_CURSOR = "slurm-jobs"
-JOBS_KEPT = 64
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
-# `gpucheck slurm prolog|epilog` exits with this code, and only with it, when the node was
-# judged unhealthy (drained, or to be failed): a code that neither Python (1: a traceback,
-# 2: its own usage error, 120: output it could not flush), nor the shell (126, 127), nor a
-# signal (128+N) produces by itself, so that the wrapper (scripts/slurm/gpucheck-hook.sh) can
-# tell a verdict from gpucheck's own failure. It turns it into exit 1 for Slurm.
-EXIT_HOOK_UNHEALTHY = 42
-ON_ERROR_ENV = "GPUCHECK_ON_ERROR"
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
@@ -205,464 +177,6 @@ def drain(node: str, cause: str, *, scontrol: str, runner: Runner) -> tuple[bool
     return True, reason
 
 
-# -- hooks ----------------------------------------------------------------------------------
-
-@dataclass
-class HookOptions:
-    kind: str  # prolog | epilog
-    level: str | None = None
-    checks: list[str] = field(default_factory=list)
-    skips: list[str] = field(default_factory=list)
-    budget_s: float | None = None
-    failed_level: str | None = None  # epilog: level after a failed job
-    failed_budget_s: float | None = None
-    failed_checks: list[str] = field(default_factory=list)
-    on_error: str | None = None  # pass | fail; None: GPUCHECK_ON_ERROR, the config's run.on_error, pass
-    strict: bool | None = None
-    snapshot: str | None = None  # may hold {node}
-    state_dir: str | None = None  # may hold {node}
-    config_path: str | None = None
-    device: str = "auto"
-    workers: int = 2
-    drain: bool = True
-    scontrol: str | None = None
-    as_json: bool = False
-    all_gpus: bool = False  # ignore the job's GPU list
-    force: bool = False  # load GPUs that processes are using (gpucheck.busy)
-
-
-PROLOG_DEFAULTS = {"level": "1", "budget_s": 15.0}
-EPILOG_DEFAULTS = {"checks": ["xid", "ecc", "memory-remap"], "budget_s": 60.0, "failed_level": "2",
-                   "failed_budget_s": 600.0}
-
-
-@dataclass
-class HookOutcome:
-    exit_code: int  # 0 or EXIT_HOOK_UNHEALTHY
-    judgement: str  # healthy | unhealthy | could-not-judge
-    cause: str
-    verdict: dict[str, Any] | None = None
-    drained: bool = False
-    reason: str | None = None
-    log_line: str = ""
-    plan: dict[str, Any] = field(default_factory=dict)
-    ecc_changes: list[str] = field(default_factory=list)
-
-
-def _expand(template: str | None, node: str) -> str | None:
-    return template.replace("{node}", node) if template else template
-
-
-def ecc_by_uuid(verdict: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
-    """{gpu uuid (else gpuN): {counter: value}}: the error counters (unit "count") of a verdict's
-    ecc results."""
-    if not verdict:
-        return {}
-    uuids = {g.get("index"): g.get("uuid") for g in verdict.get("gpus", []) if isinstance(g, dict)}
-    out: dict[str, dict[str, float]] = {}
-    for r in verdict.get("results", []):
-        if not isinstance(r, dict) or r.get("check") != "ecc" or r.get("gpu") is None:
-            continue
-        key = uuids.get(r["gpu"]) or f"gpu{r['gpu']}"
-        vals = {}
-        for name, m in (r.get("metrics") or {}).items():
-            v = m.get("value") if isinstance(m, dict) else None
-            if (isinstance(m, dict) and m.get("unit") == "count" and isinstance(v, (int, float))
-                    and not isinstance(v, bool)):
-                vals[name] = float(v)
-        if vals:
-            out[key] = vals
-    return out
-
-
-def ecc_changes(before: Mapping[str, Mapping[str, float]], after: Mapping[str, Mapping[str, float]],
-                labels: Mapping[str, str] | None = None) -> list[str]:
-    """Counters that grew between two ECC readings: ["gpu3 volatile_uncorrected +2", ...]."""
-    labels = labels or {}
-    out = []
-    for key, now in after.items():
-        prev = before.get(key)
-        if not prev:
-            continue
-        for name in sorted(now, key=lambda m: ("uncorrected" not in m, m)):  # uncorrectable first
-            if name in prev and now[name] > prev[name]:
-                out.append(f"{labels.get(key, key)} {name} +{now[name] - prev[name]:g}")
-    return out
-
-
-def _gpu_labels(verdict: Mapping[str, Any] | None) -> dict[str, str]:
-    return {g["uuid"]: f"gpu{g['index']}" for g in (verdict or {}).get("gpus", [])
-            if isinstance(g, dict) and g.get("uuid") and isinstance(g.get("index"), int)}
-
-
-class _StderrTail:
-    """sys.stderr while the pipeline runs: every write goes on to the real stream (a failing
-    write there, /dev/full or a full disk, is dropped: it must not change the judgement) and the
-    last lines are kept, so that a usage error's one line can be named in the log."""
-
-    def __init__(self, stream: Any, keep: int = 4000):
-        self._stream = stream
-        self._keep = keep
-        self.text = ""
-
-    def write(self, text: str) -> int:
-        self.text = (self.text + text)[-self._keep:]
-        try:
-            self._stream.write(text)
-        except (OSError, ValueError):
-            pass
-        return len(text)
-
-    def flush(self) -> None:
-        try:
-            self._stream.flush()
-        except (OSError, ValueError):
-            pass
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
-
-    def error_line(self) -> str:
-        """The last `gpucheck: error: ...` line, without that prefix ("" if none)."""
-        for line in reversed(self.text.splitlines()):
-            if line.startswith("gpucheck: error: "):
-                return line[len("gpucheck: error: "):].strip()
-        return ""
-
-
-def _warning_sink(plan: dict[str, Any], log: Logger) -> Callable[[str], None]:
-    """A sink for the pipeline's warnings (an output, history or cursor write that failed after
-    the verdict): each goes to the log (syslog) and into the plan; none changes the judgement."""
-
-    def sink(message: str) -> None:
-        plan.setdefault("warnings", []).append(message)
-        try:
-            log(syslog.LOG_WARNING, f"warning: {' '.join(message.split())}")
-        except Exception:  # the log is best effort
-            pass
-
-    return sink
-
-
-def _run_gpucheck(req, execute, plan: dict[str, Any], log: Logger | None = None) -> tuple[int, dict[str, Any] | None, str]:
-    """Run the pipeline and capture the verdict in memory, the moment it is built: no output
-    (history, the table on stdout) written after it can change it. Returns the exit code the
-    verdict says (else the pipeline's), the verdict, and the pipeline's error line."""
-    captured: list[dict[str, Any]] = []
-    tail = _StderrTail(sys.stderr)
-    try:
-        with contextlib.redirect_stderr(tail):
-            code = execute(req, on_verdict=captured.append,
-                           on_warning=_warning_sink(plan, log) if log is not None else None)
-    except Exception as e:
-        if not captured:
-            raise
-        code = None
-        plan["output_error"] = f"{type(e).__name__}: {e} (after the verdict; the verdict stands)"
-    if captured:
-        verdict = captured[-1]
-        return int(verdict["exit_code"]), verdict, tail.error_line()
-    return int(code), None, tail.error_line()
-
-
-def _job_start(env: JobEnv, state, scontrol: str, runner: Runner) -> tuple[float | None, dict[str, Any] | None, str]:
-    """When the job started (the prolog's record, else scontrol's StartTime) and the prolog's ECC reading."""
-    if env.job_id and state is not None:
-        jobs = state.read_cursor(JOBS_CURSOR) or {}
-        rec = jobs.get(env.job_id) if isinstance(jobs, dict) else None
-        if isinstance(rec, dict) and isinstance(rec.get("start"), (int, float)):
-            return float(rec["start"]), rec.get("ecc") or {}, "prolog record"
-    if env.job_id:
-        rc, out, _ = runner([scontrol, "-o", "show", "job", env.job_id])
-        m = re.search(r"\bStartTime=(\S+)", out) if rc == 0 else None
-        if m:
-            from ..kernlog.timeparse import parse_timestamp
-
-            start = parse_timestamp(m.group(1))
-            if start is not None:
-                return start, None, "scontrol StartTime"
-    return None, None, "unknown"
-
-
-def _remember_job(state, env: JobEnv, start: float, verdict: dict[str, Any] | None) -> None:
-    if not env.job_id or state is None:
-        return
-    jobs = state.read_cursor(JOBS_CURSOR)
-    jobs = jobs if isinstance(jobs, dict) else {}
-    jobs[env.job_id] = {"start": start, "ecc": ecc_by_uuid(verdict)}
-    if len(jobs) > JOBS_KEPT:
-        for old in sorted(jobs, key=lambda k: jobs[k].get("start", 0) if isinstance(jobs[k], dict) else 0)[:-JOBS_KEPT]:
-            del jobs[old]
-    state.write_cursor(JOBS_CURSOR, jobs)
-
-
-def _forget_job(state, env: JobEnv) -> None:
-    if not env.job_id or state is None:
-        return
-    jobs = state.read_cursor(JOBS_CURSOR)
-    if isinstance(jobs, dict) and env.job_id in jobs:
-        del jobs[env.job_id]
-        state.write_cursor(JOBS_CURSOR, jobs)
-
-
-@dataclass
-class _Hook:
-    """One run of a hook: what it was asked, the job, where it logs, drains and records."""
-
-    opts: HookOptions
-    env: JobEnv
-    runner: Runner
-    log: Logger
-    now: Callable[[], float]
-    started: float
-    scontrol: str
-    on_error: str
-    state: Any  # gpucheck.state.State
-    plan: dict[str, Any]
-
-    @property
-    def what(self) -> str:
-        return f"slurm {self.opts.kind}"
-
-    def say(self, priority: int, line: str) -> None:
-        """One line to syslog (a cause or a node name with a newline forges no other line); a
-        logger that fails must not change the judgement."""
-        try:
-            self.log(priority, " ".join(line.split()))
-        except Exception:
-            pass
-
-
-@dataclass
-class _Judged:
-    judgement: str  # healthy | unhealthy | could-not-judge
-    cause: str
-    verdict: dict[str, Any] | None = None
-    changes: list[str] = field(default_factory=list)
-
-
-def resolve_on_error(explicit: str | None, environ: Mapping[str, str], config_path: str | None) -> tuple[str, str]:
-    """What a hook does when it cannot judge, and which setting said so: --on-error, else
-    GPUCHECK_ON_ERROR (the wrapper's env file), else the config's `[run] on_error` (read on its
-    own, so that it survives any other error in the file), else pass. A value other than pass
-    or fail is passed over."""
-    from ..config import read_on_error
-
-    if explicit in ("pass", "fail"):
-        return explicit, "--on-error"
-    if environ.get(ON_ERROR_ENV) in ("pass", "fail"):
-        return environ[ON_ERROR_ENV], ON_ERROR_ENV
-    configured = read_on_error(config_path)
-    if configured:
-        return configured, "config"
-    return "pass", "default"
-
-
-def _setup(opts: HookOptions, environ: Mapping[str, str], runner: Runner, log: Logger,
-           now: Callable[[], float]) -> _Hook:
-    from ..state import State, default_state_dir
-
-    started = now()
-    env = job_env(environ)
-    on_error, on_error_from = resolve_on_error(opts.on_error, environ, opts.config_path)
-    state_root = _expand(opts.state_dir, env.node) or str(default_state_dir())
-    plan: dict[str, Any] = {"node": env.node, "job": env.job_id, "on_error": on_error,
-                            "on_error_from": on_error_from, "state_dir": state_root}
-    return _Hook(opts=opts, env=env, runner=runner, log=log, now=now, started=started,
-                 scontrol=find_scontrol(opts.scontrol), on_error=on_error, state=State(state_root), plan=plan)
-
-
-def _plan_request(hook: _Hook):
-    """The pipeline request for this hook and job (and, in the epilog, the prolog's ECC reading)."""
-    from ..app import RunRequest
-
-    opts, env, plan = hook.opts, hook.env, hook.plan
-    defaults = PROLOG_DEFAULTS if opts.kind == "prolog" else EPILOG_DEFAULTS
-    level = opts.level or defaults.get("level")
-    checks = list(opts.checks) or list(defaults.get("checks", []))
-    budget = opts.budget_s if opts.budget_s is not None else defaults["budget_s"]
-    options: dict[str, Any] = {}
-    prior_ecc: dict[str, Any] | None = None
-    if opts.kind == "epilog":
-        start, prior_ecc, start_from = _job_start(env, hook.state, hook.scontrol, hook.runner)
-        if start is not None:
-            options["xid_since"] = f"@{start:.3f}"
-        plan.update(job_start=start, job_start_from=start_from, job_failed=env.failed)
-        if env.failed:
-            level = opts.failed_level or defaults["failed_level"]
-            checks = list(opts.failed_checks)
-            budget = opts.failed_budget_s if opts.failed_budget_s is not None else defaults["failed_budget_s"]
-    gpus = None if opts.all_gpus else env.gpus
-    plan.update(level=level, checks=checks, budget_s=budget, gpus=gpus, gpus_from=env.gpus_from,
-                gpus_note=env.gpus_note)
-    req = RunRequest(level=level, check_patterns=checks, skip_patterns=list(opts.skips), gpus=gpus,
-                     device=opts.device, workers=opts.workers, options=options, json=opts.as_json,
-                     strict=opts.strict, on_error="pass", config_path=opts.config_path,
-                     snapshot_path=_expand(opts.snapshot, env.node), state_dir=str(hook.state.root),
-                     timeout_s=budget, history=True, force=opts.force)
-    return req, prior_ecc
-
-
-def _bookkeeping(hook: _Hook, verdict: dict[str, Any] | None, prior_ecc: dict[str, Any] | None) -> list[str]:
-    """The prolog remembers the job for the epilog; the epilog names ECC growth and forgets the
-    job. A failed write here (full disk, read-only state) is noted and never changes the judgement."""
-    changes: list[str] = []
-    try:
-        if hook.opts.kind == "prolog":
-            _remember_job(hook.state, hook.env, hook.started, verdict)
-        else:
-            changes = ecc_changes(prior_ecc or {}, ecc_by_uuid(verdict), _gpu_labels(verdict))
-            _forget_job(hook.state, hook.env)
-    except Exception as e:
-        hook.plan["cursor_error"] = f"{type(e).__name__}: {e}"
-    return changes
-
-
-def _usage_problem(hook: _Hook, error_line: str) -> str:
-    """Why the pipeline refused to run (exit 2): its error line, else what is wrong with the config."""
-    from ..config import ConfigError, load_config
-
-    if error_line:
-        return error_line
-    try:
-        load_config(hook.opts.config_path)
-    except ConfigError as e:
-        return str(e)
-    return "see stderr"
-
-
-def _judge_node(hook: _Hook, execute) -> _Judged:
-    from .sweep import verdict_cause
-
-    req, prior_ecc = _plan_request(hook)
-    code, verdict, error_line = _run_gpucheck(req, execute, hook.plan, hook.log)
-    changes = _bookkeeping(hook, verdict, prior_ecc)
-    if code == 0:
-        warned = verdict is not None and verdict.get("status") == "warn"
-        return _Judged("healthy", verdict_cause(verdict) if warned else "", verdict, changes)
-    if code == 1:
-        return _Judged("unhealthy", verdict_cause(verdict) if verdict else "unhealthy", verdict, changes)
-    if verdict is not None:
-        return _Judged("could-not-judge", verdict_cause(verdict), verdict, changes)
-    if code == 2:
-        return _Judged("could-not-judge", f"usage or configuration error: {_usage_problem(hook, error_line)}")
-    return _Judged("could-not-judge", error_line or f"gpucheck exited {code} without a verdict")
-
-
-def run_hook(
-    opts: HookOptions,
-    environ: Mapping[str, str],
-    *,
-    runner: Runner = default_runner,
-    log: Logger = syslog_logger,
-    execute: Callable[..., int] | None = None,
-    now: Callable[[], float] = time.time,
-) -> HookOutcome:
-    """Run the prolog or epilog for the job described by `environ`; drain on unhealthy.
-
-    Exit code EXIT_HOOK_UNHEALTHY when the node was judged unhealthy (or could not be judged and
-    on-error is fail), else 0. gpucheck's own failures never raise out of here."""
-    if execute is None:
-        from ..app import execute
-    hook = _setup(opts, environ, runner, log, now)
-    try:
-        judged = _judge_node(hook, execute)
-    except Exception as e:  # gpucheck's own bug: never let it take the node down by itself
-        judged = _Judged("could-not-judge", f"internal error: {type(e).__name__}: {e}")
-        hook.plan["traceback"] = traceback.format_exc(limit=5)
-    return _conclude(hook, judged)
-
-
-def hook_failed(
-    opts: HookOptions,
-    environ: Mapping[str, str],
-    cause: str,
-    *,
-    runner: Runner = default_runner,
-    log: Logger = syslog_logger,
-    now: Callable[[], float] = time.time,
-) -> HookOutcome:
-    """A hook that could not run at all (a usage error in its settings, a crash before the
-    pipeline): like any could-not-judge outcome, logged, recorded in the history, then on-error."""
-    hook = _setup(opts, environ, runner, log, now)
-    return _conclude(hook, _Judged("could-not-judge", cause))
-
-
-def _record_unjudged(hook: _Hook, cause: str) -> str:
-    """Append a could-not-judge verdict (one `error` result, check `slurm.<hook>`) to the history
-    for a run that produced none; "" or why it could not be written."""
-    from ..check import Level
-    from ..fingerprint import software_fingerprint
-    from ..result import Action, Result, Status
-    from ..verdict import build_verdict
-
-    try:
-        try:
-            level = Level.parse(hook.plan.get("level") or 1)
-        except ValueError:
-            level = Level.QUICK
-        check = f"slurm.{hook.opts.kind}"
-        duration = max(0.0, hook.now() - hook.started)
-        verdict = build_verdict(
-            [Result(check, Status.ERROR, cause, action=Action.INVESTIGATE)], level=level,
-            started_at=hook.started, duration_s=duration,
-            checks=[{"id": check, "level": int(level), "status": "error", "duration_s": round(duration, 3)}],
-            software=software_fingerprint(None), snapshot=None, source_kind="none", source_path=None,
-            interrupted=None, injected=[], host=hook.env.node)
-        hook.state.append_history(verdict)
-    except Exception as e:
-        return f"history not written: {type(e).__name__}: {e}"
-    return ""
-
-
-def _drain_node(hook: _Hook, cause: str) -> tuple[bool, str | None]:
-    if not hook.opts.drain:
-        return False, None
-    try:
-        drained, reason = drain(hook.env.node, cause, scontrol=hook.scontrol, runner=hook.runner)
-    except Exception as e:
-        drained, reason = False, f"{type(e).__name__}: {e}"
-    if not drained:
-        hook.say(syslog.LOG_ERR, f"{hook.what} {hook.env.label()}: cannot drain: {reason}")
-        return False, None
-    return True, reason
-
-
-def _conclude(hook: _Hook, judged: _Judged) -> HookOutcome:
-    """Apply on-error, drain, record what the history lacks, log one line: the hook's outcome."""
-    judgement, cause, changes = judged.judgement, judged.cause, judged.changes
-    if judgement == "unhealthy" and changes:  # the most specific news first: the reason is cut at REASON_MAX
-        cause = f"during job {hook.env.job_id}: {', '.join(changes)}; {cause}"
-    closed = judgement == "could-not-judge" and hook.on_error == "fail"
-    drained, reason = False, None
-    if judgement == "unhealthy" or closed:
-        drained, reason = _drain_node(hook, f"could not judge: {cause}" if closed else cause)
-    exit_code = EXIT_HOOK_UNHEALTHY if judgement == "unhealthy" or closed else 0
-    note = _record_unjudged(hook, cause) if judgement == "could-not-judge" and judged.verdict is None else ""
-
-    elapsed = hook.now() - hook.started
-    head = f"{hook.what} {hook.env.label()}"
-    level_txt = f" level {hook.plan.get('level')}" if hook.plan.get("level") else ""
-    action = "drained" if drained else ("not drained (--no-drain)" if not hook.opts.drain and exit_code
-                                        else "not drained")
-    if judgement == "healthy":
-        line = f"{head}: healthy{level_txt} in {elapsed:.1f} s" + (f" ({cause})" if cause else "")
-        priority = syslog.LOG_INFO
-    elif judgement == "unhealthy":
-        line = f"{head}: UNHEALTHY{level_txt}: {cause} -> {action}, exit {exit_code}"
-        priority = syslog.LOG_ERR
-    else:
-        line = f"{head}: could not judge{level_txt}: {cause} -> {action} (on-error {hook.on_error}), exit {exit_code}"
-        priority = syslog.LOG_ERR if closed else syslog.LOG_WARNING
-    if changes and judgement != "unhealthy":
-        line += f"; ECC during the job: {', '.join(changes)}"
-    if note:
-        line += f"; {note}"
-    line = " ".join(line.split())
-    hook.say(priority, line)
-    return HookOutcome(exit_code=exit_code, judgement=judgement, cause=cause, verdict=judged.verdict,
-                       drained=drained, reason=reason, log_line=line, plan=hook.plan, ecc_changes=changes)
-
 
 # -- resume ---------------------------------------------------------------------------------
 
@@ -761,3 +275,39 @@ def resume_nodes(
     order = {n: i for i, n in enumerate(nodes)}
     decisions.sort(key=lambda d: order.get(d.node, 0))
     return decisions
+
+
+
+def resume_exit_code(decisions: list[ResumeDecision]) -> int:
+    """3 when a signal stopped the resume, 1 when a node gpucheck drained still fails, else 0."""
+    if any(d.decision == "interrupted" for d in decisions):
+        return 3
+    return 1 if any(d.decision == "still-bad" for d in decisions) else 0
+
+
+def sweep_test(nodes: list[str], opts: Any, sweep: Callable[[Any], Any]) -> Callable[[list[str]], dict[str, tuple[bool, str]]]:
+    """The test resume_nodes runs on its candidates: `sweep` (plan -> gpucheck.fleet.sweep.SweepRun)
+    of the candidates with the remote options `opts` (gpucheck.fleet.remote.RemoteOptions); a
+    node passes when its outcome is not bad. A stop raises processes.Interrupted with the
+    answers of the nodes that answered."""
+    from ..processes import Interrupted
+    from .remote import build_plan
+
+    def test(candidates: list[str]) -> dict[str, tuple[bool, str]]:
+        run = sweep(build_plan(nodes, opts, subset=candidates))
+        judged = {o.node: (not o.is_bad(opts.strict), f"{o.status}" + (f": {o.reason}" if o.reason else ""))
+                  for o in run.outcomes}
+        if run.interrupted:
+            raise Interrupted(run.interrupted, partial=judged)
+        return judged
+
+    return test
+
+def __getattr__(name: str) -> Any:
+    """The hooks' names, from gpucheck.fleet.hook (imported on first use: it imports this module)."""
+    from . import hook
+
+    try:
+        return getattr(hook, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -24,10 +24,11 @@ import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from .compare import FleetInputs, fleet_inputs
 from .fanout import MAX_OUTPUT_BYTES, NodeRun
+from .snippets import last_line, snippet
 from .verdict_check import verdict_problem
 
 GOOD = ("pass", "warn", "skip")
@@ -38,7 +39,6 @@ VERDICT_SCHEMA = "gpucheck.verdict"
 _VERSION_RE = re.compile(r"^1\.\d+$")
 REPORT_SCHEMA = "gpucheck.sweep"
 REPORT_SCHEMA_VERSION = "1.0"
-SNIPPET = 200
 
 
 @dataclass
@@ -142,28 +142,18 @@ def parse_verdict(text: str) -> tuple[dict[str, Any] | None, str]:
     try:
         doc = json.loads(s)
     except RecursionError:
-        return None, f"not a verdict: JSON nested too deep ({_snippet(s)})"
+        return None, f"not a verdict: JSON nested too deep ({snippet(s)})"
     except ValueError:
-        return None, f"not a verdict: {_snippet(s)}"
+        return None, f"not a verdict: {snippet(s)}"
     if not isinstance(doc, dict) or doc.get("schema") != VERDICT_SCHEMA:
-        return None, f"not a verdict: {_snippet(s)}"
+        return None, f"not a verdict: {snippet(s)}"
     version = doc.get("schema_version")
     if not isinstance(version, str) or not _VERSION_RE.fullmatch(version):
-        return None, f"verdict schema_version {_snippet(str(version or '?'))} is not supported (want 1.x)"
+        return None, f"verdict schema_version {snippet(str(version or '?'))} is not supported (want 1.x)"
     why = verdict_problem(doc)
     if why:
         return None, f"invalid verdict: {why}"
     return doc, ""
-
-
-def _snippet(s: str) -> str:
-    s = " ".join(s.split())
-    return s[:SNIPPET] + ("..." if len(s) > SNIPPET else "")
-
-
-def _last_line(s: str) -> str:
-    lines = [ln.strip() for ln in s.splitlines() if ln.strip()]
-    return _snippet(lines[-1]) if lines else ""
 
 
 def failing_results(verdict: dict[str, Any]) -> list[dict[str, Any]]:
@@ -179,7 +169,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
     """One node's status from what its command did."""
-    base = dict(node=run.node, rc=run.rc, duration_s=run.duration_s, stderr_tail=_last_line(run.stderr))
+    base = dict(node=run.node, rc=run.rc, duration_s=run.duration_s, stderr_tail=last_line(run.stderr))
     if run.timed_out:
         limit = f" within {timeout_s:g} s" if timeout_s else ""
         return NodeOutcome(status="timeout", reason=f"no answer{limit} (killed)", action="investigate", **base)
@@ -189,7 +179,7 @@ def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
                            action="investigate", **base)
     verdict, why = parse_verdict(run.stdout)
     if verdict is None:
-        err = _last_line(run.stderr)
+        err = last_line(run.stderr)
         if run.via == "ssh" and run.rc == 255:
             return NodeOutcome(status="unreachable", reason=err or "ssh failed (exit 255)",
                                action="investigate", **base)
@@ -420,3 +410,117 @@ def report_chunks(report: Mapping[str, Any], spool: VerdictSpool | None) -> Iter
         text = spool.text(entry["node"]) if spool is not None else None
         yield ("" if i == 0 else ", ") + json.dumps(entry)[:-1] + ', "verdict": ' + (text or "null") + "}"
     yield "]}\n"
+
+
+# -- a whole sweep: run, stop, compare, report ---------------------------------------------------
+
+@dataclass
+class SweepRun:
+    """The nodes that answered (in node order), the wall time, and the signal that stopped the
+    sweep (None: every node answered or timed out)."""
+
+    outcomes: list[NodeOutcome]
+    duration_s: float
+    interrupted: str | None = None
+
+
+def sweep_until_stopped(plan: SweepPlan, settings: Mapping[str, Any], *,
+                        on_node: Callable[[NodeOutcome], None] | None = None,
+                        spool: VerdictSpool | None = None) -> SweepRun:
+    """run_sweep with the fan-out (gpucheck.fleet.fanout.run_nodes); on a stop
+    (processes.Interrupted: SIGTERM/SIGINT) the outcomes of the nodes that answered before it."""
+    from ..processes import Interrupted
+    from . import fanout
+
+    t0 = time.monotonic()
+    answered: dict[str, NodeOutcome] = {}
+
+    def done(outcome: NodeOutcome) -> None:
+        answered[outcome.node] = outcome
+        if on_node is not None:
+            on_node(outcome)
+
+    try:
+        outcomes, duration = run_sweep(plan, runner=fanout.run_nodes, on_node=done, spool=spool, **settings)
+        return SweepRun(outcomes, duration)
+    except Interrupted as e:
+        return SweepRun([answered[n] for n in plan.nodes if n in answered], time.monotonic() - t0, e.signame)
+
+
+def mark_interrupted(report: dict[str, Any], plan: SweepPlan, outcomes: list[NodeOutcome], signame: str) -> None:
+    """A sweep report cut short: it covers only the nodes that answered, names the others, and
+    its exit code is 3 (could not judge the node set)."""
+    from .nodeset import fold
+
+    seen = {o.node for o in outcomes}
+    report["interrupted"] = signame
+    report["unanswered"] = fold(n for n in plan.nodes if n not in seen)
+    report["planned"] = len(plan.nodes)
+    report["exit_code"] = 3
+
+
+def sweep_report(plan: SweepPlan, settings: Mapping[str, Any], *, strict: bool,
+                 thresholds: Mapping[str, float] | None = None, spool: VerdictSpool | None = None,
+                 on_node: Callable[[NodeOutcome], None] | None = None) -> tuple[list[NodeOutcome], dict[str, Any]]:
+    """Sweep the plan's nodes, compare them with each other (gpucheck.fleet.compare; thresholds:
+    mad_z, rel_floor), and build the report; its `exit_code` is the sweep's (0 healthy, 1 a bad
+    node, 3 stopped by a signal)."""
+    from . import compare
+
+    started = time.time()
+    run = sweep_until_stopped(plan, settings, on_node=on_node, spool=spool)
+    comparison = compare.compare_inputs({o.node: o.inputs for o in run.outcomes if o.inputs is not None},
+                                        **dict(thresholds or {}))
+    apply_fleet(run.outcomes, compare.findings_by_node(comparison))
+    report = build_report(run.outcomes, comparison, plan=plan, started_at=started, duration_s=run.duration_s,
+                          strict=strict)
+    if run.interrupted:
+        mark_interrupted(report, plan, run.outcomes, run.interrupted)
+    return run.outcomes, report
+
+
+def spool_folder(report_path: str | None) -> str | None:
+    """Where the verdicts wait for the report: next to a report that is (or will be) a regular
+    file, so a big fleet does not fill the temporary folder; else (no report, or a FIFO, a
+    terminal, /dev/null as the report) the temporary folder."""
+    import os
+    import stat
+
+    if not report_path:
+        return None
+    try:
+        st = os.stat(report_path)
+    except FileNotFoundError:
+        return os.path.dirname(os.path.abspath(report_path))
+    except OSError:
+        return None
+    return os.path.dirname(os.path.abspath(report_path)) if stat.S_ISREG(st.st_mode) else None
+
+
+def write_report(path: str, chunks: Iterable[str]) -> None:
+    """Write the report's text chunks to `path` (gpucheck.safeio: a regular file replaced by an
+    atomic rename, or written into a FIFO, /dev/null or a terminal; a device or an untrusted
+    symlink is refused, never replaced). The report is one line: the indented encoder is ten
+    times slower on a big fleet."""
+    from ..safeio import write_output
+
+    write_output(path, chunks)
+
+
+def save_report(report: Mapping[str, Any], spool: VerdictSpool | None, report_path: str | None) -> list[str]:
+    """Write --report; the warnings to show. The sweep's result (its exit code) never depends on
+    the report: one that cannot be written, or verdicts the spool could not keep (a full disk),
+    are warnings, and an incomplete report never replaces a good old one."""
+    from ..safeio import output_problem
+
+    stands = f"the sweep's result stands (exit {report['exit_code']})"
+    if spool is not None and spool.error:
+        return [f"{spool.error}: the report lacks those verdicts" + ("; --report not written" if report_path else "")
+                + f"; {stands}"]
+    if not report_path:
+        return []
+    try:
+        write_report(report_path, report_chunks(report, spool))
+    except OSError as e:  # found after the sweep: a loud warning, never a masked result
+        return [f"--report {report_path} was not written: {output_problem(e, report_path)}; {stands}"]
+    return []

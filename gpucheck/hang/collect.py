@@ -18,13 +18,13 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
+from ..fleet.snippets import SNIPPET, last_line, snippet
 from ..safeio import loads_json
 from .local import NODE_SCHEMA
 
 NODE_STATUSES = ("ok", "partial", "error", "no-processes", "interrupted")
 _VERSION = re.compile(r"1\.\d+")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-SNIPPET = 200
 
 
 class Interrupted(BaseException):
@@ -115,13 +115,13 @@ def parse_node_doc(text: str) -> tuple[dict[str, Any] | None, str]:
     try:
         doc = loads_json(s)
     except ValueError:
-        return None, f"not a hang document: {_snippet(s)}"
+        return None, f"not a hang document: {snippet(s)}"
     return validate_node_doc(doc)
 
 
 def validate_node_doc(doc: Any) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(doc, dict) or doc.get("schema") != NODE_SCHEMA:
-        return None, f"not a hang document: {_snippet(json.dumps(doc)[:SNIPPET * 2])}"
+        return None, f"not a hang document: {snippet(json.dumps(doc)[:SNIPPET * 2])}"
     version = str(doc.get("schema_version", ""))
     if not _VERSION.fullmatch(version):
         return None, f"hang document schema_version {version or '?'} is not supported (want 1.x)"
@@ -136,16 +136,6 @@ def validate_node_doc(doc: Any) -> tuple[dict[str, Any] | None, str]:
     except Malformed as e:
         return None, f"malformed hang document: {e}"
     return doc, ""
-
-
-def _snippet(s: str) -> str:
-    s = " ".join(s.split())
-    return s[:SNIPPET] + ("..." if len(s) > SNIPPET else "")
-
-
-def _last_line(s: str) -> str:
-    lines = [ln.strip() for ln in s.splitlines() if ln.strip()]
-    return _snippet(lines[-1]) if lines else ""
 
 
 # -- node outcomes --------------------------------------------------------------------------------
@@ -179,7 +169,7 @@ def classify(run, *, timeout_s: float | None = None) -> NodeResult:
     doc, why = parse_node_doc(run.stdout)
     if doc is not None:
         return from_doc(run.node, doc, run.duration_s)
-    err = _last_line(run.stderr)
+    err = last_line(run.stderr)
     if run.via == "ssh" and run.rc == 255:
         return NodeResult(run.node, "unreachable", err or "ssh failed (exit 255)", run.duration_s)
     if run.rc == 127:

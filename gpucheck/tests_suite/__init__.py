@@ -11,7 +11,7 @@ skipped: a run restricted to one check (`--check ecc`) must not pass a node whos
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..check import Context
 from ..result import Action, Result, Status
@@ -53,6 +53,16 @@ def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[dict[str, A
                if ctx.gpus is not None and total else "NVML reports no GPU (judged by the inventory check)")
         return [], [Result(check_id, Status.SKIP, why)]
     return gpus, None
+
+
+def judge_each_gpu(check_id: str, ctx: Context, judge: Callable[[dict[str, Any]], Result]) -> list[Result]:
+    """The prologue of a per-GPU NVML judge, once: the skip that says why there is nothing to
+    judge (no NVML, no GPU, none of the selected), else judge(gpu) for every selected GPU in
+    index order (selected_gpus_or_skip)."""
+    gpus, skip = selected_gpus_or_skip(check_id, ctx)
+    if skip:
+        return skip
+    return [judge(g) for g in gpus]
 
 
 def gpu_state_result(check_id: str, g: dict[str, Any]) -> Result | None:

@@ -29,6 +29,8 @@ from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
+from ..inject import InjectionArgs, fraction, injections_for_gpu
+from ..workers.per_gpu import LoadTime
 from ..result import Action, Result, Status, Threshold, judge
 
 CHECK_ID = "burn.gemm"
@@ -66,65 +68,34 @@ LIMITS = {k: Limit("int", 1) for k in ("size", "cpu_size", "repeats", "ref_rows"
 _LEVEL_KEYS = (2, 3, 4)
 
 
-def _params(ctx: Context) -> dict[str, Any]:
-    return ctx.params(CHECK_ID, DEFAULTS)
+# The time functions (parameters, duration, budget, promise, least slice): gpucheck.workers.per_gpu.
+TIME = LoadTime(CHECK_ID, DEFAULTS, "burn")
+_params = TIME.params
+burn_duration = TIME.duration
+_promise = TIME.promise
 
 
 def _level(ctx: Context) -> int:
     return max(_LEVEL_KEYS[0], min(_LEVEL_KEYS[-1], int(ctx.level)))
 
 
-def burn_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
-    from ..workers.per_gpu import level_duration
-
-    return level_duration(ctx, p or _params(ctx))
-
-
-def _budget(ctx: Context) -> float:
-    p = _params(ctx)
-    return burn_duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
-
-
-def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
-    from ..workers.per_gpu import promised
-
-    return promised(ctx, p or _params(ctx), "burn")
-
-
-def _min_slice(ctx: Context) -> Any:
-    """The workers' start-up floor and the whole promised burn: a shorter one is no level-N burn."""
-    from ..workers.per_gpu import duration_slice
-
-    return duration_slice(ctx, _promise(ctx))
-
-
 def _device(ctx: Context) -> str:
     return "cpu" if ctx.device == "cpu" else "cuda"
 
 
-def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], str | None]:
+def _inject(inj: Any, args: dict[str, Any]) -> None:
+    if inj.kind == "bitflip":
+        args["bitflip"] = {k: (None if inj.get(k) is None else int(inj.get(k))) for k in ("bit", "row", "col")}
+        args["bitflip"]["set"] = int(inj.get("set", 1))
+    elif inj.kind == "slow":
+        args["slow"] = fraction(inj, "factor", 0.5)
+    else:
+        args["hang_after_s"] = float(inj.get("after", 1.0))
+
+
+def _injection_args(ctx: Context, gpu: int) -> InjectionArgs:
     """Worker args for the injections that target `gpu`, their texts, and a usage problem."""
-    args: dict[str, Any] = {}
-    texts: list[str] = []
-    for inj in ctx.injections:
-        if inj.kind not in ("bitflip", "slow", "hang") or not inj.targets_gpu(gpu):
-            continue
-        texts.append(str(inj))
-        try:
-            if inj.kind == "bitflip":
-                args["bitflip"] = {k: (None if inj.get(k) is None else int(inj.get(k)))
-                                   for k in ("bit", "row", "col")}
-                args["bitflip"]["set"] = int(inj.get("set", 1))
-            elif inj.kind == "slow":
-                f = float(inj.get("factor", 0.5))
-                if not 0.0 < f <= 1.0:
-                    return args, texts, f"--inject {inj}: factor must be in (0, 1], not {f}"
-                args["slow"] = f
-            else:
-                args["hang_after_s"] = float(inj.get("after", 1.0))
-        except (TypeError, ValueError) as e:
-            return args, texts, f"--inject {inj}: {e}"
-    return args, texts, None
+    return injections_for_gpu(ctx.injections, gpu, ("bitflip", "slow", "hang"), _inject)
 
 
 @define(
@@ -132,12 +103,12 @@ def _injection_args(ctx: Context, gpu: int) -> tuple[dict[str, Any], list[str], 
     title="Burn-in GEMMs on every GPU at once: bitwise repeats, float64 reference, SKU and peer throughput",
     level=Level.STANDARD,
     needs=(Need.TORCH, Need.GPU),
-    budget_fn=_budget,
+    budget_fn=TIME.budget,
     detects="silent data corruption in GEMMs, slow (throttled, degraded) GPUs, GPUs that hang or crash under load",
     defaults=DEFAULTS,
     limits=LIMITS,
     injects=("bitflip", "slow", "hang"),
-    min_slice_fn=_min_slice,
+    min_slice_fn=TIME.min_slice,
     top_level=Level.BURN_IN,
 )
 def burn_gemm(ctx: Context) -> list[Result]:

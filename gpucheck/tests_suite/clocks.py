@@ -17,7 +17,7 @@ from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
 from ..telemetry.throttle import is_set, reason_names
-from . import apply_unreadable, get, gpu_state_result, selected_gpus_or_skip
+from . import apply_unreadable, get, gpu_state_result, judge_each_gpu
 
 ID = "clocks"
 
@@ -109,11 +109,8 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     limits=LIMITS,
 )
 def clocks(ctx: Context) -> list[Result]:
-    gpus, skip = selected_gpus_or_skip(ID, ctx)
-    if skip:
-        return skip
     p = ctx.params(ID, DEFAULTS)
-    return [_gpu(g, p) for g in gpus]
+    return judge_each_gpu(ID, ctx, lambda g: _gpu(g, p))
 
 
 CHECKS = [clocks]

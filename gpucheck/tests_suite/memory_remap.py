@@ -15,7 +15,7 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..result import Action, Result, Status, Threshold, judge
-from . import apply_unreadable, get, gpu_state_result, selected_gpus_or_skip
+from . import apply_unreadable, get, gpu_state_result, judge_each_gpu
 
 ID = "memory-remap"
 ARCH_AMPERE = 7  # nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_AMPERE
@@ -161,11 +161,8 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     limits=LIMITS,
 )
 def memory_remap(ctx: Context) -> list[Result]:
-    gpus, skip = selected_gpus_or_skip(ID, ctx)
-    if skip:
-        return skip
     p = ctx.params(ID, DEFAULTS)
-    return [_gpu(g, p) for g in gpus]
+    return judge_each_gpu(ID, ctx, lambda g: _gpu(g, p))
 
 
 CHECKS = [memory_remap]

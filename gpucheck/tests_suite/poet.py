@@ -25,7 +25,9 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..config import Limit
+from ..inject import InjectionArgs, choice, injections_for_gpu
 from ..result import Action, Result, Status, Threshold, judge
+from ..workers.per_gpu import LoadTime
 
 CHECK_ID = "poet.ortho"
 
@@ -73,62 +75,30 @@ _WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_block
                 "bound_scale", "seed", "window_s", "max_events", "cpu_blocks", "cpu_rows")
 
 
-def _params(ctx: Context) -> dict[str, Any]:
-    return ctx.params(CHECK_ID, DEFAULTS)
+# The time functions (parameters, duration, budget, promise, least slice): gpucheck.workers.per_gpu.
+TIME = LoadTime(CHECK_ID, DEFAULTS, "POET problems")
+_params = TIME.params
+poet_duration = TIME.duration
+_promise = TIME.promise
 
 
-def poet_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
-    from ..workers.per_gpu import level_duration
-
-    return level_duration(ctx, p or _params(ctx))
-
-
-def _budget(ctx: Context) -> float:
-    p = _params(ctx)
-    return poet_duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
-
-
-def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
-    from ..workers.per_gpu import promised
-
-    return promised(ctx, p or _params(ctx), "POET problems")
-
-
-def _min_slice(ctx: Context) -> Any:
-    """The workers' start-up floor and the whole promised run."""
-    from ..workers.per_gpu import duration_slice
-
-    return duration_slice(ctx, _promise(ctx))
-
-
-def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = None
-                    ) -> tuple[dict[str, Any], list[str], str | None]:
+def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = None) -> InjectionArgs:
     """Worker args for the injections that target `gpu`, their texts, and a usage problem (with
     `settings`, a bit that the flipped problem's dtype does not have is one)."""
     from ..poet.invariants import INJECT_OPS
     from ..poet.worker import PoetConfig
 
-    args: dict[str, Any] = {}
-    texts: list[str] = []
-    for inj in ctx.injections:
-        if inj.kind not in ("bitflip", "hang") or not inj.targets_gpu(gpu):
-            continue
-        texts.append(str(inj))
-        try:
-            if inj.kind == "bitflip":
-                op = str(inj.get("op", "forward"))
-                if op not in INJECT_OPS:
-                    return args, texts, f"--inject {inj}: op must be one of {', '.join(INJECT_OPS)}, not {op!r}"
-                args["bitflip"] = {"op": op, **{k: (None if inj.get(k) is None else int(inj.get(k)))
-                                                for k in ("bit", "row", "col", "problem")}}
-                if settings is not None:
-                    PoetConfig(dtypes=settings["dtypes"], blocks=settings["blocks"],
-                               bitflip=args["bitflip"])._validate_bitflip()
-            else:
-                args["hang_after_s"] = float(inj.get("after", 1.0))
-        except (TypeError, ValueError) as e:
-            return args, texts, f"--inject {inj}: {e}"
-    return args, texts, None
+    def inject(inj: Any, args: dict[str, Any]) -> None:
+        if inj.kind == "hang":
+            args["hang_after_s"] = float(inj.get("after", 1.0))
+            return
+        op = choice(inj, "op", "forward", INJECT_OPS)
+        args["bitflip"] = {"op": op, **{k: (None if inj.get(k) is None else int(inj.get(k)))
+                                        for k in ("bit", "row", "col", "problem")}}
+        if settings is not None:
+            PoetConfig(dtypes=settings["dtypes"], blocks=settings["blocks"], bitflip=args["bitflip"])._validate_bitflip()
+
+    return injections_for_gpu(ctx.injections, gpu, ("bitflip", "hang"), inject)
 
 
 def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
@@ -164,13 +134,13 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     level=Level.STANDARD,
     needs=(Need.TORCH, Need.GPU),
     budget_s=DEFAULTS["duration_s_level2"] + DEFAULTS["startup_timeout_s"] + 30.0,  # at level 2; budget_fn rules
-    budget_fn=_budget,
+    budget_fn=TIME.budget,
     detects="silent data corruption in batched small matmuls, permutation gathers and custom CUDA kernels; "
             "GPUs that hang or crash under that load",
     defaults=DEFAULTS,
     limits=LIMITS,
     injects=("bitflip", "hang"),
-    min_slice_fn=_min_slice,
+    min_slice_fn=TIME.min_slice,
     top_level=Level.BURN_IN,
 )
 def poet_ortho(ctx: Context) -> list[Result]:

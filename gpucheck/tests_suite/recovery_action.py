@@ -22,7 +22,7 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..result import Action, Result, Status, Threshold
-from . import apply_unreadable, gpu_state_result, selected_gpus_or_skip
+from . import apply_unreadable, gpu_state_result, judge_each_gpu
 
 ID = "recovery-action"
 
@@ -77,10 +77,7 @@ def _gpu(g: dict[str, Any]) -> Result:
     defaults={},
 )
 def recovery_action(ctx: Context) -> list[Result]:
-    gpus, skip = selected_gpus_or_skip(ID, ctx)
-    if skip:
-        return skip
-    return [_gpu(g) for g in gpus]
+    return judge_each_gpu(ID, ctx, _gpu)
 
 
 CHECKS = [recovery_action]

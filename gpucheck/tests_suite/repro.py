@@ -32,6 +32,7 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..repro import DEFAULT_REFERENCE_PATH
+from ..inject import injections_for_gpu
 from ..result import Action, Result, Status
 
 CHECK_ID = "repro.bitwise"
@@ -94,31 +95,32 @@ def selected_workloads(ctx: Context, p: dict[str, Any] | None = None) -> tuple[l
     return select_workloads(list(names), preset_for(_device(ctx)).name)
 
 
+def _bitflip_spec(inj: Any, workloads: list[str]) -> dict[str, Any]:
+    """One bitflip injection's worker args; ValueError naming what is wrong."""
+    w = str(inj.get("workload", workloads[0]))
+    if w not in workloads:
+        raise ValueError(f"workload {w!r} is not run here (running: {', '.join(workloads)})")
+    run = inj.get("run", "both")
+    if str(run) not in ("1", "2", "both"):
+        raise ValueError(f"run must be 1, 2 or both, not {run!r}")
+    output = int(inj.get("output", 0))
+    bit = int(inj.get("bit", 0))
+    element = None if inj.get("element") is None else int(inj.get("element"))
+    if output < 0 or bit < 0 or (element is not None and element < 0):
+        raise ValueError("output, element and bit must not be negative")
+    return {"workload": w, "output": output, "element": element, "bit": bit,
+            "runs": [1, 2] if str(run) == "both" else [int(run)]}
+
+
 def _bitflip_args(ctx: Context, gpu: int, workloads: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
     """Worker args for the bitflip injections that target `gpu`, their texts, and a problem."""
-    args = None
-    texts: list[str] = []
-    for inj in ctx.injections:
-        if inj.kind != "bitflip" or not inj.targets_gpu(gpu):
-            continue
-        texts.append(str(inj))
-        w = str(inj.get("workload", workloads[0]))
-        if w not in workloads:
-            return None, texts, f"--inject {inj}: workload {w!r} is not run here (running: {', '.join(workloads)})"
-        run = inj.get("run", "both")
-        if str(run) not in ("1", "2", "both"):
-            return None, texts, f"--inject {inj}: run must be 1, 2 or both, not {run!r}"
-        try:
-            output = int(inj.get("output", 0))
-            bit = int(inj.get("bit", 0))
-            element = None if inj.get("element") is None else int(inj.get("element"))
-        except (TypeError, ValueError) as e:
-            return None, texts, f"--inject {inj}: {e}"
-        if output < 0 or bit < 0 or (element is not None and element < 0):
-            return None, texts, f"--inject {inj}: output, element and bit must not be negative"
-        args = {"workload": w, "output": output, "element": element, "bit": bit,
-                "runs": [1, 2] if str(run) == "both" else [int(run)]}
-    return args, texts, None
+
+    def bitflip(inj: Any, args: dict[str, Any]) -> None:  # the last one for the GPU wins
+        args.clear()
+        args.update(_bitflip_spec(inj, workloads))
+
+    args, texts, problem = injections_for_gpu(ctx.injections, gpu, ("bitflip",), bitflip)
+    return (args or None) if problem is None else None, texts, problem
 
 
 def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:

@@ -317,3 +317,31 @@ def unfinished_result(
     if partial is not None:
         partial(r, oc.progress or {})
     return r
+
+
+@dataclass(frozen=True)
+class LoadTime:
+    """The time functions of a check that loads every GPU for its level's duration (`burn.gemm`,
+    `poet.ortho`): its parameters, how long it loads, its budget (that plus the workers' start-up
+    timeout and 30 s), the Promise it makes, and the least slice of a run's time it needs."""
+
+    check_id: str
+    defaults: dict[str, Any]
+    what: str  # what is promised, as the Promise names it ("burn", "POET problems")
+
+    def params(self, ctx: Context) -> dict[str, Any]:
+        return ctx.params(self.check_id, self.defaults)
+
+    def duration(self, ctx: Context, p: dict[str, Any] | None = None) -> float:
+        return level_duration(ctx, p or self.params(ctx))
+
+    def budget(self, ctx: Context) -> float:
+        p = self.params(ctx)
+        return self.duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
+
+    def promise(self, ctx: Context, p: dict[str, Any] | None = None) -> Promise:
+        return promised(ctx, p or self.params(ctx), self.what)
+
+    def min_slice(self, ctx: Context) -> Slice:
+        """The workers' start-up floor and the whole promised run: a shorter one is no level-N run."""
+        return duration_slice(ctx, self.promise(ctx))

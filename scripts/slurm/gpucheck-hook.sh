@@ -39,7 +39,7 @@
 
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin
 export PATH
-HOOK_UNHEALTHY=42  # `gpucheck slurm prolog|epilog`: judged unhealthy (gpucheck.fleet.slurm)
+HOOK_UNHEALTHY=42  # `gpucheck slurm prolog|epilog`: judged unhealthy (gpucheck.fleet.hook)
 
 case "${0##*/}" in
   *prolog*) hook=prolog ;;

@@ -1,0 +1,110 @@
+"""docs/checks.md's example check is a working check: the very code block of the doc is imported
+and run through the registry, the runner and the run pipeline, on recorded snapshots."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gpucheck import app, registry
+from gpucheck.check import Context, Level, Need
+from gpucheck.config import load_config
+from gpucheck.result import Action, Status
+from gpucheck.runner import run_checks
+from gpucheck.telemetry.snapshot import load_snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "checks.md"
+HEALTHY = ROOT / "tests" / "fixtures" / "snapshots" / "h100-healthy.json"
+MODULE = "gpucheck_doc_example_check"
+
+
+def example_source() -> str:
+    """The first python block after the doc's "## The example" heading."""
+    text = DOC.read_text()
+    section = text[text.index("## The example"):]
+    m = re.search(r"```python\n(.*?)```", section, re.S)
+    assert m, "docs/checks.md has no python block under '## The example'"
+    return m.group(1)
+
+
+@pytest.fixture
+def example(tmp_path, monkeypatch):
+    """The doc's example as an importable module; the check it registers."""
+    (tmp_path / f"{MODULE}.py").write_text(example_source())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (check,) = registry.all_checks(modules=(MODULE,))
+    return check
+
+
+def _gpu(snapshot, index):
+    return next(g for g in snapshot["gpus"] if g["index"] == index)
+
+
+def test_the_example_is_about_thirty_lines():
+    code = [ln for ln in example_source().splitlines() if ln.strip()]
+    assert len(code) <= 35, len(code)
+
+
+def test_the_example_registers_a_level_1_nvml_check(example):
+    assert example.id == "example.temperature"
+    assert example.spec.level is Level.QUICK and example.spec.needs == (Need.NVML,)
+    assert example.spec.defaults == {"warn_c": 85, "fail_c": 95}
+    assert not example.spec.is_compute
+
+
+def test_the_example_judges_every_case_through_the_runner(example):
+    snap = copy.deepcopy(load_snapshot(HEALTHY))
+    _gpu(snap, 1)["temperature"]["gpu_c"] = 90  # warn
+    _gpu(snap, 2)["temperature"]["gpu_c"] = 99  # fail
+    lost = _gpu(snap, 3)
+    lost["state"], lost["error"] = "lost", {"kind": "gpu_lost", "message": "GPU is lost"}
+    _gpu(snap, 4)["temperature"]["gpu_c"] = None  # not reported: a skip that says why
+    unreadable = _gpu(snap, 5)
+    unreadable["temperature"]["gpu_c"] = None
+    unreadable["errors"] = {"temperature.gpu_c": "unknown"}  # could not be read: never a pass
+    _gpu(snap, 6)["temperature"]["gpu_c"] = "hot"  # garbage: never a pass
+
+    out = run_checks([example], Context(level=Level.QUICK, snapshot=snap), install_signal_handlers=False)
+    by = {r.gpu: r for r in out.results}
+    assert [r.gpu for r in out.results] == sorted(by)
+    assert by[0].status is Status.PASS and by[0].summary == f"GPU 0: {_gpu(snap, 0)['temperature']['gpu_c']} C"
+    assert by[1].status is Status.WARN and by[1].action is Action.INVESTIGATE
+    assert by[2].status is Status.FAIL and "runs hot (99 C)" in by[2].summary
+    assert [(t.metric, t.op, t.limit, t.status) for t in by[2].thresholds] == [
+        ("temperature_c", ">", 95, Status.FAIL), ("temperature_c", ">", 85, Status.WARN)]
+    assert by[3].status is Status.FAIL and "lost" in by[3].summary.lower()
+    assert by[4].status is Status.SKIP and "no temperature reported" in by[4].summary
+    assert by[5].status is Status.ERROR and "temperature.gpu_c" in by[5].summary
+    assert by[6].status is Status.ERROR and "temperature.gpu_c" in by[6].summary
+    assert by[7].status is Status.PASS
+
+
+def test_the_examples_limits_come_from_the_config(example, tmp_path):
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[checks."example.temperature"]\nwarn_c = 20\n')
+    config = load_config(str(cfg))
+    config.validate_checks([example.spec])
+    out = run_checks([example], Context(level=Level.QUICK, snapshot=load_snapshot(HEALTHY), config=config),
+                     install_signal_handlers=False)
+    assert {r.status for r in out.results} == {Status.WARN}
+
+
+def test_the_example_runs_in_the_pipeline_with_its_verdict_and_exit_code(example, monkeypatch, capsys, tmp_path):
+    from gpucheck.cli.main import main
+
+    real = registry.all_checks
+    monkeypatch.setattr(app, "all_checks",
+                        lambda max_level=None: real((*registry.CHECK_MODULES, MODULE), max_level=max_level))
+    snap = copy.deepcopy(load_snapshot(HEALTHY))
+    _gpu(snap, 2)["temperature"]["gpu_c"] = 99
+    snap_file = tmp_path / "hot.json"
+    snap_file.write_text(json.dumps(snap))
+    rc = main(["run", "--snapshot", str(snap_file), "--check", "example.temperature", "--json", "--no-history"])
+    verdict = json.loads(capsys.readouterr().out)
+    assert rc == 1 and verdict["exit_code"] == 1 and verdict["status"] == "fail"
+    assert [(r["subject"], r["status"]) for r in verdict["results"] if r["status"] != "pass"] == [("gpu2", "fail")]
