@@ -137,6 +137,8 @@ class ReplayNvml:
         self.doc: Mapping[str, Any] = doc
         self.gpus: dict[int, Mapping[str, Any]] = {int(g["index"]): g for g in doc.get("gpus") or []}
         self._pynvml = enums.pynvml_module()
+        self._reads: dict[int, int] = {}  # calls answered per GPU (a lost GPU's failure comes after its last value)
+        self._loss_at: dict[int, int] = {}
         self._answers: dict[str, Callable[..., Any]] = {
             "nvmlInit": self._init, "nvmlShutdown": lambda: None,
             "nvmlDeviceGetCount": lambda: len(self.gpus),
@@ -167,6 +169,8 @@ class ReplayNvml:
 
     def answer(self, name: str, *args: Any) -> Any:
         """The recording's answer to pynvml.<name>(*args), or the failure it raises."""
+        if args and isinstance(args[0], int) and name.startswith("nvmlDevice") and name != "nvmlDeviceGetHandleByIndex":
+            self._step(int(args[0]))
         if name in _PLAIN:
             return self._plain(args[0], _PLAIN[name])
         fn = self._answers.get(name)
@@ -205,11 +209,45 @@ class ReplayNvml:
         if g is None:
             raise _invalid_argument()
         state = g.get("state", "ok")
-        if state == "error" or (state in _GPU_STATES and _holds_every_field(g)):
-            err = g.get("error") or {}
-            raise recorded_failure(str(err.get("kind", _GPU_STATES.get(state, N.OTHER))), err.get("message"),
-                                   f"GPU {index}")
+        if state == "error" or (state in _GPU_STATES and self._loss_point(int(index)) is None):
+            raise self._gpu_failure(int(index))
+        self._reads[int(index)] = 0
         return ReplayHandle(int(index))
+
+    def _gpu_failure(self, index: int) -> Exception:
+        g = self.gpus[index]
+        recorded = g.get("error")
+        err: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
+        kind = err.get("kind", _GPU_STATES.get(g.get("state", "ok"), N.OTHER))
+        message = err.get("message")
+        return recorded_failure(str(kind), message if isinstance(message, str) else None, f"GPU {index}")
+
+    def _loss_point(self, index: int) -> int | None:
+        """For a GPU recorded lost or reset-required: how many of the reader's calls on it are
+        answered before its failure (the reader read it up to its last recorded value), or None
+        when the recording holds an answer to every call (then it fails at the handle). Found by
+        reading the entry as if the GPU were fine, with the reader itself."""
+        if index not in self._loss_at:
+            probe = _Probe(self.doc, index)
+            from .reader import read_gpu  # noqa: PLC0415 - the reader is what decides the order
+
+            with N.NvmlSession(N.Library(lambda: probe)) as s:
+                read_gpu(s, index)
+            answered = [i for i, ok in enumerate(probe.answered, 1) if ok]
+            last = answered[-1] if answered else 0
+            self._loss_at[index] = -1 if last == len(probe.answered) else last
+        at = self._loss_at[index]
+        return None if at < 0 else at
+
+    def _step(self, index: int) -> None:
+        """Count a call on GPU `index`; past a lost GPU's loss point, raise its failure."""
+        g = self.gpus.get(index)
+        if g is None or g.get("state", "ok") not in _GPU_STATES:
+            return
+        self._reads[index] = self._reads.get(index, 0) + 1
+        at = self._loss_point(index)
+        if at is not None and self._reads[index] > at:
+            raise self._gpu_failure(index)
 
     def _value(self, h: ReplayHandle, field: str) -> Any:
         """The recorded value of `field` (a path like "ecc_errors.volatile_uncorrected"), or the
@@ -217,10 +255,6 @@ class ReplayNvml:
         g = self.gpus[int(h)]
         errors = _errors(g)
         value = _lookup(g, field)
-        gone = _GPU_STATES.get(g.get("state", "ok"))
-        if gone is not None and (value is None or value is _MISSING):
-            err = g.get("error") or {}
-            raise recorded_failure(str(err.get("kind", gone)), err.get("message"), f"GPU {int(h)}")
         kind = _recorded_error(errors, field)
         if kind is not None:
             raise recorded_failure(kind, None, field)
@@ -367,10 +401,6 @@ class ReplayNvml:
         if not isinstance(links, list) or not all(isinstance(lk, Mapping) and isinstance(lk.get("link"), int)
                                                   and not isinstance(lk.get("link"), bool) for lk in links):
             raise recorded_failure(N.OTHER, None, "nvlink.links")
-        gone = _GPU_STATES.get(g.get("state", "ok"))
-        if gone is not None and not links:  # lost before its links were read
-            err = g.get("error") or {}
-            raise recorded_failure(str(err.get("kind", gone)), err.get("message"), f"GPU {int(h)}")
         failed = {int(m.group(1)) for k in _errors(g) for m in [_LINK_KEY.match(str(k))] if m}
         return {int(lk["link"]): lk for lk in links}, failed
 
@@ -441,6 +471,33 @@ class ReplayNvml:
         return enums.constant(self._pynvml, name)
 
 
+class _Probe(ReplayNvml):
+    """Reads GPU `index` of a recording as if it were fine, noting for each call on it whether the
+    recording answered it with a value (for a lost GPU's loss point)."""
+
+    def __init__(self, doc: Mapping[str, Any], index: int):
+        fine = {**dict(doc["gpus"][0]), "state": "ok", "error": None}
+        for g in doc.get("gpus") or []:
+            if int(g["index"]) == index:
+                fine = {**dict(g), "state": "ok", "error": None}
+        super().__init__({**dict(doc), "nvml": {"ok": True, "error": None}, "gpus": [fine]})
+        self.answered: list[bool] = []
+
+    def answer(self, name: str, *args: Any) -> Any:
+        counted = bool(args) and isinstance(args[0], int) and name.startswith("nvmlDevice") \
+            and name != "nvmlDeviceGetHandleByIndex"
+        try:
+            out = super().answer(name, *args)
+        except Exception:
+            if counted:
+                self.answered.append(False)
+            raise
+        if counted:
+            success = self._const("NVML_SUCCESS")
+            self.answered.append(name != "nvmlDeviceGetFieldValues" or any(v.nvmlReturn == success for v in out))
+        return out
+
+
 # -- recorded values -------------------------------------------------------------------------------------
 def _lookup(g: Mapping[str, Any], path: str) -> Any:
     """The value at `path` of entry `g`; _MISSING where the recording does not hold it; a
@@ -486,22 +543,6 @@ def _return_code(e: Exception) -> int:
         return value
     kind = getattr(e, "kind", N.OTHER)
     return N.code(KIND_CODES.get(kind, KIND_CODES[N.OTHER])) or -1
-
-
-def _holds_every_field(g: Mapping[str, Any]) -> bool:
-    """Whether entry `g` holds a value for every field the reader reads (then a lost GPU's
-    failure is raised at its handle)."""
-    for key, template in empty_gpu(0).items():
-        if key in ("index", "state", "error", "errors", "nvlink", "pci_device_id", "architecture",
-                   "recovery_action_name"):
-            continue
-        value = g.get(key)
-        if isinstance(template, dict):
-            if not isinstance(value, Mapping) or any(value.get(k) is None for k in template if not k.endswith("_names")):
-                return False
-        elif value is None:
-            return False
-    return True
 
 
 def _text(v: Any) -> str:
