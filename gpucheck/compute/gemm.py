@@ -50,7 +50,10 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import BurnResult, SetupError
 
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32", "fp64", "fp8")
 # Device types whose fp8 GEMM (torch._scaled_mm) a burn runs: CUDA GPUs of compute capability 8.9
@@ -194,7 +197,7 @@ class BurnConfig:
         return cfg
 
 
-def burn_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
+def burn_worker(args: dict[str, Any], chan: Any) -> "BurnResult | SetupError":
     """Worker target: burn, verify, measure; return plain data (see Burner.run)."""
     from ..workers.pool import torch_and_device
 
