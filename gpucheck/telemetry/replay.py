@@ -139,6 +139,9 @@ class ReplayNvml:
         self._pynvml = enums.pynvml_module()
         self._reads: dict[int, int] = {}  # calls answered per GPU (a lost GPU's failure comes after its last value)
         self._loss_at: dict[int, int] = {}
+        self._link_cache: dict[int, Any] = {}
+        self._counter_keys = {v: k for k, v in enums.resolve(self._pynvml, enums.NVLINK_COUNTERS).items()}
+        self._state_codes = enums.resolve(self._pynvml, enums.NVLINK_STATES)
         self._answers: dict[str, Callable[..., Any]] = {
             "nvmlInit": self._init, "nvmlShutdown": lambda: None,
             "nvmlDeviceGetCount": lambda: len(self.gpus),
@@ -392,8 +395,21 @@ class ReplayNvml:
         return self._checked("recovery_action", lambda: _count(self._value(h, "recovery_action")))
 
     def _links(self, h: ReplayHandle) -> tuple[dict[int, Mapping[str, Any]], set[int]]:
-        """The recorded links by number, and the link numbers whose reads the recording says failed."""
-        g = self.gpus[int(h)]
+        """The recorded links by number, and the link numbers whose reads the recording says
+        failed (worked out once per GPU: the reader asks for every link and counter)."""
+        index = int(h)
+        if index not in self._link_cache:
+            try:
+                self._link_cache[index] = self._read_links(index)
+            except Exception as e:  # noqa: BLE001 - the same failure for every later question
+                self._link_cache[index] = e
+        found = self._link_cache[index]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def _read_links(self, index: int) -> tuple[dict[int, Mapping[str, Any]], set[int]]:
+        g = self.gpus[index]
         nv = _lookup(g, "nvlink")
         if nv is _MISSING or nv is None:
             raise N.NotInCapture("nvlink: not in this capture")
@@ -442,7 +458,7 @@ class ReplayNvml:
         return self._checked(field, lambda: self._state_code(state))
 
     def _state_code(self, state: Any) -> int:
-        codes = enums.resolve(self._pynvml, enums.NVLINK_STATES)
+        codes = self._state_codes
         if isinstance(state, str) and state in codes:
             return codes[state]
         m = re.fullmatch(r"unknown_(\d+)", state) if isinstance(state, str) else None
@@ -451,9 +467,8 @@ class ReplayNvml:
         return int(m.group(1))
 
     def _link_counter(self, h: ReplayHandle, link: int, counter: int) -> int:
-        keys = {v: k for k, v in enums.resolve(self._pynvml, enums.NVLINK_COUNTERS).items()}
         links, _ = self._links(h)
-        key = keys.get(counter)
+        key = self._counter_keys.get(counter)
         field = f"nvlink.links[{link}].{key}"
         if key is None or int(link) not in links:
             raise N.NotInCapture(f"{field}: not in this capture")
