@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from . import enums
 from . import nvml as N
 from .model import Snapshot
 from .reader import empty_gpu, read_gpu
@@ -55,6 +56,21 @@ _REQUIRED_TOP: dict[str, type | tuple[type, ...]] = {
     "pci_nvidia_devices": list,
     "gpus": list,
 }
+
+
+# NVML's values under gpucheck's names, as module attributes read on first use (from pynvml's
+# constants: gpucheck.telemetry.enums): value -> name for ARCHITECTURES, RECOVERY_ACTIONS and
+# NVLINK_STATES, key -> value for NVLINK_COUNTERS.
+_ENUM_TABLES = {"ARCHITECTURES": (enums.ARCHITECTURES, True), "RECOVERY_ACTIONS": (enums.RECOVERY_ACTIONS, True),
+                "NVLINK_STATES": (enums.NVLINK_STATES, True), "NVLINK_COUNTERS": (enums.NVLINK_COUNTERS, False)}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENUM_TABLES:
+        table, by_value = _ENUM_TABLES[name]
+        mod = enums.pynvml_module()
+        return enums.names_by_value(mod, table) if by_value else enums.resolve(mod, table)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SnapshotError(Exception):
