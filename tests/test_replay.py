@@ -235,6 +235,22 @@ def test_a_lost_gpu_recording_that_holds_every_field_is_lost_at_the_handle():
     assert g["error"] == {"kind": "gpu_lost", "message": "GPU is lost (NVML return code 15)"}
 
 
+def test_a_value_recorded_only_by_its_name_is_answered_with_its_nvml_number():
+    """A converted nvidia-smi -q names the architecture, the recovery action and the clock-event
+    reasons; NVML would have answered their numbers, and the reader names them again."""
+    doc = _healthy()
+    g = doc["gpus"][1]
+    del g["architecture_id"], g["recovery_action"], g["clocks"]["throttle_reasons"]
+    g["recovery_action_name"] = "node_reboot"
+    g["clocks"]["throttle_reason_names"] = ["sw_power_cap", "hw_slowdown"]
+    out = replay_snapshot(doc)["gpus"][1]
+    assert (out["architecture_id"], out["recovery_action"], out["clocks"]["throttle_reasons"]) == (
+        pynvml.NVML_DEVICE_ARCH_HOPPER, pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT, 0x4 | 0x8)
+    assert out["errors"] == {} and out["clocks"]["throttle_reason_names"] == ["sw_power_cap", "hw_slowdown"]
+    g["architecture"] = "steam"  # a name NVML does not have: not in this capture
+    assert replay_snapshot(doc)["gpus"][1]["errors"] == {"architecture": "not_in_capture"}
+
+
 def test_keys_the_reader_does_not_read_are_kept_as_recorded():
     doc = _healthy()
     doc["gpus"][0]["processes"] = [{"pid": 7, "name": "python"}]

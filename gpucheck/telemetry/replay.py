@@ -258,6 +258,8 @@ class ReplayNvml:
         g = self.gpus[int(h)]
         errors = _errors(g)
         value = _lookup(g, field)
+        if value is _MISSING:
+            value = self._derived(g, field)
         kind = _recorded_error(errors, field)
         if kind is not None:
             raise recorded_failure(kind, None, field)
@@ -266,6 +268,26 @@ class ReplayNvml:
         if value is None:
             raise recorded_failure(N.NOT_SUPPORTED, None, field)
         return value
+
+    def _derived(self, g: Mapping[str, Any], field: str) -> Any:
+        """A value the recording holds only by its name (a converted `nvidia-smi -q` may name the
+        architecture, the recovery action or the clock-event reasons without NVML's number): the
+        number NVML would have answered, or _MISSING."""
+        if field == "clocks.throttle_reasons":
+            names = _lookup(g, "clocks.throttle_reason_names")
+            bits = enums.throttle_bits()
+            if not isinstance(names, list) or not all(isinstance(n, str) and n in bits for n in names):
+                return _MISSING
+            mask = 0
+            for n in names:
+                mask |= bits[n]
+            return mask
+        named = {"architecture_id": ("architecture", enums.ARCHITECTURES),
+                 "recovery_action": ("recovery_action_name", enums.RECOVERY_ACTIONS)}.get(field)
+        if named is None:
+            return _MISSING
+        name = _lookup(g, named[0])
+        return enums.resolve(self._pynvml, named[1]).get(name, _MISSING) if isinstance(name, str) else _MISSING
 
     def _plain(self, h: ReplayHandle, field: str) -> Any:
         value = self._value(h, field)
