@@ -34,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gpucheck.compute import gemm  # noqa: E402
 from gpucheck.compute.gemm import DTYPES, BurnConfig, Burner, flops_per_gemm, parse_dtypes  # noqa: E402
 from gpucheck.workers.pool import LocalChannel, WorkerJob, torch_device  # noqa: E402
 
@@ -93,8 +94,7 @@ def median_tflops(windows: list[float]) -> float:
 
 def burn_loop(torch, dev, dtype: str, n: int, seconds: float, window_s: float, repeats: int,
               distributions: tuple[str, ...] | None) -> tuple[float, dict]:
-    cfg = BurnConfig(duration_s=seconds, dtypes=[dtype], size=n, repeats=repeats, window_s=window_s,
-                     fp8_on_cpu=dev.type == "cpu")
+    cfg = BurnConfig(duration_s=seconds, dtypes=[dtype], size=n, repeats=repeats, window_s=window_s)
     if distributions:
         cfg.distributions = distributions
     out = Burner(torch, dev, LocalChannel(WorkerJob("bench", gpu=0, device=dev.type)), cfg).run()
@@ -130,7 +130,7 @@ def breakdown(torch, dev, dtype: str, n: int, repeats: int, sets: int = 5) -> di
     float64 reference aside)."""
     from gpucheck.compute.gemm import DISTRIBUTIONS
 
-    b = Burner(torch, dev, LocalChannel(), BurnConfig(size=n, repeats=repeats, fp8_on_cpu=dev.type == "cpu"))
+    b = Burner(torch, dev, LocalChannel(), BurnConfig(size=n, repeats=repeats))
     b._set_precision(dtype)
     A, B, C0, C1, mm, fill = b._operands(dtype)
     gen = torch.Generator(device=dev)
@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     chan = LocalChannel(WorkerJob("bench", gpu=0, device=a.device, args={"threads": a.threads}))
     dev = torch_device(chan)
     env = environment(torch, dev)
+    # The benchmark times the fp8 path on the CPU too (torch's CPU _scaled_mm); a product burn
+    # runs fp8 on CUDA GPUs only (gemm.FP8_DEVICE_TYPES).
+    gemm.FP8_DEVICE_TYPES = gemm.FP8_DEVICE_TYPES | {dev.type}
     if not a.json:
         print(json.dumps(env))
         print(f"{a.device} {a.size}x{a.size}, {a.seconds:g} s x {a.rounds} rounds per measurement, repeats {a.repeats}")
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|---|---|")
     rows = []
     for dt in dtypes:
-        why = Burner(torch, dev, chan, BurnConfig(size=a.size, fp8_on_cpu=dev.type == "cpu")).unsupported(
+        why = Burner(torch, dev, chan, BurnConfig(size=a.size)).unsupported(
             dt, env if dev.type != "cuda" else {"capability": [int(x) for x in env["capability"].split(".")]})
         if why:
             rows.append({"dtype": dt, "skipped": why})

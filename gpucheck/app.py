@@ -25,15 +25,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .check import Check, Context, Level, Need, unmet_needs
+from .check import Check, Context, Level, Need, RunOptions, unmet_needs
 from .config import Config, ConfigError, load_config
 from .inject import Injection, InjectionError, parse_injection
 from .interrupts import INTERRUPTS, Interrupts
 from .registry import SelectionError, all_checks, select
 from .state import State, default_state_dir
 from .verdict import EXIT_USAGE, build_verdict, verdict_level
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .telemetry.model import Snapshot
+    from .telemetry.source import TelemetrySource
 
 LIVE_TELEMETRY_TIMEOUT_S = 30.0
 LAST_PASS_CURSOR = "last-pass"
@@ -52,7 +56,7 @@ class RunRequest:
     device: str = "auto"
     workers: int = 2
     injections: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
+    options: RunOptions | Mapping[str, Any] = field(default_factory=dict)  # RunOptions' fields
     json: bool = False
     output: str | None = None
     prom: str | None = None
@@ -64,6 +68,8 @@ class RunRequest:
     timeout_s: float | None = None
     history: bool = True
     force: bool = False  # load GPUs that are in use (gpucheck.busy)
+    # Where telemetry comes from; None: a replay of `snapshot_path`, else this node's NVML.
+    telemetry: "TelemetrySource | None" = None
 
 
 @dataclass
@@ -133,20 +139,18 @@ def _output_problem(e: OSError, path: str) -> str:
     return output_problem(e, path)
 
 
-def _collect_live(timeout_s: float, *, until: float | None = None,
-                  interrupts: Interrupts | None = None) -> dict[str, Any]:
-    """Read NVML in a daemon thread so that a hung driver cannot hang the gate. Past `timeout_s`
-    the driver is called hung (a snapshot the inventory check judges); a signal, or the run's
-    time limit (`until`, time.monotonic()) coming first, only stop the wait: the runner then
-    runs no check, so nothing is judged from the unread snapshot."""
-    from .telemetry.snapshot import collect_snapshot, unreadable_snapshot
-
+def _collect_live(source: "TelemetrySource", timeout_s: float, *, until: float | None = None,
+                  interrupts: Interrupts | None = None) -> "Snapshot":
+    """Read the source's snapshot in a daemon thread so that a hung driver cannot hang the gate.
+    Past `timeout_s` the driver is called hung (a snapshot the inventory check judges); a signal,
+    or the run's time limit (`until`, time.monotonic()) coming first, only stop the wait: the
+    runner then runs no check, so nothing is judged from the unread snapshot."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
     def target() -> None:
         try:
-            box["snap"] = collect_snapshot()
+            box["snap"] = source.snapshot()
         except Exception as e:  # the reader maps NVML errors itself; anything else is reported
             box["err"] = f"{type(e).__name__}: {e}"
         finally:
@@ -158,14 +162,15 @@ def _collect_live(timeout_s: float, *, until: float | None = None,
     while not done.wait(0.05):
         now = time.monotonic()
         if interrupts is not None and interrupts.reason:
-            return unreadable_snapshot("other", f"NVML not read: interrupted by {interrupts.reason}")
+            return source.unread("other", f"NVML not read: interrupted by {interrupts.reason}")
         if until is not None and now >= until:
-            return unreadable_snapshot("other", "NVML not read: the run's time limit came first")
+            return source.unread("other", "NVML not read: the run's time limit came first")
         if now >= hung_at:
-            return unreadable_snapshot("other", f"NVML did not answer within {timeout_s:.0f} s (driver hang?)")
+            return source.unread("other", f"NVML did not answer within {timeout_s:.0f} s (driver hang?)")
     if "err" in box:
-        return unreadable_snapshot("other", f"reading telemetry failed: {box['err']}")
-    return box["snap"]
+        return source.unread("other", f"reading telemetry failed: {box['err']}")
+    snap: Snapshot = box["snap"]
+    return snap
 
 
 def _tested_units(ctx: Context) -> tuple[list[int], str]:
@@ -235,7 +240,7 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         from .runner import limits
 
         until = limits(started, timeout_s).deadline
-    snapshot, source_kind = _telemetry(req, checks, until, interrupts)
+    telemetry, snapshot, source_kind = _telemetry(req, checks, until, interrupts)
     _check_gpus(req, snapshot)
 
     state: State | None = None
@@ -251,9 +256,9 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
 
             raise UsageError(f"state directory {state.root}: {describe_error(e, str(state.root))}") from None
 
-    options = dict(req.options)
+    options = RunOptions.of(req.options)
     if req.snapshot_path:
-        options["snapshot_path"] = req.snapshot_path
+        options = options.with_(snapshot_path=req.snapshot_path)
     ctx = Context(
         level=level,
         config=config,
@@ -264,6 +269,7 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         injections=injections,
         state=state,
         options=options,
+        telemetry=telemetry,
         requested=frozenset(c.id for c in checks) if req.check_patterns else frozenset(),
         force=req.force,
     )
@@ -301,11 +307,15 @@ def _select(req: RunRequest) -> tuple[Config, Level, list[Check], list[Check]]:
     return config, level, catalog, checks
 
 
-def _telemetry(req: RunRequest, checks: list[Check], until: float | None,
-               interrupts: Interrupts | None) -> tuple[dict[str, Any] | None, str]:
-    """The snapshot the checks judge (a recorded file, live NVML, or none) and its kind."""
-    if req.snapshot_path:
+def _telemetry(req: RunRequest, checks: list[Check], until: float | None, interrupts: Interrupts | None
+               ) -> tuple["TelemetrySource", "Snapshot | None", str]:
+    """The run's telemetry source (chosen here: the request's, a replay of the --snapshot file, or
+    this node's NVML), the snapshot the checks judge (read from it, or none when no selected
+    check needs it), and the verdict's source kind."""
+    source = req.telemetry
+    if source is None and req.snapshot_path:
         from .telemetry.snapshot import SnapshotError, load_snapshot
+        from .telemetry.source import CaptureTelemetry, ReplayTelemetry, is_capture
 
         try:
             snap = load_snapshot(req.snapshot_path)
@@ -314,13 +324,18 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None,
         where = "standard input" if req.snapshot_path == "-" else req.snapshot_path
         for warning in (snap.get("capture") or {}).get("warnings") or []:  # an nvidia-smi capture
             _warn(f"{where}: {warning}", None)
-        return snap, "snapshot"
-    if req.device != "cpu" or any(Need.NVML in c.spec.needs for c in checks):
-        return _collect_live(LIVE_TELEMETRY_TIMEOUT_S, until=until, interrupts=interrupts), "live"
-    return None, "none"
+        source = CaptureTelemetry(snap) if is_capture(snap) else ReplayTelemetry(snap)
+    if source is None:
+        from .telemetry.source import LiveTelemetry
+
+        source = LiveTelemetry()
+    if source.kind == "replay" or req.device != "cpu" or any(Need.NVML in c.spec.needs for c in checks):
+        return source, _collect_live(source, LIVE_TELEMETRY_TIMEOUT_S, until=until, interrupts=interrupts), \
+            source.verdict_kind
+    return source, None, "none"
 
 
-def _check_gpus(req: RunRequest, snapshot: dict[str, Any] | None) -> None:
+def _check_gpus(req: RunRequest, snapshot: "Snapshot | None") -> None:
     """UsageError when --gpus names a GPU (or CPU worker) this run does not have."""
     if req.gpus is None:
         return

@@ -14,7 +14,8 @@ a previous check) are not a job.
 - `--force` (ctx.force): loaded anyway, and the GPU's results say so in their evidence.
 - `--device cpu` has no GPU to protect: no guard, nothing said.
 
-Tests inject a reader as ctx.options["gpu_processes_fn"]: (indices) -> {index: GpuProcesses}.
+The processes come from the run's telemetry source (`ctx.telemetry.gpu_processes`: live NVML
+read in a bounded thread, a replay's recording, or a fake one in tests).
 """
 
 from __future__ import annotations
@@ -22,58 +23,26 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .result import Result, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .check import Context
+    from .telemetry.source import TelemetrySource
+    from .workers.targets import WorkerTarget
 
 FORCE_HINT = "--force to load it anyway"
 READ_TIMEOUT_S = 15.0  # a hung driver must not hang the check: past this, "could not read"
 SUMMARY_PROCESSES = 3  # processes named in a summary; the evidence lists every one
 
-Reader = Callable[[list[int]], Mapping[int, Any]]  # indices -> {index: GpuProcesses}
-
-
 # -- reading ----------------------------------------------------------------------------------------
-def _bounded(fn: Callable[[], Any], timeout_s: float, cancel: threading.Event | None) -> tuple[Any, str | None]:
-    """fn() in a daemon thread: (value, None), or (None, why) when it raised, did not answer within
-    timeout_s, or `cancel` was set meanwhile."""
-    import time
-
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except Exception as e:  # noqa: BLE001 - the readers map NVML errors themselves; this is a bug
-            box["error"] = f"{type(e).__name__}: {e}"
-
-    th = threading.Thread(target=target, name="gpucheck-nvml-processes", daemon=True)
-    th.start()
-    end = time.monotonic() + timeout_s
-    while th.is_alive() and time.monotonic() < end:
-        if cancel is not None and cancel.is_set():
-            return None, "interrupted while reading the GPU's processes"
-        th.join(0.1)
-    if th.is_alive():
-        return None, f"NVML did not answer within {timeout_s:g} s (driver hang?)"
-    if "error" in box:
-        return None, f"reading the GPU's processes failed: {box['error']}"
-    return box["value"], None
-
-
 def read_processes(indices: list[int], *, timeout_s: float = READ_TIMEOUT_S,
-                   cancel: threading.Event | None = None) -> dict[int, Any]:
+                   cancel: threading.Event | None = None) -> Mapping[int, Any]:
     """{index: GpuProcesses} for every index, from live NVML, never raising or hanging."""
-    from .telemetry.nvml import OTHER, GpuProcesses, NvmlFailure, NvmlSession, read_gpu_processes
+    from .telemetry.source import LiveTelemetry
 
-    def read_all() -> dict[int, Any]:
-        with NvmlSession() as s:
-            return {i: read_gpu_processes(s, i) for i in indices}
-
-    value, why = _bounded(read_all, timeout_s, cancel)
-    if why is not None:
-        return {i: GpuProcesses(i, None, NvmlFailure(OTHER, why)) for i in indices}
-    return value
+    return LiveTelemetry(process_timeout_s=timeout_s).gpu_processes(indices, cancel=cancel)
 
 
 def own_pids() -> set[int]:
@@ -183,13 +152,14 @@ def skip_result(check_id: str, st: GpuState) -> Result:
     return r
 
 
-def guard_gpus(gpus: list[int], *, check_id: str, force: bool, reader: Reader | None = None,
+def guard_gpus(gpus: list[int], *, check_id: str, force: bool, telemetry: "TelemetrySource | None" = None,
                cancel: threading.Event | None = None) -> Guard:
-    """Read the processes of `gpus` and split them into loaded and skipped (see the module)."""
+    """Read the processes of `gpus` from `telemetry` (None: live NVML) and split them into loaded
+    and skipped (see the module)."""
     if not gpus:
         return Guard()
-    if reader is not None:
-        read = reader(list(gpus))
+    if telemetry is not None:
+        read = telemetry.gpu_processes(list(gpus), cancel=cancel)
     else:
         read = read_processes(list(gpus), cancel=cancel)
     own = own_pids()
@@ -215,16 +185,16 @@ def unknown_gpus(check_id: str, *, force: bool, why: str) -> Guard:
     return Guard(skipped=[Result(check_id, Status.SKIP, f"{problem}: not loaded; {FORCE_HINT}", unexamined=True)])
 
 
-def guard_context(ctx: Any, device: str, check_id: str, gpus: list[int]) -> Guard:
-    """guard_gpus with the run's --force, reader and cancel event; no guard on CPU workers."""
+def guard_context(ctx: "Context", device: str, check_id: str, gpus: list[int]) -> Guard:
+    """guard_gpus with the run's --force, telemetry source and cancel event; no guard on CPU
+    workers."""
     if device == "cpu":
         return Guard(loaded=list(gpus))
-    return guard_gpus(gpus, check_id=check_id, force=bool(getattr(ctx, "force", False)),
-                      reader=ctx.options.get("gpu_processes_fn"), cancel=ctx.cancel)
+    return guard_gpus(gpus, check_id=check_id, force=ctx.force, telemetry=ctx.telemetry, cancel=ctx.cancel)
 
 
-def guarded_targets(ctx: Any, device: str, check_id: str, verb: str = "tested"
-                    ) -> tuple[list[dict[str, Any]], list[Result], Guard]:
+def guarded_targets(ctx: "Context", device: str, check_id: str, verb: str = "tested"
+                    ) -> tuple[list["WorkerTarget"], list[Result], Guard]:
     """workers.targets.worker_targets, less the GPUs in use: (targets, skip results, guard)."""
     from .workers.targets import worker_targets
 
@@ -274,6 +244,7 @@ def cuda_to_nvml(local_ranks: list[int], environ: Mapping[str, str], devices: li
 def nvml_devices(*, timeout_s: float = READ_TIMEOUT_S) -> tuple[list[dict[str, Any]] | None, str | None]:
     """NVML's GPUs as [{"index", "uuid", "name"}], or (None, why)."""
     from .telemetry.nvml import NvmlSession, text
+    from .telemetry.source import bounded
 
     def read() -> tuple[list[dict[str, Any]] | None, str | None]:
         with NvmlSession() as s:
@@ -291,13 +262,13 @@ def nvml_devices(*, timeout_s: float = READ_TIMEOUT_S) -> tuple[list[dict[str, A
                             "name": None if name is None else text(name)})
             return out, None
 
-    value, why = _bounded(read, timeout_s, None)
+    value, why = bounded(read, timeout_s, None)
     return (None, why) if why is not None else value
 
 
 def guard_ranks(local_ranks: list[int], *, force: bool, environ: Mapping[str, str],
                 devices_fn: Callable[[], tuple[list[dict[str, Any]] | None, str | None]] = nvml_devices,
-                reader: Reader | None = None) -> tuple[list[str], list[str]]:
+                telemetry: "TelemetrySource | None" = None) -> tuple[list[str], list[str]]:
     """For `gpucheck nccl run`: (refusals, notes). A refusal is one line per GPU this invocation's
     ranks would load that is in use or unreadable (none with --force: they become notes)."""
     devices, why = devices_fn()
@@ -306,5 +277,5 @@ def guard_ranks(local_ranks: list[int], *, force: bool, environ: Mapping[str, st
     if problem is not None:
         return ([], [f"--force: {problem}"]) if force else ([f"{problem}: not loaded; {FORCE_HINT}"], [])
     gpus = sorted(set(mapping.values()))
-    guard = guard_gpus(gpus, check_id="nccl.run", force=force, reader=reader)
+    guard = guard_gpus(gpus, check_id="nccl.run", force=force, telemetry=telemetry)
     return [r.summary for r in guard.skipped], [guard.notes[g][0] for g in gpus if g in guard.notes]

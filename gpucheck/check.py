@@ -16,10 +16,12 @@ a skip; `compute_skip` says whether that skip left unexamined what the run was a
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib.util
 import os
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -30,6 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
     from .inject import Injection
     from .state import State
+    from .telemetry.model import GpuEntry, Snapshot
+    from .telemetry.source import TelemetrySource
 
 
 class Level(enum.IntEnum):
@@ -182,12 +186,70 @@ def define(
     return wrap
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What a command passes to its checks beyond the level (`gpucheck burn --duration`, ...):
+    None is "not given" (the check's level default applies). Every field is named here; a
+    command option without a field is a programming error (RunOptions.of raises TypeError)."""
+
+    duration_s: float | None = None  # --duration: burn, poet, memtest's loop
+    dtypes: Sequence[str] | str | None = None  # burn's and poet's dtypes (a list, or "bf16,fp8")
+    size: int | None = None  # GEMM / POET matrix size
+    rows: int | None = None  # POET rows
+    blocks: Sequence[int] | str | None = None  # POET block sizes
+    backend: str | None = None  # POET backend
+    memtest_fraction: float | None = None  # eud.memtest: share of the free memory
+    memtest_patterns: Sequence[str] | str | None = None  # eud.memtest patterns
+    power_duration_s: float | None = None  # eud.power: load duration
+    power_size: int | None = None  # eud.power: GEMM size
+    dcgm_level: int | str | None = None  # eud.dcgm: dcgmi diag -r N
+    reference: str | None = None  # repro: --reference FILE
+    workloads: Sequence[str] | None = None  # repro workloads
+    xid_since: str | float | None = None  # xid: the window's start (the Slurm epilog's job start)
+    snapshot_path: str | None = None  # judging a recorded snapshot (--snapshot FILE)
+    peers: Sequence[str] | None = None  # nodes a multi-node check may pair with
+
+    @classmethod
+    def of(cls, given: "RunOptions | Mapping[str, Any] | None") -> "RunOptions":
+        """RunOptions from a mapping of field names (a command's options); TypeError names a key
+        that is not an option."""
+        if given is None:
+            return cls()
+        if isinstance(given, RunOptions):
+            return given
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in given if k not in names)
+        if unknown:
+            raise TypeError(f"unknown run option(s): {', '.join(unknown)} (options: {', '.join(sorted(names))})")
+        return cls(**dict(given))
+
+    def given(self, name: str) -> Any:
+        """The value of option `name` (a field name; AttributeError for any other)."""
+        if name not in {f.name for f in dataclasses.fields(self)}:
+            raise AttributeError(f"RunOptions has no option {name!r}")
+        return getattr(self, name)
+
+    def with_(self, **changes: Any) -> "RunOptions":
+        return dataclasses.replace(self, **changes)
+
+
+def _live_telemetry() -> "TelemetrySource":
+    from .telemetry.source import live  # lazy: a Context made for a replay never opens NVML
+
+    return live()
+
+
 @dataclass
 class Context:
     """Everything a check may look at. Plain data and small services; no global state.
 
-    snapshot: the telemetry snapshot (live NVML read once by the runner, or a recorded file); None
-      when no selected check needs NVML. See docs/snapshot.md.
+    snapshot: the telemetry snapshot (read once at the edge from `telemetry`: live NVML, or a
+      recorded file replayed through the same reader); None when no selected check needs NVML.
+      See docs/snapshot.md.
+    telemetry: where this run's telemetry comes from (gpucheck.telemetry.source): the snapshot was
+      read from it, and the sampler (load telemetry, Xid events) and the busy guard (the GPUs'
+      running processes) read it too. Chosen at the edge; default: this node's NVML.
+    options: the command's options (RunOptions; a mapping of its field names is converted).
     gpus: the selected GPU indices (None = all).
     device: "cuda" or "cpu" for compute checks; workers: number of CPU workers standing in for GPUs.
     level: the run's level; checks that scale with the level (burn length) read it.
@@ -199,7 +261,7 @@ class Context:
 
     level: Level = Level.QUICK
     config: "Config | None" = None
-    snapshot: dict[str, Any] | None = None
+    snapshot: "Snapshot | None" = None
     gpus: list[int] | None = None
     device: str = "auto"
     workers: int = 2
@@ -209,7 +271,8 @@ class Context:
     deadline: float | None = None  # time.monotonic() by which checks stop working, if any
     stop_s: float = 5.0  # after cancel: how long a check has to stop its workers and return
     requested: frozenset[str] = frozenset()
-    options: dict[str, Any] = field(default_factory=dict)  # per-command extras (durations, dtypes)
+    options: RunOptions = field(default_factory=RunOptions)
+    telemetry: "TelemetrySource" = field(default_factory=_live_telemetry)
     # Set by the runner on SIGTERM/SIGINT or the whole-run timeout: long checks poll it and
     # return what they have; worker pools stop their workers when it is set.
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -217,6 +280,10 @@ class Context:
     progress: Callable[[str, str, dict[str, Any]], None] | None = None
     # --force: load checks load GPUs that a job is using (gpucheck.busy); the results say so.
     force: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.options, RunOptions):
+            self.options = RunOptions.of(self.options)
 
     def report(self, check_id: str, subject: str, info: dict[str, Any]) -> None:
         if self.progress is not None:
@@ -241,7 +308,7 @@ class Context:
     def injections_for(self, kind: str) -> list["Injection"]:
         return [i for i in self.injections if i.kind == kind]
 
-    def selected_gpu_entries(self) -> list[dict[str, Any]]:
+    def selected_gpu_entries(self) -> "list[GpuEntry]":
         """Snapshot GPU entries restricted to the selection."""
         if not self.snapshot:
             return []
@@ -275,7 +342,7 @@ def missing_need(need: Need, ctx: Context) -> str | None:
     if need is Need.GPU:
         if ctx.device == "cpu":
             return None
-        if ctx.options.get("snapshot_path"):
+        if ctx.options.snapshot_path:
             return "judging a recorded snapshot (--snapshot): compute checks need this node's live GPUs"
         if _gpu_count(ctx) == 0:
             return "no usable GPU (use --device cpu to run the compute checks on the CPU)"
@@ -284,7 +351,7 @@ def missing_need(need: Need, ctx: Context) -> str | None:
         n = ctx.workers if ctx.device == "cpu" else _gpu_count(ctx)
         return None if n >= 2 else f"needs at least 2 GPUs, this node has {n}"
     if need is Need.PEERS:
-        return None if ctx.options.get("peers") else "needs peer nodes (use gpucheck nccl pairs / sweep)"
+        return None if ctx.options.peers else "needs peer nodes (use gpucheck nccl pairs / sweep)"
     return None
 
 
@@ -311,7 +378,7 @@ def _unmet(check: Check, ctx: Context) -> tuple[str | None, list[Need | None]]:
     unmet: list[Need | None] = []
     for n in needs:
         r = missing_need(n, ctx)
-        if r and n is Need.GPU and ctx.options.get("snapshot_path"):
+        if r and n is Need.GPU and ctx.options.snapshot_path:
             return r, [n]
         if r:
             reasons.append(r)
@@ -331,7 +398,7 @@ def must_examine(ctx: Context, check_id: str) -> bool:
     without a usable GPU (or judging a recorded snapshot) leaves a compute check a plain skip."""
     if check_id in ctx.requested or ctx.device in ("cuda", "cpu"):
         return True
-    if ctx.options.get("snapshot_path"):
+    if ctx.options.snapshot_path:
         return False
     return _gpu_count(ctx) > 0
 

@@ -29,6 +29,7 @@ from gpucheck.data.sku import lookup
 from gpucheck.inject import parse_injection
 from gpucheck.result import Action, Status
 from gpucheck.runner import run_checks
+from gpucheck.telemetry.fake import FakeTelemetry
 from gpucheck.tests_suite import burn as burn_mod
 from gpucheck.tests_suite.burn import burn_gemm
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome, torch_device
@@ -39,10 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST_CFG = {"window_s": 0.2, "heartbeat_timeout_s": 1.5, "startup_timeout_s": 60.0, "sample_interval_s": 0.2}
 
 
-def _ctx(workers=2, injections=(), duration=1.0, dtypes=("fp32",), size=64, **options):
+def _ctx(workers=2, injections=(), duration=1.0, dtypes=("fp32",), size=64, telemetry=None, **options):
+    extra = {} if telemetry is None else {"telemetry": telemetry}
     return Context(level=Level.STANDARD, config=Config(checks={"burn.gemm": dict(FAST_CFG)}), device="cpu",
                    workers=workers, injections=[parse_injection(t) for t in injections],
-                   options={"duration_s": duration, "dtypes": list(dtypes), "size": size, **options})
+                   options={"duration_s": duration, "dtypes": list(dtypes), "size": size, **options}, **extra)
 
 
 def _by_gpu(results):
@@ -86,6 +88,15 @@ def test_level_defaults_and_budget():
 
 
 # -- the burn loop in this process ------------------------------------------------------------------
+@pytest.fixture(autouse=True)
+def fp8_on_the_cpu(monkeypatch):
+    """Burns run fp8 on CUDA GPUs only (gemm.FP8_DEVICE_TYPES); the Burner tests in this process
+    run its fp8 path through torch's CPU _scaled_mm (worker processes keep the product's table)."""
+    from gpucheck.compute import gemm
+
+    monkeypatch.setattr(gemm, "FP8_DEVICE_TYPES", gemm.FP8_DEVICE_TYPES | {"cpu"})
+
+
 @pytest.fixture(scope="module")
 def torch_cpu():
     torch = pytest.importorskip("torch")
@@ -96,7 +107,7 @@ def torch_cpu():
 def test_healthy_gemms_pass_verification_in_every_dtype_and_distribution(torch_cpu):
     torch, dev, chan = torch_cpu
     cfg = BurnConfig(duration_s=3.0, dtypes=list(DTYPES), size=48, repeats=2, window_s=0.05, ref_every_s=0.0,
-                     ref_rows=64, fp8_on_cpu=True)
+                     ref_rows=64)
     # Every distribution must come round in every dtype's 0.5 s. On a cold process the first set of
     # a dtype pays torch's one-time kernel set-up and took the whole slice (CI saw bf16 with one set):
     # a short warm-up run pays it first, so the timed run measures the loop.
@@ -113,7 +124,10 @@ def test_healthy_gemms_pass_verification_in_every_dtype_and_distribution(torch_c
     assert chan.progress_reports and chan.progress_reports[-1]["dtype"] == "fp8"
 
 
-def test_fp8_is_skipped_on_cpu_and_says_why(torch_cpu):
+def test_fp8_is_skipped_on_cpu_and_says_why(torch_cpu, monkeypatch):
+    from gpucheck.compute import gemm
+
+    monkeypatch.setattr(gemm, "FP8_DEVICE_TYPES", frozenset({"cuda"}))  # the product's table
     torch, dev, chan = torch_cpu
     out = Burner(torch, dev, chan, BurnConfig(duration_s=0.2, dtypes=["fp8", "fp32"], size=32)).run()
     assert "fp8" not in out["dtypes"] and "fp32" in out["dtypes"]
@@ -141,7 +155,7 @@ def test_fp8_operands_are_made_in_fp8_without_a_bf16_temporary(torch_cpu):
                     self.ops.append((func.overloadpacket.__name__, o.dtype, tuple(o.shape)))
             return out
 
-    cfg = BurnConfig(duration_s=2.0, dtypes=["fp8"], size=n, repeats=2, ref_every_s=0.0, fp8_on_cpu=True)
+    cfg = BurnConfig(duration_s=2.0, dtypes=["fp8"], size=n, repeats=2, ref_every_s=0.0)
     Burner(torch, dev, chan, BurnConfig(**{**cfg.__dict__, "duration_s": 0.3})).run()  # torch's one-time set-up
     with Record() as rec:
         out = Burner(torch, dev, chan, cfg).run()
@@ -158,7 +172,7 @@ def test_fp8_operands_are_made_in_fp8_without_a_bf16_temporary(torch_cpu):
 
 def test_fp8_distributions_cover_their_documented_values_and_never_nan(torch_cpu):
     torch, dev, chan = torch_cpu
-    b = Burner(torch, dev, chan, BurnConfig(size=64, dtypes=["fp8"], fp8_on_cpu=True))
+    b = Burner(torch, dev, chan, BurnConfig(size=64, dtypes=["fp8"]))
     X = torch.empty((256, 256), dtype=torch.float8_e4m3fn)
     gen = torch.Generator().manual_seed(7)
     seen = {}
@@ -178,7 +192,7 @@ def test_fp8_distributions_cover_their_documented_values_and_never_nan(torch_cpu
 def test_bitflip_is_caught_by_the_repeat_check(torch_cpu, dtype):
     torch, dev, chan = torch_cpu
     cfg = BurnConfig(duration_s=0.25, dtypes=[dtype], size=48, repeats=3, ref_every_s=60.0,
-                     bitflip={"set": 2, "bit": None, "row": 5, "col": 7}, fp8_on_cpu=True)
+                     bitflip={"set": 2, "bit": None, "row": 5, "col": 7})
     out = Burner(torch, dev, chan, cfg).run()
     assert out["sdc_count"] == 1
     ev = out["sdc"][0]
@@ -234,7 +248,8 @@ def _fake_sample(gpu):
 
 
 def test_injections_turn_exactly_their_gpu_into_the_right_verdict():
-    ctx = _ctx(workers=3, injections=["bitflip:gpu=1", "slow:gpu=2,factor=0.2"], sample_fn=_fake_sample)
+    ctx = _ctx(workers=3, injections=["bitflip:gpu=1", "slow:gpu=2,factor=0.2"],
+               telemetry=FakeTelemetry(samples=_fake_sample))
     progress = []
     ctx.progress = lambda check, subject, info: progress.append((subject, info))
     res = _by_gpu(run_checks([burn_gemm], ctx, install_signal_handlers=False).results)
@@ -322,11 +337,9 @@ def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail(monkeypatch):
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"},
                          {"index": 1, "uuid": "GPU-11111111-fake", "name": "NVIDIA H100 80GB HBM3", "state": "lost"}]}
-    from gpucheck.telemetry.nvml import GpuProcesses
-
-    idle = {"gpu_processes_fn": lambda gpus: {g: GpuProcesses(g, ()) for g in gpus}}  # no job on the GPUs
     ctx = Context(level=Level.STANDARD, config=Config(checks={"burn.gemm": dict(FAST_CFG)}), device="cuda",
-                  snapshot=snapshot, options={"duration_s": 1.0, "dtypes": ["bf16"], "size": 64, **idle})
+                  snapshot=snapshot, options={"duration_s": 1.0, "dtypes": ["bf16"], "size": 64},
+                  telemetry=FakeTelemetry(snapshot))  # no job on the GPUs
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a usable GPU")

@@ -26,6 +26,7 @@ from gpucheck.cli.main import main
 from gpucheck.config import Config
 from gpucheck.result import Status
 from gpucheck.telemetry import nvml as N
+from gpucheck.telemetry.fake import FakeTelemetry
 from gpucheck.telemetry.nvml import GpuProcess, GpuProcesses, NvmlFailure
 from gpucheck.verdict import exit_code_for
 
@@ -40,7 +41,7 @@ def proc(pid, mem=None):
 
 
 def reader(busy_gpus=(1,), unreadable=()):
-    """An injected reader (ctx.options["gpu_processes_fn"]): a python job on `busy_gpus`."""
+    """A fake source's process reader (FakeTelemetry(processes=...)): a python job on `busy_gpus`."""
     def read(gpus):
         out = {}
         for g in gpus:
@@ -121,26 +122,30 @@ def test_nvml_that_does_not_start_or_does_not_answer_is_unreadable(monkeypatch):
 
 # -- the guard ------------------------------------------------------------------------------------------
 def test_busy_gpu_is_skipped_naming_the_pid_and_force_loads_it():
-    g = busy.guard_gpus([0, 1, 2], check_id="burn.gemm", force=False, reader=reader())
+    g = busy.guard_gpus([0, 1, 2], check_id="burn.gemm", force=False,
+                        telemetry=FakeTelemetry(processes=reader()))
     assert g.loaded == [0, 2]
     (r,) = g.skipped
     assert (r.gpu, r.status, r.unexamined, r.summary) == (1, Status.SKIP, True, SUMMARY_1)
     assert r.metrics == {"processes": 1, "process_memory_bytes": 5 * GIB}
     assert r.evidence == ["PID 4711 (python): compute context, 5 GiB"]
     assert exit_code_for(g.skipped) == 3
-    forced = busy.guard_gpus([0, 1, 2], check_id="burn.gemm", force=True, reader=reader())
+    forced = busy.guard_gpus([0, 1, 2], check_id="burn.gemm", force=True,
+                             telemetry=FakeTelemetry(processes=reader()))
     assert forced.loaded == [0, 1, 2] and forced.skipped == []
     assert forced.notes[1][0] == "--force: loaded although GPU 1 is in use by PID 4711 (python), 5 GiB"
 
 
 def test_unreadable_process_list_is_not_loaded():
-    g = busy.guard_gpus([0, 1], check_id="eud.memtest", force=False, reader=reader(busy_gpus=(), unreadable=(0,)))
+    g = busy.guard_gpus([0, 1], check_id="eud.memtest", force=False,
+                        telemetry=FakeTelemetry(processes=reader(busy_gpus=(), unreadable=(0,))))
     assert g.loaded == [1]
     (r,) = g.skipped
     assert r.unexamined and r.gpu == 0 and r.summary == (
         "GPU 0: its running processes could not be read (no_permission: Insufficient Permissions), so a job "
         "may be using it: not loaded; --force to load it anyway")
-    nothing = busy.guard_gpus([3], check_id="x", force=False, reader=lambda gpus: {})  # the reader left it out
+    nothing = busy.guard_gpus([3], check_id="x", force=False,
+                              telemetry=FakeTelemetry(processes=lambda gpus: {}))  # the reader left it out
     assert nothing.loaded == [] and "no answer for this GPU" in nothing.skipped[0].summary
 
 
@@ -148,11 +153,12 @@ def test_gpuchecks_own_processes_are_not_a_job():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         mine = (GpuProcess(os.getpid(), GIB, ("compute",), "gpucheck"), GpuProcess(child.pid, GIB, ("compute",), "python"))
-        g = busy.guard_gpus([0], check_id="burn.gemm", force=False, reader=lambda gpus: {0: GpuProcesses(0, mine)})
+        g = busy.guard_gpus([0], check_id="burn.gemm", force=False,
+                            telemetry=FakeTelemetry(processes=lambda gpus: {0: GpuProcesses(0, mine)}))
         assert g.loaded == [0] and g.skipped == []
         also_job = mine + (GpuProcess(JOB_PID, 2 * GIB, ("compute",), "python"),)
         (r,) = busy.guard_gpus([0], check_id="burn.gemm", force=False,
-                               reader=lambda gpus: {0: GpuProcesses(0, also_job)}).skipped
+                               telemetry=FakeTelemetry(processes=lambda gpus: {0: GpuProcesses(0, also_job)})).skipped
         assert r.summary.startswith("GPU 0 is in use by PID 4711 (python), 2 GiB:") and r.metrics["processes"] == 1
         assert sum(e.startswith("not counted (gpucheck's own process)") for e in r.evidence) == 2
     finally:
@@ -162,7 +168,8 @@ def test_gpuchecks_own_processes_are_not_a_job():
 
 def test_many_processes_are_summarized_and_all_listed_in_the_evidence():
     procs = tuple(GpuProcess(100 + i, 512 << 20, ("compute",), f"rank{i}") for i in range(5))
-    (r,) = busy.guard_gpus([2], check_id="x", force=False, reader=lambda gpus: {2: GpuProcesses(2, procs)}).skipped
+    (r,) = busy.guard_gpus([2], check_id="x", force=False,
+                           telemetry=FakeTelemetry(processes=lambda gpus: {2: GpuProcesses(2, procs)})).skipped
     assert r.summary == ("GPU 2 is in use by PID 100 (rank0), 512 MiB; PID 101 (rank1), 512 MiB; PID 102 (rank2), "
                          "512 MiB and 2 more process(es): not loaded; --force to load it anyway")
     assert len(r.evidence) == 5
@@ -171,18 +178,19 @@ def test_many_processes_are_summarized_and_all_listed_in_the_evidence():
 def test_cpu_workers_have_no_gpu_to_protect():
     def never(gpus):
         raise AssertionError("read on CPU workers")
-    ctx = Context(device="cpu", workers=2, options={"gpu_processes_fn": never})
+    ctx = Context(device="cpu", workers=2, telemetry=FakeTelemetry(processes=never))
     g = busy.guard_context(ctx, "cpu", "burn.gemm", [0, 1])
     assert g.loaded == [0, 1] and g.skipped == [] and g.notes == {}
 
 
 # -- every load check: the busy GPU gets no worker -----------------------------------------------------
-def _cuda_ctx(force=False, gpus=3, refs=None, **options):
+def _cuda_ctx(force=False, gpus=3, refs=None, processes=None, **options):
     snap = {"gpus": [{"index": i, "uuid": f"GPU-{i:08d}-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok",
                       "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0"} for i in range(gpus)]}
     config = Config(checks={"repro.bitwise": {"reference": str(refs)}} if refs else {})  # none yet: peers judge
     return Context(level=Level.EXTENDED, config=config, device="cuda", snapshot=snap, force=force,
-                   options={"gpu_processes_fn": reader(), "duration_s": 1.0, "power_duration_s": 1.0, **options})
+                   telemetry=FakeTelemetry(processes=processes or reader(), samples=lambda gpu: {"temperature_c": 40}),
+                   options={"duration_s": 1.0, "power_duration_s": 1.0, **options})
 
 
 @pytest.fixture
@@ -242,7 +250,7 @@ def test_force_loads_the_busy_gpu_and_says_so(started, tmp_path, check_id):
 def test_every_gpu_busy_starts_nothing(started):
     from gpucheck.tests_suite.burn import burn_gemm
 
-    results = burn_gemm.run(_cuda_ctx(gpu_processes_fn=reader(busy_gpus=(0, 1), unreadable=(2,))))
+    results = burn_gemm.run(_cuda_ctx(processes=reader(busy_gpus=(0, 1), unreadable=(2,))))
     assert started == [] and [r.gpu for r in results] == [0, 1, 2] and all(r.unexamined for r in results)
 
 
@@ -261,7 +269,7 @@ def test_nccl_intra_gives_no_rank_to_the_busy_gpu(monkeypatch):
     assert exit_code_for(results) == 3
     # two of three in use: nothing left to run a collective on
     seen.clear()
-    results = nccl_checks.intra_check.run(_cuda_ctx(gpu_processes_fn=reader(busy_gpus=(0, 1))))
+    results = nccl_checks.intra_check.run(_cuda_ctx(processes=reader(busy_gpus=(0, 1))))
     assert seen == [] and results[-1].summary == "needs at least 2 GPUs, 1 selected and not in use"
     assert exit_code_for(results) == 3
     seen.clear()
@@ -296,14 +304,14 @@ def test_dcgm_runs_only_on_the_gpus_not_in_use(dcgmi):
     assert [r.summary for r in results if r.gpu == 1 and r.unexamined] == [SUMMARY_1]
     assert exit_code_for(results) == 3
     # nothing busy: the command line is unchanged (every GPU, no -i)
-    dcgm_check.run(_dcgm_ctx(dcgmi, gpus=3, gpu_processes_fn=reader(busy_gpus=())))
+    dcgm_check.run(_dcgm_ctx(dcgmi, gpus=3, processes=reader(busy_gpus=())))
     assert dcgmi.calls()[-1] == ["diag", "-r", "3", "-j"]
 
 
 def test_dcgm_with_every_gpu_busy_or_no_gpu_known_does_not_start(dcgmi):
     from gpucheck.eud.dcgm import dcgm_check
 
-    results = dcgm_check.run(_dcgm_ctx(dcgmi, gpus=2, gpu_processes_fn=reader(busy_gpus=(0, 1))))
+    results = dcgm_check.run(_dcgm_ctx(dcgmi, gpus=2, processes=reader(busy_gpus=(0, 1))))
     assert [c[0] for c in dcgmi.calls()] == ["discovery"] and all(r.unexamined for r in results)
     ctx = _dcgm_ctx(dcgmi)
     ctx.snapshot = {"nvml": {"ok": False, "error": {"kind": "driver_not_loaded", "message": "Driver Not Loaded"}},

@@ -90,17 +90,14 @@ def fake(tmp_path, monkeypatch):
     return Fake
 
 
-def _idle(gpus):
-    """The load-test guard's reader (gpucheck.busy): no job on any GPU."""
-    from gpucheck.telemetry.nvml import GpuProcesses
+def _ctx(level=Level.EXTENDED, checks=None, after=None, **options):
+    """A node with GPUs 0 and 1 (a snapshot without NVML settings) that no job is using (a fake
+    telemetry source: no process on any GPU; `after`: the snapshot it reads after the run)."""
+    from gpucheck.telemetry.fake import FakeTelemetry
 
-    return {g: GpuProcesses(g, ()) for g in gpus}
-
-
-def _ctx(level=Level.EXTENDED, checks=None, **options):
-    """A node with GPUs 0 and 1 (a snapshot without NVML settings) that no job is using."""
     return Context(level=level, config=Config(checks={"eud.dcgm": dict(checks or {})}),
-                   snapshot={"gpus": [{"index": 0}, {"index": 1}]}, options={"gpu_processes_fn": _idle, **options})
+                   snapshot={"gpus": [{"index": 0}, {"index": 1}]}, options=options,
+                   telemetry=FakeTelemetry(after))
 
 
 def _run(ctx):
@@ -312,14 +309,14 @@ def _snap(limit=700.0, persistence=True):
 
 def test_settings_changed_by_the_run_are_a_warn(fake):
     fake.diag("fixture", "v3_r3_all_pass.json")
-    ctx = _ctx(snapshot_fn=lambda: _snap(limit=500.0, persistence=False))
+    ctx = _ctx(after=_snap(limit=500.0, persistence=False))
     ctx.snapshot = _snap()
     res = _subjects(_run(ctx))
     s = res["node/settings"]
     assert s.status == Status.WARN and s.action == Action.INVESTIGATE
     assert s.summary == ("the DCGM run changed GPU settings: gpu0: power.limit_w 700.0 -> 500.0; "
                          "persistence_mode True -> False")
-    ctx2 = _ctx(snapshot_fn=_snap)
+    ctx2 = _ctx(after=_snap())
     ctx2.snapshot = _snap()
     s2 = _subjects(_run(ctx2))["node/settings"]
     assert s2.status == Status.PASS and s2.summary == "GPU settings unchanged by the DCGM run (2 GPU(s))"

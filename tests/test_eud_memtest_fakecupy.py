@@ -300,7 +300,7 @@ def _in_process_workers(target, jobs, *, sampler=None, **_):
 
 
 def _cuda_ctx(injections=()):
-    from gpucheck.telemetry.nvml import GpuProcesses
+    from gpucheck.telemetry.fake import FakeTelemetry
 
     snapshot = {"gpus": [{"index": i, "uuid": f"GPU-0000000{i}-fake", "name": "Fake GPU", "state": "ok"}
                          for i in range(2)]}
@@ -309,8 +309,7 @@ def _cuda_ctx(injections=()):
     return Context(level=Level.STANDARD, device="cuda", snapshot=snapshot,
                    config=Config(checks={"eud.memtest": {**params, "fraction_level2": 0.5}}),
                    injections=[parse_injection(t) for t in injections],
-                   options={"sample_fn": lambda gpu: {"temperature_c": 40.0},
-                            "gpu_processes_fn": lambda gpus: {g: GpuProcesses(g, ()) for g in gpus}})  # no job
+                   telemetry=FakeTelemetry(samples=lambda gpu: {"temperature_c": 40.0}))  # and no job on the GPUs
 
 
 def test_the_whole_check_on_cuda_fails_exactly_the_gpu_with_the_flip(monkeypatch, fake, ecc_readers):

@@ -1,5 +1,5 @@
 """eud.power end to end with CPU workers standing in for GPUs and a SYNTHETIC telemetry feed
-(`sample_fn`, hand-made NvmlSession.sample dicts): the real worker pool and sampler run, and
+(a FakeTelemetry source of hand-made NvmlSession.sample dicts): the real worker pool and sampler run, and
 injected faults on one GPU's telemetry turn exactly that GPU from pass into the right verdict."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from gpucheck.eud.power import power_check
 from gpucheck.inject import parse_injection
 from gpucheck.result import Action, Status
 from gpucheck.runner import run_checks
+from gpucheck.telemetry.fake import FakeTelemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 # Short and quick: 2 s of 64x64 GEMMs, sampled at 10 Hz, 0.3 s warm-up.
@@ -31,10 +32,11 @@ def healthy_sample(gpu):
             "throttle_reasons": 0x4, "throttle_reason_names": ["sw_power_cap"], "error": None}
 
 
-def _ctx(workers, injections=(), **options):
+def _ctx(workers, injections=(), samples=healthy_sample, **options):
     return Context(level=Level.EXTENDED, config=Config(checks={"eud.power": dict(FAST)}), device="cpu",
                    workers=workers, injections=[parse_injection(t) for t in injections],
-                   options={"power_duration_s": 2.0, "power_size": 64, "sample_fn": healthy_sample, **options})
+                   options={"power_duration_s": 2.0, "power_size": 64, **options},
+                   telemetry=FakeTelemetry(samples=samples))
 
 
 def _by_gpu(results):
@@ -49,7 +51,7 @@ def test_healthy_node_passes_then_injected_faults_fail_exactly_their_gpu():
         assert r.injected == [] and r.metrics["hw_slowdown_samples"] == 0
         assert r.metrics["load_samples"] >= FAST["min_load_samples"]
         assert r.metrics["power_limit_w"] == 700.0
-        assert any("CPU worker" in e and "sample_fn" in e for e in r.evidence)
+        assert any("CPU worker" in e and "a fake telemetry source" in e for e in r.evidence)
 
     progress = []
     ctx = _ctx(4, injections=["throttle:gpu=1", "hot:gpu=2", "lowpower:gpu=3,factor=0.4"])

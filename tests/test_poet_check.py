@@ -161,12 +161,11 @@ def test_cuda_without_cuda_is_could_not_judge(monkeypatch):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a usable GPU")
-    from gpucheck.telemetry.nvml import GpuProcesses
+    from gpucheck.telemetry.fake import FakeTelemetry
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"}]}
-    idle = {"gpu_processes_fn": lambda gpus: {g: GpuProcesses(g, ()) for g in gpus}}  # no job on the GPU
     ctx = Context(level=Level.STANDARD, config=Config(checks={"poet.ortho": dict(FAST_CFG)}), device="cuda",
-                  snapshot=snapshot, options={"duration_s": 1.0, **idle})
+                  snapshot=snapshot, options={"duration_s": 1.0}, telemetry=FakeTelemetry(snapshot))  # no job on it
     if not check_mod._torch_has_cuda(importlib.util.find_spec("torch")):
         (r,) = run_checks([poet_ortho], ctx, install_signal_handlers=False).results
         assert r.status == Status.SKIP and "CPU-only build" in r.summary

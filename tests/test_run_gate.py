@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app as app_mod
-from gpucheck.check import Context, Level, Need, Slice, define, missing_need
+from gpucheck.check import Context, Level, Need, RunOptions, Slice, define, missing_need
 from gpucheck.cli.main import main
 from gpucheck.result import Result, Status
 from gpucheck.runner import limits, run_checks
@@ -269,7 +269,7 @@ def test_an_explicit_short_duration_fits_the_time_limit():
     ctx = Context(level=Level.STANDARD, device="cpu", workers=1, options={"duration_s": 2.0})
     ctx.deadline = time.monotonic() + 10.0
     assert deadline_problem(ctx, "burn.gemm", promised(ctx, {"duration_s_level2": 30.0}, "burn")) is None
-    ctx.options.clear()  # the level-2 default, 30 s, does not fit in 10 s
+    ctx.options = RunOptions()  # the level-2 default, 30 s, does not fit in 10 s
     problem = deadline_problem(ctx, "burn.gemm", promised(ctx, {"duration_s_level2": 30.0}, "burn"))
     assert problem is not None and problem.status is Status.ERROR and "the level-2 default" in problem.summary
 

@@ -1,9 +1,9 @@
 """A field the level-1 checks read that could not be read, or holds a value its field cannot hold
 (NaN, text, a negative or absurd number), is never a pass.
 
-The fields come from the reader itself: a stand-in NVML session (tests/snapshot_nvml.py) answers
-the snapshot reader's calls from a recorded GPU entry, and every call the reader makes is failed
-in turn, so a field the reader learns to read is covered the day it is added. Which results
+The fields come from the reader itself: the replay backend (gpucheck.telemetry.replay, through
+tests/snapshot_nvml.py) answers the snapshot reader's calls from a recorded GPU entry, and every
+call the reader makes is failed in turn, so a field the reader learns to read is covered the day it is added. Which results
 depend on a field is each check's own declaration (its READS), and every field must be declared
 by some level-1 check. Fields NVML does not support (None without an `errors` entry) may still
 skip their rule; that is tested with the fixtures in test_nvml_checks.py.
@@ -26,7 +26,7 @@ from gpucheck.telemetry.fields import judged_view
 from gpucheck.telemetry.snapshot import empty_gpu, load_snapshot, read_gpu
 from gpucheck.tests_suite import clocks, ecc, inventory, memory_remap, nvlink, pcie, recovery_action, status_if_unreadable
 
-from snapshot_nvml import SnapshotNvml
+from snapshot_nvml import CallLog, SnapshotNvml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 SNAPSHOTS = ("h100-healthy.json", "v100-retired-pages.json")
@@ -255,12 +255,12 @@ def test_a_garbage_value_that_would_fail_is_not_a_fault():
 
 
 def test_an_unexpected_answer_from_nvml_is_a_failed_read_not_a_crash():
-    class Garbled(SnapshotNvml):
-        def _answer(self, name, rest, raw):
-            return "not-a-number" if name == "nvmlDeviceGetArchitecture" else super()._answer(name, rest, raw)
+    class Garbled(CallLog):
+        def answer(self, name, *args):
+            return "not-a-number" if name == "nvmlDeviceGetArchitecture" else super().answer(name, *args)
 
     snap = snapshot("h100-healthy.json")
-    g = read_gpu(Garbled(snap["gpus"][GPU]), GPU)
+    g = read_gpu(SnapshotNvml(snap["gpus"][GPU], replay=Garbled), GPU)
     assert g["errors"] == {"architecture": "other"} and g["state"] == "ok"
     assert g["ecc_errors"]["volatile_uncorrected"] == 0  # the sections after it are still read
     snap["gpus"][GPU] = g

@@ -22,6 +22,7 @@ from gpucheck.workers.pool import (
     run_workers,
 )
 from gpucheck.workers.sampler import Sampler, summarize
+from gpucheck.telemetry.fake import FakeTelemetry
 
 # Short limits: these targets answer in milliseconds.
 FAST = dict(heartbeat_timeout_s=1.5, startup_timeout_s=30.0, stop_grace_s=1.0, term_grace_s=0.5,
@@ -237,7 +238,8 @@ def test_sampler_runs_beside_the_workers_and_summarizes():
                 "power_w": 650.0, "throttle_reasons": 0x41 if hot else 0x1,
                 "throttle_reason_names": ["gpu_idle", "hw_thermal_slowdown"] if hot else ["gpu_idle"]}
 
-    sampler = Sampler([0, 1], interval_s=0.05, sample_fn=fake, xid_fn=lambda: [(1, 79)] if len(calls) < 3 else [])
+    source = FakeTelemetry(samples=fake, xids=lambda: [(1, 79)] if len(calls) < 3 else [])
+    sampler = Sampler([0, 1], interval_s=0.05, source=source)
     out = run_workers(busy_target, [WorkerJob("gpu0", gpu=0, args={"seconds": 0.3})], budget_s=60,
                       sampler=sampler, **FAST)
     assert out["gpu0"].kind == OK

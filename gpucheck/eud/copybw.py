@@ -40,12 +40,15 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import CopyBwResult, SetupError
 
 MiB = 1 << 20
 
 
-def copybw_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
+def copybw_worker(args: dict[str, Any], chan: Any) -> "CopyBwResult | SetupError":
     """Worker target: measure every GPU in args["gpus"] and every pair; return plain data."""
     try:
         import torch  # noqa: PLC0415 - in the worker only

@@ -19,8 +19,9 @@
   (enforced power limit, persistence mode, ECC and MIG modes) are read again afterwards and any
   change is a warn (subject "node/settings").
 
-Options read from ctx.options: dcgm_level (1-4; default by gpucheck level), snapshot_fn (tests:
-returns the after-run snapshot instead of reading NVML), snapshot_path (a replayed snapshot: skip).
+Options read from ctx.options: dcgm_level (1-4; default by gpucheck level), snapshot_path (a
+replayed snapshot: skip). The after-run settings come from the run's telemetry source
+(ctx.telemetry.snapshot()).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _params(ctx: Context) -> dict[str, Any]:
 
 def dcgm_level(ctx: Context, p: dict[str, Any] | None = None) -> int:
     p = p or _params(ctx)
-    v = ctx.options.get("dcgm_level")
+    v = ctx.options.dcgm_level
     if v is None:
         v = p["diag_level_level4" if int(ctx.level) >= 4 else "diag_level_level3"]
     return parse_dcgm_level(v)
@@ -110,7 +111,7 @@ def _min_slice(ctx: Context) -> Slice:
 
 def not_here(ctx: Context) -> str | None:
     """Why DCGM diagnostics do not run on this run at all (a replay, CPU stand-ins), or None."""
-    if ctx.options.get("snapshot_path"):
+    if ctx.options.snapshot_path:
         return "judging a recorded snapshot (--snapshot): DCGM diagnostics run on this node's live GPUs"
     if ctx.device == "cpu":
         # --device cpu asks for CPU stand-ins: never start a GPU stress run behind the user's back.
@@ -151,18 +152,14 @@ def settings_changes(before: dict[int, dict[str, Any]], after: dict[int, dict[st
     return changes
 
 
-def _after_snapshot(ctx: Context) -> dict[str, Any] | None:
-    fn = ctx.options.get("snapshot_fn")
-    if fn is not None:
-        return fn()
-    from ..telemetry.snapshot import collect_snapshot
-
-    return collect_snapshot(timeout_s=60.0)
+def _after_snapshot(ctx: Context) -> Any:
+    """The GPUs' settings read again after the run, from the run's telemetry source."""
+    return ctx.telemetry.snapshot(timeout_s=60.0)
 
 
 def _settings_result(ctx: Context) -> Result | None:
     snap = ctx.snapshot
-    if snap is None or not (snap.get("nvml") or {}).get("ok") or ctx.options.get("snapshot_path"):
+    if snap is None or not (snap.get("nvml") or {}).get("ok") or ctx.options.snapshot_path:
         return None
     before = site_settings(snap)
     if not before:

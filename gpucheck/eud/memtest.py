@@ -107,16 +107,16 @@ def plan(ctx: Context, p: dict[str, Any] | None = None) -> dict[str, Any]:
     Raises ValueError / PatternError for bad options."""
     p = p or _params(ctx)
     lv = _level(ctx)
-    frac = ctx.options.get("memtest_fraction")
+    frac = ctx.options.memtest_fraction
     frac = float(frac) if frac is not None else float(p[f"fraction_level{lv}"])
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"memtest_fraction must be in (0, 1], not {frac}")
-    duration = ctx.options.get("duration_s")
+    duration = ctx.options.duration_s
     if duration is None and lv == 4:
         duration = p["duration_s_level4"]
     duration = None if duration is None else float(duration)
     passes = 1 if lv == 4 else int(p[f"passes_level{lv}"])
-    patterns = parse_patterns(ctx.options.get("memtest_patterns") or p["patterns"])
+    patterns = parse_patterns(ctx.options.memtest_patterns or p["patterns"])
     headroom = bool(p.get(f"headroom_round_level{lv}", False))
     return {"fraction": frac, "duration_s": duration, "passes": passes, "patterns": patterns,
             "headroom_round": headroom}
@@ -144,10 +144,10 @@ def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
     from ..workers.per_gpu import Promise
 
     if pl["duration_s"] is not None:
-        given = ctx.options.get("duration_s") is not None
+        given = ctx.options.duration_s is not None
         return Promise(float(pl["duration_s"]), "--duration" if given else f"the level-{_level(ctx)} default",
                        "pattern loop")
-    source = f"the level-{_level(ctx)} default" if ctx.options.get("memtest_patterns") is None else "--pattern"
+    source = f"the level-{_level(ctx)} default" if ctx.options.memtest_patterns is None else "--pattern"
     return Promise(0.0, source, f"{pl['passes']} pass(es) of {len(pl['patterns'])} pattern(s)")
 
 

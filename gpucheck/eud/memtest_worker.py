@@ -40,7 +40,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .memtest_cupy import (  # noqa: F401 - re-exported: the launch helpers are tested from here
     MAX_BLOCK,
@@ -55,6 +55,9 @@ from .memtest_cupy import (  # noqa: F401 - re-exported: the launch helpers are 
 )
 from .memtest_ecc import EccMonitor, EccReadError, NvmlEccReader
 from .patterns import BY_NAME, NAMES, ErrorLog, decode_step, parse_patterns, pattern_seed, steps_for
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import MemtestResult, SetupError
 
 MIN_CHUNK_BYTES = 64
 ALIGN = 16  # every chunk an even number of words: the kernels move 16 bytes at a time
@@ -132,7 +135,7 @@ class MemtestConfig:
                              f"not {self.chunk_bytes}")
 
 
-def memtest_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
+def memtest_worker(args: dict[str, Any], chan: Any) -> "MemtestResult | SetupError":
     """Worker target: run the pattern test on this worker's device; return plain data."""
     cfg = MemtestConfig.from_args(args)
     try:

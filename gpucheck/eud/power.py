@@ -10,12 +10,13 @@ hw_power_brake_slowdown) in a meaningful share of the load samples, fail when th
 `power_fail_fraction` of its enforced power limit, warn when it runs more than `temp_peer_warn_c`
 hotter than its peers. A worker that hangs or crashes fails its GPU like burn.gemm does.
 
-No power telemetry, no verdict: with CPU workers (`--device cpu`) and no injected `sample_fn` the
-check is a skip that says why; on GPUs whose NVML does not answer it is an error (could not judge).
+The samples come from the run's telemetry source (ctx.telemetry: live NVML, or a fake one in
+tests). No power telemetry, no verdict: with CPU workers (`--device cpu`) and a source that has no
+telemetry for them (NVML has none) the check is a skip that says why; on GPUs whose NVML does not
+answer it is an error (could not judge).
 
-Options read from ctx.options: power_duration_s, power_size, sample_fn (tests: gpu -> sample
-dict, replaces NVML), xid_fn. Fault injection (telemetry of GPU N is altered after it is read, so
-the detectors are proven on real NVML data too):
+Options read from ctx.options: power_duration_s, power_size. Fault injection (telemetry of GPU N
+is altered after it is read, so the detectors are proven on real NVML data too):
 
     throttle:gpu=N[,reason=hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown][,factor=0.5]
     hot:gpu=N[,delta=15]          temperature + delta C
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..config import Limit
@@ -97,11 +98,15 @@ def _min_slice(ctx: Context) -> Any:
 
 
 def no_telemetry(ctx: Context) -> str | None:
-    """Why this run has no power telemetry to judge (CPU workers without an injected sample_fn)."""
-    if ctx.device == "cpu" and ctx.options.get("sample_fn") is None:
+    """Why this run has no power telemetry to judge: CPU workers (NVML has none for them), or a
+    telemetry source with none for the GPUs."""
+    device = "cpu" if ctx.device == "cpu" else "cuda"
+    if ctx.telemetry.watches(device):
+        return None
+    if device == "cpu":
         return ("no power telemetry: CPU workers stand in for GPUs and have no power, clock or clock-event "
                 "readings; eud.power judges NVML telemetry under load (run it on GPUs)")
-    return None
+    return f"no power telemetry: {ctx.telemetry.description} has no load telemetry for the GPUs"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,11 +194,11 @@ def power_limit(ctx: Context, gpu: int, samples: list[dict[str, Any]]) -> tuple[
 def power_check(ctx: Context) -> list[Result]:
     p = _params(ctx)
     device = "cpu" if ctx.device == "cpu" else "cuda"
-    sample_fn: Callable[[int], dict[str, Any] | None] | None = ctx.options.get("sample_fn")
     why = no_telemetry(ctx)
     if why:
         return [Result(CHECK_ID, Status.SKIP, why)]
-    if device == "cuda" and sample_fn is None and ctx.snapshot is not None:
+    nvml_telemetry = ctx.telemetry.kind == "live"
+    if device == "cuda" and nvml_telemetry and ctx.snapshot is not None:
         nv = ctx.snapshot.get("nvml") or {}
         if nv.get("ok") is False:
             err = nv.get("error") or {}
@@ -216,7 +221,7 @@ def power_check(ctx: Context) -> list[Result]:
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to load")]
 
-    size = int(ctx.options.get("power_size") or (p["cpu_size"] if device == "cpu" else p["size"]))
+    size = int(ctx.options.power_size or (p["cpu_size"] if device == "cpu" else p["size"]))
     specs: dict[int, dict[str, Any]] = {}  # telemetry injections, applied to the samples when judging
 
     def inject(g: int) -> tuple[dict[str, Any], list[str], str | None]:
@@ -249,7 +254,7 @@ def power_check(ctx: Context) -> list[Result]:
         return results
     jobs, outcomes, sampler, injected, elapsed = run.jobs, run.outcomes, run.sampler, run.injected, run.elapsed_s
     results.extend(_judge(ctx, p, device, jobs, outcomes, sampler, specs, injected, first, last, notes,
-                          sample_fn is not None, promise))
+                          not nvml_telemetry, promise))
     for r in results:
         r.duration_s = elapsed
     return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
@@ -276,7 +281,7 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcom
     cut: dict[int, tuple[str, Any]] = {}  # GPU -> (why it stopped, seconds loaded)
     loads: dict[int, dict[str, Any]] = {}
     warmup = float(p["warmup_s"])
-    xid_watched = sampler.xid_note is None and (not injected_telemetry or ctx.options.get("xid_fn") is not None)
+    xid_watched = sampler.xid_note is None
     for j in jobs:
         g = j.gpu
         oc = outcomes.get(j.worker_id)
@@ -301,9 +306,9 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcom
                 + f"; the first {warmup:g} s after the first GEMM window are warm-up and not judged")
         ev = list(notes)
         if device == "cpu":
-            ev.append(f"CPU worker {g} standing in for a GPU; telemetry from an injected sample_fn")
+            ev.append(f"CPU worker {g} standing in for a GPU; telemetry from {sampler.description}")
         if injected_telemetry and device != "cpu":
-            ev.append("telemetry from an injected sample_fn, not NVML")
+            ev.append(f"telemetry from {sampler.description}, not NVML")
         if specs.get(g):
             ev.append(f"telemetry of this GPU altered by injection: {', '.join(inj)}")
         if sampler.note and not raw:

@@ -17,10 +17,13 @@ import importlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .bounds import DENSE_ACC_ROUNDOFF, parse_blocks, parse_dtypes
 from .invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import PoetResult, SetupError
 
 BACKENDS = ("auto", "cupy", "torch")
 
@@ -152,7 +155,7 @@ def select_backend(torch: Any, dev: Any, want: str) -> tuple[Any, str | None]:
         return TorchOps(torch, dev), f"{e}: the CUDA kernels were not exercised (torch path)"
 
 
-def poet_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
+def poet_worker(args: dict[str, Any], chan: Any) -> "PoetResult | SetupError":
     """Worker target: select the device and backend, run the loop; plain data out."""
     from ..workers.pool import torch_and_device
 

@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .workloads import CUBLAS_WORKSPACE_CONFIG, PRESET_DEFS, WorkloadError, select_workloads
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import ReproResult, SetupError
 
 PART_HEX = 16  # characters of each output's part digest returned (enough to name the output)
 
 
-def repro_worker(args: dict[str, Any], chan: Any) -> dict[str, Any]:
+def repro_worker(args: dict[str, Any], chan: Any) -> "ReproResult | SetupError":
     from ..workers.pool import torch_and_device
 
     # Read by cuBLAS when it creates its handle (the first GEMM): before any CUDA work.

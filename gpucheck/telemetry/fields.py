@@ -19,9 +19,12 @@ import copy
 import math
 import re
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from ..pci import normalize_bus_id
+from .enums import NVLINK_STATE_NAMES
+from .model import GpuEntry, JudgedGpu
 
 
 @dataclass(frozen=True)
@@ -102,16 +105,16 @@ LINK_FIELDS: dict[str, FieldKind] = {
     "crc_data_errors": COUNT,
 }
 LINK_NUMBER = FieldKind("int", 0, 1023)
-# nvmlDeviceGetNvLinkState values as the reader names them (snapshot.NVLINK_STATES), and the
-# reader's name for a value it does not know.
-LINK_STATES = ("inactive", "active", "sleep", "active_traffic_disabled")
+# nvmlDeviceGetNvLinkState values as the reader names them (telemetry.enums.NVLINK_STATES), and
+# the reader's name for a value it does not know.
+LINK_STATES = NVLINK_STATE_NAMES
 _UNKNOWN_STATE = re.compile(r"^unknown_\d+$")
 
 
-def judged_view(g: dict[str, Any]) -> dict[str, Any]:
+def judged_view(g: GpuEntry | Mapping[str, Any]) -> JudgedGpu:
     """A copy of GPU entry `g` in which every present value its field cannot hold is None and
     named in the copy's "invalid" map (field path -> repr of the value)."""
-    view = copy.deepcopy(g)
+    view: Any = copy.deepcopy(g)
     invalid: dict[str, str] = {}
     for key, kind in TOP_FIELDS.items():
         v = view.get(key)
@@ -125,7 +128,8 @@ def judged_view(g: dict[str, Any]) -> dict[str, Any]:
         view["clocks"]["throttle_reason_names"] = None  # derived from the mask: judged there
     _check_nvlink(view, invalid)
     view["invalid"] = invalid
-    return view
+    judged: JudgedGpu = view
+    return judged
 
 
 def _check_group(view: dict[str, Any], group: str, kinds: dict[str, FieldKind], invalid: dict[str, str]) -> None:

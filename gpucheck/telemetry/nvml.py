@@ -6,7 +6,10 @@ Everything here returns plain data and never lets an NVML exception escape:
   `library_not_found`, exactly like a missing libnvidia-ml.so.
 - NVML is initialised once per process however many sessions are open, and shut down once, when
   the last session that was opened is closed (or at interpreter exit for sessions that never are).
-- Every NVMLError maps to one `NvmlFailure` kind:
+- A session reads through a backend: the live pynvml module, or the replay of a recorded snapshot
+  (gpucheck.telemetry.replay), which answers the same pynvml calls from the recording. The readers
+  (gpucheck.telemetry.snapshot.read_gpu, `sample`, `read_gpu_processes`) cannot tell them apart.
+- Every NVMLError maps to one `NvmlFailure` kind (codes from pynvml's NVML_ERROR_* constants):
 
   =================== =========================================================================
   kind                NVML return codes
@@ -20,6 +23,8 @@ Everything here returns plain data and never lets an NVML exception escape:
   library_not_found   LIBRARY_NOT_FOUND, or the pynvml module itself is missing
   other               anything else (UNKNOWN, TIMEOUT, LIB_RM_VERSION_MISMATCH, ...); the
                       message keeps NVML's own text
+  not_in_capture      (replays only) the recording does not hold what the call asks for: a
+                      failed read, never "not supported"
   =================== =========================================================================
 
 `NvmlSession.sample(index)` is the cheap per-second reading used by load samplers: device
@@ -29,12 +34,14 @@ handles are cached, four NVML calls are made, and it never raises.
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 import time
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Callable
 
+from .enums import constant, pynvml_module
+from .model import NvmlError, Sample
 from .throttle import reason_names
 
 NOT_SUPPORTED = "not_supported"
@@ -44,6 +51,7 @@ NO_PERMISSION = "no_permission"
 DRIVER_NOT_LOADED = "driver_not_loaded"
 LIBRARY_NOT_FOUND = "library_not_found"
 OTHER = "other"
+NOT_IN_CAPTURE = "not_in_capture"
 
 KINDS: tuple[str, ...] = (
     NOT_SUPPORTED,
@@ -53,21 +61,39 @@ KINDS: tuple[str, ...] = (
     DRIVER_NOT_LOADED,
     LIBRARY_NOT_FOUND,
     OTHER,
+    NOT_IN_CAPTURE,
 )
 
-# NVML return codes (nvml.h, nvmlReturn_t). Stable ABI values; repeated here so that an error can
-# be classified even when pynvml could not be imported.
-_CODE_KIND = {
-    3: NOT_SUPPORTED,  # NVML_ERROR_NOT_SUPPORTED
-    13: NOT_SUPPORTED,  # NVML_ERROR_FUNCTION_NOT_FOUND: this driver predates the call
-    15: GPU_LOST,  # NVML_ERROR_GPU_IS_LOST
-    16: RESET_REQUIRED,  # NVML_ERROR_RESET_REQUIRED
-    4: NO_PERMISSION,  # NVML_ERROR_NO_PERMISSION
-    9: DRIVER_NOT_LOADED,  # NVML_ERROR_DRIVER_NOT_LOADED
-    12: LIBRARY_NOT_FOUND,  # NVML_ERROR_LIBRARY_NOT_FOUND
-}
-NVML_SUCCESS = 0
-NVML_ERROR_INVALID_ARGUMENT = 2
+# NVML return code (pynvml constant) -> failure kind; every other code is OTHER.
+ERROR_KINDS: tuple[tuple[str, str], ...] = (
+    ("NVML_ERROR_NOT_SUPPORTED", NOT_SUPPORTED),
+    ("NVML_ERROR_FUNCTION_NOT_FOUND", NOT_SUPPORTED),  # this driver predates the call
+    ("NVML_ERROR_GPU_IS_LOST", GPU_LOST),
+    ("NVML_ERROR_RESET_REQUIRED", RESET_REQUIRED),
+    ("NVML_ERROR_NO_PERMISSION", NO_PERMISSION),
+    ("NVML_ERROR_DRIVER_NOT_LOADED", DRIVER_NOT_LOADED),
+    ("NVML_ERROR_LIBRARY_NOT_FOUND", LIBRARY_NOT_FOUND),
+)
+
+
+# A field value's nvmlReturn for a field a replayed recording does not hold: no NVML return code
+# is negative, so it can never be mistaken for one.
+NOT_IN_CAPTURE_RETURN = -1
+
+
+def code(name: str) -> int | None:
+    """The value of pynvml constant `name` (an NVML_ERROR_*, NVML_SUCCESS...), None without it."""
+    return constant(pynvml_module(), name)
+
+
+@functools.cache
+def _code_kinds() -> dict[int, str]:
+    out: dict[int, str] = {}
+    for name, kind in ERROR_KINDS:
+        value = code(name)
+        if value is not None:
+            out[value] = kind
+    return out
 
 
 @dataclass(frozen=True)
@@ -78,35 +104,62 @@ class NvmlFailure:
     message: str
     code: int | None = None  # the NVML return code, when there was one
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> NvmlError:
         return {"kind": self.kind, "message": self.message}
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
 
 
-def kind_of_code(code: int) -> str:
-    return _CODE_KIND.get(int(code), OTHER)
+class NotInCapture(Exception):
+    """Raised by a replay backend for a call whose answer the recording does not hold."""
+
+
+class ReplayedFailure(Exception):
+    """Raised by a replay backend for a failure the recording holds without an NVML return code
+    (a driver that did not answer in time): its kind and message, as recorded."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def kind_of_code(value: int) -> str:
+    if int(value) == NOT_IN_CAPTURE_RETURN:
+        return NOT_IN_CAPTURE
+    return _code_kinds().get(int(value), OTHER)
+
+
+def _with_code(message: str, value: int) -> str:
+    suffix = f"(NVML return code {value})"
+    return message if message.endswith(suffix) else f"{message or 'NVML error'} {suffix}"
 
 
 def classify(exc: BaseException) -> NvmlFailure:
     """Map any exception raised around an NVML call to an NvmlFailure."""
     if isinstance(exc, ImportError):
         return NvmlFailure(LIBRARY_NOT_FOUND, f"the pynvml module (nvidia-ml-py) is not importable: {exc}")
-    code = getattr(exc, "value", None)
-    if isinstance(code, int) and type(exc).__name__.startswith("NVMLError"):
+    if isinstance(exc, NotInCapture):
+        return NvmlFailure(NOT_IN_CAPTURE, str(exc))
+    if isinstance(exc, ReplayedFailure):
+        return NvmlFailure(exc.kind if exc.kind in KINDS else OTHER, exc.message)
+    value = getattr(exc, "value", None)
+    if isinstance(value, int) and type(exc).__name__.startswith("NVMLError"):
         try:
             msg = str(exc)
         except Exception:  # noqa: BLE001 - a broken message never hides the code
             msg = ""
-        return NvmlFailure(kind_of_code(code), f"{msg or 'NVML error'} (NVML return code {code})", code)
+        return NvmlFailure(kind_of_code(value), _with_code(msg, value), value)
     return NvmlFailure(OTHER, f"{type(exc).__name__}: {exc}")
 
 
-def failure_for_code(code: int, what: str = "") -> NvmlFailure:
+def failure_for_code(value: int, what: str = "") -> NvmlFailure:
     """An NvmlFailure for a per-item NVML return code (field values)."""
     where = f"{what}: " if what else ""
-    return NvmlFailure(kind_of_code(code), f"{where}NVML return code {code}", int(code))
+    if int(value) == NOT_IN_CAPTURE_RETURN:
+        return NvmlFailure(NOT_IN_CAPTURE, f"{where}not in this capture")
+    return NvmlFailure(kind_of_code(value), f"{where}NVML return code {value}", int(value))
 
 
 class NvmlCallError(Exception):
@@ -124,31 +177,33 @@ def text(value: Any) -> str:
     return str(value)
 
 
-def import_pynvml() -> ModuleType:
+def import_pynvml() -> Any:
     import pynvml  # noqa: PLC0415 - lazy on purpose: gpucheck starts without touching NVML
 
     return pynvml
 
 
-# -- process-wide library state -------------------------------------------------------------------
-class _Library:
-    """NVML init/shutdown bookkeeping shared by every session of the process."""
+# -- library state ------------------------------------------------------------------------------------
+class Library:
+    """NVML init/shutdown bookkeeping shared by every session of one backend: the process-wide
+    live library (`_LIB`, the real pynvml), or one replay. `load()` gives the backend module."""
 
-    def __init__(self) -> None:
+    def __init__(self, load: Callable[[], Any] | None = None) -> None:
         self.lock = threading.RLock()
-        self.module: ModuleType | None = None
+        self._load = load
+        self.module: Any = None
         self.users = 0
         self.initialised = False
         self.handles: dict[int, Any] = {}
         self._atexit = False
 
-    def acquire(self) -> tuple[ModuleType | None, NvmlFailure | None]:
+    def acquire(self) -> tuple[Any, NvmlFailure | None]:
         with self.lock:
             if self.initialised:
                 self.users += 1
                 return self.module, None
             try:
-                mod = self.module or import_pynvml()
+                mod = self.module or (self._load() if self._load is not None else import_pynvml())
                 self.module = mod
                 mod.nvmlInit()
             except Exception as e:  # noqa: BLE001 - NVMLError, ImportError, OSError: all classified
@@ -185,18 +240,20 @@ class _Library:
                 self._shutdown()
 
 
-_LIB = _Library()
+_LIB = Library()
 
 
 class NvmlSession:
     """A use of NVML. Construction never raises: check `.ok`, and `.error` (an NvmlFailure) when
     it is False. Use as a context manager, or call close(); a long sampling loop should hold one
-    session rather than make one per sample (both work; the library is initialised only once)."""
+    session rather than make one per sample (both work; the library is initialised only once).
+    `library`: the backend (default: live NVML through pynvml)."""
 
-    def __init__(self) -> None:
+    def __init__(self, library: Library | None = None) -> None:
         self._closed = False
-        mod, err = _LIB.acquire()
-        self.nvml: ModuleType | None = mod
+        self._lib = library if library is not None else _LIB
+        mod, err = self._lib.acquire()
+        self.nvml: Any = mod
         self.error: NvmlFailure | None = err
         if err is not None:
             self._closed = True  # nothing to release
@@ -214,7 +271,7 @@ class NvmlSession:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            _LIB.release()
+            self._lib.release()
 
     # -- calls ------------------------------------------------------------------------------------
     def call(self, name: str, *args: Any) -> Any:
@@ -236,32 +293,51 @@ class NvmlSession:
         except NvmlCallError as e:
             return None, e.failure
 
+    def const(self, name: str) -> int | None:
+        """The value of NVML constant `name` (pynvml's), or None when this pynvml has none."""
+        return constant(self.nvml if self.nvml is not None else pynvml_module(), name)
+
+    def enum(self, name: str) -> int:
+        """const(name), or NvmlCallError (not supported by this pynvml) when it has none: a call
+        that needs an enum value this pynvml does not define reads as not supported."""
+        value = self.const(name)
+        if value is None:
+            raise NvmlCallError(NvmlFailure(NOT_SUPPORTED, f"{name} is not in this pynvml version"))
+        return value
+
     def constant(self, name: str, default: Any) -> Any:
+        """Any attribute of the backend module (a ctypes struct class), or `default`."""
         return getattr(self.nvml, name, default) if self.nvml is not None else default
 
     def handle(self, index: int) -> Any:
         """The device handle of GPU `index` (cached); raises NvmlCallError."""
-        with _LIB.lock:
-            h = _LIB.handles.get(index)
+        with self._lib.lock:
+            h = self._lib.handles.get(index)
         if h is None:
             h = self.call("nvmlDeviceGetHandleByIndex", index)
-            with _LIB.lock:
-                _LIB.handles[index] = h
+            with self._lib.lock:
+                self._lib.handles[index] = h
         return h
+
+    def forget(self, index: int) -> None:
+        """Drop the cached handle of a GPU that was lost or needs a reset."""
+        with self._lib.lock:
+            self._lib.handles.pop(index, None)
 
     def field_values(self, handle: Any, field_ids: list[int]) -> list[tuple[Any, NvmlFailure | None]]:
         """nvmlDeviceGetFieldValues for several ids: one (value, failure) per id. A field id the
         driver does not know (INVALID_ARGUMENT, older drivers) reads as not_supported."""
         values = self.call("nvmlDeviceGetFieldValues", handle, list(field_ids))
+        success, invalid = self.const("NVML_SUCCESS"), self.const("NVML_ERROR_INVALID_ARGUMENT")
         out: list[tuple[Any, NvmlFailure | None]] = []
         for fid, v in zip(field_ids, values):
-            ret = int(getattr(v, "nvmlReturn", NVML_SUCCESS))
-            if ret == NVML_ERROR_INVALID_ARGUMENT:
+            ret = int(getattr(v, "nvmlReturn", success) or 0)
+            if ret == invalid:
                 out.append((None, NvmlFailure(NOT_SUPPORTED, f"field {fid}: unknown to this driver", ret)))
-            elif ret != NVML_SUCCESS:
+            elif ret != success:
                 out.append((None, failure_for_code(ret, f"field {fid}")))
             else:
-                out.append((field_value(v), None))
+                out.append((field_value(self, v), None))
         return out
 
     # -- system-wide ------------------------------------------------------------------------------
@@ -286,20 +362,12 @@ class NvmlSession:
         return cuda_version_text(int(v))
 
     # -- the cheap per-second reading ---------------------------------------------------------
-    def sample(self, index: int) -> dict[str, Any]:
+    def sample(self, index: int) -> Sample:
         """SM clock, temperature, power and clock-event reasons of one GPU. Never raises; a value
         that could not be read is None and `error` names the first failure that was not a plain
         not_supported (gpu_lost, ...)."""
-        out: dict[str, Any] = {
-            "index": index,
-            "sm_clock_mhz": None,
-            "temperature_c": None,
-            "power_w": None,
-            "throttle_reasons": None,
-            "throttle_reason_names": None,
-            "error": None,
-            "time": time.time(),
-        }
+        out: Sample = {"index": index, "sm_clock_mhz": None, "temperature_c": None, "power_w": None,
+                       "throttle_reasons": None, "throttle_reason_names": None, "error": None, "time": time.time()}
         if not self.ok:
             out["error"] = self.error.kind if self.error else LIBRARY_NOT_FOUND
             return out
@@ -311,26 +379,25 @@ class NvmlSession:
         errors: list[str] = []
 
         def get(name: str, *args: Any) -> Any:
-            v, err = self.read(name, *args)
-            if err is not None and err.kind != NOT_SUPPORTED:
-                errors.append(err.kind)
-            return v
+            try:
+                return self.call(name, *args)
+            except NvmlCallError as e:
+                if e.failure.kind != NOT_SUPPORTED:
+                    errors.append(e.failure.kind)
+                return None
 
-        clock = get("nvmlDeviceGetClockInfo", h, self.constant("NVML_CLOCK_SM", 1))
-        temp = get("nvmlDeviceGetTemperature", h, self.constant("NVML_TEMPERATURE_GPU", 0))
+        clock = get("nvmlDeviceGetClockInfo", h, self.const("NVML_CLOCK_SM"))
+        temp = get("nvmlDeviceGetTemperature", h, self.const("NVML_TEMPERATURE_GPU"))
         power_mw = get("nvmlDeviceGetPowerUsage", h)
         mask = self.throttle_mask(h, errors)
-        out.update(
-            sm_clock_mhz=None if clock is None else int(clock),
-            temperature_c=None if temp is None else int(temp),
-            power_w=None if power_mw is None else round(int(power_mw) / 1000.0, 3),
-            throttle_reasons=mask,
-            throttle_reason_names=None if mask is None else reason_names(mask),
-            error=errors[0] if errors else None,
-        )
+        out["sm_clock_mhz"] = None if clock is None else int(clock)
+        out["temperature_c"] = None if temp is None else int(temp)
+        out["power_w"] = None if power_mw is None else round(int(power_mw) / 1000.0, 3)
+        out["throttle_reasons"] = mask
+        out["throttle_reason_names"] = None if mask is None else reason_names(mask)
+        out["error"] = errors[0] if errors else None
         if GPU_LOST in errors or RESET_REQUIRED in errors:
-            with _LIB.lock:
-                _LIB.handles.pop(index, None)
+            self.forget(index)
         return out
 
     def throttle_mask(self, handle: Any, errors: list[str] | None = None) -> int | None:
@@ -349,14 +416,70 @@ def cuda_version_text(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-# nvmlValueType_t -> the member of the nvmlValue_t union that holds the value.
-_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# nvmlValueType_t (pynvml constant) -> the member of the nvmlValue_t union that holds the value.
+VALUE_MEMBERS: tuple[tuple[str, str], ...] = (
+    ("NVML_VALUE_TYPE_DOUBLE", "dVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_INT", "uiVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG", "ulVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_LONG_LONG", "ullVal"),
+    ("NVML_VALUE_TYPE_SIGNED_LONG_LONG", "sllVal"),
+    ("NVML_VALUE_TYPE_SIGNED_INT", "siVal"),
+    ("NVML_VALUE_TYPE_UNSIGNED_SHORT", "usVal"),
+)
 
 
-def field_value(v: Any) -> Any:
-    member = _VALUE_MEMBER.get(int(getattr(v, "valueType", 1)), "uiVal")
+def field_value(session: NvmlSession, v: Any) -> int | float:
+    """The value of one nvmlFieldValue_t, by its valueType (unsigned int when it has none)."""
+    members = {session.const(t): m for t, m in VALUE_MEMBERS}
+    vtype = getattr(v, "valueType", session.const("NVML_VALUE_TYPE_UNSIGNED_INT"))
+    member = members.get(vtype, "uiVal")
     val = getattr(v.value, member)
     return float(val) if member == "dVal" else int(val)
+
+
+# -- Xid events while a load runs -----------------------------------------------------------------------
+class XidWatch:
+    """Xid critical-error events through an NVML event set (best effort: some drivers and
+    containers refuse event registration; then `note` says so and Xids come from the xid check)."""
+
+    def __init__(self, session: NvmlSession, gpus: list[int]):
+        self.session = session
+        self.note: str | None = None
+        self.ok = False
+        self._set: Any = None
+        try:
+            self._set = session.call("nvmlEventSetCreate")
+            etype = session.enum("nvmlEventTypeXidCriticalError")
+            for g in gpus:
+                session.call("nvmlDeviceRegisterEvents", session.handle(g), etype, self._set)
+            self.ok = True
+        except NvmlCallError as e:
+            self.note = f"Xid events not watched during the load: {e.failure}"
+            self.close()
+
+    def poll(self) -> list[tuple[int, int]]:
+        """(GPU index, Xid) of the events pending now (-1: a GPU NVML could not name)."""
+        if not self.ok or self._set is None:
+            return []
+        name = "nvmlEventSetWait_v2" if getattr(self.session.nvml, "nvmlEventSetWait_v2", None) else "nvmlEventSetWait"
+        timeout = self.session.const("NVML_ERROR_TIMEOUT")
+        out: list[tuple[int, int]] = []
+        for _ in range(64):  # drain what is pending, bounded
+            try:
+                data = self.session.call(name, self._set, 0)
+            except NvmlCallError as e:
+                if e.failure.code != timeout:  # TIMEOUT: nothing pending
+                    self.note = f"Xid event watch stopped: {e.failure}"
+                    self.ok = False
+                return out
+            index, err = self.session.read("nvmlDeviceGetIndex", data.device)
+            out.append((-1 if err is not None else int(index), int(data.eventData)))
+        return out
+
+    def close(self) -> None:
+        if self._set is not None:
+            self.session.read("nvmlEventSetFree", self._set)
+            self._set = None
 
 
 # -- running processes: what the load-test guard (gpucheck.busy) reads ------------------------------
@@ -372,8 +495,6 @@ PROCESS_LISTS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("mps", ("nvmlDeviceGetMPSComputeRunningProcesses_v3", "nvmlDeviceGetMPSComputeRunningProcesses_v2",
              "nvmlDeviceGetMPSComputeRunningProcesses"), False),
 )
-_FUNCTION_NOT_FOUND = 13
-_NOT_AVAILABLE_ULL = (1 << 64) - 1  # NVML_VALUE_NOT_AVAILABLE: older pynvml versions pass it through
 
 
 @dataclass(frozen=True)
@@ -426,7 +547,8 @@ def _read_process_list(session: NvmlSession, handle: Any, names: tuple[str, ...]
         value, failure = session.read(name, handle)
         if failure is None:
             return list(value or []), None
-        missing_call = failure.code == _FUNCTION_NOT_FOUND or (failure.code is None and failure.kind == NOT_SUPPORTED)
+        missing_call = (failure.code is not None and failure.code == session.const("NVML_ERROR_FUNCTION_NOT_FOUND")) \
+            or (failure.code is None and failure.kind == NOT_SUPPORTED)
         if not missing_call:
             break
     return None, failure
@@ -445,6 +567,8 @@ def read_gpu_processes(session: NvmlSession, index: int, proc_root: str = "/proc
         return GpuProcesses(index, None, e.failure)
     found: dict[int, dict[str, Any]] = {}
     notes: list[str] = []
+    # NVML_VALUE_NOT_AVAILABLE: older pynvml versions pass it through as the memory used
+    not_available = session.const("NVML_VALUE_NOT_AVAILABLE_ulonglong")
     for kind, names, required in PROCESS_LISTS:
         entries, failure = _read_process_list(session, handle, names)
         if failure is not None:
@@ -453,13 +577,13 @@ def read_gpu_processes(session: NvmlSession, index: int, proc_root: str = "/proc
                                                              failure.code))
             notes.append(f"{kind} process list not supported here ({failure.message})")
             continue
-        for e in entries or []:
-            pid = int(getattr(e, "pid"))
-            mem = getattr(e, "usedGpuMemory", None)
+        for entry in entries or []:
+            pid = int(getattr(entry, "pid"))
+            mem = getattr(entry, "usedGpuMemory", None)
             slot = found.setdefault(pid, {"kinds": [], "memory": None})
             if kind not in slot["kinds"]:
                 slot["kinds"].append(kind)
-            known = isinstance(mem, int) and 0 <= mem < _NOT_AVAILABLE_ULL
+            known = isinstance(mem, int) and 0 <= mem and mem != not_available
             if known and (slot["memory"] is None or mem > slot["memory"]):
                 slot["memory"] = mem
     procs = tuple(GpuProcess(pid, s["memory"], tuple(s["kinds"]), process_name(pid, proc_root))

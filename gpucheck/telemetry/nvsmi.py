@@ -458,12 +458,13 @@ _THROTTLE_BITS = {name: 1 << i for i, name in enumerate(
     ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown", "sync_boost",
      "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting"))}
 
-# "GPU Recovery Action" words -> nvmlDeviceGpuRecoveryAction_t
-RECOVERY_WORDS = {"none": 0, "reset": 1, "gpu reset": 1, "gpu reset required": 1, "reboot": 2, "node reboot": 2,
-                  "node reboot required": 2, "drain p2p": 3, "drain and reset": 4, "recover imex domain": 5,
-                  "bus reset": 6, "system reboot": 7}
-RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset",
-                  5: "recover_imex_domain", 6: "bus_reset", 7: "system_reboot"}
+# "GPU Recovery Action" words -> gpucheck's names of nvmlDeviceGpuRecoveryAction_t (their NVML
+# values come from pynvml's constants: gpucheck.telemetry.enums.RECOVERY_ACTIONS)
+RECOVERY_WORDS = {"none": "none", "reset": "gpu_reset", "gpu reset": "gpu_reset", "gpu reset required": "gpu_reset",
+                  "reboot": "node_reboot", "node reboot": "node_reboot", "node reboot required": "node_reboot",
+                  "drain p2p": "drain_p2p", "drain and reset": "drain_and_reset",
+                  "recover imex domain": "recover_imex_domain", "bus reset": "bus_reset",
+                  "system reboot": "system_reboot"}
 
 
 def skeleton(index: int) -> dict[str, Any]:
@@ -643,15 +644,19 @@ class GpuReader:
         return mask
 
     def _recovery(self) -> None:
+        from . import enums
+
+        values = enums.resolve(enums.pynvml_module(), enums.RECOVERY_ACTIONS)
+
         def parse(text: str) -> int:
-            value = RECOVERY_WORDS.get(_word(text))
-            if value is None:
+            name = RECOVERY_WORDS.get(_word(text))
+            if name is None or name not in values:  # a word, or a value this pynvml does not know
                 raise ValueError(text)
-            return value
+            return values[name]
 
         value = self.take("recovery_action", self.find([_p("GPU Recovery Action")], [_p("gpu_recovery_action")]), parse)
         if value is not None:
-            self.g["recovery_action_name"] = RECOVERY_NAMES[value]
+            self.g["recovery_action_name"] = enums.names_by_value(enums.pynvml_module(), enums.RECOVERY_ACTIONS)[value]
 
     def _reset_status(self) -> None:
         """GPU Reset Status (R450+): "Yes" means the driver wants this GPU reset before new work."""

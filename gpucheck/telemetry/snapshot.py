@@ -1,88 +1,48 @@
 """Snapshots: everything the level-1 checks judge, read once, as plain JSON data.
 
-`collect_snapshot()` reads NVML (through gpucheck.telemetry.nvml, the only NVML caller) and sysfs;
-`load_snapshot(path)` reads a recorded one back (a capture from `gpucheck telemetry dump`, or a
-synthetic test fixture) and validates it; `dump_snapshot(snap)` is its JSON text. Reading is
-separate from judging: checks never call NVML, they look at `ctx.snapshot`.
+`collect_snapshot()` reads NVML (through gpucheck.telemetry.nvml, the only NVML caller, and the
+GPU reader gpucheck.telemetry.reader) and sysfs; `load_snapshot(path)` reads a recorded one back
+(a capture from `gpucheck telemetry dump`, or a synthetic test fixture) and validates it; a
+recorded snapshot is judged after it is replayed through the same reader
+(gpucheck.telemetry.replay); `dump_snapshot(snap)` is its JSON text. Reading is separate from
+judging: checks never call NVML, they look at `ctx.snapshot`.
 
-The format is documented field by field in docs/snapshot.md. Rules that hold everywhere:
+The format is documented field by field in docs/snapshot.md, and typed in
+gpucheck.telemetry.model. Rules that hold everywhere:
 - a value NVML does not support on this GPU/driver is None (never 0, never "healthy");
 - a read that failed for another reason is None too, and the GPU's "errors" map names the field
-  and the failure kind (no_permission, other, ...);
+  and the failure kind (no_permission, other, not_in_capture, ...);
 - a GPU that NVML reports lost / reset-required stops being read: its "state" says so and its
   "error" holds NVML's message.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import socket
 import threading
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..pci import normalize_bus_id
+from . import enums
 from . import nvml as N
+from .model import Snapshot
+from .reader import empty_gpu, read_gpu
 from .sysfs import nvidia_pci_devices
-from .throttle import reason_names
+
+__all__ = ["KIND", "VERSION", "GPU_STATES", "SnapshotError", "collect_snapshot", "unreadable_snapshot",
+           "read_nvml", "dump_snapshot", "load_snapshot", "validate_snapshot", "snapshot_epoch", "parse_time",
+           "empty_gpu", "read_gpu"]
 
 KIND = "gpucheck.snapshot"
 VERSION = 1
 GPU_STATES = ("ok", "lost", "reset_required", "error")
 
-# nvmlDeviceArchitecture_t
-ARCHITECTURES = {
-    2: "kepler",
-    3: "maxwell",
-    4: "pascal",
-    5: "volta",
-    6: "turing",
-    7: "ampere",
-    8: "ada",
-    9: "hopper",
-    10: "blackwell",
-}
-ARCH_AMPERE = 7
-
-# nvmlDeviceGpuRecoveryAction_t, the value of field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230)
-RECOVERY_ACTIONS = {
-    0: "none",
-    1: "gpu_reset",
-    2: "node_reboot",
-    3: "drain_p2p",
-    4: "drain_and_reset",
-    5: "recover_imex_domain",
-    6: "bus_reset",
-    7: "system_reboot",
-}
-
-FI_NVLINK_LINK_COUNT = 91  # NVML_FI_DEV_NVLINK_LINK_COUNT
-FI_GPU_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
-NVLINK_MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS (probe limit when the link count is not reported)
-
-NVLINK_STATES = {0: "inactive", 1: "active", 2: "sleep", 3: "active_traffic_disabled"}
-# nvmlNvLinkErrorCounter_t
-NVLINK_COUNTERS = {
-    "replay_errors": 0,  # NVML_NVLINK_ERROR_DL_REPLAY
-    "recovery_errors": 1,  # NVML_NVLINK_ERROR_DL_RECOVERY
-    "crc_flit_errors": 2,  # NVML_NVLINK_ERROR_DL_CRC_FLIT
-    "crc_data_errors": 3,  # NVML_NVLINK_ERROR_DL_CRC_DATA
-}
-
-# NVML enum values used below (nvml.h)
-_UNCORRECTED, _CORRECTED = 1, 0  # nvmlMemoryErrorType_t
-_VOLATILE, _AGGREGATE = 0, 1  # nvmlEccCounterType_t
-_LOCATION_SRAM = 7  # nvmlMemoryLocation_t, Turing+
-_TEMP_GPU = 0  # NVML_TEMPERATURE_GPU
-_THRESHOLD_SHUTDOWN, _THRESHOLD_SLOWDOWN, _THRESHOLD_GPU_MAX = 0, 1, 3
-_CLOCK_SM = 1
-_RETIRE_SBE, _RETIRE_DBE = 0, 1  # nvmlPageRetirementCause_t
-
-_REQUIRED_TOP = {
+_REQUIRED_TOP: dict[str, type | tuple[type, ...]] = {
     "kind": str,
     "version": int,
     "synthetic": bool,
@@ -98,6 +58,21 @@ _REQUIRED_TOP = {
 }
 
 
+# NVML's values under gpucheck's names, as module attributes read on first use (from pynvml's
+# constants: gpucheck.telemetry.enums): value -> name for ARCHITECTURES, RECOVERY_ACTIONS and
+# NVLINK_STATES, key -> value for NVLINK_COUNTERS.
+_ENUM_TABLES = {"ARCHITECTURES": (enums.ARCHITECTURES, True), "RECOVERY_ACTIONS": (enums.RECOVERY_ACTIONS, True),
+                "NVLINK_STATES": (enums.NVLINK_STATES, True), "NVLINK_COUNTERS": (enums.NVLINK_COUNTERS, False)}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENUM_TABLES:
+        table, by_value = _ENUM_TABLES[name]
+        mod = enums.pynvml_module()
+        return enums.names_by_value(mod, table) if by_value else enums.resolve(mod, table)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class SnapshotError(Exception):
     """A file that is not a usable snapshot. The message is one line."""
 
@@ -107,7 +82,7 @@ def utc_now_iso() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeout_s: float | None = None) -> dict[str, Any]:
+def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeout_s: float | None = None) -> Snapshot:
     """Read NVML and sysfs into a snapshot. Never raises for NVML trouble: a broken driver gives a
     valid snapshot with nvml.ok false. With `timeout_s`, NVML is read in a helper thread and a
     driver that does not answer in time gives nvml.ok false, kind "other" (a stuck driver call
@@ -120,7 +95,7 @@ def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeo
 
     def work() -> None:
         try:
-            part = dict(snap)
+            part: Snapshot = {**snap}
             _fill_nvml(part)
             box["snap"] = part
         except BaseException as e:  # noqa: BLE001 - reported below, never lost
@@ -130,7 +105,8 @@ def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeo
     th.start()
     th.join(timeout_s)
     if "snap" in box:
-        return box["snap"]
+        done: Snapshot = box["snap"]
+        return done
     if "exc" in box:
         raise box["exc"]
     snap["nvml"] = {
@@ -140,18 +116,23 @@ def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeo
     return snap
 
 
-def unreadable_snapshot(kind: str, message: str, sysfs_root: str | os.PathLike[str] = Path("/sys")) -> dict[str, Any]:
+def unreadable_snapshot(kind: str, message: str, sysfs_root: str | os.PathLike[str] = Path("/sys")) -> Snapshot:
     """A valid snapshot for a node whose NVML could not be read at all (a hung driver, a reader
     crash): nvml.ok false with this failure, and the PCI bus from sysfs so that the inventory
     check can still tell a broken GPU node from a machine without GPUs."""
+    return unread(_base(sysfs_root), kind, message)
+
+
+def unread(snap: Snapshot, kind: str, message: str) -> Snapshot:
+    """`snap` with NVML marked unreadable (kind, message) and no GPU entries."""
     if kind not in N.KINDS:
         kind, message = N.OTHER, f"{kind}: {message}"
-    snap = _base(sysfs_root)
     snap["nvml"] = {"ok": False, "error": {"kind": kind, "message": message}}
+    snap["gpus"] = []
     return snap
 
 
-def _base(sysfs_root: str | os.PathLike[str]) -> dict[str, Any]:
+def _base(sysfs_root: str | os.PathLike[str]) -> Snapshot:
     return {
         "kind": KIND,
         "version": VERSION,
@@ -169,323 +150,34 @@ def _base(sysfs_root: str | os.PathLike[str]) -> dict[str, Any]:
     }
 
 
-def _fill_nvml(snap: dict[str, Any]) -> None:
+def _fill_nvml(snap: Snapshot) -> None:
     with N.NvmlSession() as s:
-        if not s.ok:
-            snap["nvml"] = {"ok": False, "error": s.error.to_dict() if s.error else None}
-            return
-        count, err = s.read("nvmlDeviceGetCount")
-        if err is not None:
-            snap["nvml"] = {"ok": False, "error": err.to_dict()}
-            return
-        snap["nvml"] = {"ok": True, "error": None}
-        snap["driver_version"] = s.driver_version()
-        snap["cuda_driver_version"] = s.cuda_driver_version()
-        snap["nvml_version"] = s.nvml_version()
-        snap["gpus"] = [read_gpu(s, i) for i in range(int(count))]
+        read_nvml(snap, s)
 
 
-class _Gone(Exception):
-    def __init__(self, failure: N.NvmlFailure):
-        super().__init__(str(failure))
-        self.failure = failure
-
-
-_STATE_OF_KIND = {N.GPU_LOST: "lost", N.RESET_REQUIRED: "reset_required"}
-
-
-def empty_gpu(index: int) -> dict[str, Any]:
-    """A GPU entry with every field present and unread (None)."""
-    return {
-        "index": index,
-        "state": "ok",
-        "error": None,
-        "uuid": None,
-        "name": None,
-        "serial": None,
-        "pci_bus_id": None,
-        "pci_device_id": None,
-        "architecture": None,
-        "architecture_id": None,
-        "persistence_mode": None,
-        "ecc_mode": {"current": None, "pending": None},
-        "mig_mode": {"current": None, "pending": None},
-        "ecc_errors": {
-            "volatile_corrected": None,
-            "volatile_uncorrected": None,
-            "aggregate_corrected": None,
-            "aggregate_uncorrected": None,
-            "sram_volatile_uncorrected": None,
-            "sram_aggregate_uncorrected": None,
-            "sram_threshold_exceeded": None,
-        },
-        "remapped_rows": {"correctable": None, "uncorrectable": None, "pending": None, "failure": None},
-        "retired_pages": {"single_bit": None, "double_bit": None, "pending": None},
-        "temperature": {"gpu_c": None, "slowdown_c": None, "shutdown_c": None, "gpu_max_c": None},
-        "clocks": {"sm_mhz": None, "sm_max_mhz": None, "throttle_reasons": None, "throttle_reason_names": None},
-        "power": {"usage_w": None, "limit_w": None},
-        "pcie": {
-            "link_gen": None,
-            "link_gen_max": None,
-            "link_gen_gpu_max": None,
-            "link_width": None,
-            "link_width_max": None,
-            "replay_counter": None,
-        },
-        "nvlink": {"supported": None, "links": []},
-        "recovery_action": None,
-        "recovery_action_name": None,
-        "errors": {},
-    }
-
-
-def read_gpu(s: N.NvmlSession, index: int) -> dict[str, Any]:
-    g = empty_gpu(index)
-    errors: dict[str, str] = g["errors"]
-    try:
-        h = s.handle(index)
-    except N.NvmlCallError as e:
-        g["state"] = _STATE_OF_KIND.get(e.failure.kind, "error")
-        g["error"] = e.failure.to_dict()
-        return g
-
-    def rd(field: str, name: str, *args: Any, newer_enum: bool = False) -> Any:
-        """One read. `newer_enum`: the call passes an enum value older drivers may not know
-        (they answer INVALID_ARGUMENT), which means not supported by this driver."""
-        v, err = s.read(name, *args)
-        if err is None:
-            return v
-        if err.kind in _STATE_OF_KIND:
-            raise _Gone(err)
-        if newer_enum and err.code == N.NVML_ERROR_INVALID_ARGUMENT:
-            return None
-        if err.kind != N.NOT_SUPPORTED:
-            errors[field] = err.kind
-        return None
-
-    sections = (
-        (lambda: _read_identity(g, rd, h), ("uuid", "name", "serial", "pci_bus_id", "architecture")),
-        (lambda: _read_modes(g, rd, h), ("persistence_mode", "ecc_mode", "mig_mode")),
-        (lambda: _read_memory(g, rd, h, s), ("ecc_errors", "remapped_rows", "retired_pages")),
-        (lambda: _read_thermal_clocks(g, rd, h, s, errors), ("temperature", "clocks", "power")),
-        (lambda: _read_pcie(g, rd, h), ("pcie",)),
-        (lambda: _read_fields_and_nvlink(g, rd, h, s, errors), ("recovery_action", "nvlink")),
-    )
-    try:
-        for read_section, fields in sections:
-            try:
-                read_section()
-            except (_Gone, KeyboardInterrupt):
-                raise
-            except Exception:  # noqa: BLE001 - an answer the reader did not expect is a failed read
-                _unread_after_crash(g, fields)
-    except _Gone as e:
-        g["state"] = _STATE_OF_KIND[e.failure.kind]
-        g["error"] = e.failure.to_dict()
-    return g
-
-
-_READ_WHOLE = ("ecc_mode", "mig_mode", "remapped_rows")  # groups read by one NVML call: one field in `errors`
-
-
-def _unread_after_crash(g: dict[str, Any], fields: tuple[str, ...]) -> None:
-    """A section of the reader raised (an NVML binding that answered something unexpected):
-    every field of it still unread is a failed read (kind other), never "not supported"."""
-    errors: dict[str, str] = g["errors"]
-    for name in fields:
-        value = g.get(name)
-        if name in _READ_WHOLE:
-            if all(v is None for v in value.values()):
-                errors.setdefault(name, N.OTHER)
-        elif isinstance(value, dict) and name != "nvlink":
-            for key, v in value.items():
-                if v is None and not key.endswith("_names"):
-                    errors.setdefault(f"{name}.{key}", N.OTHER)
-        elif name == "nvlink" and not g["nvlink"].get("links"):
-            errors.setdefault("nvlink", N.OTHER)
-        elif value is None:
-            errors.setdefault(name, N.OTHER)
-
-
-def _read_identity(g: dict[str, Any], rd: Any, h: Any) -> None:
-    v = rd("uuid", "nvmlDeviceGetUUID", h)
-    g["uuid"] = None if v is None else N.text(v)
-    v = rd("name", "nvmlDeviceGetName", h)
-    g["name"] = None if v is None else N.text(v)
-    v = rd("serial", "nvmlDeviceGetSerial", h)
-    g["serial"] = None if v is None else N.text(v)
-    pci = rd("pci_bus_id", "nvmlDeviceGetPciInfo", h)
-    if pci is not None:
-        bus = getattr(pci, "busId", None) or getattr(pci, "busIdLegacy", None)
-        g["pci_bus_id"] = normalize_bus_id(N.text(bus)) if bus is not None else None
-        if g["pci_bus_id"] is None:  # NVML answered, but with no PCI address we can read
-            g["errors"]["pci_bus_id"] = N.OTHER
-        dev_id = getattr(pci, "pciDeviceId", None)
-        if isinstance(dev_id, int):
-            g["pci_device_id"] = f"{(dev_id >> 16) & 0xFFFF:#06x}"
-    arch = rd("architecture", "nvmlDeviceGetArchitecture", h)
-    if arch is not None:
-        g["architecture_id"] = int(arch)
-        g["architecture"] = ARCHITECTURES.get(int(arch), "unknown")
-
-
-def _read_modes(g: dict[str, Any], rd: Any, h: Any) -> None:
-    v = rd("persistence_mode", "nvmlDeviceGetPersistenceMode", h)
-    g["persistence_mode"] = None if v is None else bool(v)
-    v = rd("ecc_mode", "nvmlDeviceGetEccMode", h)
-    if v is not None:
-        g["ecc_mode"] = {"current": bool(v[0]), "pending": bool(v[1])}
-    v = rd("mig_mode", "nvmlDeviceGetMigMode", h)
-    if v is not None:
-        g["mig_mode"] = {"current": bool(v[0]), "pending": bool(v[1])}
-
-
-def _int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def _read_memory(g: dict[str, Any], rd: Any, h: Any, s: N.NvmlSession) -> None:
-    e = g["ecc_errors"]
-    e["volatile_uncorrected"] = _int(rd("ecc_errors.volatile_uncorrected", "nvmlDeviceGetTotalEccErrors", h, _UNCORRECTED, _VOLATILE))
-    e["volatile_corrected"] = _int(rd("ecc_errors.volatile_corrected", "nvmlDeviceGetTotalEccErrors", h, _CORRECTED, _VOLATILE))
-    e["aggregate_uncorrected"] = _int(rd("ecc_errors.aggregate_uncorrected", "nvmlDeviceGetTotalEccErrors", h, _UNCORRECTED, _AGGREGATE))
-    e["aggregate_corrected"] = _int(rd("ecc_errors.aggregate_corrected", "nvmlDeviceGetTotalEccErrors", h, _CORRECTED, _AGGREGATE))
-    e["sram_volatile_uncorrected"] = _int(rd("ecc_errors.sram_volatile_uncorrected", "nvmlDeviceGetMemoryErrorCounter",
-                                             h, _UNCORRECTED, _VOLATILE, _LOCATION_SRAM, newer_enum=True))
-    e["sram_aggregate_uncorrected"] = _int(rd("ecc_errors.sram_aggregate_uncorrected", "nvmlDeviceGetMemoryErrorCounter",
-                                              h, _UNCORRECTED, _AGGREGATE, _LOCATION_SRAM, newer_enum=True))
-    # SRAM status (R550+, needs root): the field-diag RMA threshold flag, and the SRAM counters
-    # where the location-based counter is not supported.
-    status_cls = s.constant("c_nvmlEccSramErrorStatus_v1_t", None)
-    if status_cls is not None:
-        st = status_cls()
-        if rd("ecc_errors.sram_threshold_exceeded", "nvmlDeviceGetSramEccErrorStatus", h, ctypes.byref(st)) is not None:
-            e["sram_threshold_exceeded"] = bool(st.bThresholdExceeded)
-            # Where the location-based counter gave nothing, the status has it: read after all.
-            if e["sram_volatile_uncorrected"] is None:
-                e["sram_volatile_uncorrected"] = int(st.volatileUncParity) + int(st.volatileUncSecDed)
-                g["errors"].pop("ecc_errors.sram_volatile_uncorrected", None)
-            if e["sram_aggregate_uncorrected"] is None:
-                e["sram_aggregate_uncorrected"] = int(st.aggregateUncParity) + int(st.aggregateUncSecDed)
-                g["errors"].pop("ecc_errors.sram_aggregate_uncorrected", None)
-
-    v = rd("remapped_rows", "nvmlDeviceGetRemappedRows", h)
-    if v is not None:
-        corr, unc, pending, failure = v
-        g["remapped_rows"] = {"correctable": int(corr), "uncorrectable": int(unc), "pending": bool(pending), "failure": bool(failure)}
-
-    sbe = rd("retired_pages.single_bit", "nvmlDeviceGetRetiredPages", h, _RETIRE_SBE)
-    dbe = rd("retired_pages.double_bit", "nvmlDeviceGetRetiredPages", h, _RETIRE_DBE)
-    pend = rd("retired_pages.pending", "nvmlDeviceGetRetiredPagesPendingStatus", h)
-    g["retired_pages"] = {
-        "single_bit": None if sbe is None else len(sbe),
-        "double_bit": None if dbe is None else len(dbe),
-        "pending": None if pend is None else bool(pend),
-    }
-
-
-def _read_thermal_clocks(g: dict[str, Any], rd: Any, h: Any, s: N.NvmlSession, errors: dict[str, str]) -> None:
-    t = g["temperature"]
-    t["gpu_c"] = _int(rd("temperature.gpu_c", "nvmlDeviceGetTemperature", h, _TEMP_GPU))
-    t["slowdown_c"] = _int(rd("temperature.slowdown_c", "nvmlDeviceGetTemperatureThreshold", h, _THRESHOLD_SLOWDOWN))
-    t["shutdown_c"] = _int(rd("temperature.shutdown_c", "nvmlDeviceGetTemperatureThreshold", h, _THRESHOLD_SHUTDOWN))
-    t["gpu_max_c"] = _int(rd("temperature.gpu_max_c", "nvmlDeviceGetTemperatureThreshold", h, _THRESHOLD_GPU_MAX,
-                             newer_enum=True))
-    c = g["clocks"]
-    c["sm_mhz"] = _int(rd("clocks.sm_mhz", "nvmlDeviceGetClockInfo", h, _CLOCK_SM))
-    c["sm_max_mhz"] = _int(rd("clocks.sm_max_mhz", "nvmlDeviceGetMaxClockInfo", h, _CLOCK_SM))
-    mask = rd("clocks.throttle_reasons", "nvmlDeviceGetCurrentClocksEventReasons", h)
-    if mask is None and "clocks.throttle_reasons" not in errors:  # not supported: pre-R535 name
-        mask = rd("clocks.throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", h)
-    c["throttle_reasons"] = _int(mask)
-    c["throttle_reason_names"] = None if mask is None else reason_names(int(mask))
-    p = g["power"]
-    mw = rd("power.usage_w", "nvmlDeviceGetPowerUsage", h)
-    p["usage_w"] = None if mw is None else round(int(mw) / 1000.0, 3)
-    mw = rd("power.limit_w", "nvmlDeviceGetEnforcedPowerLimit", h)
-    p["limit_w"] = None if mw is None else round(int(mw) / 1000.0, 3)
-
-
-def _read_pcie(g: dict[str, Any], rd: Any, h: Any) -> None:
-    p = g["pcie"]
-    p["link_gen"] = _int(rd("pcie.link_gen", "nvmlDeviceGetCurrPcieLinkGeneration", h))
-    p["link_gen_max"] = _int(rd("pcie.link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", h))
-    p["link_gen_gpu_max"] = _int(rd("pcie.link_gen_gpu_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration", h))
-    p["link_width"] = _int(rd("pcie.link_width", "nvmlDeviceGetCurrPcieLinkWidth", h))
-    p["link_width_max"] = _int(rd("pcie.link_width_max", "nvmlDeviceGetMaxPcieLinkWidth", h))
-    p["replay_counter"] = _int(rd("pcie.replay_counter", "nvmlDeviceGetPcieReplayCounter", h))
-
-
-def _read_fields_and_nvlink(g: dict[str, Any], rd: Any, h: Any, s: N.NvmlSession, errors: dict[str, str]) -> None:
-    link_count: int | None = None
-    try:
-        vals = s.field_values(h, [FI_NVLINK_LINK_COUNT, FI_GPU_RECOVERY_ACTION])
-    except N.NvmlCallError as e:
-        if e.failure.kind in _STATE_OF_KIND:
-            raise _Gone(e.failure) from None
-        if e.failure.kind != N.NOT_SUPPORTED:
-            errors["recovery_action"] = e.failure.kind
-            errors["nvlink.link_count"] = e.failure.kind
-        vals = [(None, None), (None, None)]
-    (lc, lc_err), (ra, ra_err) = vals
-    for field, err in (("nvlink.link_count", lc_err), ("recovery_action", ra_err)):
-        if err is not None and err.kind in _STATE_OF_KIND:
-            raise _Gone(err)
-        if err is not None and err.kind != N.NOT_SUPPORTED:
-            errors[field] = err.kind
-    if ra is not None:
-        g["recovery_action"] = int(ra)
-        g["recovery_action_name"] = RECOVERY_ACTIONS.get(int(ra), "unknown")
-    if lc is not None:
-        link_count = int(lc)
-    _read_nvlink(g, h, s, errors, link_count)
-
-
-def _read_nvlink(g: dict[str, Any], h: Any, s: N.NvmlSession, errors: dict[str, str], link_count: int | None) -> None:
-    links: list[dict[str, Any]] = []
-    failed = False
-    probe = link_count is None
-    for link in range(link_count if link_count is not None else NVLINK_MAX_LINKS):
-        state, err = s.read("nvmlDeviceGetNvLinkState", h, link)
-        if err is not None:
-            if err.kind in _STATE_OF_KIND:
-                raise _Gone(err)
-            if probe and err.code == N.NVML_ERROR_INVALID_ARGUMENT:
-                break  # past this GPU's last link
-            if err.kind == N.NOT_SUPPORTED:
-                if probe:
-                    continue
-                links.append({"link": link, "state": None, **{k: None for k in NVLINK_COUNTERS}})
-                continue
-            errors[f"nvlink.links[{link}].state"] = err.kind
-            failed = True
-            continue
-        entry: dict[str, Any] = {"link": link, "state": NVLINK_STATES.get(int(state), f"unknown_{int(state)}")}
-        for key, counter in NVLINK_COUNTERS.items():
-            v, cerr = s.read("nvmlDeviceGetNvLinkErrorCounter", h, link, counter)
-            if cerr is not None:
-                if cerr.kind in _STATE_OF_KIND:
-                    raise _Gone(cerr)
-                if cerr.kind != N.NOT_SUPPORTED:
-                    errors[f"nvlink.links[{link}].{key}"] = cerr.kind
-            entry[key] = _int(v)
-        links.append(entry)
-    judged = [lk for lk in links if lk["state"] is not None]
-    if judged:
-        supported: bool | None = True
-    elif failed:
-        supported = None
-    else:
-        supported = False
-    g["nvlink"] = {"supported": supported, "links": links if supported else []}
+def read_nvml(snap: Snapshot, s: N.NvmlSession, indices: Iterable[int] | None = None) -> None:
+    """Fill `snap`'s NVML part from session `s`: the system versions and every GPU (`indices`:
+    which GPUs a replay recorded; live, 0..nvmlDeviceGetCount-1)."""
+    if not s.ok:
+        snap["nvml"] = {"ok": False, "error": s.error.to_dict() if s.error else None}
+        return
+    count, err = s.read("nvmlDeviceGetCount")
+    if err is not None:
+        snap["nvml"] = {"ok": False, "error": err.to_dict()}
+        return
+    snap["nvml"] = {"ok": True, "error": None}
+    snap["driver_version"] = s.driver_version()
+    snap["cuda_driver_version"] = s.cuda_driver_version()
+    snap["nvml_version"] = s.nvml_version()
+    snap["gpus"] = [read_gpu(s, i) for i in (range(int(count)) if indices is None else indices)]
 
 
 # -- loading and writing --------------------------------------------------------------------------
-def dump_snapshot(snap: dict[str, Any]) -> str:
+def dump_snapshot(snap: Snapshot | dict[str, Any]) -> str:
     return json.dumps(snap, indent=2) + "\n"
 
 
-def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read and validate a snapshot file ("-": standard input); an `nvidia-smi -q` or `-q -x`
     capture is converted (gpucheck.telemetry.nvsmi). SnapshotError (one line) when it is neither."""
     from .. import safeio
@@ -500,6 +192,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise SnapshotError(f"{p}: cannot read: {safeio.describe_error(e, p)}") from None
     except UnicodeDecodeError as e:
         raise SnapshotError(f"{p}: cannot read: {e}") from None
+    doc: Any
     if nvsmi.detect(raw) is not None:  # nvidia-smi -q or -q -x: converted (docs/snapshot.md)
         try:
             doc = nvsmi.convert(raw, p)
@@ -511,7 +204,8 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
         except ValueError as e:
             raise SnapshotError(f"{p}: neither a gpucheck snapshot nor an nvidia-smi -q capture (not JSON: {e})") from None
     validate_snapshot(doc, p)
-    return doc
+    loaded: Snapshot = doc
+    return loaded
 
 
 def validate_snapshot(doc: Any, where: str = "snapshot") -> None:
@@ -557,7 +251,7 @@ def validate_snapshot(doc: Any, where: str = "snapshot") -> None:
             raise SnapshotError(f"{where}: gpus[{i}].errors must be an object")
 
 
-def snapshot_epoch(snap: dict[str, Any]) -> float | None:
+def snapshot_epoch(snap: Snapshot | dict[str, Any]) -> float | None:
     """captured_at as seconds since the epoch (None when it does not parse)."""
     return parse_time(snap.get("captured_at"))
 

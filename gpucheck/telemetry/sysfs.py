@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
 from ..pci import normalize_bus_id
+from .model import PciDevice
 
 NVIDIA_VENDOR = 0x10DE
 GPU_CLASSES = (0x0300, 0x0302)  # class >> 8: VGA compatible, 3D controller
@@ -26,7 +25,7 @@ def _read_hex(path: Path) -> int | None:
         return None
 
 
-def nvidia_pci_devices(sysfs_root: str | os.PathLike[str] = "/sys") -> list[dict[str, Any]]:
+def nvidia_pci_devices(sysfs_root: str | os.PathLike[str] = "/sys") -> list[PciDevice]:
     """NVIDIA GPUs on the PCI bus, sorted by bus id:
     [{"bus_id": "0000:18:00.0", "class": "0x030200", "device": "0x2330", "driver": "nvidia"|None}]."""
     base = Path(sysfs_root) / "bus" / "pci" / "devices"
@@ -34,7 +33,7 @@ def nvidia_pci_devices(sysfs_root: str | os.PathLike[str] = "/sys") -> list[dict
         entries = sorted(os.listdir(base))
     except OSError:
         return []
-    found = []
+    found: list[PciDevice] = []
     for name in entries:
         dev = base / name
         if _read_hex(dev / "vendor") != NVIDIA_VENDOR:

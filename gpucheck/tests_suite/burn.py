@@ -123,10 +123,10 @@ def burn_gemm(ctx: Context) -> list[Result]:
     if problem is not None:
         return [problem]
     try:
-        dtypes = parse_dtypes(ctx.options.get("dtypes") or p[f"dtypes_level{_level(ctx)}"])
+        dtypes = parse_dtypes(ctx.options.dtypes or p[f"dtypes_level{_level(ctx)}"])
     except DtypeError as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
-    size = int(ctx.options.get("size") or (p["cpu_size"] if device == "cpu" else p["size"]))
+    size = int(ctx.options.size or (p["cpu_size"] if device == "cpu" else p["size"]))
 
     from ..busy import guarded_targets  # the pool is imported only to run
     targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "burned")  # GPUs in use: skipped

@@ -106,11 +106,11 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     from ..poet.bounds import parse_blocks, parse_dtypes
     from ..poet.worker import BACKENDS
 
-    dtypes = parse_dtypes(ctx.options.get("dtypes") or p["dtypes"])
-    blocks = parse_blocks(ctx.options.get("blocks") or p["blocks"])
+    dtypes = parse_dtypes(ctx.options.dtypes or p["dtypes"])
+    blocks = parse_blocks(ctx.options.blocks or p["blocks"])
     gpu = ctx.device != "cpu"
-    size = ctx.options.get("size") or (p["size"] if gpu else None)
-    rows = ctx.options.get("rows") or (p["rows"] if gpu else None)
+    size = ctx.options.size or (p["size"] if gpu else None)
+    rows = ctx.options.rows or (p["rows"] if gpu else None)
     if size is not None:
         size = int(size)
         bad = [b for b in blocks if size % b]
@@ -118,7 +118,7 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"size {size} is not a multiple of block size(s) {', '.join(map(str, bad))}")
     if rows is not None and int(rows) < 1:
         raise ValueError(f"rows must be positive, not {rows}")
-    backend = str(ctx.options.get("backend") or p["backend"])
+    backend = str(ctx.options.backend or p["backend"])
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     if backend == "cupy" and ctx.device == "cpu":

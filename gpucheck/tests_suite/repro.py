@@ -10,7 +10,7 @@ per fingerprint, for fleet comparison (gpucheck.repro.majority.fleet_outliers).
 
 Level 1 runs a fast subset (workloads_level1: the bf16 and fp32 GEMM suites), level 2 and above
 every workload (workloads_level2). The reference file (gpucheck.repro.store) comes from
-ctx.options["reference"] (`gpucheck repro check --reference FILE`; a missing file is an error)
+ctx.options.reference (`gpucheck repro check --reference FILE`; a missing file is an error)
 or the check's `reference` parameter (default /etc/gpucheck/repro-refs.json; a missing file means
 "no reference", and the GPUs are compared with each other and with themselves). A malformed
 file is an error result naming the file and the place; as root, a file other users can change
@@ -91,7 +91,7 @@ def selected_workloads(ctx: Context, p: dict[str, Any] | None = None) -> tuple[l
     from ..repro.workloads import preset_for, select_workloads
 
     p = p or _params(ctx)
-    names = ctx.options.get("workloads") or p[f"workloads_level{_lv(ctx)}"]
+    names = ctx.options.workloads or p[f"workloads_level{_lv(ctx)}"]
     return select_workloads(list(names), preset_for(_device(ctx)).name)
 
 
@@ -190,7 +190,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
 
 def reference_path(ctx: Context, p: dict[str, Any] | None = None) -> tuple[str, bool]:
     """(path, explicit): the --reference option, else the check's parameter."""
-    explicit = ctx.options.get("reference")
+    explicit = ctx.options.reference
     if explicit:
         return str(explicit), True
     return str((p or _params(ctx))["reference"]), False

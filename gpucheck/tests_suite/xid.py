@@ -2,7 +2,7 @@
 
 Reads the kernel log (auto: /dev/kmsg, then journalctl -k, dmesg, /var/log files), keeps the
 events of the window (default `last-pass`: everything since the last passing run, so a prolog
-fails for new errors and not for ones already handled; `ctx.options["xid_since"]`, set by the
+fails for new errors and not for ones already handled; `ctx.options.xid_since`, set by the
 Slurm epilog to the job's start, wins), maps them to GPUs and judges them with the catalog in
 gpucheck.kernlog.catalog. See docs/xid.md.
 
@@ -56,9 +56,9 @@ def _snapshot_epoch(snap: dict[str, Any]) -> float | None:
 
 def _since(ctx: Context, params: dict[str, Any]) -> tuple[str, str | None]:
     """The window of this run and a note: the job start the Slurm epilog passes
-    (`ctx.options["xid_since"]`, from its record in the state directory) wins over the configured
+    (`ctx.options.xid_since`, from its record in the state directory) wins over the configured
     `since`; one that is no time (a NaN record) is ignored, and the whole boot judged."""
-    given = ctx.options.get("xid_since")
+    given = ctx.options.xid_since
     if given in (None, ""):
         return str(params.get("since", "last-pass")), None
     try:
@@ -74,7 +74,7 @@ def run(ctx: Context) -> list[Result]:
     snapshot = ctx.snapshot or {}
 
     try:
-        if ctx.options.get("snapshot_path"):
+        if ctx.options.snapshot_path:
             kl = snapshot.get("kernel_log")
             if not isinstance(kl, dict):
                 return [Result(ID, Status.SKIP, "snapshot has no kernel log")]

@@ -12,8 +12,9 @@ its pass becomes an error naming what it was promised and what it got), `startup
                       injection_args=lambda gpu: (extra_args, injection_texts, usage_problem_or_None))
     run.outcomes[job.worker_id], run.sampler, run.injected[gpu], run.results (usage errors)
 
-A GPU whose injection is a usage problem gets an `error` result and no worker. The sampler runs on
-CUDA (NVML) or when a test supplies `ctx.options["sample_fn"]`. Cancelled workers are stopped
+A GPU whose injection is a usage problem gets an `error` result and no worker. The sampler samples
+the run's telemetry source (`ctx.telemetry`) when it has telemetry for the workers' device (live
+NVML: CUDA only; a fake source: whatever it was given). Cancelled workers are stopped
 within 0.8 of the runner's stop time `ctx.stop_s` (5 s without a time limit: stop 1.5 s,
 SIGTERM 1 s, SIGKILL 1.5 s).
 """
@@ -23,10 +24,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..check import Context, Slice
 from ..result import Action, Result, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..telemetry.model import TelemetrySummary
+    from .pool import WorkerJob, WorkerOutcome
+    from .sampler import Sampler
+    from .targets import WorkerTarget
 
 # CPU time a fresh interpreter spends importing torch, as a lower bound: 2.13's CPU build took
 # 0.99 to 1.7 s on a 2-core EPYC VM (benchmarks/RESULTS.md, "Level 1"). Every worker imports it
@@ -39,9 +46,9 @@ DISPLAY_TELEMETRY = ("temperature_c", "sm_clock_mhz", "power_w")
 
 @dataclass
 class PerGpuRun:
-    jobs: list[Any] = field(default_factory=list)  # WorkerJob
-    outcomes: dict[str, Any] = field(default_factory=dict)  # worker_id -> WorkerOutcome
-    sampler: Any = None  # gpucheck.workers.sampler.Sampler or None
+    jobs: "list[WorkerJob]" = field(default_factory=list)
+    outcomes: "dict[str, WorkerOutcome]" = field(default_factory=dict)  # by worker_id
+    sampler: "Sampler | None" = None
     injected: dict[int, list[str]] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)  # injection usage errors
     elapsed_s: float = 0.0
@@ -51,7 +58,7 @@ def run_per_gpu(
     ctx: Context,
     check_id: str,
     worker_ref: str,
-    targets: list[dict[str, Any]],
+    targets: "list[WorkerTarget]",
     *,
     device: str,
     p: dict[str, Any],
@@ -80,19 +87,19 @@ def run_per_gpu(
     if not run.jobs:
         return run
 
-    sample_fn = ctx.options.get("sample_fn")
-    if device == "cuda" or sample_fn is not None:
-        run.sampler = Sampler([j.gpu for j in run.jobs], interval_s=float(p["sample_interval_s"]),
-                              sample_fn=sample_fn, xid_fn=ctx.options.get("xid_fn"))
+    if ctx.telemetry.watches(device):
+        run.sampler = Sampler([j.gpu for j in run.jobs if j.gpu is not None], source=ctx.telemetry,
+                              interval_s=float(p["sample_interval_s"]))
 
     def on_progress(job: Any, info: dict[str, Any]) -> None:
         if observe is not None:
             observe(job, info)
         merged = {k: v for k, v in info.items() if k not in hide_progress_keys}
         latest = run.sampler.latest(job.gpu) if run.sampler is not None and job.gpu is not None else None
+        shown: dict[str, Any] = dict(latest or {})
         for key in DISPLAY_TELEMETRY:
-            if latest and latest.get(key) is not None:
-                merged[key] = latest[key]
+            if shown.get(key) is not None:
+                merged[key] = shown[key]
         ctx.report(check_id, f"gpu{job.gpu}", merged)
 
     t0 = time.monotonic()
@@ -115,7 +122,7 @@ def level_duration(ctx: Context, p: dict[str, Any], *, option: str = "duration_s
                    highest: int = 4) -> float:
     """A looping check's length: the command's option (`--duration`) when given, else the check's
     `duration_s_level<N>` default for the run's level clamped to [lowest, highest]."""
-    given = ctx.options.get(option)
+    given = ctx.options.given(option)
     if given is not None:
         return float(given)
     return float(p[f"duration_s_level{max(lowest, min(highest, int(ctx.level)))}"])
@@ -169,7 +176,7 @@ class Promise:
 def promised(ctx: Context, p: dict[str, Any], what: str, *, option: str = "duration_s", lowest: int = 2,
              highest: int = 4, extra_s: float = 0.0) -> Promise:
     """The Promise of a looping check: level_duration (plus `extra_s`, a warm-up) and its source."""
-    given = ctx.options.get(option) is not None
+    given = ctx.options.given(option) is not None
     lv = max(lowest, min(highest, int(ctx.level)))
     source = f"--{option.removesuffix('_s').replace('_', '-')}" if given else f"the level-{lv} default"
     return Promise(level_duration(ctx, p, option=option, lowest=lowest, highest=highest) + extra_s, source, what)
@@ -217,7 +224,7 @@ def cut_short(r: Result, promise: Promise, ran_s: float | None, why: str) -> Res
     return r
 
 
-def telemetry_summary(sampler: Any, gpu: int, device: str) -> dict[str, Any]:
+def telemetry_summary(sampler: "Sampler | None", gpu: int, device: str) -> "TelemetrySummary":
     """The sampler's summary of one GPU (workers.sampler.summarize), with why Xid events were not
     watched; without a sampler, an empty summary that says why there is no telemetry."""
     from .sampler import summarize
@@ -231,24 +238,28 @@ def telemetry_summary(sampler: Any, gpu: int, device: str) -> dict[str, Any]:
     return s
 
 
-def add_telemetry(r: Result, t: dict[str, Any]) -> None:
+def add_telemetry(r: Result, t: "TelemetrySummary") -> None:
     """A GPU's telemetry summary as metrics (clocks, temperature, power) and evidence lines."""
-    for key, unit in (("sm_clock_min_mhz", "MHz"), ("sm_clock_median_mhz", "MHz"), ("sm_clock_max_mhz", "MHz"),
-                      ("temperature_max_c", "C"), ("power_mean_w", "W")):
-        if t["samples"]:
-            r.metric(key, t[key], unit)
     if t["samples"]:
+        r.metric("sm_clock_min_mhz", t["sm_clock_min_mhz"], "MHz")
+        r.metric("sm_clock_median_mhz", t["sm_clock_median_mhz"], "MHz")
+        r.metric("sm_clock_max_mhz", t["sm_clock_max_mhz"], "MHz")
+        r.metric("temperature_max_c", t["temperature_max_c"], "C")
+        r.metric("power_mean_w", t["power_mean_w"], "W")
         r.evidence.append(f"telemetry: {t['samples']} samples; throttle reasons seen: "
                           + (", ".join(t["throttle_reasons"]) or "none"))
         if t["errors"]:
             r.evidence.append("NVML errors while sampling: " + ", ".join(t["errors"]))
-    elif t.get("note"):
-        r.evidence.append(t["note"])
-    if t.get("xid_note"):
-        r.evidence.append(t["xid_note"])
+    else:
+        note = t.get("note")
+        if note:
+            r.evidence.append(note)
+    xid_note = t.get("xid_note")
+    if xid_note:
+        r.evidence.append(xid_note)
 
 
-def finish_result(r: Result, t: dict[str, Any], *, device: str, gpu: int, notes: list[str],
+def finish_result(r: Result, t: "TelemetrySummary", *, device: str, gpu: int, notes: list[str],
                   elapsed_s: float) -> Result:
     """What every per-GPU result of a worker check carries besides its verdict: the telemetry, a
     note when a CPU worker stood in for the GPU, the run's notes and the time it took."""

@@ -60,9 +60,12 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as _wait
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..processes import die_with_parent
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .results import DeviceInfo, SetupError
 
 OK = "ok"
 CRASHED = "crashed"
@@ -221,7 +224,7 @@ class LocalChannel:
         return self.stop_event.is_set()
 
 
-def torch_and_device(chan: WorkerChannel | LocalChannel) -> tuple[Any, Any, dict[str, Any] | None]:
+def torch_and_device(chan: WorkerChannel | LocalChannel) -> tuple[Any, Any, "SetupError | None"]:
     """In a worker target: (torch, device, None), or (None, None, {"setup_error": why}) to return
     as the target's result when torch or the device cannot be used (not a hardware verdict)."""
     try:
@@ -234,7 +237,7 @@ def torch_and_device(chan: WorkerChannel | LocalChannel) -> tuple[Any, Any, dict
     return torch, dev, None
 
 
-def device_info(torch: Any, dev: Any) -> dict[str, Any]:
+def device_info(torch: Any, dev: Any) -> "DeviceInfo":
     """What a worker computed on, for its result: model, compute capability, SMs, memory, torch
     and CUDA runtime versions (cuBLAS when torch tells); CPU model and threads for CPU workers."""
     import platform  # noqa: PLC0415
@@ -252,7 +255,7 @@ def device_info(torch: Any, dev: Any) -> dict[str, Any]:
     else:
         info.update(name=platform.processor() or platform.machine() or "cpu", capability=None,
                     threads=torch.get_num_threads())
-    return info
+    return cast("DeviceInfo", info)
 
 
 def torch_device(chan: WorkerChannel | LocalChannel) -> Any:

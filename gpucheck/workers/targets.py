@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from ..check import Context
 from ..result import Result, Status
 
 
+class WorkerTarget(TypedDict):
+    """A device a compute check starts a worker on."""
+
+    gpu: int  # the NVML index (or the CPU worker's number)
+    visible: str | None  # CUDA_VISIBLE_DEVICES that pins the worker to it (its UUID), or None
+    name: str | None  # the GPU's model
+
+
 def worker_targets(ctx: Context, device: str, check_id: str, verb: str = "tested"
-                   ) -> tuple[list[dict[str, Any]], list[Result]]:
+                   ) -> tuple[list[WorkerTarget], list[Result]]:
     """The GPUs (or CPU workers) to start workers on, and a skip for each selected GPU that is not
     usable (lost, reset required: the inventory check judges those).
 
@@ -26,7 +34,7 @@ def worker_targets(ctx: Context, device: str, check_id: str, verb: str = "tested
 
         ids = [i for i in range(torch.cuda.device_count()) if wanted is None or i in wanted]
         return [{"gpu": i, "visible": None, "name": None} for i in ids], []
-    targets: list[dict[str, Any]] = []
+    targets: list[WorkerTarget] = []
     skipped: list[Result] = []
     for e in sorted(ctx.selected_gpu_entries(), key=lambda e: int(e.get("index", 0))):
         idx = int(e["index"])
