@@ -57,6 +57,7 @@ LIMITS: dict[str, int] = {
     "snapshot": 64 * MiB,
     "reference": 16 * MiB,
     "cursor": 1 * MiB,
+    "report input": 1024 * MiB,  # `gpucheck report`: a sweep report of thousands of nodes' verdicts
 }
 
 _PATH_FLAG = getattr(os, "O_PATH", os.O_RDONLY)
