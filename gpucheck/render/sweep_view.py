@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping
 
 from .console import MARKS, NO_RESULT, STYLES, line, make_console, mark, styled
 from .grid import RANK, sweep_grid
-from .terminal import wrapped
+from .terminal import joined, wrapped
 
 GRID_MAX_NODES = 64
 WORST_CAUSES = 8
@@ -37,8 +37,9 @@ def _columns(checks: list[str], fixed: int, width: int) -> tuple[list[str], list
     if full <= width:
         return list(checks), []
     keys = [_letters(i) for i in range(len(checks))]
-    legend = line(styled("checks:", "dim"), " ", "  ".join(f"{k} {c}" for k, c in zip(keys, checks)))
-    return keys, wrapped(legend, width, indent=2)
+    parts = [styled(f"{k} {c}") for k, c in zip(keys, checks)]
+    parts[0] = line(styled("checks: ", "dim"), parts[0])
+    return keys, joined(parts, width, indent=2)
 
 
 def _letters(i: int) -> str:
@@ -57,8 +58,8 @@ def grid_lines(outcomes: Iterable[Any], width: int) -> list[Any]:
     node_w = max(4, *(len(n) for n, _, _ in grid.rows)) if grid.rows else 4
     headers, legend = _columns(grid.checks, node_w + 1 + STATUS_W, width)
     widths = [max(4, len(h)) for h in headers]
-    out = [styled(f"{'node':<{node_w}} {'status':<{STATUS_W}}" + "".join(f" {h:<{w}}" for h, w in zip(headers, widths)),
-                  "bold")]
+    head = f"{'node':<{node_w}} {'status':<{STATUS_W}}" + "".join(f" {h:<{w}}" for h, w in zip(headers, widths))
+    out = [styled(head.rstrip(), "bold")]
     for node, status, marks in grid.rows:
         row = line(f"{node:<{node_w}} ", styled(f"{status.upper():<{STATUS_W}}", STYLES.get(status)))
         for check, w in zip(grid.checks, widths):
@@ -85,10 +86,8 @@ def node_lines(outcomes: Iterable[Any], strict: bool, width: int) -> list[Any]:
         cause = "; ".join(x for x in (o.reason, *o.fleet) if x) or "-"
         text = line(styled(f"{o.status.upper():<{STATUS_W}}", STYLES.get(o.status)), " ", styled(o.node, "bold"),
                     f" {failing}: " if failing else ": ", cause)
-        if o.action and o.action != "none":
-            text.append("  -> ")
-            text.append(o.action, style="bold")
-        out += wrapped(text, width, indent=STATUS_W + 1)
+        parts = [text] + ([line("-> ", styled(o.action, "bold"))] if o.action and o.action != "none" else [])
+        out += joined(parts, width, indent=STATUS_W + 1)
     return out
 
 

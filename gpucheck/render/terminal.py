@@ -84,23 +84,23 @@ def cause_lines(verdict: Mapping[str, Any], width: int) -> list[Any]:
         if cause.status == "skip":
             plain.append(cause)
             continue
-        out += wrapped(cause_text(cause), width, indent=CAUSE_INDENT)
+        out += joined(cause_parts(cause), width, indent=CAUSE_INDENT)
     if plain:
         text = line(styled("skipped:", STYLES["skip"]), " ", "; ".join(_skip_text(c) for c in plain))
         out += wrapped(text, width, indent=2)
     return out
 
 
-def cause_text(cause: Cause) -> Any:
-    """'FAIL  gpu5 clocks,ecc: GPU 5: GPU is lost (...) -> reboot'."""
+def cause_parts(cause: Cause) -> list[Any]:
+    """'FAIL  gpu5 clocks,ecc: GPU 5: GPU is lost (...)', then '-> reboot' (kept whole)."""
     text = line(mark(cause.status), " " * max(1, CAUSE_INDENT - len(MARKS.get(cause.status, cause.status))),
                 styled(cause.where(), "bold"), ": ", cause.summary)
     if cause.injected:
         text.append(f"  [injected: {', '.join(cause.injected)}]")
+    parts = [text]
     if cause.action != "none":
-        text.append("  -> ")
-        text.append(cause.action, style="bold")
-    return text
+        parts.append(line("-> ", styled(cause.action, "bold")))
+    return parts
 
 
 def _skip_text(cause: Cause) -> str:
@@ -154,13 +154,13 @@ def joined(parts: list[Any], width: int, *, indent: int, sep: str = "  ") -> lis
 def wrapped(text: Any, width: int, *, indent: int) -> list[Any]:
     """`text` cut into lines of at most `width` cells at spaces, lines after the first indented
     by `indent` (a hanging indent keeps the mark column readable). Styles are kept."""
-    from rich.console import Console
+    import io
 
     width = max(20, width)
     text = text if not isinstance(text, str) else styled(text)
     if text.cell_len <= width:
         return [text]
-    measure = Console(width=width, markup=False, emoji=False, highlight=False)
+    measure = make_console(io.StringIO(), width=width, color=False)
     head = text.wrap(measure, width)[0]
     head.rstrip()
     offset = len(head.plain)
