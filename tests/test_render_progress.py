@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from gpucheck.render.progress import PROGRESS_INTERVAL_S, ProgressLines, describe
-
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
 
@@ -41,6 +39,8 @@ class _Run:
 
 
 def test_one_line_per_gpu_at_once_then_every_interval_with_staleness():
+    from gpucheck.render.progress import PROGRESS_INTERVAL_S, ProgressLines
+
     clock, out = Clock(), io.StringIO()
     p = ProgressLines(out, clock=clock)
     p._thread = object()  # no ticker thread: the test calls tick() with its own clock
@@ -71,6 +71,8 @@ def test_one_line_per_gpu_at_once_then_every_interval_with_staleness():
 
 
 def test_a_check_that_reports_nothing_still_prints_every_interval():
+    from gpucheck.render.progress import ProgressLines
+
     out = io.StringIO()
     p = ProgressLines(out, interval_s=0.2)  # the real ticker thread
     p.started(_Check())
@@ -84,6 +86,8 @@ def test_a_check_that_reports_nothing_still_prints_every_interval():
 
 
 def test_short_quiet_checks_print_nothing_and_describe_is_plain():
+    from gpucheck.render.progress import ProgressLines, describe
+
     out = io.StringIO()
     p = ProgressLines(out)
     p.started(_Check())
