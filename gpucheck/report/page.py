@@ -135,7 +135,7 @@ def render_page(sections: list[Section], *, generated: str, inputs: list[str]) -
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
         f"<title>gpucheck report</title><style>{_CSS}</style>"
-        f"<script>{_plotly_js()}</script></head><body>"
+        f"<script>{_plotly_js()}</script><script>window.gpucheckPlotlyReady=performance.now();</script></head><body>"
         f"<header><h1>gpucheck report</h1><p>generated {h(generated)} from {h(', '.join(inputs))}</p></header>"
         f"<main>{''.join(parts)}</main><script>{script}</script></body></html>\n"
     )
