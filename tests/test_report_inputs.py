@@ -102,7 +102,7 @@ def test_every_figure_is_valid_for_plotly(tmp_path):
 
     from gpucheck.report import section_for
     from gpucheck.report.inputs import load_input
-    from gpucheck.report.page import Figure
+    from gpucheck.report.page import Figure, densify
 
     docs = {"v.json": json.dumps(ri.slow_gpu_verdict()), "h.jsonl": ri.history_lines(4), "s.json": ri.sweep_report(8),
             "p.json": json.dumps(ri.pairs_document(6)), "b.json": json.dumps(ri.bisect_result(32, ("n007",)))}
@@ -111,9 +111,16 @@ def test_every_figure_is_valid_for_plotly(tmp_path):
         (tmp_path / name).write_text(text)
         for block in section_for(load_input(str(tmp_path / name))).blocks:
             if isinstance(block, Figure):
-                go.Figure(data=block.data, layout=block.layout)
+                go.Figure(data=densify(block.data), layout=block.layout)
                 count += 1
     assert count >= 7
+
+
+def test_sparse_matrices_expand_to_the_full_matrix():
+    from gpucheck.report.page import densify, sparse_matrix
+
+    got = densify([{"type": "heatmap", "z": sparse_matrix(3, [(0, 1, 5.0), (1, 0, 5.0)]), "x": [1]}])
+    assert got == [{"type": "heatmap", "z": [[None, 5.0, None], [5.0, None, None], [None, None, None]], "x": [1]}]
 
 
 def test_script_json_cannot_end_the_script():

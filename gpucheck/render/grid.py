@@ -107,12 +107,16 @@ def causes(verdict: Mapping[str, Any], *, include_pass: bool = False) -> list[Ca
 def check_marks(verdict: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """(check, folded status) per check of a verdict, in its order: what a sweep keeps of a
     node's verdict for its node x check grid."""
-    grid = verdict_grid(verdict)
-    out = []
-    for check in grid.checks:
-        statuses = [s for (c, _), s in grid.cells.items() if c == check]
-        out.append((sys.intern(check), sys.intern(fold(statuses))))  # interned: 10,000 nodes share them
-    return tuple(out)
+    worst: dict[str, str] = {}
+    for r in verdict.get("results", []):
+        if not isinstance(r, Mapping):
+            continue
+        check, status = str(r.get("check")), status_key(r)
+        if check not in worst or RANK.get(status, RANK["error"]) > RANK.get(worst[check], RANK["error"]):
+            worst[check] = status
+    order = [str(c.get("id")) for c in verdict.get("checks", []) if isinstance(c, Mapping)]
+    checks = [c for c in order if c in worst] + [c for c in worst if c not in order]
+    return tuple((sys.intern(c), sys.intern(worst[c])) for c in dict.fromkeys(checks))  # interned: shared by nodes
 
 
 @dataclass

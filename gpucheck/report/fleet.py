@@ -9,7 +9,7 @@ from typing import Any, Mapping
 from ..render.grid import check_marks
 from .charts import points_with_outliers, status_heatmap
 from .inputs import Input
-from .page import STATUS_COLORS, Figure, Section, badge, h, legend, pt, table
+from .page import STATUS_COLORS, Figure, Section, badge, h, legend, pt, sparse_matrix, table
 
 MAX_CHARTS = 12
 MAX_ROWS = 500
@@ -133,9 +133,9 @@ def _pair_matrix(nodes: list[str], pairs: list[Mapping[str, Any]], marked: list[
     columns framed in red and their names in bold."""
     index = {n: i for i, n in enumerate(nodes)}
     size = len(nodes)
-    bw: list[list[float | None]] = [[None] * size for _ in range(size)]
-    broken: list[list[int | None]] = [[None] * size for _ in range(size)]
-    text: list[list[str | None]] = [[None] * size for _ in range(size)]
+    bw: list[tuple[int, int, float]] = []
+    broken: list[tuple[int, int, int]] = []
+    text: list[tuple[int, int, str]] = []
     for p in pairs:
         ab = [str(x) for x in p.get("nodes") or []]
         if len(ab) != 2 or ab[0] not in index or ab[1] not in index:
@@ -146,16 +146,18 @@ def _pair_matrix(nodes: list[str], pairs: list[Mapping[str, Any]], marked: list[
         label = pt(f"{ab[0]} + {ab[1]}: {verdict}" + (f", busbw {value:.4g} GB/s" if value is not None else "")
                    + (f": {str(p.get('summary'))[:160]}" if verdict not in ("ok", "slow") else ""))
         for a, b in ((i, j), (j, i)):
-            text[a][b] = label
+            text.append((a, b, label))
             if value is not None and verdict in ("ok", "slow"):
-                bw[a][b] = value
+                bw.append((a, b, value))
             else:
-                broken[a][b] = 1
+                broken.append((a, b, 1))
     ex = [pt(n) for n in nodes]
     ticks = [f"<b>{pt(n)}</b>" if n in set(marked) else pt(n) for n in nodes]
-    data = [{"type": "heatmap", "x": ex, "y": ex, "z": bw, "text": text, "colorscale": "Viridis",
+    hover = sparse_matrix(size, text)
+    data = [{"type": "heatmap", "x": ex, "y": ex, "z": sparse_matrix(size, bw), "text": hover, "colorscale": "Viridis",
              "colorbar": {"title": {"text": "busbw GB/s"}}, "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False},
-            {"type": "heatmap", "x": ex, "y": ex, "z": broken, "text": text, "showscale": False, "zmin": 0, "zmax": 1,
+            {"type": "heatmap", "x": ex, "y": ex, "z": sparse_matrix(size, broken), "text": hover, "showscale": False,
+             "zmin": 0, "zmax": 1,
              "colorscale": [[0, STATUS_COLORS["fail"]], [1, STATUS_COLORS["fail"]]],
              "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False}]
     shapes = []

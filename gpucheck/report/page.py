@@ -54,6 +54,29 @@ def script_json(obj: Any) -> str:
     return text
 
 
+def sparse_matrix(n: int, cells: list[tuple[int, int, Any]]) -> dict[str, Any]:
+    """An n x n matrix (a heatmap's z or text) of null but `cells` (row, column, value): the page
+    expands it before plotting (`densify` does the same in Python), so a 1,000-node pair
+    matrix with a few thousand pairs measured does not carry a million nulls."""
+    return {"sparse": n, "cells": [list(c) for c in cells]}
+
+
+def densify(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The traces with every sparse matrix expanded (what the page's script does)."""
+    out = []
+    for trace in data:
+        trace = dict(trace)
+        for key in ("z", "text"):
+            v = trace.get(key)
+            if isinstance(v, dict) and "sparse" in v:
+                m: list[list[Any]] = [[None] * v["sparse"] for _ in range(v["sparse"])]
+                for i, j, value in v["cells"]:
+                    m[i][j] = value
+                trace[key] = m
+        out.append(trace)
+    return out
+
+
 @dataclass
 class Figure:
     data: list[dict[str, Any]]
@@ -127,6 +150,11 @@ def render_page(sections: list[Section], *, generated: str, inputs: list[str]) -
     for n, sec in enumerate(sections):
         parts.append(_section_html(sec, n, figures))
     script = ("(function(){var figs=" + script_json(figures) + ";"
+              "function dense(v){if(!v||v.sparse===undefined)return v;var m=[];"
+              "for(var i=0;i<v.sparse;i++)m.push(new Array(v.sparse).fill(null));"
+              "v.cells.forEach(function(c){m[c[0]][c[1]]=c[2];});return m;}"
+              "figs.forEach(function(f){f.data.forEach(function(t){"
+              "['z','text'].forEach(function(k){if(k in t)t[k]=dense(t[k]);});});});"
               "var config={responsive:true,displaylogo:false};"
               "var done=figs.map(function(f){return Plotly.newPlot(f.id,f.data,f.layout,config);});"
               "Promise.all(done).then(function(){window.gpucheckRendered=performance.now();"
