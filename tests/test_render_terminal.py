@@ -12,7 +12,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
 
 from gpucheck.cli.main import main
 
