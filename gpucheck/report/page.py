@@ -162,10 +162,12 @@ def render_page(sections: list[Section], *, generated: str, inputs: list[str]) -
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
-        f"<title>gpucheck report</title><style>{_CSS}</style>"
-        f"<script>{_plotly_js()}</script><script>window.gpucheckPlotlyReady=performance.now();</script></head><body>"
+        f"<title>gpucheck report</title><style>{_CSS}</style></head><body>"
         f"<header><h1>gpucheck report</h1><p>generated {h(generated)} from {h(', '.join(inputs))}</p></header>"
-        f"<main>{''.join(parts)}</main><script>{script}</script></body></html>\n"
+        f"<main>{''.join(parts)}</main>"
+        # plotly.js last: the text and tables are drawn while it compiles, the plots after it
+        f"<script>{_plotly_js()}</script><script>window.gpucheckPlotlyReady=performance.now();</script>"
+        f"<script>{script}</script></body></html>\n"
     )
 
 
