@@ -70,6 +70,7 @@ class RunRequest:
     force: bool = False  # load GPUs that are in use (gpucheck.busy)
     # Where telemetry comes from; None: a replay of `snapshot_path`, else this node's NVML.
     telemetry: "TelemetrySource | None" = None
+    verbose: bool = False  # the full table (one row per result) instead of the grid
 
 
 @dataclass
@@ -369,7 +370,8 @@ def execute(
 
     On a terminal (and not --json) a live display shows progress: `display_factory()` builds it
     (an object with started(check), progress(check_id, subject, info), finished(run), close()),
-    by default a one-line status (gpucheck.output.LiveStatus).
+    by default a one-line status (gpucheck.output.LiveStatus). Without a terminal (and not
+    --json) progress lines go to stderr (gpucheck.render.progress.ProgressLines).
 
     SIGTERM/SIGINT are recorded (gpucheck.interrupts) from here, or from the command's first
     line, until the last output is written; handlers armed here are restored on return.
@@ -393,6 +395,11 @@ def _run(prep: Prepared, req: RunRequest, progress: Callable[[str, str, dict[str
         if display_factory is None:
             from .output import LiveStatus as display_factory
         display = display_factory()
+        prep.ctx.progress = progress or display.progress
+    elif not req.json:  # cron, Slurm, ssh: a progress line per GPU at least every 10 s, on stderr
+        from .render.progress import ProgressLines
+
+        display = ProgressLines(sys.stderr)
         prep.ctx.progress = progress or display.progress
     elif progress is not None:
         prep.ctx.progress = progress
@@ -479,7 +486,7 @@ def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], Non
     else:
         from .output import print_verdict
 
-        print_verdict(verdict)
+        print_verdict(verdict, verbose=req.verbose)
 
     def warn(message: str) -> None:
         _warn(message, on_warning)

@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bisect": "gpucheck.cli.bisect:bisect_command",
     "nccl": "gpucheck.cli.nccl:nccl_group",
     "hang": "gpucheck.cli.hang:hang_command",
+    "report": "gpucheck.cli.report:report_command",
 }
 
 

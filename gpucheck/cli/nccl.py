@@ -250,11 +250,14 @@ def nccl_group() -> None:
               help="Hard limit for the whole run (default: estimated from the sweep).")
 @click.option("--force", is_flag=True,
               help="Start on GPUs that a job is using (NVML lists its processes) instead of refusing (exit 3).")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON lines even on a terminal (without a terminal they are the default).")
 @_sweep_options
 def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, master_port, host_label,
-                peer_hosts, injections, deadline_text, force, ops, sizes_text, iters, warmup, timeout_text,
+                peer_hosts, injections, deadline_text, force, as_json, ops, sizes_text, iters, warmup, timeout_text,
                 backend, ifname, nproc_per_node) -> int:
-    """Run this node's ranks of a collective test; print one JSON line per event.
+    """Run this node's ranks of a collective test; on a terminal print nccl-tests' table, else
+    (or with --json) one JSON line per event.
 
     Events: {"event": "listening", "port": P} (rank 0, once the rendezvous store is up),
     {"event": "ready"} per rank, and {"event": "result", ...} per rank with the measurements
@@ -305,11 +308,17 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
         port_source = _stdin_port()
     lock = threading.Lock()
     notes: list[str] = []
+    from ..render.nccl_table import RunView
+
+    view = None if as_json or not sys.stdout.isatty() else RunView()
 
     def emit(ev: dict[str, Any]) -> None:
         if notes and ev.get("event") == "result":
             ev = {**ev, "notes": [*ev.get("notes", []), *notes]}
         with lock:
+            if view is not None:
+                view.event(ev)
+                return
             sys.stdout.write(json.dumps(ev, separators=(",", ":")) + "\n")
             sys.stdout.flush()
 
@@ -326,6 +335,8 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
     status = merge(reports, topo.world)["status"] if len(reports) == topo.world else \
         ("ok" if all(r.get("status") == "ok" for r in reports) else
          "fail" if any(r.get("status") == "fail" for r in reports) else "error")
+    if view is not None:
+        view.finish(reports, topo.world, status)
     return {"ok": EXIT_OK, "fail": EXIT_FAIL}.get(status, EXIT_NO_JUDGEMENT)
 
 
@@ -614,10 +625,11 @@ def pairs_document(j, *, nodes, strategy, plan, op, code, injected, interrupted=
 
 
 def print_pairs(doc: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=sys.stdout, highlight=False)
+    from ..render.console import make_console
+
+    con = make_console(sys.stdout)  # no markup, no emoji: node names and summaries print as they are
     t = Table(title=f"{doc['op']} per pair", header_style="bold")
     for col in ("round", "pair", "busbw GB/s", "algbw GB/s", "x ref", "verdict", "note"):
         t.add_column(col, overflow="fold")

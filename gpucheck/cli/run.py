@@ -56,6 +56,8 @@ def common_run_options(f):
     """Options shared by `run` and the per-check commands (burn, ...)."""
     opts = [
         click.option("--json", "as_json", is_flag=True, help="Print the verdict JSON alone on stdout."),
+        click.option("--verbose", "-v", is_flag=True,
+                     help="Print one row per result (the full table) instead of the check x GPU grid."),
         click.option("--output", "-o", metavar="FILE", help="Also write the verdict JSON to FILE (atomically)."),
         click.option("--prom", metavar="FILE", help="Write Prometheus textfile-collector metrics to FILE."),
         click.option("--strict", is_flag=True, default=None, help="Treat warn as unhealthy (exit 1)."),
@@ -88,7 +90,7 @@ def common_run_options(f):
 
 def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, strict, on_error,
                   config_path, snapshot_path, state_dir, no_history, timeout_text, device, workers,
-                  injections, options=None, force=False) -> RunRequest:
+                  injections, options=None, force=False, verbose=False) -> RunRequest:
     try:
         gpus = parse_gpu_list(gpus_text)
     except UsageError as e:
@@ -113,6 +115,7 @@ def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, str
         timeout_s=parse_duration(timeout_text),
         history=not no_history,
         force=force,
+        verbose=verbose,
     )
 
 
@@ -175,8 +178,9 @@ def list_command(level, as_json, defaults) -> int:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from ..render.console import make_console
 
     table = Table(header_style="bold")
     for col in ("id", "level", "needs", "budget", "detects"):
@@ -187,7 +191,7 @@ def list_command(level, as_json, defaults) -> int:
         if defaults and r["defaults"]:
             table.add_row("", "", "", "", "  " + ", ".join(f"{k}={v} ({r['ranges'][k]})"
                                                           for k, v in r["defaults"].items()))
-    Console(file=sys.stdout, highlight=False).print(table)
+    make_console(sys.stdout).print(table)
     return 0
 
 

@@ -114,12 +114,13 @@ class _Progress:
         self.total, self.done, self.bad, self.strict = total, 0, 0, strict
         self.progress = None
         if sys.stderr.isatty():
-            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("[red]{task.fields[bad]} bad"), TimeElapsedColumn(),
-                                     console=Console(file=sys.stderr), transient=True)
+            from ..render.console import make_console
+
+            self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[bad]} bad", style="red", markup=False),
+                                     TimeElapsedColumn(), console=make_console(sys.stderr), transient=True)
             self.task = self.progress.add_task(label, total=total, bad=0)
             self.progress.start()
 
@@ -134,46 +135,10 @@ class _Progress:
             self.progress.stop()
 
 
-_STYLE = {"pass": "green", "warn": "yellow", "skip": "dim", "fail": "bold red", "error": "magenta",
-          "unreachable": "bold magenta", "timeout": "bold magenta"}
-
-
 def _print_sweep(outcomes, report: dict[str, Any], strict: bool) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from ..render.sweep_view import print_sweep
 
-    from ..fleet.sweep import failing_text
-
-    console = Console(file=sys.stdout, highlight=False, soft_wrap=False)
-    table = Table(header_style="bold")
-    for col in ("node", "status", "failing checks", "cause", "action"):
-        table.add_column(col, overflow="fold")
-    order = {"fail": 0, "unreachable": 1, "timeout": 2, "error": 3, "warn": 4, "pass": 5, "skip": 6}
-    for o in sorted(outcomes, key=lambda o: (order.get(o.status, 9), o.node)):
-        failing = failing_text(o.failing)
-        if o.fleet:
-            failing = ", ".join(x for x in (failing, "fleet") if x)
-        cause = "; ".join(x for x in (o.reason, *o.fleet) if x)
-        table.add_row(escape(o.node), f"[{_STYLE.get(o.status, '')}]{o.status.upper()}[/]",
-                      escape(failing or "-"), escape(cause or "-"), o.action if o.action != "none" else "")
-    console.print(table)
-    counts = ", ".join(f"{n} {s}" for s, n in report["counts"].items() if n)
-    # Plain lines from here: a folded node set must never be wrapped (it is pasted into scontrol).
-    click.echo(f"{len(outcomes)} node(s) in {report['duration_s']:.1f} s: {counts}")
-    bitwise = report["fleet"].get("bitwise", {})
-    if not bitwise.get("compared", False):
-        click.echo(f"bitwise comparison: {bitwise.get('why', 'unavailable')}")
-    if report["bad"]:
-        click.echo(f"bad nodes: {report['bad']}")
-        for status, ns in report["by_status"].items():
-            if status not in ("pass", "skip") and (status != "warn" or strict):
-                click.echo(f"  {status}: {ns}")
-    elif not report.get("interrupted"):
-        click.echo("all nodes healthy")
-    if report.get("interrupted"):
-        click.echo(f"interrupted by {report['interrupted']}: {len(outcomes)} of {report['planned']} node(s) "
-                   f"answered; not answered: {report['unanswered'] or 'none'}")
+    print_sweep(outcomes, report, strict)
 
 
 @click.command("sweep")

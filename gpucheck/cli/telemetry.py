@@ -5,6 +5,9 @@ checks judge, as JSON. It works on a broken node too (no driver, a lost GPU): th
 says so (nvml.ok false, GPU states), which is the point of capturing it.
 `gpucheck telemetry import CAPTURE [-o FILE]` converts an `nvidia-smi -q` (or `-q -x`) capture
 into the same snapshot format (gpucheck.telemetry.nvsmi).
+
+`gpucheck telemetry show [SNAPSHOT]` prints a snapshot (or this node's live telemetry) as one
+line per GPU for people (gpucheck.render.telemetry_view), without judging it.
 """
 
 from __future__ import annotations
@@ -110,4 +113,30 @@ def import_command(capture: str, output: str | None) -> int:
         click.echo(f"gpucheck telemetry import: cannot write {output}: {output_problem(e, output)}", err=True)
         return 2
     click.echo(f"wrote {output}: {len(snap['gpus'])} GPU(s) from {snap['capture']['format']}", err=True)
+    return 0
+
+
+@telemetry_group.command("show")
+@click.argument("snapshot", required=False, metavar="[SNAPSHOT]")
+@click.option("--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/sys"),
+              show_default=True, help="Where sysfs is mounted (live read only).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Give up on a driver that does not answer within this many seconds (live read only).")
+def show_command(snapshot: str | None, sysfs_root: Path, timeout_s: float) -> int:
+    """Print a snapshot file (or, without one, this node's live telemetry) per GPU, unjudged.
+
+    Exit 0 printed, 2 a SNAPSHOT that cannot be used (named with the reason).
+    """
+    from ..render.telemetry_view import print_snapshot
+    from ..telemetry.snapshot import SnapshotError, collect_snapshot, load_snapshot
+
+    if snapshot is None:
+        snap = collect_snapshot(sysfs_root=sysfs_root, timeout_s=timeout_s)
+    else:
+        try:
+            snap = load_snapshot(snapshot)
+        except SnapshotError as e:
+            click.echo(f"gpucheck telemetry show: {e}", err=True)
+            return 2
+    print_snapshot(snap, snapshot)
     return 0

@@ -54,6 +54,7 @@ class NodeOutcome:
     stderr_tail: str = ""
     fleet: list[str] = field(default_factory=list)  # findings of the fleet comparison
     inputs: FleetInputs | None = None  # what the fleet comparison reads of the verdict
+    checks: tuple[tuple[str, str], ...] = ()  # (check, folded status) for the node x check grid
 
     def is_bad(self, strict: bool = False) -> bool:
         return self.status in BAD or (strict and self.status == "warn")
@@ -202,8 +203,11 @@ def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
     elif verdict["exit_code"] == 1 and status in GOOD:
         status = "fail"  # --strict turned a warn into unhealthy on the node
     reason = verdict_cause(verdict) if status not in ("pass", "skip") else ""
+    from ..render.grid import check_marks
+
     return NodeOutcome(status=status, reason=reason, action=str(verdict.get("action", "none")),
-                       failing=[_label(r) for r in bad], verdict=verdict, inputs=fleet_inputs(verdict), **base)
+                       failing=[_label(r) for r in bad], verdict=verdict, inputs=fleet_inputs(verdict),
+                       checks=check_marks(verdict), **base)
 
 
 def verdict_cause(verdict: Mapping[str, Any]) -> str:

@@ -43,20 +43,23 @@ def _stack_text(g: dict[str, Any]) -> str:
 
 
 def _groups_table(doc: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    from ..render.console import make_console
+
+    console = make_console(sys.stdout)  # no markup, no emoji: stacks and node names print as they are
     table = Table(header_style="bold")
     for col in ("group", "ranks", "nodes", "stack (innermost first; outliers: what sets them apart)"):
         table.add_column(col, overflow="fold")
     for g in doc["groups"][:ROWS_SHOWN]:
-        label = f"{g['id']} [green]dominant[/]" if g["dominant"] else f"[bold red]{g['id']}[/]"
-        if doc["dominant_group"] is None:
-            label = str(g["id"])
-        table.add_row(label, escape(f"{g['size']}: {rank_ranges(g['ranks'])}"), escape(g["nodes"]),
-                      escape(_stack_text(g)))
+        label = Text(str(g["id"]))
+        if doc["dominant_group"] is not None and g["dominant"]:
+            label.append(" dominant", style="green")
+        elif doc["dominant_group"] is not None:
+            label.stylize("bold red")
+        table.add_row(label, Text(f"{g['size']}: {rank_ranges(g['ranks'])}"), Text(str(g["nodes"])),
+                      Text(_stack_text(g)))
     console.print(table)
     if len(doc["groups"]) > ROWS_SHOWN:
         click.echo(f"... {len(doc['groups']) - ROWS_SHOWN} more group(s) (--json has them all)")

@@ -117,7 +117,8 @@ def judge(
             "backend": backend,
             "rank_time_s": row["rank_time_s"],
             "rank_min_s": rank_min,
-            "sweep": [{k: s[k] for k in ("bytes", "time_s", "algbw_gbs", "busbw_gbs")}
+            "sweep": [{**{k: s[k] for k in ("bytes", "time_s", "algbw_gbs", "busbw_gbs")},
+                       "wrong": sum(int(e.get("nbad") or 0) for e in s.get("errors") or ())}  # nccl-tests' #wrong
                       for s in outcome["results"] if s["op"] == op],
         }
         units = {"busbw_gbs": "GB/s", "algbw_gbs": "GB/s", "time_s": "s", "bytes": "B", "rank_time_s": "s",

@@ -4,6 +4,8 @@ stays out of the check logic.
 
 It has the interface of gpucheck.output.LiveStatus (started / progress / finished / close), so the
 run pipeline can use either; rich is imported only when a display is made (TTY, not --json).
+Without a terminal the pipeline prints progress lines instead (gpucheck.render.progress). The
+console never reads markup or emoji codes in what it shows (gpucheck.render.console).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ class BurnDisplay:
     """rich Live table; one row per subject (gpu0, gpu1, ...)."""
 
     def __init__(self, file: TextIO | None = None, refresh_per_second: float = 2.0):
-        from rich.console import Console
         from rich.live import Live
 
-        self.console = Console(file=file or sys.stderr)
+        from ..render.console import make_console
+
+        self.console = make_console(file or sys.stderr)
         self._rows: dict[str, dict[str, Any]] = {}
         self._check = ""
         self._lock = threading.Lock()
@@ -45,18 +48,19 @@ class BurnDisplay:
 
     def _render(self) -> Any:
         from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title=f"gpucheck {self._check}".strip(), header_style="bold", expand=False)
+        table = Table(title=Text(f"gpucheck {self._check}".strip()), header_style="bold", expand=False)
         for name, justify in _COLUMNS:
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         with self._lock:
             rows = sorted(self._rows.items(), key=lambda kv: (len(kv[0]), kv[0]))
         for subject, r in rows:
             errors = r.get("errors", 0)
-            err = f"[bold red]{errors}[/]" if isinstance(errors, int) and errors else _num(errors, "d")
+            err = Text(str(errors), style="bold red") if isinstance(errors, int) and errors else _num(errors, "d")
             table.add_row(
-                subject.removeprefix("gpu"),
-                str(r.get("dtype", "-")),
+                Text(subject.removeprefix("gpu")),
+                Text(str(r.get("dtype", "-"))),
                 _num(r.get("tflops_median", r.get("tflops")), ".4g"),
                 _num(r.get("temperature_c"), ".0f"),
                 _num(r.get("sm_clock_mhz"), ".0f"),
@@ -82,8 +86,10 @@ class BurnDisplay:
             self._live.update(self._render())
 
     def finished(self, run: Any) -> None:
+        from rich.text import Text
+
         status = getattr(getattr(run, "status", None), "value", "")
-        self.console.print(f"{status:5} {getattr(run, 'check_id', '')} ({getattr(run, 'duration_s', 0.0):.1f} s)")
+        self.console.print(Text(f"{status:5} {getattr(run, 'check_id', '')} ({getattr(run, 'duration_s', 0.0):.1f} s)"))
 
     def close(self) -> None:
         if self._started:

@@ -1,0 +1,42 @@
+"""`gpucheck report INPUT... -o report.html`: one self-contained HTML page (gpucheck.report)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("report")
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("-o", "--output", "output", metavar="FILE", required=True,
+              help="The HTML page to write (atomically; - is standard output).")
+def report_command(inputs: tuple[str, ...], output: str) -> int:
+    """Turn verdicts, a history file, a sweep report, an `nccl pairs` result or a bisect result
+    into one HTML page that opens offline (plotly.js embedded: pip install 'gpucheck[report]').
+
+    Exit 0 written; 2 an input that cannot be used, an output that cannot be written, or plotly
+    missing (one line naming it). The page reports the inputs; it never changes their verdicts.
+    """
+    from ..report import ReportError, build_report
+    from ..safeio import check_output, output_problem, write_output
+
+    if output != "-":
+        try:  # refused before anything is read: a device, an untrusted symlink, no such folder
+            check_output(output)
+        except OSError as e:
+            click.echo(f"gpucheck report: cannot write {output}: {output_problem(e, output)}", err=True)
+            return 2
+    try:
+        page = build_report(list(inputs))
+    except ReportError as e:
+        click.echo(f"gpucheck report: {e}", err=True)
+        return 2
+    if output == "-":
+        click.echo(page, nl=False)
+        return 0
+    try:
+        write_output(output, page)
+    except OSError as e:
+        click.echo(f"gpucheck report: cannot write {output}: {output_problem(e, output)}", err=True)
+        return 2
+    click.echo(f"wrote {output}: {len(inputs)} input(s), {len(page) // 1024} KiB", err=True)
+    return 0

@@ -1,0 +1,142 @@
+"""A sweep on a terminal: a node x check grid up to GRID_MAX_NODES nodes (one line per bad node
+with its failing checks, cause and action below it), else the worst causes with their node
+counts and node sets; then the summary lines: counts, the bitwise comparison, the bad nodes as
+one folded node set (never wrapped: it is pasted into scontrol), interruption."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from .console import MARKS, NO_RESULT, STYLES, line, make_console, mark, plain, styled
+from .grid import RANK, sweep_grid
+from .terminal import joined, wrapped
+
+GRID_MAX_NODES = 64
+WORST_CAUSES = 8
+STATUS_W = len("UNREACHABLE")
+
+
+def print_sweep(outcomes: list[Any], report: Mapping[str, Any], strict: bool, file=None, *,
+                width: int | None = None, color: bool | None = None) -> None:
+    """The sweep's outcomes (gpucheck.fleet.sweep.NodeOutcome) and its report (build_report)."""
+    console = make_console(file, width=width, color=color)
+    if len(outcomes) <= GRID_MAX_NODES:
+        body = grid_lines(outcomes, console.width) + node_lines(outcomes, strict, console.width)
+    else:
+        body = worst_cause_lines(outcomes, strict, console.width)
+    for text in body:
+        console.print(text)
+    for text in summary_lines(outcomes, report, strict):
+        console.file.write(plain(text) + "\n")
+    console.file.flush()
+
+
+def _columns(checks: list[str], fixed: int, width: int) -> tuple[list[str], list[Any]]:
+    """Column headers: the check ids when they fit in `width`, else letters with a key line."""
+    full = fixed + sum(max(4, len(c)) + 1 for c in checks)
+    if full <= width:
+        return list(checks), []
+    keys = [_letters(i) for i in range(len(checks))]
+    parts = [styled(f"{k} {c}") for k, c in zip(keys, checks)]
+    parts[0] = line(styled("checks: ", "dim"), parts[0])
+    return keys, joined(parts, width, indent=2)
+
+
+def _letters(i: int) -> str:
+    out = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        out = chr(65 + r) + out
+    return out
+
+
+def grid_lines(outcomes: Iterable[Any], width: int) -> list[Any]:
+    """node | status | one column per check (its folded status on that node; '.' where the
+    node ran no such check or gave no verdict)."""
+    grid = sweep_grid(outcomes)
+    node_w = max(4, *(len(n) for n, _, _ in grid.rows)) if grid.rows else 4
+    headers, legend = _columns(grid.checks, node_w + 1 + STATUS_W, width)
+    widths = [max(4, len(h)) for h in headers]
+    head = f"{'node':<{node_w}} {'status':<{STATUS_W}}" + "".join(f" {h:<{w}}" for h, w in zip(headers, widths))
+    out = [styled(head.rstrip(), "bold")]
+    for node, status, marks in grid.rows:
+        row = line(f"{node:<{node_w}} ", styled(f"{status.upper():<{STATUS_W}}", STYLES.get(status)))
+        for check, w in zip(grid.checks, widths):
+            got = marks.get(check)
+            row.append(" ")
+            row.append(mark(got) if got else styled(NO_RESULT, "dim"))
+            row.append(" " * (w - len(MARKS.get(got, got) if got else NO_RESULT)))
+        row.rstrip()
+        out.append(row)
+    return out + legend
+
+
+def node_lines(outcomes: Iterable[Any], strict: bool, width: int) -> list[Any]:
+    """One line per node that is not a plain pass: status, node, failing checks, cause, action."""
+    from ..fleet.sweep import failing_text
+
+    out = []
+    for o in sorted(outcomes, key=lambda o: (-RANK.get(o.status, 0), o.node)):
+        if o.status in ("pass", "skip"):
+            continue
+        failing = failing_text(o.failing)
+        if o.fleet:
+            failing = ", ".join(x for x in (failing, "fleet") if x)
+        cause = "; ".join(x for x in (o.reason, *o.fleet) if x) or "-"
+        text = line(styled(f"{o.status.upper():<{STATUS_W}}", STYLES.get(o.status)), " ", styled(o.node, "bold"),
+                    f" {failing}: " if failing else ": ", cause)
+        parts = [text] + ([line("-> ", styled(o.action, "bold"))] if o.action and o.action != "none" else [])
+        out += joined(parts, width, indent=STATUS_W + 1)
+    return out
+
+
+def worst_causes(outcomes: Iterable[Any], strict: bool) -> list[tuple[str, str, list[str]]]:
+    """(status, cause, nodes) for the nodes that are not a plain pass, grouped by status and
+    cause (a node's own name in its cause counts as the same cause), worst status first, then
+    the most nodes."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for o in outcomes:
+        if o.status in ("pass", "skip"):
+            continue
+        cause = "; ".join(x for x in (o.reason, *o.fleet) if x) or o.status
+        groups.setdefault((o.status, cause.replace(o.node, "<node>")), []).append(o.node)
+    return [(s, c, nodes) for (s, c), nodes in
+            sorted(groups.items(), key=lambda kv: (-RANK.get(kv[0][0], 0), -len(kv[1]), kv[0][1]))]
+
+
+def worst_cause_lines(outcomes: list[Any], strict: bool, width: int) -> list[Any]:
+    from ..fleet.nodeset import fold
+
+    groups = worst_causes(outcomes, strict)
+    if not groups:
+        return []
+    out = [styled("worst causes:", "bold")]
+    for status, cause, nodes in groups[:WORST_CAUSES]:
+        text = line("  ", styled(f"{status.upper():<{STATUS_W}}", STYLES.get(status)),
+                    f" {len(nodes)} node(s) {fold(nodes)}: {cause}")
+        out += wrapped(text, width, indent=STATUS_W + 3)
+    if len(groups) > WORST_CAUSES:
+        out.append(styled(f"  ... {len(groups) - WORST_CAUSES} more cause(s) (--report or --json has every node)",
+                          "dim"))
+    return out
+
+
+def summary_lines(outcomes: list[Any], report: Mapping[str, Any], strict: bool) -> list[str]:
+    """Plain lines, never wrapped: counts, bitwise, the bad nodes as one node set."""
+    counts = ", ".join(f"{n} {s}" for s, n in report["counts"].items() if n)
+    out = [f"{len(outcomes)} node(s) in {report['duration_s']:.1f} s: {counts}"]
+    bitwise = report["fleet"].get("bitwise", {})
+    if not bitwise.get("compared", False):
+        out.append(f"bitwise comparison: {bitwise.get('why', 'unavailable')}")
+    if report["bad"]:
+        out.append(f"bad nodes: {report['bad']}")
+        for status, ns in report["by_status"].items():
+            if status not in ("pass", "skip") and (status != "warn" or strict):
+                out.append(f"  {status}: {ns}")
+    elif not report.get("interrupted"):
+        out.append("all nodes healthy")
+    if report.get("interrupted"):
+        out.append(f"interrupted by {report['interrupted']}: {len(outcomes)} of {report['planned']} node(s) "
+                   f"answered; not answered: {report['unanswered'] or 'none'}")
+    return out
