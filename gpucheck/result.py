@@ -274,7 +274,7 @@ class Rule:
     finding; it may use {value}, {limit}, {unit}, {metric}, {op}, {detail} ("metric=value op
     limit" with units), any metric by name and any fact the check passes. The violated rules of
     one `finding` (default: the metric; tiers of one limit) are named once, by the most severe; a
-    cause that uses an empty fact ("" or an empty list: no link in its band) is not named."""
+    cause that uses a fact that is None (nothing to name: no link in its band) is not named."""
 
     metric: str
     op: str
@@ -392,8 +392,8 @@ def _causes(violated: list[tuple[Rule, Threshold]], metrics: Mapping[str, Any], 
         value = metrics[t.metric]
         unit = units.get(t.metric, t.unit)
         u = f" {unit}" if unit and unit != "count" else ""
-        if any(facts[name] in ("", [], ()) for name in _fields_of(rule.cause) if name in facts):
-            continue  # it would list nothing (no link in its band)
+        if any(facts[name] is None for name in _fields_of(rule.cause) if name in facts):
+            continue  # it would name nothing (no link in its band)
         fields = {**metrics, **facts, "value": value, "limit": t.limit, "unit": unit, "metric": t.metric,
                   "op": t.op, "detail": f"{t.metric}={value}{u} {t.op} {t.limit}{u}"}
         text = rule.cause.format_map(fields)

@@ -246,7 +246,7 @@ def _facts(found: dict[str, list[int]], lk: _Links, since: str | None) -> dict[s
     facts: dict[str, Any] = {"since": since}
     for finding, ns in found.items():
         vals = lk.values(finding)
-        facts[f"{finding}_links"] = _names(ns) if ns else ""
+        facts[f"{finding}_links"] = _names(ns) if ns else None  # None: the cause names nothing
         if finding == "down":
             facts["down_values"] = ", ".join(sorted({str(vals[n]) for n in ns}))
         else:
