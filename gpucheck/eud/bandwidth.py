@@ -298,7 +298,7 @@ _P2P_FLOOR = ("slow peer-to-peer copies: median of its pairs {p2p_median_text} G
               "floor ({p2p_fail_text} fail / {p2p_warn_text} warn){nvlink_down} ({detail})")
 _P2P_PEERS = ("slow peer-to-peer copies: median of its pairs {p2p_median_text} GB/s, {p2p_deficit_text}% below the "
               "median over the node's GPUs of {pair_median_text} GB/s ({slowest}){nvlink_down} ({detail})")
-_P2P_FAILED = "peer-to-peer copies failed: {failed_pairs} ({detail})"
+_P2P_FAILED = "peer-to-peer copies failed: {failed_pairs}"
 # Limits by key (see _limits): SKU floors, the peer fractions where the node has a median to compare
 # with, and which of the two failed-pair rules applies. Warn -> investigate; fail -> drain (half the
 # host bandwidth slows every job that loads data or checkpoints, and the fix is physical), except
@@ -313,12 +313,13 @@ RULES: tuple[Rule, ...] = (
     Rule("p2p_pairs_without_access", ">", Key("no_access_limit"), Status.WARN, Action.INVESTIGATE,
          "no peer access for {p2p_pairs_without_access} pair(s) on a {sku} node, where every pair should have "
          "it{nvlink_down} ({detail})", "count"),
-    Rule("p2p_pairs_failed", ">", Key("failed_fail_limit"), Status.FAIL, Action.RESET_GPU, _P2P_FAILED, "count"),
+    Rule("p2p_pairs_failed", ">", Key("failed_fail_limit"), Status.FAIL, Action.RESET_GPU, _P2P_FAILED + " ({detail})",
+         "count"),
     # Failed pairs all explained by partners that failed with most of their peers: those partners are
     # the likely cause, and this GPU only warns (one bad GPU must not fail every GPU it was paired with).
     Rule("p2p_pairs_failed", ">", Key("failed_warn_limit"), Status.WARN, Action.INVESTIGATE,
-         _P2P_FAILED + "; only with {bystander_of}, whose copies failed with most of their peers: the likely cause",
-         "count"),
+         _P2P_FAILED + "; only with {bystander_of}, whose copies failed with most of their peers: the likely cause "
+         "({detail})", "count"),
 )
 
 
