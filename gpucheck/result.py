@@ -13,15 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 
-class Status(str, enum.Enum):
+class _Word(str, enum.Enum):
+    """An enum of words: each member is its value as text."""
+
+    def __str__(self) -> str:  # pragma: no cover - convenience
+        return self.value
+
+
+class Status(_Word):
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
     ERROR = "error"
-
-    def __str__(self) -> str:  # pragma: no cover - convenience
-        return self.value
 
 
 # Order used to fold many statuses into one: a fail outranks everything, then an error (no
@@ -36,7 +40,7 @@ def worst_status(statuses: Iterable[Status]) -> Status:
     return max(statuses, key=_STATUS_RANK.__getitem__)
 
 
-class Action(str, enum.Enum):
+class Action(_Word):
     """Recommended remediation, a fixed vocabulary aligned with NVIDIA's Xid resolution buckets.
 
     none ~ IGNORE, restart-app ~ RESTART_APP, reset-gpu ~ RESET_GPU, reboot ~ RESTART_BM,
@@ -51,9 +55,6 @@ class Action(str, enum.Enum):
     REBOOT = "reboot"
     DRAIN = "drain"
     RMA = "rma"
-
-    def __str__(self) -> str:  # pragma: no cover - convenience
-        return self.value
 
 
 # Strength order for "the strongest recommended action" of a verdict.
@@ -146,7 +147,7 @@ def _json_number(v: Any) -> Any:
     return v
 
 
-class Basis(str, enum.Enum):
+class Basis(_Word):
     """What decided a result's status and action when its thresholds did not (a result with a
     basis may list thresholds, but none of them claims a worse status than it has)."""
 
@@ -154,11 +155,6 @@ class Basis(str, enum.Enum):
     HANG = "hang"  # the work stopped answering and was killed
     CRASH = "crash"  # the worker died with an error (CUDA, an uncorrectable ECC error)
     DEVICE_ERROR = "device-error"  # an operation on the device raised an error (a failed copy)
-    NOT_JUDGED = "not-judged"  # gpucheck could not judge: an injection it could not make, a stop
-    #                            before anything was verified (status error)
-
-    def __str__(self) -> str:  # pragma: no cover - convenience
-        return self.value
 
 
 @dataclass
