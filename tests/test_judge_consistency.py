@@ -212,3 +212,37 @@ def test_memory_errors_found_while_an_injection_could_not_be_made_still_fail():
     r = mt.judge_data(0, faulty, p, "cpu", [])
     assert (r.status, r.action) == (F, Action.DRAIN) and r.summary.startswith("memory errors: 1")  # before: error
     assert any(e.startswith("could not inject: bitflip offset") for e in r.evidence)
+
+
+# -- the example in docs/checks.md ------------------------------------------------------------------------
+def _example_check(tmp_path):
+    import importlib.util
+
+    text = (Path(__file__).parents[1] / "docs" / "checks.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example_idle_power.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location("example_idle_power", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (check,) = mod.CHECKS
+    return check
+
+
+def test_the_example_check_of_docs_checks_md_runs_and_follows_from_its_rules(tmp_path):
+    check = _example_check(tmp_path)
+    assert check.id == "example.idle-power" and check.spec.level == Level.QUICK
+    snap = load_snapshot(FIX / "snapshots" / "h100-healthy.json")
+    snap["gpus"][1]["power"]["usage_w"] = 600.0  # busy before any job
+    snap["gpus"][2]["power"] = {"usage_w": None, "limit_w": None}  # not supported
+    snap["gpus"][3]["power"]["usage_w"] = None  # could not be read
+    snap["gpus"][3]["errors"] = {"power.usage_w": "other"}
+    snap["gpus"][4]["state"] = "lost"
+    results = {r.gpu: r for r in _judged(check.run(Context(level=Level.QUICK, snapshot=snap)))}
+    assert (results[0].status, results[0].summary) == (P, "GPU 0: 118.4 W of 700.0 W at idle")
+    assert (results[1].status, results[1].action) == (W, Action.INVESTIGATE)
+    assert results[1].summary == ("draws 600.0 W of its 700.0 W limit before any job "
+                                  "(power_fraction=0.857 > 0.5)")
+    assert results[2].status == S and results[3].status == E and "power.usage_w" in results[3].summary
+    assert (results[4].status, results[4].basis) == (F, Basis.GPU_STATE)
+    assert [(t.metric, t.op, t.limit) for t in results[0].thresholds] == [("power_fraction", ">", 0.5)]
