@@ -27,6 +27,7 @@ CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlin
                     "burn.gemm", "eud.bandwidth", "eud.power", "eud.memtest", "eud.dcgm"})
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("gpucheck.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
     ("gpucheck.eud.bandwidth", "judge_bandwidth", ()),
     ("gpucheck.eud.bandwidth", "judge_outcome", ()),
     ("gpucheck.eud.power_judge", "judge_power", ("gpucheck.eud.power",)),
@@ -123,7 +124,7 @@ def _checked(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         out = fn(*args, **kwargs)
-        check_all(out if isinstance(out, list) else [out])
+        check_all(out if isinstance(out, list) else getattr(out, "results", [out]))
         return out
 
     wrapper.__judge_checked__ = True  # type: ignore[attr-defined]
