@@ -175,12 +175,12 @@ class Result:
     # a compute check asked for with --device cuda where no GPU is usable): never healthy, the
     # run exits 3 ("could not judge") with the skip's reason. See verdict.exit_code_for.
     unexamined: bool = False
-    # In memory only (the verdict's schema 1.1 has no field for them; see `outcome`):
-    # what decided the status when it was not the thresholds (a lost GPU, a hang, a crash...),
-    # None when the thresholds, the metrics and `unjudged` decide it;
+    # In memory only (the verdict's schema 1.1 has no field for them; see `outcome`). basis: what
+    # decided the status when the thresholds did not (a lost GPU, a hang, a crash), None when the
+    # thresholds, the metrics and `unjudged` decide it. unjudged: what the result depends on that
+    # could not be examined (a field that could not be read, a run cut short), each with what it
+    # makes the result: ERROR, or WARN where only advice needs it.
     basis: Basis | None = field(default=None, compare=False)
-    # what the result depends on that could not be examined (a field that could not be read, a run
-    # cut short), each with what it makes the result: ERROR, or WARN where only advice needs it.
     unjudged: dict[str, Status] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -276,7 +276,7 @@ class Rule:
     op: str
     limit: Any
     status: Status
-    action: Any = Action.INVESTIGATE
+    action: Action | Key = Action.INVESTIGATE
     cause: str = "{detail}"
     unit: str = ""
     finding: str = ""
@@ -348,10 +348,10 @@ def evaluate(
     subject: str | None = None,
 ) -> Result:
     """One result from the rules that apply (see Rule and outcome): the thresholds listed are
-    exactly the rules evaluated (a rule whose limit is None is off); the summary names every
-    violated finding, most severe first (each `prefix` + cause), or `ok_summary`; a metric that
-    cannot be compared is named first, and only as evidence under a fail. `skip`: the result is a
-    skip saying so when the metric of every rule is None (nothing it judges is supported)."""
+    exactly the rules evaluated (a rule whose limit is None is off); the summary is `prefix` and
+    every violated finding's cause, most severe first, or `ok_summary`; a metric that cannot be
+    compared is named first, and only as evidence under a fail. `skip`: the result is a skip
+    saying so when the metric of every rule is None (nothing it judges is supported)."""
     limits = limits or {}
     units = units or {}
     applied = [(rule, t) for rule in rules for t in [rule.resolve(limits)] if t is not None]
