@@ -255,7 +255,7 @@ def _no_slice(check: Check, ctx: Context) -> CheckRun | None:
                       f"needs at least {need.seconds:.1f} s ({need.what})")
     r.metric("time_left_s", round(max(0.0, left), 2), "s")
     r.metric("time_needed_s", round(need.seconds, 2), "s")
-    r.thresholds.append(Threshold("time_left_s", "<", round(need.seconds, 2), Status.ERROR, "s"))
+    r.thresholds.append(Threshold("time_left_s", "<", round(need.seconds, 2), Status.ERROR, "s", Action.NONE))
     return CheckRun(check.id, int(check.spec.level), Status.ERROR, 0.0, [r])
 
 

@@ -5,6 +5,9 @@ as root on a machine that .ci/run provisioned with everything the suite needs (n
 Slurm, NVRTC, py-spy, mount rights), so a skip there means a guard or detector went untested:
 it must fail loudly rather than pass quietly. GPU-marked tests are deselected by the default
 `-m 'not gpu'`, never skipped, so they do not trip this.
+
+Every result of the judges on the rule engine, in every test, must follow from the thresholds it
+lists or name its basis (tests/judge_consistency.py): a test that produces one that does not fails.
 """
 
 from __future__ import annotations
@@ -12,6 +15,23 @@ from __future__ import annotations
 import os
 
 import pytest
+
+import judge_consistency
+
+
+def pytest_configure(config):
+    judge_consistency.install()
+
+
+@pytest.fixture(autouse=True)
+def _results_follow_their_thresholds():
+    judge_consistency.FOUND.clear()
+    yield
+    found = list(judge_consistency.FOUND)
+    judge_consistency.FOUND.clear()
+    if found:
+        pytest.fail("results whose status or action do not follow from their thresholds:\n" + "\n".join(found[:10]),
+                    pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)

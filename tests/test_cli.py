@@ -15,6 +15,8 @@ import pytest
 from gpucheck.cli.main import main
 from gpucheck.verdict import SCHEMA
 
+import golden as golden_files
+
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
 GOLDEN = ROOT / "tests" / "fixtures" / "verdicts"
@@ -58,12 +60,36 @@ def normalise(v: dict) -> dict:
 
 @pytest.mark.parametrize("name", ["h100-healthy", "h100-ecc-dbe"])
 def test_whole_verdict_matches_golden(capsys, name):
+    """The golden files are reviewed values (tests/golden.py): GPUCHECK_REGEN_GOLDEN=1 rewrites one
+    from the code under test, and this test then fails until a person accepts the change."""
     rc, verdict = run_json(capsys, "--level", "1", "--snapshot", str(SNAPS / f"{name}.json"))
     got = normalise(verdict)
     golden = GOLDEN / f"{name}.level1.json"
     if os.environ.get("GPUCHECK_REGEN_GOLDEN"):
         golden.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+    assert golden_files.accepted().get(golden.name) == golden_files.digest(golden), (
+        f"{golden} is not the accepted value: review it (git diff {golden.parent}), then "
+        f"python3 tests/golden.py --accept {golden.name}")
     assert got == json.loads(golden.read_text())
+
+
+def test_every_golden_file_is_accepted_and_every_acceptance_has_its_file():
+    assert golden_files.not_accepted() == []
+
+
+def test_a_regenerated_golden_file_fails_until_it_is_accepted(tmp_path):
+    (tmp_path / "a.level1.json").write_text('{"status": "pass"}\n')
+    golden_files.accept([], tmp_path)
+    assert golden_files.not_accepted(tmp_path) == []
+    (tmp_path / "a.level1.json").write_text('{"status": "fail"}\n')  # what GPUCHECK_REGEN_GOLDEN does
+    (tmp_path / "b.level1.json").write_text("{}\n")
+    assert golden_files.not_accepted(tmp_path) == ["a.level1.json: changed since it was accepted",
+                                                   "b.level1.json: never accepted"]
+    golden_files.accept(["a.level1.json"], tmp_path)
+    assert golden_files.not_accepted(tmp_path) == ["b.level1.json: never accepted"]
+    (tmp_path / "b.level1.json").unlink()
+    (tmp_path / "a.level1.json").unlink()
+    assert golden_files.not_accepted(tmp_path) == ["a.level1.json: accepted but no longer there"]
 
 
 # fixture -> (exit code, overall status, overall action)

@@ -75,19 +75,21 @@ def dcgmi(tmp_path, monkeypatch):
     return use
 
 
-def _idle(gpus):
+def _idle_telemetry(snapshot):
+    """A fake telemetry source whose GPUs run no process (the load guard lets DCGM start)."""
+    from gpucheck.telemetry.fake import FakeTelemetry
     from gpucheck.telemetry.nvml import GpuProcesses
 
-    return {g: GpuProcesses(g, ()) for g in gpus}
+    return FakeTelemetry(snapshot, processes=lambda gpus, *a, **k: {g: GpuProcesses(g, ()) for g in gpus})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_real_dcgmi_document(name, dcgmi):
     level, n_gpus, version, driver, expected = CASES[name]
     log = dcgmi(name)
-    ctx = Context(level=Level.EXTENDED, config=Config(checks={"eud.dcgm": {}}),
-                  snapshot={"gpus": [{"index": i} for i in range(n_gpus)]},
-                  options={"gpu_processes_fn": _idle, "dcgm_level": level})
+    snapshot = {"gpus": [{"index": i} for i in range(n_gpus)]}
+    ctx = Context(level=Level.EXTENDED, config=Config(checks={"eud.dcgm": {}}), snapshot=snapshot,
+                  options={"dcgm_level": level}, telemetry=_idle_telemetry(snapshot))
     results = run_checks([dcgm_check], ctx, install_signal_handlers=False).results
     assert log.read_text().splitlines()[-1] == f"diag -r {level} -j"
     got = {r.subject: (r.status, r.action) for r in results}

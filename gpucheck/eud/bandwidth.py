@@ -35,7 +35,7 @@ from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..data.bandwidth import BandwidthSku, lookup
 from ..inject import fraction
-from ..result import Action, Result, Status, Threshold, judge
+from ..result import Action, Basis, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.bandwidth"
 MiB = 1 << 20
@@ -179,10 +179,12 @@ def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entr
                 what = prog.get("what", "copies")
                 if oc.kind == HUNG:
                     r = Result(CHECK_ID, Status.FAIL, f"hang: copies stopped while measuring {what} on this GPU "
-                                                      f"({oc.error})", gpu=g, action=Action.RESET_GPU, injected=inj)
+                                                      f"({oc.error})", gpu=g, action=Action.RESET_GPU, injected=inj,
+                               basis=Basis.HANG)
                 else:
                     r = Result(CHECK_ID, Status.FAIL, f"copy worker crashed while measuring {what} on this GPU: "
-                                                      f"{oc.error}", gpu=g, action=Action.RESET_GPU, injected=inj)
+                                                      f"{oc.error}", gpu=g, action=Action.RESET_GPU, injected=inj,
+                               basis=Basis.CRASH)
                     if oc.traceback:
                         r.evidence.extend(oc.traceback.strip().splitlines()[-8:])
             else:
@@ -277,176 +279,218 @@ def failed_pair_suspects(pairs: list[dict[str, Any]]) -> tuple[set[int], dict[in
     return suspects, failed_with
 
 
-def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
-                    injected: dict[int, list[str]]) -> list[Result]:
-    """One result per measured GPU from the worker's data (see the module doc)."""
-    gpus: dict[int, dict[str, Any]] = {int(k): v for k, v in data.get("gpus", {}).items()}
+def _kind_rules(k: str) -> tuple[Rule, ...]:
+    """H2D, D2H or D2D against the SKU floors and against the node median."""
+    link = f"{{{k}_link}}" if k in ("h2d", "d2h") else ""
+    floor = (f"slow {LABEL[k]} copies: {{{k}_text}} GB/s, below the {{sku}} floor ({{{k}_fail_text}} fail / "
+             f"{{{k}_warn_text}} warn){link} ({{detail}})")
+    peers = (f"slow {LABEL[k]} copies: {{{k}_text}} GB/s, {{{k}_deficit_text}}% below the node median of "
+             f"{{{k}_median_text}} GB/s{link} ({{detail}})")
+    m, d = f"{k}_gbps", f"{k}_peer_deficit_pct"
+    return (Rule(m, "<", Key(f"{k}_warn_gbps"), Status.WARN, Action.INVESTIGATE, floor, "GB/s"),
+            Rule(m, "<", Key(f"{k}_fail_gbps"), Status.FAIL, Action.DRAIN, floor, "GB/s"),
+            Rule(d, ">", Key(f"{k}_peer_warn_pct"), Status.WARN, Action.INVESTIGATE, peers, "%"),
+            Rule(d, ">", Key(f"{k}_peer_fail_pct"), Status.FAIL, Action.DRAIN, peers, "%"))
+
+
+_P2P_FLOOR = ("slow peer-to-peer copies: median of its pairs {p2p_median_text} GB/s ({slowest}), below the {sku} "
+              "floor ({p2p_fail_text} fail / {p2p_warn_text} warn){nvlink_down} ({detail})")
+_P2P_PEERS = ("slow peer-to-peer copies: median of its pairs {p2p_median_text} GB/s, {p2p_deficit_text}% below the "
+              "median over the node's GPUs of {pair_median_text} GB/s ({slowest}){nvlink_down} ({detail})")
+_P2P_FAILED = "peer-to-peer copies failed: {failed_pairs}"
+# Limits by key (see _limits): SKU floors, the peer fractions where the node has a median to compare
+# with, and which of the two failed-pair rules applies. Warn -> investigate; fail -> drain (half the
+# host bandwidth slows every job that loads data or checkpoints, and the fix is physical), except
+# failed peer copies (reset-gpu). The P2P floor is on the median of the GPU's pairs, not the
+# slowest pair: one bad GPU slows a pair of every other GPU, and must not fail them all.
+RULES: tuple[Rule, ...] = (
+    *(rule for k in KINDS for rule in _kind_rules(k)),
+    Rule("p2p_median_gbps", "<", Key("p2p_warn_gbps"), Status.WARN, Action.INVESTIGATE, _P2P_FLOOR, "GB/s"),
+    Rule("p2p_median_gbps", "<", Key("p2p_fail_gbps"), Status.FAIL, Action.DRAIN, _P2P_FLOOR, "GB/s"),
+    Rule("p2p_peer_deficit_pct", ">", Key("p2p_peer_warn_pct"), Status.WARN, Action.INVESTIGATE, _P2P_PEERS, "%"),
+    Rule("p2p_peer_deficit_pct", ">", Key("p2p_peer_fail_pct"), Status.FAIL, Action.DRAIN, _P2P_PEERS, "%"),
+    Rule("p2p_pairs_without_access", ">", Key("no_access_limit"), Status.WARN, Action.INVESTIGATE,
+         "no peer access for {p2p_pairs_without_access} pair(s) on a {sku} node, where every pair should have "
+         "it{nvlink_down} ({detail})", "count"),
+    Rule("p2p_pairs_failed", ">", Key("failed_fail_limit"), Status.FAIL, Action.RESET_GPU, _P2P_FAILED + " ({detail})",
+         "count"),
+    # Failed pairs all explained by partners that failed with most of their peers: those partners are
+    # the likely cause, and this GPU only warns (one bad GPU must not fail every GPU it was paired with).
+    Rule("p2p_pairs_failed", ">", Key("failed_warn_limit"), Status.WARN, Action.INVESTIGATE,
+         _P2P_FAILED + "; only with {bystander_of}, whose copies failed with most of their peers: the likely cause "
+         "({detail})", "count"),
+)
+
+
+def _node_yardsticks(data: dict[str, Any]) -> tuple[dict[str, float], float | None, int]:
+    """The node medians of H2D, D2H and D2D over the GPUs measured (two at least), the median
+    over GPUs of each GPU's pair median (three at least: one bad GPU slows every pair it is in,
+    but moves only its own pair median far), and how many GPUs were measured."""
+    gpus = {int(k): v for k, v in data.get("gpus", {}).items()}
     pairs = [pr for pr in data.get("pairs", []) if pr.get("gbps") is not None]
-    measured = {g: r for g, r in gpus.items() if not r.get("error")}
+    measured = [r for r in gpus.values() if not r.get("error")]
     medians: dict[str, float] = {}
     for k in KINDS:
-        vals = [_gbps(r, k) for r in measured.values() if _gbps(r, k) is not None]
+        vals = [_gbps(r, k) for r in measured if _gbps(r, k) is not None]
         if len(vals) >= 2:
             medians[k] = statistics.median(vals)
-    # The yardstick for a GPU's peer copies is the median over GPUs of each GPU's pair median: one
-    # bad GPU slows every pair it is in, but it moves only its own pair median far.
-    per_gpu_pair_medians = [statistics.median([float(pr["gbps"]) for pr in pairs if g in (pr["src"], pr["dst"])])
-                            for g in gpus if any(g in (pr["src"], pr["dst"]) for pr in pairs)]
-    pair_median = statistics.median(per_gpu_pair_medians) if len(per_gpu_pair_medians) >= 3 else None
-    suspects, failed_with = failed_pair_suspects(data.get("pairs", []))
-    pw, pf = 100.0 * float(p["peer_warn_fraction"]), 100.0 * float(p["peer_fail_fraction"])
+    per_gpu = [statistics.median([float(pr["gbps"]) for pr in pairs if g in (pr["src"], pr["dst"])])
+               for g in gpus if any(g in (pr["src"], pr["dst"]) for pr in pairs)]
+    return medians, (statistics.median(per_gpu) if len(per_gpu) >= 3 else None), len(measured)
+
+
+def _deficit(value: float, median: float) -> float:
+    return max(0.0, (median - value) / median * 100.0) if median > 0 else 0.0
+
+
+def _host_copies(rec: dict[str, Any], sku: BandwidthSku | None, p: dict[str, Any], medians: dict[str, float],
+                 link: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Metrics, limits and facts of H2D, D2H and D2D for one GPU."""
     tw, tf = float(p["typical_warn_fraction"]), float(p["typical_fail_fraction"])
+    metrics: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    facts: dict[str, Any] = {}
+    for k in KINDS:
+        v = _gbps(rec, k)
+        metrics[f"{k}_gbps"] = None if v is None else round(v, 3)
+        fail_at = warn_at = None
+        if sku is not None and k in ("h2d", "d2h"):
+            fail_at, warn_at = sku.h2d_fail_gbps, sku.h2d_warn_gbps
+            if fail_at is None and sku.h2d_typical_gbps is not None:
+                fail_at, warn_at = round(sku.h2d_typical_gbps * tf, 2), round(sku.h2d_typical_gbps * tw, 2)
+        elif sku is not None and sku.d2d_typical_gbps is not None:
+            fail_at, warn_at = round(sku.d2d_typical_gbps * tf, 1), round(sku.d2d_typical_gbps * tw, 1)
+        peer = v is not None and k in medians
+        limits.update({f"{k}_warn_gbps": None if v is None else warn_at, f"{k}_fail_gbps": None if v is None else fail_at,
+                       f"{k}_peer_warn_pct": 100.0 * float(p["peer_warn_fraction"]) if peer else None,
+                       f"{k}_peer_fail_pct": 100.0 * float(p["peer_fail_fraction"]) if peer else None})
+        facts.update({f"{k}_text": _fmt(v), f"{k}_fail_text": _fmt(fail_at), f"{k}_warn_text": _fmt(warn_at),
+                      f"{k}_link": link})
+        if peer:
+            deficit = _deficit(float(v), medians[k])  # type: ignore[arg-type]
+            metrics[f"{k}_peer_deficit_pct"] = round(deficit, 1)
+            facts.update({f"{k}_deficit_text": f"{deficit:.0f}", f"{k}_median_text": _fmt(medians[k])})
+    return metrics, limits, facts
+
+
+def _peer_copies(g: int, data: dict[str, Any], sku: BandwidthSku | None, p: dict[str, Any], pair_median: float | None,
+                 suspects: set[int], failed_with: dict[int, set[int]], entry: dict[str, Any] | None
+                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Metrics, limits and facts of one GPU's peer copies."""
+    mine = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("gbps") is not None]
+    no_access = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("note")]
+    failed = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("error")]
+    floors = sku is not None and sku.p2p_fail_gbps is not None
+    metrics: dict[str, Any] = {}
+    limits: dict[str, Any] = dict.fromkeys(("p2p_warn_gbps", "p2p_fail_gbps", "p2p_peer_warn_pct", "p2p_peer_fail_pct"))
+    facts: dict[str, Any] = {"nvlink_down": _nvlink_down(entry)}
+    if mine:
+        vals = [float(pr["gbps"]) for pr in mine]
+        slowest = min(mine, key=lambda pr: pr["gbps"])
+        med = statistics.median(vals)
+        metrics.update(p2p_min_gbps=round(min(vals), 3), p2p_median_gbps=round(med, 3))
+        facts.update(slowest=f"slowest gpu{slowest['src']}->gpu{slowest['dst']} {_fmt(slowest['gbps'])} GB/s",
+                     p2p_median_text=_fmt(med))
+        if floors:
+            limits.update(p2p_warn_gbps=sku.p2p_warn_gbps, p2p_fail_gbps=sku.p2p_fail_gbps)  # type: ignore[union-attr]
+            facts.update(p2p_fail_text=_fmt(sku.p2p_fail_gbps), p2p_warn_text=_fmt(sku.p2p_warn_gbps))  # type: ignore[union-attr]
+        if pair_median is not None:
+            deficit = _deficit(med, pair_median)
+            metrics["p2p_peer_deficit_pct"] = round(deficit, 1)
+            limits.update(p2p_peer_warn_pct=100.0 * float(p["peer_warn_fraction"]),
+                          p2p_peer_fail_pct=100.0 * float(p["peer_fail_fraction"]))
+            facts.update(p2p_deficit_text=f"{deficit:.0f}", pair_median_text=_fmt(pair_median))
+    metrics["p2p_pairs_without_access"] = len(no_access)
+    metrics["p2p_pairs_failed"] = len(failed)
+    mine_failed = failed_with.get(g, set())
+    bystander = bool(mine_failed) and g not in suspects and mine_failed <= suspects
+    limits.update(no_access_limit=0 if no_access and floors else None, failed_fail_limit=None if bystander else 0,
+                  failed_warn_limit=0 if bystander else None)
+    facts.update(failed_pairs="; ".join(f"gpu{pr['src']}->gpu{pr['dst']}: {pr['error']}" for pr in failed[:3]),
+                 bystander_of=", ".join(f"gpu{x}" for x in sorted(mine_failed)))
+    return metrics, limits, facts
+
+
+def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
+                    injected: dict[int, list[str]]) -> list[Result]:
+    """One result per measured GPU from the worker's data (see the module doc and RULES)."""
+    gpus: dict[int, dict[str, Any]] = {int(k): v for k, v in data.get("gpus", {}).items()}
+    medians, pair_median, n_measured = _node_yardsticks(data)
+    suspects, failed_with = failed_pair_suspects(data.get("pairs", []))
     cpu = device == "cpu"
     out: list[Result] = []
     for g in sorted(gpus):
-        rec = gpus[g]
-        inj = injected.get(g, [])
-        entry = entries.get(g)
+        rec, entry = gpus[g], entries.get(g)
         if rec.get("error"):
             err = rec["error"]
             out.append(Result(CHECK_ID, Status.FAIL, f"copies failed on this GPU: {err}", gpu=g,
-                              action=Action.RESET_GPU if "cuda" in err.lower() else Action.INVESTIGATE, injected=inj))
+                              action=Action.RESET_GPU if "cuda" in err.lower() else Action.INVESTIGATE,
+                              injected=injected.get(g, []), basis=Basis.DEVICE_ERROR))
             continue
         name = rec.get("name") or (entry or {}).get("name")
         sku: BandwidthSku | None = None if cpu else lookup(name)
-        metrics: dict[str, Any] = {}
-        units: dict[str, str] = {}
-        thresholds: list[Threshold] = []
-        causes: dict[str, str] = {}
-        evidence: list[str] = []
-        link = link_cause(entry, rec.get("link_under_load")) if not cpu else ""
-        for k in KINDS:
-            v = _gbps(rec, k)
-            key = f"{k}_gbps"
-            metrics[key] = None if v is None else round(v, 3)
-            units[key] = "GB/s (read + write)" if k == "d2d" else "GB/s"
-            if v is None:
-                continue
-            host_link = link if k in ("h2d", "d2h") else ""
-            # SKU floors
-            if sku is not None:
-                fail_at = warn_at = None
-                if k in ("h2d", "d2h"):
-                    fail_at, warn_at = sku.h2d_fail_gbps, sku.h2d_warn_gbps
-                    if fail_at is None and sku.h2d_typical_gbps is not None:
-                        fail_at, warn_at = round(sku.h2d_typical_gbps * tf, 2), round(sku.h2d_typical_gbps * tw, 2)
-                elif sku.d2d_typical_gbps is not None:
-                    fail_at, warn_at = round(sku.d2d_typical_gbps * tf, 1), round(sku.d2d_typical_gbps * tw, 1)
-                if warn_at is not None:
-                    thresholds.append(Threshold(key, "<", warn_at, Status.WARN, "GB/s"))
-                if fail_at is not None:
-                    thresholds.append(Threshold(key, "<", fail_at, Status.FAIL, "GB/s"))
-                if fail_at is not None or warn_at is not None:
-                    causes[key] = (f"slow {LABEL[k]} copies: {_fmt(v)} GB/s, below the {sku.name} floor "
-                                   f"({_fmt(fail_at)} fail / {_fmt(warn_at)} warn){host_link}")
-            # peers
-            if k in medians:
-                med = medians[k]
-                deficit = max(0.0, (med - v) / med * 100.0) if med > 0 else 0.0
-                dkey = f"{k}_peer_deficit_pct"
-                metrics[dkey] = round(deficit, 1)
-                units[dkey] = "%"
-                thresholds.append(Threshold(dkey, ">", pw, Status.WARN, "%"))
-                thresholds.append(Threshold(dkey, ">", pf, Status.FAIL, "%"))
-                causes[dkey] = (f"slow {LABEL[k]} copies: {_fmt(v)} GB/s, {deficit:.0f}% below the node median "
-                                f"of {_fmt(med)} GB/s{host_link}")
-        # peer-to-peer
-        mine = [pr for pr in pairs if g in (pr["src"], pr["dst"])]
-        no_access = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("note")]
-        failed = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("error")]
-        if mine:
-            vals = [float(pr["gbps"]) for pr in mine]
-            slowest = min(mine, key=lambda pr: pr["gbps"])
-            metrics["p2p_min_gbps"] = round(min(vals), 3)
-            metrics["p2p_median_gbps"] = round(statistics.median(vals), 3)
-            units["p2p_min_gbps"] = units["p2p_median_gbps"] = "GB/s"
-            nvl = _nvlink_down(entry)
-            slow_txt = f"slowest gpu{slowest['src']}->gpu{slowest['dst']} {_fmt(slowest['gbps'])} GB/s"
-            if sku is not None and sku.p2p_fail_gbps is not None:
-                # The median of the GPU's pairs, not the slowest pair: one bad GPU slows a pair of every
-                # other GPU, and must not fail them all.
-                thresholds.append(Threshold("p2p_median_gbps", "<", sku.p2p_warn_gbps, Status.WARN, "GB/s"))
-                thresholds.append(Threshold("p2p_median_gbps", "<", sku.p2p_fail_gbps, Status.FAIL, "GB/s"))
-                causes["p2p_median_gbps"] = (
-                    f"slow peer-to-peer copies: median of its pairs {_fmt(statistics.median(vals))} GB/s "
-                    f"({slow_txt}), below the {sku.name} floor ({_fmt(sku.p2p_fail_gbps)} fail / "
-                    f"{_fmt(sku.p2p_warn_gbps)} warn){nvl}")
-            if pair_median is not None:
-                med = statistics.median(vals)
-                deficit = max(0.0, (pair_median - med) / pair_median * 100.0) if pair_median > 0 else 0.0
-                metrics["p2p_peer_deficit_pct"] = round(deficit, 1)
-                units["p2p_peer_deficit_pct"] = "%"
-                thresholds.append(Threshold("p2p_peer_deficit_pct", ">", pw, Status.WARN, "%"))
-                thresholds.append(Threshold("p2p_peer_deficit_pct", ">", pf, Status.FAIL, "%"))
-                causes["p2p_peer_deficit_pct"] = (
-                    f"slow peer-to-peer copies: median of its pairs {_fmt(med)} GB/s, {deficit:.0f}% below the "
-                    f"median over the node's GPUs of {_fmt(pair_median)} GB/s ({slow_txt}){nvl}")
-            evidence.append("p2p: " + ", ".join(f"gpu{pr['src']}->gpu{pr['dst']} {_fmt(pr['gbps'])}" for pr in mine)
-                            + " GB/s")
-        metrics["p2p_pairs_without_access"] = len(no_access)
-        units["p2p_pairs_without_access"] = "count"
-        if no_access:
-            evidence.append("no peer access: " + ", ".join(f"gpu{pr['src']}->gpu{pr['dst']}" for pr in no_access))
-            if sku is not None and sku.p2p_fail_gbps is not None:
-                thresholds.append(Threshold("p2p_pairs_without_access", ">", 0, Status.WARN, "count"))
-                causes["p2p_pairs_without_access"] = (
-                    f"no peer access for {len(no_access)} pair(s) on a {sku.name} node, where every pair should "
-                    f"have it{_nvlink_down(entry)}")
-        metrics["p2p_pairs_failed"] = len(failed)
-        units["p2p_pairs_failed"] = "count"
-        # Failed pairs all explained by partners that failed with most of their peers: those
-        # partners are the likely cause, and this GPU only warns (as with the P2P floor, one bad
-        # GPU must not fail every GPU it was paired with).
-        mine_failed = failed_with.get(g, set())
-        bystander = bool(mine_failed) and g not in suspects and mine_failed <= suspects
-        thresholds.append(Threshold("p2p_pairs_failed", ">", 0, Status.WARN if bystander else Status.FAIL, "count"))
-        if failed:
-            causes["p2p_pairs_failed"] = ("peer-to-peer copies failed: " + "; ".join(
-                f"gpu{pr['src']}->gpu{pr['dst']}: {pr['error']}" for pr in failed[:3]))
-            if bystander:
-                causes["p2p_pairs_failed"] += (
-                    f"; only with {', '.join(f'gpu{x}' for x in sorted(mine_failed))}, whose copies failed with most "
-                    "of their peers: the likely cause")
-        ok_parts = [f"{k.upper()} {_fmt(_gbps(rec, k))}" for k in KINDS if _gbps(rec, k) is not None]
-        ok = ", ".join(ok_parts) + " GB/s" + (" (D2D counts read + write)" if _gbps(rec, "d2d") is not None else "")
-        if mine:
-            ok += f"; P2P min {_fmt(metrics['p2p_min_gbps'])} GB/s over {len(mine)} pair(s)"
-        if cpu:
-            ok = "CPU stand-in (host memcpy, not a GPU): " + ok
-        elif sku is None:
-            ok += f"; {name!r} not in the bandwidth table: judged by peers only"
-        if len(measured) < 2:
-            ok += "; no peers to compare"
-        res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes,
-                    actions={**{k: Action.DRAIN for k in metrics}, "p2p_pairs_failed": Action.RESET_GPU})
-        if res.status == Status.WARN:
-            res.action = Action.INVESTIGATE
-        if cpu:
-            evidence.insert(0, f"CPU worker {g} standing in for a GPU: host memcpy bandwidth")
-        else:
-            evidence.insert(0, f"device {name!r}: " + (f"{sku.name}, host link {sku.host_link} ({sku.source})"
-                                                       if sku else "not in the bandwidth table, judged by peers only"))
-        for k in KINDS:
-            r = rec.get(k)
-            if isinstance(r, dict) and r.get("gbps") is not None:
-                evidence.append(f"{k}: median of {r['repeats']} x {r['bytes'] // MiB} MiB = {_fmt(r['gbps'])} GB/s "
-                                f"(spread {_fmt(r.get('spread'))})" + (f"; {r['counted']}" if r.get("counted") else ""))
-        ul = rec.get("link_under_load")
-        if ul:
-            evidence.append("PCIe link under load (NVML): " + (f"Gen{ul.get('gen')} x{ul.get('width')}"
-                                                               if "error" not in ul else ul["error"]))
-        numa = rec.get("numa") or {}
-        if numa and not cpu:
-            evidence.append(f"host buffer: NUMA node {numa.get('node')}, CPU affinity {numa.get('affinity', 'not set')}, "
-                            f"{numa.get('pinned')}")
-        if not mine and not no_access:
-            evidence.append(data.get("p2p_note") or "peer-to-peer copies not measured")
-        evidence.extend(data.get("notes", []))
-        evidence.extend(f"injected {x}" for x in data.get("injected", []) if f"GPU {g}'" in x)
-        res.evidence = evidence
-        res.injected = list(inj)
+        hm, hl, hf = _host_copies(rec, sku, p, medians, link_cause(entry, rec.get("link_under_load")) if not cpu else "")
+        pm, pl, pf = _peer_copies(g, data, sku, p, pair_median, suspects, failed_with, entry)
+        metrics = {**hm, **pm}
+        units = {k: ("%" if k.endswith("_pct") else "count" if k.startswith("p2p_pairs") else
+                     "GB/s (read + write)" if k == "d2d_gbps" else "GB/s") for k in metrics}
+        res = evaluate(CHECK_ID, RULES, metrics, limits={**hl, **pl}, facts={**hf, **pf, "sku": sku.name if sku else None},
+                       units=units, ok_summary=_ok_summary(g, data, rec, metrics, name, sku, cpu, n_measured), gpu=g)
+        res.evidence = _evidence(g, data, rec, name, sku, cpu)
+        res.injected = list(injected.get(g, []))
         out.append(res)
     return out
+
+
+def _ok_summary(g: int, data: dict[str, Any], rec: dict[str, Any], metrics: dict[str, Any], name: Any,
+                sku: BandwidthSku | None, cpu: bool, n_measured: int) -> str:
+    ok_parts = [f"{k.upper()} {_fmt(_gbps(rec, k))}" for k in KINDS if _gbps(rec, k) is not None]
+    ok = ", ".join(ok_parts) + " GB/s" + (" (D2D counts read + write)" if _gbps(rec, "d2d") is not None else "")
+    if "p2p_min_gbps" in metrics:
+        mine = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("gbps") is not None]
+        ok += f"; P2P min {_fmt(metrics['p2p_min_gbps'])} GB/s over {len(mine)} pair(s)"
+    if cpu:
+        ok = "CPU stand-in (host memcpy, not a GPU): " + ok
+    elif sku is None:
+        ok += f"; {name!r} not in the bandwidth table: judged by peers only"
+    if n_measured < 2:
+        ok += "; no peers to compare"
+    return ok
+
+
+def _evidence(g: int, data: dict[str, Any], rec: dict[str, Any], name: Any, sku: BandwidthSku | None,
+              cpu: bool) -> list[str]:
+    pairs = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"])]
+    mine = [pr for pr in pairs if pr.get("gbps") is not None]
+    no_access = [pr for pr in pairs if pr.get("note")]
+    if cpu:
+        evidence = [f"CPU worker {g} standing in for a GPU: host memcpy bandwidth"]
+    else:
+        evidence = [f"device {name!r}: " + (f"{sku.name}, host link {sku.host_link} ({sku.source})"
+                                             if sku else "not in the bandwidth table, judged by peers only")]
+    if mine:
+        evidence.append("p2p: " + ", ".join(f"gpu{pr['src']}->gpu{pr['dst']} {_fmt(pr['gbps'])}" for pr in mine)
+                        + " GB/s")
+    if no_access:
+        evidence.append("no peer access: " + ", ".join(f"gpu{pr['src']}->gpu{pr['dst']}" for pr in no_access))
+    for k in KINDS:
+        r = rec.get(k)
+        if isinstance(r, dict) and r.get("gbps") is not None:
+            evidence.append(f"{k}: median of {r['repeats']} x {r['bytes'] // MiB} MiB = {_fmt(r['gbps'])} GB/s "
+                            f"(spread {_fmt(r.get('spread'))})" + (f"; {r['counted']}" if r.get("counted") else ""))
+    ul = rec.get("link_under_load")
+    if ul:
+        evidence.append("PCIe link under load (NVML): " + (f"Gen{ul.get('gen')} x{ul.get('width')}"
+                                                           if "error" not in ul else ul["error"]))
+    numa = rec.get("numa") or {}
+    if numa and not cpu:
+        evidence.append(f"host buffer: NUMA node {numa.get('node')}, CPU affinity {numa.get('affinity', 'not set')}, "
+                        f"{numa.get('pinned')}")
+    if not mine and not no_access:
+        evidence.append(data.get("p2p_note") or "peer-to-peer copies not measured")
+    evidence.extend(data.get("notes", []))
+    evidence.extend(f"injected {x}" for x in data.get("injected", []) if f"GPU {g}'" in x)
+    return evidence
 
 
 CHECKS = [bandwidth]

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..check import Context, Level, Slice, define
 from ..config import Limit
-from ..result import Action, Result, Status
+from ..result import Action, Result, Rule, Status, evaluate, settle
 from .dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 
 DEFAULTS: dict[str, Any] = {
@@ -157,6 +157,15 @@ def _after_snapshot(ctx: Context) -> Any:
     return ctx.telemetry.snapshot(timeout_s=60.0)
 
 
+# gpucheck never changes a GPU's settings; a diagnostic that did (and did not restore them) leaves
+# the node unlike the one the site configured.
+SETTINGS_RULE = Rule("gpus_with_changed_settings", ">", 0, Status.WARN, Action.INVESTIGATE,
+                     "the DCGM run changed GPU settings: {changes}", "count")
+# dcgmi's exit code where every test passed or was skipped: something it did not put in its JSON.
+EXIT_RULE = Rule("dcgmi_exit_code", "!=", 0, Status.WARN, Action.INVESTIGATE,
+                 "dcgmi diag exited with {value} although its JSON shows no failure")
+
+
 def _settings_result(ctx: Context) -> Result | None:
     snap = ctx.snapshot
     if snap is None or not (snap.get("nvml") or {}).get("ok") or ctx.options.snapshot_path:
@@ -166,26 +175,23 @@ def _settings_result(ctx: Context) -> Result | None:
         return None
     try:
         after_snap = _after_snapshot(ctx)
+        why = None
     except Exception as e:  # noqa: BLE001 - the comparison is a guard, never a crash
-        return Result(CHECK_ID, Status.WARN, f"could not re-read GPU settings after the DCGM run: {e}",
-                      subject="node/settings", action=Action.INVESTIGATE)
+        after_snap, why = None, str(e)
     if not after_snap or not (after_snap.get("nvml") or {}).get("ok"):
         err = ((after_snap or {}).get("nvml") or {}).get("error") or {}
-        return Result(CHECK_ID, Status.WARN,
-                      f"could not re-read GPU settings after the DCGM run: {err.get('message', 'NVML not available')}",
-                      subject="node/settings", action=Action.INVESTIGATE)
+        r = Result(CHECK_ID, Status.PASS, "could not re-read GPU settings after the DCGM run: "
+                   + (why or err.get("message", "NVML not available")), subject="node/settings")
+        r.unjudged["GPU settings after the run"] = Status.WARN  # a warn: the guard could not look
+        return settle(r)
     changes = settings_changes(before, site_settings(after_snap))
-    compared = ", ".join(SETTINGS)
-    if changes:
-        parts = [f"gpu{g}: {'; '.join(c)}" for g, c in sorted(changes.items())]
-        r = Result(CHECK_ID, Status.WARN, "the DCGM run changed GPU settings: " + " | ".join(parts),
-                   subject="node/settings", action=Action.INVESTIGATE)
-    else:
-        r = Result(CHECK_ID, Status.PASS, f"GPU settings unchanged by the DCGM run ({len(before)} GPU(s))",
-                   subject="node/settings")
-    r.metric("gpus_with_changed_settings", len(changes), "count")
-    r.evidence.append(f"compared before/after: {compared}")
+    parts = [f"gpu{g}: {'; '.join(c)}" for g, c in sorted(changes.items())]
+    r = evaluate(CHECK_ID, [SETTINGS_RULE], {"gpus_with_changed_settings": len(changes)},
+                 units={"gpus_with_changed_settings": "count"}, facts={"changes": " | ".join(parts)},
+                 ok_summary=f"GPU settings unchanged by the DCGM run ({len(before)} GPU(s))", subject="node/settings")
+    r.evidence.append(f"compared before/after: {', '.join(SETTINGS)}")
     return r
+
 
 
 def _limits(ctx: Context, p: dict[str, Any], level: int) -> tuple[float, float, list[str]]:
@@ -313,9 +319,9 @@ def _diag_results(ctx: Context, p: dict[str, Any], level: int, dcgmi: str, res: 
         r.evidence.append(about)
         r.duration_s = res.duration_s
     if res.returncode not in (0, None) and all(r.status in (Status.PASS, Status.SKIP) for r in results):
-        results.append(Result(CHECK_ID, Status.WARN,
-                              f"dcgmi diag exited with {res.returncode} although its JSON shows no failure",
-                              subject="node/dcgmi", action=Action.INVESTIGATE, evidence=head + [about] + res.tail()))
+        r = evaluate(CHECK_ID, [EXIT_RULE], {"dcgmi_exit_code": res.returncode}, subject="node/dcgmi")
+        r.evidence = head + [about] + res.tail()
+        results.append(r)
     if p["check_settings"]:
         s = _settings_result(ctx)
         if s is not None:

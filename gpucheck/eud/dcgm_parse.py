@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..result import Action, Result, Status, Threshold
+from ..result import Action, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.dcgm"
 
@@ -457,6 +457,48 @@ def _fail_verdict(test: DcgmTest) -> tuple[Status, Action, str]:
     return Status.FAIL, Action.DRAIN, "a hardware test"
 
 
+# DCGM's own verdict per test: a Fail is judged with DCGM's error catalog (_fail_verdict: fail,
+# warn, or error for a test that could not run properly, and the action), a Warn asks for a look.
+# The limit is the text this document gave the verdict (dcgmi writes "Fail", "FAIL", "Failed"...);
+# of the three Fail rules only the one _fail_verdict chose applies.
+RULES = (
+    Rule("dcgm_status", "==", Key("fail_as_fail"), Status.FAIL, Key("fail_action"),
+         "{label}: fail{first_or_none} [{why}]"),
+    Rule("dcgm_status", "==", Key("fail_as_warn"), Status.WARN, Key("fail_action"),
+         "{label}: warn{first_or_none} [{why}]"),
+    Rule("dcgm_status", "==", Key("fail_as_error"), Status.ERROR, Key("fail_action"),
+         "{label}: could not run properly (not a hardware verdict){first_or_none} [{why}]"),
+    Rule("dcgm_status", "==", Key("warn_text"), Status.WARN, Action.INVESTIGATE, "{label}: warn{first}"),
+)
+_FAIL_RULE_KEY = {Status.FAIL: "fail_as_fail", Status.WARN: "fail_as_warn", Status.ERROR: "fail_as_error"}
+
+
+def _test_result(t: DcgmTest, gpu: int | None, subject: str, injected: list[str]) -> Result:
+    label = f"DCGM {t.name}" + (f" ({t.category})" if t.category else "")
+    first = t.warnings[0].text.strip() if t.warnings else ""
+    limits: dict[str, Any] = {"fail_as_fail": "Fail", "fail_as_warn": None, "fail_as_error": None,
+                              "fail_action": Action.DRAIN, "warn_text": t.status_text if t.status == "warn" else "Warn"}
+    facts = {"label": label, "first": f": {first}" if first else "",
+             "first_or_none": f": {first}" if first else ": DCGM gave no detail", "why": ""}
+    if t.status == "fail":
+        status, action, facts["why"] = _fail_verdict(t)
+        limits.update(fail_as_fail=None, fail_action=action)
+        limits[_FAIL_RULE_KEY[status]] = t.status_text
+    metrics: dict[str, Any] = {"dcgm_status": t.status_text, "dcgm_errors": len(t.warnings)}
+    units = {"dcgm_status": "", "dcgm_errors": "count"}
+    if t.warnings and t.warnings[0].error_id is not None:
+        metrics["dcgm_error_id"], units["dcgm_error_id"] = t.warnings[0].error_id, ""
+    r = evaluate(CHECK_ID, RULES, metrics, limits=limits, facts=facts, units=units, gpu=gpu, subject=subject,
+                 ok_summary=f"{label}: pass" + (f"; {t.info[0]}" if t.info else ""))
+    if t.status in ("skip", "not_run") and r.status == Status.PASS:  # DCGM judged nothing
+        reason = first or (t.info[0] if t.info else "DCGM gave no reason")
+        r.status = Status.SKIP
+        r.summary = (f"{label}: skipped by DCGM: {reason}" if t.status == "skip"
+                     else f"{label}: not run by DCGM" + (f": {first}" if first else ""))
+    r.injected = list(injected)
+    return r
+
+
 def map_results(doc: DiagDoc, *, gpu_map: dict[int, int] | None = None,
                 injected: list[str] | None = None) -> list[Result]:
     """One gpucheck result per DCGM test and entity. `gpu_map` maps DCGM GPU ids to gpucheck GPU
@@ -466,35 +508,7 @@ def map_results(doc: DiagDoc, *, gpu_map: dict[int, int] | None = None,
     for t in doc.tests:
         gpu = None if t.gpu is None else gpu_map.get(t.gpu, t.gpu)
         where = f"gpu{gpu}" if gpu is not None else ("node" if t.entity is None else t.entity.replace(" ", "").lower())
-        subject = f"{where}/{t.name}"
-        label = f"DCGM {t.name}" + (f" ({t.category})" if t.category else "")
-        first = t.warnings[0].text.strip() if t.warnings else ""
-        if t.status == "pass":
-            status, action = Status.PASS, Action.NONE
-            summary = f"{label}: pass" + (f"; {t.info[0]}" if t.info else "")
-        elif t.status == "warn":
-            status, action = Status.WARN, Action.INVESTIGATE
-            summary = f"{label}: warn" + (f": {first}" if first else "")
-        elif t.status == "skip":
-            status, action = Status.SKIP, Action.NONE
-            reason = first or (t.info[0] if t.info else "DCGM gave no reason")
-            summary = f"{label}: skipped by DCGM: {reason}"
-        elif t.status == "not_run":
-            status, action = Status.SKIP, Action.NONE
-            summary = f"{label}: not run by DCGM" + (f": {first}" if first else "")
-        else:
-            status, action, why = _fail_verdict(t)
-            what = {Status.FAIL: "fail", Status.WARN: "warn",
-                    Status.ERROR: "could not run properly (not a hardware verdict)"}[status]
-            summary = f"{label}: {what}" + (f": {first}" if first else ": DCGM gave no detail") + f" [{why}]"
-        r = Result(CHECK_ID, status, summary, gpu=gpu, subject=subject, action=action,
-                   injected=list(injected or []))
-        r.metric("dcgm_status", t.status_text, "")
-        r.metric("dcgm_errors", len(t.warnings), "count")
-        if t.warnings and t.warnings[0].error_id is not None:
-            r.metric("dcgm_error_id", t.warnings[0].error_id, "")
-        r.thresholds.append(Threshold("dcgm_status", "==", "Fail", Status.FAIL))
-        r.thresholds.append(Threshold("dcgm_status", "==", "Warn", Status.WARN))
+        r = _test_result(t, gpu, f"{where}/{t.name}", list(injected or []))
         r.evidence.extend(w.describe() for w in t.warnings)
         r.evidence.extend(f"DCGM info: {i}" for i in t.info)
         if t.entity and t.gpu is not None and gpu != t.gpu:

@@ -38,8 +38,8 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..inject import InjectionArgs, injections_for_gpu
-from ..result import Action, Result, Status, Threshold, judge
-from .memtest_ecc import ECC_RULES, growth, inject_spec
+from ..result import Action, Key, Result, Rule, Status, evaluate, settle
+from .memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
 from .patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 
 CHECK_ID = "eud.memtest"
@@ -387,44 +387,40 @@ def _miscompare_cause(e: dict[str, Any], region: int, how: str, passes: int, ecc
     return cause, action, evidence
 
 
-def _ecc_rules(d: dict[str, Any], p: dict[str, Any], device: str) -> tuple[dict[str, Any], list[Threshold],
-                                                                            dict[str, str], dict[str, Action],
-                                                                            list[str], list[str]]:
-    """ECC_RULES over the counters read around the passes: metrics, thresholds, causes, actions,
-    evidence, and the counters a rule needed that could not be read."""
+def _ecc_inputs(d: dict[str, Any], p: dict[str, Any], device: str
+                ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[str], list[str]]:
+    """ECC_RULES over the counters read around the passes: metrics, limits (None: the rules are
+    off, no counter was read), facts, evidence, and the counters a rule needed that could not be
+    read."""
     ecc = d.get("ecc") or {}
     reads = ecc.get("reads") or []
-    metrics: dict[str, Any] = {}
-    thresholds: list[Threshold] = []
-    causes: dict[str, str] = {}
-    actions: dict[str, Action] = {}
-    evidence: list[str] = []
-    unread: list[str] = []
+    off = ecc_limits(None)
     if ecc.get("failure"):
-        return metrics, thresholds, causes, actions, [], [f"ECC counters ({ecc['failure']})"]
+        return {}, off, {}, [], [f"ECC counters ({ecc['failure']})"]
     if not reads:
-        evidence.append(ecc.get("note") or ("no ECC counters read" if device == "cuda" else
-                                            "no ECC counters: a CPU worker stands in for the GPU"))
-        return metrics, thresholds, causes, actions, evidence, unread
+        note = ecc.get("note") or ("no ECC counters read" if device == "cuda" else
+                                   "no ECC counters: a CPU worker stands in for the GPU")
+        return {}, off, {}, [note], []
     g = growth(reads)
+    metrics: dict[str, Any] = {}
+    facts: dict[str, Any] = {}
+    unread: list[str] = []
     unsupported = []
     for rule in ECC_RULES:
-        entry = g[rule.counter]
+        counter = COUNTER_OF[rule.metric]
+        entry = g[counter]
         metrics[rule.metric] = entry["value"]
-        limit = int(p[rule.limit_key]) if rule.limit_key else 0
-        thresholds.append(Threshold(rule.metric, ">", limit, Status.FAIL, "count"))
         steps = "; ".join(f"{b} -> {a}: {'+' if n > 0 else ''}{n}" for b, a, n in entry["steps"])
-        causes[rule.metric] = rule.cause + (f" ({steps})" if steps else "")
-        actions[rule.metric] = Action(rule.action)
+        facts[f"{rule.metric}_steps"] = f" ({steps})" if steps else ""
         if entry["unread"]:
-            unread.append(f"{rule.counter} ({entry['unread']})")
+            unread.append(f"{counter} ({entry['unread']})")
         elif entry["value"] is None:
-            unsupported.append(rule.counter)
+            unsupported.append(counter)
     labels = ", ".join(r["label"] for r in reads)
-    evidence.append(f"ECC counters ({ecc.get('source')}) read {len(reads)} times: {labels}")
+    evidence = [f"ECC counters ({ecc.get('source')}) read {len(reads)} times: {labels}"]
     if unsupported:
         evidence.append(f"not supported on this GPU (not judged): {', '.join(unsupported)}")
-    return metrics, thresholds, causes, actions, evidence, unread
+    return metrics, ecc_limits(p), facts, evidence, unread
 
 
 def _plan_evidence(d: dict[str, Any], device: str, gpu: int, region: int, patterns: list[str]) -> list[str]:
@@ -488,17 +484,22 @@ def _tail_evidence(d: dict[str, Any], ratio: float | None, injected: list[str]) 
     return evidence
 
 
-def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, injected: list[str],
-               ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
-    """One GPU's result from the worker's data (pure; see the module doc for the rules)."""
-    e = _errors_view(d)
-    h = d.get("headroom_round")
-    region = int(d["region_bytes"]) + int((h or {}).get("region_bytes") or 0)
-    n_err, passes, patterns = int(e["errors"]), int(d.get("passes", 0)), list(d.get("patterns", []))
-    gbps, copy = d.get("gbps"), (d.get("copy") or {}).get("gbps")
-    ratio = (gbps / copy) if gbps and copy else None
+# Miscompares fail the GPU (the action the miscompares call for: rma for a persistent or recurring
+# fault, drain for a transient one, see _miscompare_cause), then ECC_RULES; an Xid during the test
+# asks for a look. Limits by key (see judge_data).
+RULES: tuple[Rule, ...] = (
+    Rule("errors", ">", 0, Status.FAIL, Key("miscompare_action"), "{miscompare} ({detail})", "count"),
+    *ECC_RULES,
+    Rule("xid_events", ">", Key("xid_limit"), Status.WARN, Action.INVESTIGATE,
+         "Xid {xids} during the pattern test (see the xid check) ({detail})", "count"),
+)
+
+
+def _metrics(d: dict[str, Any], e: dict[str, Any], ratio: float | None) -> tuple[dict[str, Any], dict[str, str]]:
+    gbps, copy, h = d.get("gbps"), (d.get("copy") or {}).get("gbps"), d.get("headroom_round")
     metrics: dict[str, Any] = {
-        "errors": n_err, "bytes_tested": int(d["region_bytes"]), "passes": passes, "patterns": len(patterns),
+        "errors": int(e["errors"]), "bytes_tested": int(d["region_bytes"]), "passes": int(d.get("passes", 0)),
+        "patterns": len(d.get("patterns", [])),
         "bandwidth_gbps": None if gbps is None else round(gbps, 3), "copy_gbps": None if copy is None else round(copy, 3),
         "bandwidth_ratio": None if ratio is None else round(ratio, 3),
         "error_words_recorded": int(e.get("distinct_words_recorded", 0)),
@@ -515,20 +516,31 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
     if h is not None:
         metrics["headroom_bytes_tested"], units["headroom_bytes_tested"] = int(h.get("region_bytes") or 0), "B"
         metrics["headroom_errors"], units["headroom_errors"] = int(e.get("headroom_errors", 0)), "count"
-    thresholds = [Threshold("errors", ">", 0, Status.FAIL, "count")]
+    return metrics, units
+
+
+def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, injected: list[str],
+               ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
+    """One GPU's result from the worker's data (pure; see the module doc and RULES)."""
+    e = _errors_view(d)
+    h = d.get("headroom_round")
+    region = int(d["region_bytes"]) + int((h or {}).get("region_bytes") or 0)
+    passes, patterns = int(d.get("passes", 0)), list(d.get("patterns", []))
+    gbps, copy = d.get("gbps"), (d.get("copy") or {}).get("gbps")
+    ratio = (gbps / copy) if gbps and copy else None
+    metrics, units = _metrics(d, e, ratio)
     how = f"{len(patterns)} pattern(s) x {passes} pass(es)" + (" + a headroom round" if h and h.get("passes") else "")
     evidence = _plan_evidence(d, device, gpu, int(d["region_bytes"]), patterns)
-    causes: dict[str, str] = {}
-    actions: dict[str, Action] = {}
-    if n_err:
-        causes["errors"], actions["errors"], ev = _miscompare_cause(e, region, how, passes, ecc_enabled)
+    limits: dict[str, Any] = {"miscompare_action": Action.DRAIN, "xid_limit": None}
+    facts: dict[str, Any] = {}
+    if metrics["errors"]:
+        facts["miscompare"], limits["miscompare_action"], ev = _miscompare_cause(e, region, how, passes, ecc_enabled)
         evidence.extend(ev)
-    em, et, ec, ea, ecc_evidence, unread = _ecc_rules(d, p, device)
+    em, el, ef, ecc_evidence, unread = _ecc_inputs(d, p, device)
     metrics.update(em)
     units.update({k: "count" for k in em})
-    thresholds += et
-    causes.update(ec)
-    actions.update(ea)
+    limits.update(el)
+    facts.update(ef)
     ok = f"no memory errors in {human_bytes(region)} tested ({how}); {_fmt(gbps, ' GB/s')} written + read"
     if ratio is not None:
         ok += f" = {ratio:.2f} of a device-to-device copy ({_fmt(copy, ' GB/s')})"
@@ -537,12 +549,9 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
     tel = telemetry or {}
     if tel.get("samples"):
         xids = tel.get("xid") or []
-        metrics["xid_events"], units["xid_events"] = len(xids), "count"
-        thresholds.append(Threshold("xid_events", ">", 0, Status.WARN, "count"))
-        actions["xid_events"] = Action.INVESTIGATE
-        if xids:
-            causes["xid_events"] = f"Xid {', '.join(map(str, xids))} during the pattern test (see the xid check)"
-    res = judge(CHECK_ID, thresholds, metrics, gpu=gpu, units=units, ok_summary=ok, causes=causes, actions=actions)
+        metrics["xid_events"], units["xid_events"], limits["xid_limit"] = len(xids), "count", 0
+        facts["xids"] = ", ".join(map(str, xids))
+    res = evaluate(CHECK_ID, RULES, metrics, limits=limits, facts=facts, units=units, ok_summary=ok, gpu=gpu)
     _could_not_judge(res, d, unread)
     res.evidence = evidence + ecc_evidence + res.evidence + _tail_evidence(d, ratio, injected)
     if tel.get("xid_note"):
@@ -552,27 +561,31 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
 
 
 def _could_not_judge(res: Result, d: dict[str, Any], unread: list[str]) -> None:
-    """What turns a result into `error` (never into a pass): an injection that could not be made,
-    a stop before anything was verified, ECC counters that could not be read (unless a fault was
-    already found), a headroom round that could not allocate."""
+    """What leaves the result unjudged (error; a fail found from what was verified stands, and
+    names it in the evidence): an injection that could not be made, a stop before anything was
+    verified, ECC counters that could not be read, a headroom round that could not allocate."""
     per = d.get("per_pattern", {})
     h = d.get("headroom_round")
+    marks: dict[str, str] = {}  # what could not be judged -> the summary that names it
     if d.get("inject_problem"):
-        res.status, res.action = Status.ERROR, Action.NONE
-        res.summary = f"could not inject: {d['inject_problem']}"
-    elif d.get("stopped") and res.status == Status.PASS and not any(v["runs"] for v in per.values()):
-        res.status = Status.ERROR
-        res.summary = f"not finished: stopped ({d['stopped']}) before any pattern was verified"
-    elif res.status == Status.FAIL:
+        marks["injection"] = f"could not inject: {d['inject_problem']}"
+    if d.get("stopped") and res.status == Status.PASS and not any(v["runs"] for v in per.values()):
+        marks["patterns"] = f"not finished: stopped ({d['stopped']}) before any pattern was verified"
+    if unread:
+        marks["ECC counters"] = (f"could not judge the ECC counters around the passes: {', '.join(unread)} could not "
+                                 f"be read; {res.summary}")
+    if h is not None and not h.get("passes") and not d.get("stopped"):
+        why = h.get("allocation_note") or "nothing could be allocated"
+        marks["headroom round"] = f"could not test the headroom: {why}; {res.summary}"
+    if not marks:
         return
-    elif unread:
-        res.status, res.action = Status.ERROR, Action.NONE
-        res.summary = (f"could not judge the ECC counters around the passes: {', '.join(unread)} could not be read; "
-                       + res.summary)
-    elif h is not None and not h.get("passes") and not d.get("stopped"):
-        res.status, res.action = Status.ERROR, Action.NONE
-        res.summary = (f"could not test the headroom: {h.get('allocation_note') or 'nothing could be allocated'}; "
-                       + res.summary)
+    res.unjudged.update(dict.fromkeys(marks, Status.ERROR))
+    if res.status == Status.FAIL:
+        if "injection" in marks:
+            res.evidence.append(marks["injection"])
+        return
+    settle(res)
+    res.summary = next(iter(marks.values()))
 
 
 CHECKS = [memtest]

@@ -4,7 +4,7 @@ With ECC on, a weak cell that flips one bit is corrected on the way out of HBM: 
 reads the right word and sees nothing, and only NVML's counters show that the memory is failing.
 The worker (gpucheck.eud.memtest_worker) reads these counters of its GPU before the first pass
 and after every pass; eud.memtest judges their growth with ECC_RULES (rules as data, limits from
-the check's config) and names every counter that grew in the result.
+the check's config; gpucheck.result.Rule) and names every counter that grew in the result.
 
 | counter | NVML |
 |---|---|
@@ -28,8 +28,9 @@ Only NVML is touched here (gpucheck.telemetry.nvml), in the worker; the rules ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from ..result import Action, Key, Rule, Status
 
 COUNTERS: tuple[str, ...] = ("volatile_corrected", "volatile_uncorrected", "remapped_correctable",
                              "remapped_uncorrectable", "remap_pending", "remap_failure")
@@ -189,33 +190,46 @@ def inject_spec(params: dict[str, Any]) -> dict[str, Any]:
 # judging (pure)
 
 
-@dataclass(frozen=True)
-class EccRule:
-    counter: str  # COUNTERS key
-    metric: str  # the result's metric
-    limit_key: str | None  # config key holding the allowed growth (None: a flag, 0)
-    action: str  # gpucheck.result.Action value
-    cause: str
-
-
 # A counter that grows by more than its limit during the test fails the GPU. Why each action:
 # an uncorrectable error or a new remap is repaired by the row remap that a GPU reset applies
 # (reset-gpu, as NVIDIA's Xid 48/63/64 guidance); a failed remap cannot be repaired (rma); single-
 # bit errors that ECC corrected mean cells that fail under the test's patterns: the node must not
 # take work (drain), and a re-test after a reset tells a weak cell (rma) from a one-off upset.
-ECC_RULES: tuple[EccRule, ...] = (
-    EccRule("volatile_corrected", "ecc_corrected_growth", "ecc_corrected_growth_max", "drain",
-            "corrected (single-bit) ECC errors during the pattern test: cells that ECC hid from the patterns"),
-    EccRule("volatile_uncorrected", "ecc_uncorrected_growth", "ecc_uncorrected_growth_max", "reset-gpu",
-            "uncorrectable ECC errors during the pattern test (the row is remapped at the next GPU reset)"),
-    EccRule("remapped_correctable", "remapped_rows_correctable_growth", "remapped_rows_growth_max", "reset-gpu",
-            "rows remapped for corrected errors during the pattern test"),
-    EccRule("remapped_uncorrectable", "remapped_rows_uncorrectable_growth", "remapped_rows_growth_max", "reset-gpu",
-            "rows remapped for uncorrectable errors during the pattern test"),
-    EccRule("remap_pending", "remap_pending_new", None, "reset-gpu",
-            "a row remapping became pending during the pattern test (applied at the next GPU reset)"),
-    EccRule("remap_failure", "remap_failure_new", None, "rma", "a row remapping failed during the pattern test"),
+# Limits are config keys, and ecc_flags_new_max (0) for the flags; "{<metric>_steps}" names the
+# readings between which the counter grew.
+def _rule(metric: str, limit: Any, action: Action, cause: str) -> Rule:
+    return Rule(metric, ">", limit, Status.FAIL, action, f"{cause}{{{metric}_steps}} ({{detail}})", "count")
+
+
+ECC_RULES: tuple[Rule, ...] = (
+    _rule("ecc_corrected_growth", Key("ecc_corrected_growth_max"), Action.DRAIN,
+          "corrected (single-bit) ECC errors during the pattern test: cells that ECC hid from the patterns"),
+    _rule("ecc_uncorrected_growth", Key("ecc_uncorrected_growth_max"), Action.RESET_GPU,
+          "uncorrectable ECC errors during the pattern test (the row is remapped at the next GPU reset)"),
+    _rule("remapped_rows_correctable_growth", Key("remapped_rows_growth_max"), Action.RESET_GPU,
+          "rows remapped for corrected errors during the pattern test"),
+    _rule("remapped_rows_uncorrectable_growth", Key("remapped_rows_growth_max"), Action.RESET_GPU,
+          "rows remapped for uncorrectable errors during the pattern test"),
+    _rule("remap_pending_new", Key("ecc_flags_new_max"), Action.RESET_GPU,
+          "a row remapping became pending during the pattern test (applied at the next GPU reset)"),
+    _rule("remap_failure_new", Key("ecc_flags_new_max"), Action.RMA, "a row remapping failed during the pattern test"),
 )
+# The counter each rule's metric is the growth of.
+COUNTER_OF: dict[str, str] = {
+    "ecc_corrected_growth": "volatile_corrected", "ecc_uncorrected_growth": "volatile_uncorrected",
+    "remapped_rows_correctable_growth": "remapped_correctable",
+    "remapped_rows_uncorrectable_growth": "remapped_uncorrectable",
+    "remap_pending_new": "remap_pending", "remap_failure_new": "remap_failure",
+}
+ECC_LIMIT_KEYS = ("ecc_corrected_growth_max", "ecc_uncorrected_growth_max", "remapped_rows_growth_max")  # config
+
+
+def ecc_limits(p: dict[str, Any] | None) -> dict[str, Any]:
+    """The limits of ECC_RULES from the check's parameters `p`; None: no counter was read, the
+    rules are off."""
+    if p is None:
+        return dict.fromkeys((*ECC_LIMIT_KEYS, "ecc_flags_new_max"))
+    return {**{k: int(p[k]) for k in ECC_LIMIT_KEYS}, "ecc_flags_new_max": 0}
 
 
 def growth(reads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -29,7 +29,7 @@ import math
 import statistics
 from typing import Any, Iterable
 
-from ..result import Action, Result, Status, Threshold, judge
+from ..result import Action, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.power"
 
@@ -144,6 +144,32 @@ def judge_power(loads: dict[int, dict[str, Any]], p: dict[str, Any]) -> list[Res
     return out
 
 
+_POWER_REACH = ("cannot reach its power limit under load: top {top_fraction} of samples average {power_top_text} of "
+                "the {power_limit_text} enforced limit")
+# Limits by key (see _limits); a rule whose limit is None does not apply to this GPU (nothing read).
+RULES = (
+    Rule("sdc_events", ">", 0, Status.FAIL, Action.DRAIN,
+         "silent data corruption during the power load: {sdc_detail} ({detail})", "count"),
+    Rule("hw_slowdown_samples", ">=", Key("hw_fail_bar"), Status.FAIL, Action.DRAIN,
+         "clock cut by hardware under load: {hw_reasons} in {hw_slowdown_samples} of {load_samples} load "
+         "samples{hw_clock} ({detail})", "count"),
+    Rule("hw_slowdown_samples", ">", Key("hw_warn_limit"), Status.WARN, Action.INVESTIGATE,
+         "{hw_reasons} in {hw_slowdown_samples} of {load_samples} load samples, below the fail bar of "
+         "{hw_fail_bar}{hw_clock} ({detail})", "count"),
+    Rule("power_fraction_of_limit", "<", Key("power_fail_fraction"), Status.FAIL, Action.DRAIN,
+         _POWER_REACH + " ({detail})"),
+    # Clocks held down by a site setting explain a low draw: that is not a hardware fault.
+    Rule("power_fraction_of_limit", "<", Key("power_site_fraction"), Status.WARN, Action.INVESTIGATE,
+         _POWER_REACH + "; applications_clocks_setting seen in {site_clocks} samples (clocks set by the site hold "
+         "the power down) ({detail})"),
+    Rule("temperature_over_peers_c", ">", Key("temp_peer_warn_c"), Status.WARN, Action.INVESTIGATE,
+         "hotter than its peers under the same load: median {temperature_median_c:.0f} C vs {peers_c:.0f} C on the "
+         "other GPUs (max {temperature_max_c:.0f} C) ({detail})", "C"),
+    Rule("xid_events", ">", Key("xid_limit"), Status.WARN, Action.INVESTIGATE,
+         "Xid {xids} during the load (see the xid check) ({detail})", "count"),
+)
+
+
 def _judge_one(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, float], p: dict[str, Any]) -> Result:
     inj = list(d.get("injected", []))
     n = s["load_samples"]
@@ -151,134 +177,16 @@ def _judge_one(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, fl
     evidence = list(d.get("evidence", []))
     if d.get("load"):
         evidence.insert(0, d["load"])
-    if n < min_n:
-        r = Result(CHECK_ID, Status.ERROR,
-                   f"could not judge: {n} telemetry sample(s) under load after the {p['warmup_s']:g} s warm-up, "
-                   f"fewer than min_load_samples {min_n} (load too short, or NVML telemetry missing)",
-                   gpu=g, injected=inj, evidence=evidence)
+    if n < min_n or (s["power_samples"] == 0 and s["clock_samples"] == 0 and s["reason_samples"] == 0):
+        why = (f"{n} telemetry sample(s) under load after the {p['warmup_s']:g} s warm-up, fewer than "
+               f"min_load_samples {min_n} (load too short, or NVML telemetry missing)" if n < min_n else
+               "NVML returned no power, SM clock or clock-event reading during the load")
+        r = Result(CHECK_ID, Status.ERROR, f"could not judge: {why}", gpu=g, injected=inj, evidence=evidence)
         r.metric("load_samples", n, "count")
         return r
-    if s["power_samples"] == 0 and s["clock_samples"] == 0 and s["reason_samples"] == 0:
-        r = Result(CHECK_ID, Status.ERROR,
-                   "could not judge: NVML returned no power, SM clock or clock-event reading during the load",
-                   gpu=g, injected=inj, evidence=evidence)
-        r.metric("load_samples", n, "count")
-        return r
-
-    metrics: dict[str, Any] = {}
-    units: dict[str, str] = {}
-    thresholds: list[Threshold] = []
-    causes: dict[str, str] = {}
-    actions: dict[str, Action] = {}
-    notes: list[str] = []
-
-    def m(name: str, value: Any, unit: str) -> None:
-        metrics[name] = value
-        units[name] = unit
-
-    m("load_samples", n, "count")
-    m("sdc_events", int(d.get("sdc_events", 0)), "count")
-    thresholds.append(Threshold("sdc_events", ">", 0, Status.FAIL, "count"))
-    if d.get("sdc_events"):
-        causes["sdc_events"] = f"silent data corruption during the power load: {d.get('sdc_detail') or 'wrong GEMM result'}"
-    actions["sdc_events"] = Action.DRAIN
-
-    # -- clocks cut by hardware
-    if s["reason_samples"]:
-        bar = hw_fail_bar(n, p)
-        m("hw_slowdown_samples", s["hw_slowdown_samples"], "count")
-        m("hw_slowdown_share", s["hw_slowdown_share"], "")
-        thresholds.append(Threshold("hw_slowdown_samples", ">=", bar, Status.FAIL, "count"))
-        thresholds.append(Threshold("hw_slowdown_samples", ">", 0, Status.WARN, "count"))
-        reasons = "/".join(s["hw_reasons_seen"]) or "hardware slowdown"
-        clock = ""
-        if s["sm_clock_hw_median_mhz"] is not None:
-            clock = f", SM clock median {s['sm_clock_hw_median_mhz']:.0f} MHz in those samples"
-            if s["sm_clock_other_median_mhz"] is not None:
-                clock += f" vs {s['sm_clock_other_median_mhz']:.0f} MHz otherwise"
-        if s["hw_slowdown_samples"] >= bar:
-            causes["hw_slowdown_samples"] = (f"clock cut by hardware under load: {reasons} in "
-                                             f"{s['hw_slowdown_samples']} of {n} load samples{clock}")
-        else:
-            causes["hw_slowdown_samples"] = (f"{reasons} in {s['hw_slowdown_samples']} of {n} load samples, below the "
-                                             f"fail bar of {bar}{clock}")
-        actions["hw_slowdown_samples"] = Action.DRAIN if s["hw_slowdown_samples"] >= bar else Action.INVESTIGATE
-    else:
-        notes.append("clock-event reasons not readable: hardware slowdown not judged")
-
-    # -- power reach
-    limit = d.get("limit_w")
-    if s["power_samples"]:
-        m("power_top_mean_w", s["power_top_mean_w"], "W")
-        m("power_mean_w", s["power_mean_w"], "W")
-    if limit:
-        m("power_limit_w", limit, "W")
-    if s["power_fraction_of_limit"] is not None:
-        frac = float(p["power_fail_fraction"])
-        m("power_fraction_of_limit", s["power_fraction_of_limit"], "")
-        thresholds.append(Threshold("power_fraction_of_limit", "<", frac, Status.FAIL, ""))
-        site_clocks = s["reason_counts"].get("applications_clocks_setting", 0)
-        causes["power_fraction_of_limit"] = (
-            f"cannot reach its power limit under load: top {float(p['power_top_fraction']):.0%} of samples average "
-            f"{_fmt_w(s['power_top_mean_w'])} of the {_fmt_w(limit)} enforced limit")
-        actions["power_fraction_of_limit"] = Action.DRAIN
-        if site_clocks and s["power_fraction_of_limit"] < frac:
-            # Clocks held down by a site setting explain a low draw: that is not a hardware fault.
-            thresholds[-1] = Threshold("power_fraction_of_limit", "<", frac, Status.WARN, "")
-            causes["power_fraction_of_limit"] += (f"; applications_clocks_setting seen in {site_clocks} samples "
-                                                 "(clocks set by the site hold the power down)")
-            actions["power_fraction_of_limit"] = Action.INVESTIGATE
-    elif not s["power_samples"]:
-        notes.append("power not readable (NVML): power reach not judged")
-    else:
-        notes.append(f"enforced power limit not read ({d.get('limit_source') or 'unknown'}): power reach not judged")
-
-    # -- temperature against the peers
-    t = s["temperature_median_c"]
-    if t is not None:
-        m("temperature_median_c", t, "C")
-        m("temperature_max_c", s["temperature_max_c"], "C")
-        peers = [v for pg, v in temps.items() if pg != g]
-        if peers and g in temps:
-            node = statistics.median(peers)
-            over = round(t - node, 1)
-            m("temperature_over_peers_c", over, "C")
-            thresholds.append(Threshold("temperature_over_peers_c", ">", float(p["temp_peer_warn_c"]), Status.WARN, "C"))
-            causes["temperature_over_peers_c"] = (f"hotter than its peers under the same load: median {t:.0f} C vs "
-                                                 f"{node:.0f} C on the other GPUs (max {s['temperature_max_c']:.0f} C)")
-            actions["temperature_over_peers_c"] = Action.INVESTIGATE
-        else:
-            notes.append("no peer GPU to compare temperatures with")
-
-    # -- Xid events during the load
-    xids = sorted(set(int(x) for x in (d.get("xid") or [])))
-    if d.get("xid") is not None:
-        m("xid_events", len(xids), "count")
-        thresholds.append(Threshold("xid_events", ">", 0, Status.WARN, "count"))
-        if xids:
-            causes["xid_events"] = f"Xid {', '.join(map(str, xids))} during the load (see the xid check)"
-        actions["xid_events"] = Action.INVESTIGATE
-
-    if s["sm_clock_median_mhz"] is not None:
-        m("sm_clock_median_mhz", s["sm_clock_median_mhz"], "MHz")
-        m("sm_clock_min_mhz", s["sm_clock_min_mhz"], "MHz")
-
-    ok_parts = []
-    if s["power_fraction_of_limit"] is not None:
-        ok_parts.append(f"power {_fmt_w(s['power_top_mean_w'])} = {s['power_fraction_of_limit']:.2f} of the "
-                        f"{_fmt_w(limit)} limit")
-    elif s["power_top_mean_w"] is not None:
-        ok_parts.append(f"power {_fmt_w(s['power_top_mean_w'])}")
-    if s["sm_clock_median_mhz"] is not None:
-        ok_parts.append(f"SM clock median {s['sm_clock_median_mhz']:.0f} MHz")
-    if s["reason_samples"]:
-        ok_parts.append(f"no hardware slowdown in {n} load samples")
-    if t is not None:
-        ok_parts.append(f"temperature median {t:.0f} C")
-    if s["sw_reasons_seen"]:
-        ok_parts.append("/".join(s["sw_reasons_seen"]) + " seen (normal under a GEMM)")
-    ok = "; ".join(ok_parts + notes) or "ok"
-    res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes, actions=actions)
+    metrics, units, limits, facts, notes = _inputs(g, d, s, temps, p)
+    res = evaluate(CHECK_ID, RULES, metrics, limits=limits, facts=facts, units=units, gpu=g,
+                   ok_summary=_ok_summary(s, d.get("limit_w"), notes))
     if res.status != Status.PASS and notes:
         res.summary += "; " + "; ".join(notes)
     res.injected = inj
@@ -288,7 +196,97 @@ def _judge_one(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, fl
     if s["sm_clock_median_mhz"] is not None:
         evidence.append(f"SM clock under load: min {s['sm_clock_min_mhz']:.0f}, median {s['sm_clock_median_mhz']:.0f}, "
                         f"max {s['sm_clock_max_mhz']:.0f} MHz")
-    if limit:
-        evidence.append(f"enforced power limit {limit:g} W ({d.get('limit_source') or 'snapshot'})")
+    if d.get("limit_w"):
+        evidence.append(f"enforced power limit {d['limit_w']:g} W ({d.get('limit_source') or 'snapshot'})")
     res.evidence = evidence
     return res
+
+
+def _inputs(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, float], p: dict[str, Any]
+            ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], dict[str, Any], list[str]]:
+    """Metrics, units, limits, facts and notes (what could not be judged) of one GPU's load."""
+    n = s["load_samples"]
+    metrics: dict[str, Any] = {"load_samples": n, "sdc_events": int(d.get("sdc_events", 0))}
+    units = {"load_samples": "count", "sdc_events": "count"}
+    limits: dict[str, Any] = dict.fromkeys(("hw_fail_bar", "hw_warn_limit", "power_fail_fraction",
+                                            "power_site_fraction", "temp_peer_warn_c", "xid_limit"))
+    facts: dict[str, Any] = {"sdc_detail": d.get("sdc_detail") or "wrong GEMM result"}
+    notes: list[str] = []
+    if s["reason_samples"]:
+        metrics.update(hw_slowdown_samples=s["hw_slowdown_samples"], hw_slowdown_share=s["hw_slowdown_share"])
+        units.update(hw_slowdown_samples="count", hw_slowdown_share="")
+        limits.update(hw_fail_bar=hw_fail_bar(n, p), hw_warn_limit=0)
+        facts.update(hw_reasons="/".join(s["hw_reasons_seen"]) or "hardware slowdown", hw_clock=_hw_clock(s),
+                     hw_fail_bar=hw_fail_bar(n, p))
+    else:
+        notes.append("clock-event reasons not readable: hardware slowdown not judged")
+    notes.extend(_power_reach(d, s, p, metrics, units, limits, facts))
+    t = s["temperature_median_c"]
+    if t is not None:
+        metrics.update(temperature_median_c=t, temperature_max_c=s["temperature_max_c"])
+        units.update(temperature_median_c="C", temperature_max_c="C")
+        peers = [v for pg, v in temps.items() if pg != g]
+        if peers and g in temps:
+            facts["peers_c"] = statistics.median(peers)
+            metrics["temperature_over_peers_c"], units["temperature_over_peers_c"] = round(t - facts["peers_c"], 1), "C"
+            limits["temp_peer_warn_c"] = float(p["temp_peer_warn_c"])
+        else:
+            notes.append("no peer GPU to compare temperatures with")
+    if d.get("xid") is not None:
+        xids = sorted(set(int(x) for x in d["xid"]))
+        metrics["xid_events"], units["xid_events"], limits["xid_limit"] = len(xids), "count", 0
+        facts["xids"] = ", ".join(map(str, xids))
+    if s["sm_clock_median_mhz"] is not None:
+        metrics.update(sm_clock_median_mhz=s["sm_clock_median_mhz"], sm_clock_min_mhz=s["sm_clock_min_mhz"])
+        units.update(sm_clock_median_mhz="MHz", sm_clock_min_mhz="MHz")
+    return metrics, units, limits, facts, notes
+
+
+def _hw_clock(s: dict[str, Any]) -> str:
+    if s["sm_clock_hw_median_mhz"] is None:
+        return ""
+    clock = f", SM clock median {s['sm_clock_hw_median_mhz']:.0f} MHz in those samples"
+    if s["sm_clock_other_median_mhz"] is not None:
+        clock += f" vs {s['sm_clock_other_median_mhz']:.0f} MHz otherwise"
+    return clock
+
+
+def _power_reach(d: dict[str, Any], s: dict[str, Any], p: dict[str, Any], metrics: dict[str, Any],
+                 units: dict[str, str], limits: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+    """The power-reach inputs (into metrics, units, limits, facts) and what could not be judged."""
+    limit = d.get("limit_w")
+    if s["power_samples"]:
+        metrics.update(power_top_mean_w=s["power_top_mean_w"], power_mean_w=s["power_mean_w"])
+        units.update(power_top_mean_w="W", power_mean_w="W")
+    if limit:
+        metrics["power_limit_w"], units["power_limit_w"] = limit, "W"
+    if s["power_fraction_of_limit"] is not None:
+        frac = float(p["power_fail_fraction"])
+        metrics["power_fraction_of_limit"], units["power_fraction_of_limit"] = s["power_fraction_of_limit"], ""
+        site_clocks = s["reason_counts"].get("applications_clocks_setting", 0)
+        site = bool(site_clocks) and s["power_fraction_of_limit"] < frac
+        limits.update(power_fail_fraction=None if site else frac, power_site_fraction=frac if site else None)
+        facts.update(top_fraction=f"{float(p['power_top_fraction']):.0%}", power_top_text=_fmt_w(s["power_top_mean_w"]),
+                     power_limit_text=_fmt_w(limit), site_clocks=site_clocks)
+        return []
+    if not s["power_samples"]:
+        return ["power not readable (NVML): power reach not judged"]
+    return [f"enforced power limit not read ({d.get('limit_source') or 'unknown'}): power reach not judged"]
+
+
+def _ok_summary(s: dict[str, Any], limit: float | None, notes: list[str]) -> str:
+    ok_parts = []
+    if s["power_fraction_of_limit"] is not None:
+        ok_parts.append(f"power {_fmt_w(s['power_top_mean_w'])} = {s['power_fraction_of_limit']:.2f} of the "
+                        f"{_fmt_w(limit)} limit")
+    elif s["power_top_mean_w"] is not None:
+        ok_parts.append(f"power {_fmt_w(s['power_top_mean_w'])}")
+    if s["sm_clock_median_mhz"] is not None:
+        ok_parts.append(f"SM clock median {s['sm_clock_median_mhz']:.0f} MHz")
+    if s["reason_samples"]:
+        ok_parts.append(f"no hardware slowdown in {s['load_samples']} load samples")
+    if s["temperature_median_c"] is not None:
+        ok_parts.append(f"temperature median {s['temperature_median_c']:.0f} C")
+    if s["sw_reasons_seen"]:
+        ok_parts.append("/".join(s["sw_reasons_seen"]) + " seen (normal under a GEMM)")
+    return "; ".join(ok_parts + notes) or "ok"

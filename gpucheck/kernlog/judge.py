@@ -17,7 +17,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..result import Action, Result, Status, Threshold, strongest_action
+from ..result import Action, Key, Result, Rule, Status, evaluate, strongest_action
 from . import catalog
 from .mapping import GpuInfo, GpuMap
 from .parse import SXidEvent, Unrecognised, XidEvent
@@ -128,13 +128,24 @@ def classify_sxid(ev: SXidEvent) -> tuple[str, str]:
 
 
 # -- results ------------------------------------------------------------------------------------
-
-def _status(sev_counts: dict[str, int], repeated: bool) -> Status:
-    if sev_counts.get("critical"):
-        return Status.FAIL
-    if sev_counts.get("warning") or repeated:
-        return Status.WARN
-    return Status.PASS
+# A GPU's (or PCI address's) events: the actions are the catalog's, strongest among the events of
+# the rule's severity. The summary names every Xid kind, most severe first.
+XID_RULES = (
+    Rule("critical_events", ">", 0, Status.FAIL, Key("critical_action"), "{xid_kinds}", "count"),
+    Rule("warning_events", ">", 0, Status.WARN, Key("warning_action"), "{xid_kinds}", "count"),
+    Rule("app_repeat_max", ">", Key("repeat_limit"), Status.WARN, Action.INVESTIGATE, "{xid_kinds}", "count"),
+)
+SXID_RULES = (
+    Rule("fatal_sxids", ">", 0, Status.FAIL, Action(catalog.SXID_FATAL[1]), "{sxid_findings}", "count"),
+    Rule("nonfatal_repeat_max", ">", Key("repeat_limit"), Status.WARN, Action.INVESTIGATE, "{sxid_findings}", "count"),
+    Rule("unknown_fatality_sxids", ">", 0, Status.WARN, Action.INVESTIGATE, "{sxid_findings}", "count"),
+)
+# Xid-like lines of no known form warn (investigate) unless unrecognised_warn is off: then the
+# threshold is listed with status pass.
+NODE_RULES = (
+    Rule("unrecognised_lines", ">", Key("unrecognised_warn_limit"), Status.WARN, Action.INVESTIGATE, "{read}", "count"),
+    Rule("unrecognised_lines", ">", Key("unrecognised_pass_limit"), Status.PASS, Action.NONE, "{read}", "count"),
+)
 
 
 def _evidence(lines: list[str], limit: int) -> list[str]:
@@ -149,9 +160,52 @@ def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls
     app_counts: Counter[int] = Counter(e.xid for e in evs if cls[id(e)].severity == "app")
     app_repeat_max = max(app_counts.values(), default=0)
     repeated = {x: n for x, n in app_counts.items() if n > limit}
-    status = _status(sev_counts, bool(repeated))
+    parts = _xid_kinds(evs, cls, limit, repeated)
+    kinds = "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more Xid kinds" if len(parts) > 4 else "")
+    ordered = sorted(evs, key=lambda e: (_SEV_RANK[cls[id(e)].severity], e.seq))
+    lines: list[str] = []
+    bus = info.pci_bus_id if info else evs[0].pci_bus_id
+    ident = [f"PCI {bus}" if bus else "no PCI address in the log"]
+    if info is not None and info.uuid:
+        ident.append(info.uuid)
+    if info is not None and info.serial:
+        ident.append(f"serial {info.serial}")
+    lines.append(", ".join(ident))
+    for e in ordered:
+        lines.append(e.raw)
+        lines.extend(e.related)
+    gpu = key[1] if key[0] == "gpu" else None
+    prefix, subject = _subject(key, gpu)
+    metrics = {"events": len(evs), "critical_events": sev_counts.get("critical", 0),
+               "warning_events": sev_counts.get("warning", 0), "app_events": sev_counts.get("app", 0),
+               "app_repeat_max": app_repeat_max, "info_events": sev_counts.get("info", 0),
+               "pci_bus_id": info.pci_bus_id if info else evs[0].pci_bus_id, "uuid": info.uuid if info else None}
+    limits = {"repeat_limit": limit,
+              "critical_action": strongest_action(Action(cls[id(e)].action) for e in evs
+                                                  if cls[id(e)].severity == "critical"),
+              "warning_action": strongest_action(Action(cls[id(e)].action) for e in evs
+                                                 if cls[id(e)].severity == "warning")}
+    r = evaluate(check, XID_RULES, metrics, limits=limits, facts={"xid_kinds": kinds}, prefix=prefix, gpu=gpu,
+                 subject=subject,
+                 units={k: "count" for k in metrics if k not in ("pci_bus_id", "uuid")},
+                 ok_summary=prefix + "no hardware fault: " + "; ".join(parts))
+    r.evidence = _evidence(lines, max_lines)
+    return r
 
-    # One summary part per Xid number, most severe first.
+
+def _subject(key: tuple[str, Any], gpu: int | None) -> tuple[str, str | None]:
+    """The summary prefix and the subject of a group of events (None: the GPU's own subject)."""
+    if gpu is not None:
+        return f"GPU {gpu}: ", None
+    if key[0] == "pci":
+        return f"PCI {key[1]} (no GPU index known): ", f"pci:{key[1]}"
+    prefix = (f"GPU unknown (the log names it {key[1]!r}, not by PCI address): " if key[1]
+              else "GPU unknown (the log names no PCI address): ")
+    return prefix, "gpu:unknown" + (f":{key[1]}" if key[1] else "")
+
+
+def _xid_kinds(evs: list[XidEvent], cls: dict[int, Classification], limit: int, repeated: dict[int, int]) -> list[str]:
+    """One summary part per Xid number (or fault signature), most severe first."""
     per_xid: dict[int | str, list[XidEvent]] = defaultdict(list)  # Xid number, or signature name
     for e in evs:
         per_xid[e.kind].append(e)
@@ -178,65 +232,7 @@ def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls
         else:
             extra = ": informational"
         parts.append(f"{head} x{len(group)}{when}{extra}")
-    if status == Status.PASS:
-        summary = "no hardware fault: " + "; ".join(parts)
-    else:
-        summary = "; ".join(parts[:4]) + (f"; and {len(parts) - 4} more Xid kinds" if len(parts) > 4 else "")
-
-    if status == Status.FAIL:
-        action = strongest_action(Action(cls[id(e)].action) for e in evs if cls[id(e)].severity == "critical")
-    elif status == Status.WARN:
-        acts = [Action(cls[id(e)].action) for e in evs if cls[id(e)].severity == "warning"]
-        if repeated:
-            acts.append(Action.INVESTIGATE)
-        action = strongest_action(acts)
-    else:
-        action = Action.NONE
-
-    ordered = sorted(evs, key=lambda e: (_SEV_RANK[cls[id(e)].severity], e.seq))
-    lines: list[str] = []
-    bus = info.pci_bus_id if info else evs[0].pci_bus_id
-    ident = [f"PCI {bus}" if bus else "no PCI address in the log"]
-    if info is not None and info.uuid:
-        ident.append(info.uuid)
-    if info is not None and info.serial:
-        ident.append(f"serial {info.serial}")
-    lines.append(", ".join(ident))
-    for e in ordered:
-        lines.append(e.raw)
-        lines.extend(e.related)
-    gpu = key[1] if key[0] == "gpu" else None
-    if gpu is not None:
-        prefix = f"GPU {gpu}: "
-    elif key[0] == "pci":
-        prefix = f"PCI {key[1]} (no GPU index known): "
-    else:
-        prefix = (f"GPU unknown (the log names it {key[1]!r}, not by PCI address): " if key[1]
-                  else "GPU unknown (the log names no PCI address): ")
-    r = Result(
-        check=check,
-        status=status,
-        summary=prefix + summary,
-        gpu=gpu,
-        subject=None if gpu is not None else (f"pci:{key[1]}" if key[0] == "pci"
-                                              else "gpu:unknown" + (f":{key[1]}" if key[1] else "")),
-        action=action,
-        evidence=_evidence(lines, max_lines),
-        thresholds=[
-            Threshold("critical_events", ">", 0, Status.FAIL, "count"),
-            Threshold("warning_events", ">", 0, Status.WARN, "count"),
-            Threshold("app_repeat_max", ">", limit, Status.WARN, "count"),
-        ],
-    )
-    r.metric("events", len(evs), "count")
-    r.metric("critical_events", sev_counts.get("critical", 0), "count")
-    r.metric("warning_events", sev_counts.get("warning", 0), "count")
-    r.metric("app_events", sev_counts.get("app", 0), "count")
-    r.metric("app_repeat_max", app_repeat_max, "count")
-    r.metric("info_events", sev_counts.get("info", 0), "count")
-    r.metric("pci_bus_id", info.pci_bus_id if info else evs[0].pci_bus_id)
-    r.metric("uuid", info.uuid if info else None)
-    return r
+    return parts
 
 
 def _sxid_group_result(check: str, bus: str, evs: list[SXidEvent], limit: int, max_lines: int) -> Result:
@@ -244,12 +240,6 @@ def _sxid_group_result(check: str, bus: str, evs: list[SXidEvent], limit: int, m
     unknown = [e for e in evs if e.fatal is None]
     nonfatal = Counter(e.sxid for e in evs if e.fatal is False)
     repeated = {x: n for x, n in nonfatal.items() if n > limit}
-    if fatal:
-        status, action = Status.FAIL, Action(catalog.SXID_FATAL[1])
-    elif unknown or repeated:
-        status, action = Status.WARN, Action.INVESTIGATE
-    else:
-        status, action = Status.PASS, Action.NONE
     parts = []
     for e in fatal[:3]:
         parts.append(f"fatal SXid {e.sxid} ({e.text or 'no detail'}): reset the baseboard's GPUs and "
@@ -260,21 +250,16 @@ def _sxid_group_result(check: str, bus: str, evs: list[SXidEvent], limit: int, m
         parts.append(f"non-fatal SXid {x} x{n}, more than {limit}: investigate")
     if unknown:
         parts.append(f"{len(unknown)} SXid report(s) of unknown fatality: investigate")
-    if not parts:
-        parts.append("non-fatal only: " + ", ".join(f"SXid {x} x{n}" for x, n in sorted(nonfatal.items())))
+    ok = "non-fatal only: " + ", ".join(f"SXid {x} x{n}" for x, n in sorted(nonfatal.items()))
     switches = sorted({e.switch for e in evs if e.switch is not None})
     lines = [f"NVSwitch PCI {bus}" + (f" (nvidia-nvswitch{switches[0]})" if len(switches) == 1 else "")]
     for e in sorted(evs, key=lambda e: (e.fatal is not True, e.seq)):
         lines.extend(e.raw)
-    r = Result(
-        check=check, status=status, summary="; ".join(parts), subject=f"nvswitch:{bus}", action=action,
-        evidence=_evidence(lines, max_lines),
-        thresholds=[Threshold("fatal_sxids", ">", 0, Status.FAIL, "count"),
-                    Threshold("nonfatal_repeat_max", ">", limit, Status.WARN, "count")],
-    )
-    r.metric("sxid_events", len(evs), "count")
-    r.metric("fatal_sxids", len(fatal), "count")
-    r.metric("nonfatal_repeat_max", max(nonfatal.values(), default=0), "count")
+    metrics = {"sxid_events": len(evs), "fatal_sxids": len(fatal), "nonfatal_repeat_max": max(nonfatal.values(), default=0),
+               "unknown_fatality_sxids": len(unknown)}
+    r = evaluate(check, SXID_RULES, metrics, limits={"repeat_limit": limit}, facts={"sxid_findings": "; ".join(parts)},
+                 units=dict.fromkeys(metrics, "count"), ok_summary=ok, subject=f"nvswitch:{bus}")
+    r.evidence = _evidence(lines, max_lines)
     return r
 
 
@@ -331,20 +316,16 @@ def judge(
     node_ev = [n for n in notes if n]
     if excluded:
         node_ev.append(f"{excluded} Xid event(s) on GPUs outside the selection were not judged")
-    node_status, node_action = Status.PASS, Action.NONE
     if unrecognised:
         summary += f"; {len(unrecognised)} Xid-like line(s) match no known form"
         node_ev.extend(f"unrecognised: {u.raw}" for u in unrecognised)
-        if params.get("unrecognised_warn", True):
-            node_status, node_action = Status.WARN, Action.INVESTIGATE
-    node = Result(check, node_status, summary, action=node_action, evidence=_evidence(node_ev, max_lines),
-                  thresholds=[Threshold("unrecognised_lines", ">", 0,
-                                        Status.WARN if params.get("unrecognised_warn", True) else Status.PASS,
-                                        "count")])
-    node.metric("xid_events", n_x, "count")
-    node.metric("signature_events", n_sig, "count")
-    node.metric("sxid_events", len(sxid_events), "count")
-    node.metric("unrecognised_lines", len(unrecognised), "count")
+    warn = params.get("unrecognised_warn", True)
+    metrics = {"xid_events": n_x, "signature_events": n_sig, "sxid_events": len(sxid_events),
+               "unrecognised_lines": len(unrecognised)}
+    node = evaluate(check, NODE_RULES, metrics, facts={"read": summary}, units=dict.fromkeys(metrics, "count"),
+                    limits={"unrecognised_warn_limit": 0 if warn else None, "unrecognised_pass_limit": None if warn else 0},
+                    ok_summary=summary)
+    node.evidence = _evidence(node_ev, max_lines)
     results.append(node)
 
     def order(k: tuple[str, Any]) -> tuple[int, str]:

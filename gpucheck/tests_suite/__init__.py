@@ -14,7 +14,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from ..check import Context
-from ..result import Action, Result, Status
+from ..result import Action, Basis, Result, Status, settle
 from ..telemetry.fields import judged_view
 
 # The failure kind of a field a converted capture (nvidia-smi -q) does not hold (docs/snapshot.md).
@@ -55,16 +55,6 @@ def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[dict[str, A
     return gpus, None
 
 
-def judge_each_gpu(check_id: str, ctx: Context, judge: Callable[[dict[str, Any]], Result]) -> list[Result]:
-    """The prologue of a per-GPU NVML judge, once: the skip that says why there is nothing to
-    judge (no NVML, no GPU, none of the selected), else judge(gpu) for every selected GPU in
-    index order (selected_gpus_or_skip)."""
-    gpus, skip = selected_gpus_or_skip(check_id, ctx)
-    if skip:
-        return skip
-    return [judge(g) for g in gpus]
-
-
 def gpu_state_result(check_id: str, g: dict[str, Any]) -> Result | None:
     """The result for a GPU that cannot be read (state other than ok), or None."""
     state = g.get("state", "ok")
@@ -76,17 +66,36 @@ def gpu_state_result(check_id: str, g: dict[str, Any]) -> Result | None:
     evidence = [f"NVML: {msg}"] if msg else []
     if state in STATE_TEXT:
         action = Action.REBOOT if state == "lost" else Action.RESET_GPU
-        r = Result(check_id, Status.FAIL, f"GPU {idx}: {STATE_TEXT[state]}", gpu=idx, action=action, evidence=evidence)
+        r = Result(check_id, Status.FAIL, f"GPU {idx}: {STATE_TEXT[state]}", gpu=idx, action=action, evidence=evidence,
+                   basis=Basis.GPU_STATE)
     elif err.get("kind") == "no_permission":
         r = Result(check_id, Status.ERROR, f"GPU {idx} could not be opened: no permission to query NVML",
-                   gpu=idx, evidence=evidence)
+                   gpu=idx, evidence=evidence, basis=Basis.GPU_STATE)
     else:
         r = Result(check_id, Status.FAIL,
                    f"GPU {idx} could not be opened through NVML ({err.get('kind', 'other')}): unusable for jobs",
-                   gpu=idx, action=Action.REBOOT, evidence=evidence)
+                   gpu=idx, action=Action.REBOOT, evidence=evidence, basis=Basis.GPU_STATE)
     r.metric("uuid", g.get("uuid"))
     r.metric("state", state)
     return r
+
+
+def each_gpu(check_id: str, ctx: Context, defaults: dict[str, Any], judge_one: Callable[..., Result],
+             setup: Callable[[Context], tuple[Any, ...]] | None = None) -> list[Result]:
+    """The prologue of every per-GPU snapshot check: a skip when NVML or the selection leaves no
+    GPU to judge, the state result of a GPU that cannot be read, and `judge_one(gpu entry,
+    params, *setup(ctx))` for every other selected GPU (`setup` runs once, only when there is a GPU
+    to judge: a history read)."""
+    gpus, skip = selected_gpus_or_skip(check_id, ctx)
+    if skip:
+        return skip
+    p = ctx.params(check_id, defaults)
+    extra = setup(ctx) if setup is not None else ()
+    out = []
+    for g in gpus:
+        bad = gpu_state_result(check_id, g)
+        out.append(bad if bad is not None else judge_one(g, p, *extra))
+    return out
 
 
 def unreadable_fields(g: dict[str, Any]) -> dict[str, str]:
@@ -128,16 +137,16 @@ def apply_unreadable(r: Result, g: dict[str, Any], reads: Mapping[str, Status]) 
     if not hit:
         return r
     r.evidence.extend(why for why, _ in hit.values())
+    r.unjudged.update({f: st for f, (_, st) in hit.items()})
     if r.status == Status.FAIL:
         return r
     worst = Status.ERROR if any(st == Status.ERROR for _, st in hit.values()) else Status.WARN
     words = "; ".join(why for why, st in hit.values() if st == worst or worst == Status.WARN)
     old_status, old_summary = r.status, r.summary
+    settle(r)  # result.outcome: an ERROR field makes it error; a WARN one makes a pass or skip a warn
     if worst == Status.ERROR:
-        r.status, r.action = Status.ERROR, Action.NONE
         r.summary = words + (f"; {old_summary}" if old_status in (Status.WARN, Status.ERROR) else "")
     elif old_status in (Status.PASS, Status.SKIP):
-        r.status, r.action = Status.WARN, Action.INVESTIGATE
         r.summary = f"{words}; {old_summary}"
     else:
         r.summary = f"{old_summary}; {words}"

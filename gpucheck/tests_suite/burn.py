@@ -30,8 +30,8 @@ from ..config import Limit
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..inject import InjectionArgs, fraction, injections_for_gpu
+from ..result import Action, Key, Result, Rule, Status, evaluate
 from ..workers.per_gpu import LoadTime
-from ..result import Action, Result, Status, Threshold, judge
 
 CHECK_ID = "burn.gemm"
 
@@ -250,6 +250,68 @@ def _partial_metrics(r: Result, progress: dict[str, Any]) -> None:
                                                         for k, v in progress.items()))
 
 
+def _dtype_rules(dt: str) -> tuple[Rule, ...]:
+    """A dtype's TFLOP/s against the SKU floor (a fraction of the dense peak) and the node median."""
+    floor = f"slow GPU: {dt} below the {{sku}} floor ({{sku_warn_fraction}} of {{{dt}_peak}} dense TFLOP/s){{likely}} ({{detail}})"
+    peers = (f"slow GPU: {dt} {{{dt}_deficit_text}}% below the node median of {{{dt}_median_text}} TFLOP/s{{likely}} "
+             "({detail})")
+    m, d = f"tflops_{dt}", f"peer_deficit_{dt}"
+    return (Rule(m, "<", Key(f"{dt}_warn_tflops"), Status.WARN, Action.INVESTIGATE, floor, "TFLOP/s"),
+            Rule(m, "<", Key(f"{dt}_fail_tflops"), Status.FAIL, Action.DRAIN, floor, "TFLOP/s"),
+            Rule(d, ">", Key(f"{dt}_peer_warn_pct"), Status.WARN, Action.INVESTIGATE, peers, "%"),
+            Rule(d, ">", Key(f"{dt}_peer_fail_pct"), Status.FAIL, Action.DRAIN, peers, "%"))
+
+
+# Wrong results first (when a GPU both computes wrongly and is slow, the summary names the
+# corruption first), then speed per dtype (warn -> investigate, fail -> drain), then Xid events
+# during the burn. Limits by key (see _dtype_inputs); a dtype not run or without a floor: off.
+RULES: tuple[Rule, ...] = (
+    Rule("sdc_events", ">", 0, Status.FAIL, Action.DRAIN, "silent data corruption: {sdc_text} ({detail})", "count"),
+    *(rule for dt in DTYPES for rule in _dtype_rules(dt)),
+    Rule("xid_events", ">", Key("xid_limit"), Status.WARN, Action.INVESTIGATE,
+         "Xid {xids} during the burn (see the xid check) ({detail})", "count"),
+)
+
+
+def _dtype_inputs(p: dict[str, Any], dt: str, r: dict[str, Any], size: int, sku: Sku | None,
+                  medians: dict[str, float], metrics: dict[str, Any], units: dict[str, str], limits: dict[str, Any],
+                  facts: dict[str, Any]) -> tuple[str | None, list[str]]:
+    """One dtype's metrics, units, limits and facts (into the dicts given); its part of the ok
+    summary (None: nothing measured) and evidence."""
+    tf = r.get("tflops")
+    metrics[f"tflops_{dt}"] = None if tf is None else round(float(tf), 4)
+    metrics[f"iterations_{dt}"] = int(r.get("iterations", 0))
+    metrics[f"repeat_checks_{dt}"] = int(r.get("repeat_checks", 0))
+    metrics[f"reference_checks_{dt}"] = int(r.get("reference_checks", 0))
+    metrics[f"reference_max_error_{dt}"] = float(r.get("reference_max_error", 0.0))
+    units.update({f"tflops_{dt}": "TFLOP/s", f"iterations_{dt}": "count", f"repeat_checks_{dt}": "count",
+                  f"reference_checks_{dt}": "count"})
+    evidence = [f"{dt}: {r.get('sets', 0)} operand sets x {r.get('repeats')} GEMMs of {size}x{size} "
+                f"in {r.get('seconds', 0):.1f} s; {r.get('reference_elements', 0)} elements compared "
+                f"with float64, max |C-ref|/(|A|.|B|) {_fmt(float(r.get('reference_max_error', 0.0)))} "
+                f"(tolerance {_fmt(float(r.get('reference_tolerance', 0.0)))})"]
+    if tf is None:
+        return None, evidence
+    part = f"{dt} {_fmt(float(tf))} TFLOP/s"
+    peak = sku.peak(dt) if sku is not None else None
+    if peak and size >= int(p["sku_min_size"]):
+        limits[f"{dt}_warn_tflops"] = round(peak * float(p["sku_warn_fraction"]), 1)
+        limits[f"{dt}_fail_tflops"] = round(peak * float(p["sku_fail_fraction"]), 1)
+        facts[f"{dt}_peak"] = f"{peak:g}"
+        metrics[f"peak_fraction_{dt}"] = round(float(tf) / peak, 3)
+        part += f" ({float(tf) / peak:.2f} of the {sku.name} dense peak)"  # type: ignore[union-attr]
+    elif peak:
+        evidence.append(f"{dt}: no SKU floor at size {size} (below sku_min_size {p['sku_min_size']})")
+    if dt in medians:
+        med = medians[dt]
+        deficit = max(0.0, (med - float(tf)) / med * 100.0) if med > 0 else 0.0
+        metrics[f"peer_deficit_{dt}"], units[f"peer_deficit_{dt}"] = round(deficit, 1), "%"
+        limits[f"{dt}_peer_warn_pct"] = 100.0 * float(p["peer_warn_fraction"])
+        limits[f"{dt}_peer_fail_pct"] = 100.0 * float(p["peer_fail_fraction"])
+        facts.update({f"{dt}_deficit_text": f"{deficit:.0f}", f"{dt}_median_text": _fmt(med)})
+    return part, evidence
+
+
 def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_name: str | None,
                 medians: dict[str, float], tel: dict[str, Any], node_clock: float | None,
                 n_workers: int, inj: list[str], common: set[str]) -> Result:
@@ -259,81 +321,43 @@ def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_
     size = int(d.get("config", {}).get("size", 0))
     metrics: dict[str, Any] = {}
     units: dict[str, str] = {}
-    thresholds: list[Threshold] = []
-    causes: dict[str, str] = {}
+    limits: dict[str, Any] = {"xid_limit": None, **{f"{dt}_{k}": None for dt in DTYPES
+                                                   for k in ("warn_tflops", "fail_tflops", "peer_warn_pct", "peer_fail_pct")}}
+    facts: dict[str, Any] = {"likely": _likely_cause(tel, node_clock, common), "sku": sku.name if sku else None,
+                             "sku_warn_fraction": f"{float(p['sku_warn_fraction']):g}"}
     evidence: list[str] = []
-    likely = _likely_cause(tel, node_clock, common)
-    warn_f, fail_f = float(p["sku_warn_fraction"]), float(p["sku_fail_fraction"])
-    pw, pf = 100.0 * float(p["peer_warn_fraction"]), 100.0 * float(p["peer_fail_fraction"])
     ok_parts: list[str] = []
-    checks_repeat = checks_ref = 0
     for dt, r in d.get("dtypes", {}).items():
-        tf = r.get("tflops")
-        checks_repeat += int(r.get("repeat_checks", 0))
-        checks_ref += int(r.get("reference_checks", 0))
-        metrics[f"tflops_{dt}"] = None if tf is None else round(float(tf), 4)
-        units[f"tflops_{dt}"] = "TFLOP/s"
-        metrics[f"iterations_{dt}"] = int(r.get("iterations", 0))
-        units[f"iterations_{dt}"] = "count"
-        metrics[f"repeat_checks_{dt}"] = int(r.get("repeat_checks", 0))
-        units[f"repeat_checks_{dt}"] = "count"
-        metrics[f"reference_checks_{dt}"] = int(r.get("reference_checks", 0))
-        units[f"reference_checks_{dt}"] = "count"
-        metrics[f"reference_max_error_{dt}"] = float(r.get("reference_max_error", 0.0))
-        evidence.append(f"{dt}: {r.get('sets', 0)} operand sets x {r.get('repeats')} GEMMs of {size}x{size} "
-                        f"in {r.get('seconds', 0):.1f} s; {r.get('reference_elements', 0)} elements compared "
-                        f"with float64, max |C-ref|/(|A|.|B|) {_fmt(float(r.get('reference_max_error', 0.0)))} "
-                        f"(tolerance {_fmt(float(r.get('reference_tolerance', 0.0)))})")
-        if tf is None:
-            continue
-        part = f"{dt} {_fmt(float(tf))} TFLOP/s"
-        peak = sku.peak(dt) if sku is not None else None
-        if peak and size >= int(p["sku_min_size"]):
-            key = f"tflops_{dt}"
-            thresholds.append(Threshold(key, "<", round(peak * warn_f, 1), Status.WARN, "TFLOP/s"))
-            thresholds.append(Threshold(key, "<", round(peak * fail_f, 1), Status.FAIL, "TFLOP/s"))
-            causes[key] = f"slow GPU: {dt} below the {sku.name} floor ({warn_f:g} of {peak:g} dense TFLOP/s){likely}"
-            metrics[f"peak_fraction_{dt}"] = round(float(tf) / peak, 3)
-            part += f" ({float(tf) / peak:.2f} of the {sku.name} dense peak)"
-        elif peak:
-            evidence.append(f"{dt}: no SKU floor at size {size} (below sku_min_size {p['sku_min_size']})")
-        if dt in medians:
-            med = medians[dt]
-            deficit = max(0.0, (med - float(tf)) / med * 100.0) if med > 0 else 0.0
-            key = f"peer_deficit_{dt}"
-            metrics[key] = round(deficit, 1)
-            units[key] = "%"
-            thresholds.append(Threshold(key, ">", pw, Status.WARN, "%"))
-            thresholds.append(Threshold(key, ">", pf, Status.FAIL, "%"))
-            causes[key] = (f"slow GPU: {dt} {deficit:.0f}% below the node median of {_fmt(med)} TFLOP/s{likely}")
-        ok_parts.append(part)
+        part, ev = _dtype_inputs(p, dt, r, size, sku, medians, metrics, units, limits, facts)
+        evidence.extend(ev)
+        if part is not None:
+            ok_parts.append(part)
     n_sdc = int(d.get("sdc_count", 0))
-    metrics["sdc_events"] = n_sdc
-    units["sdc_events"] = "count"
-    # First: when a GPU both computes wrongly and is slow, the summary names the corruption first.
-    thresholds.insert(0, Threshold("sdc_events", ">", 0, Status.FAIL, "count"))
+    metrics["sdc_events"], units["sdc_events"] = n_sdc, "count"
     events = d.get("sdc", [])
-    if events:
-        more = f"; {n_sdc - 1} more event(s)" if n_sdc > 1 else ""
-        causes["sdc_events"] = f"silent data corruption: {_describe_event(events[0])}{more}"
-        evidence.extend("SDC " + _describe_event(ev) for ev in events)
+    facts["sdc_text"] = ((_describe_event(events[0]) + (f"; {n_sdc - 1} more event(s)" if n_sdc > 1 else ""))
+                         if events else f"{n_sdc} wrong result(s), none recorded")
+    evidence.extend("SDC " + _describe_event(ev) for ev in events)
     if tel["samples"]:
-        metrics["xid_events"] = len(tel["xid"])
-        units["xid_events"] = "count"
-        thresholds.append(Threshold("xid_events", ">", 0, Status.WARN, "count"))
-        if tel["xid"]:
-            causes["xid_events"] = f"Xid {', '.join(map(str, tel['xid']))} during the burn (see the xid check)"
-
+        metrics["xid_events"], units["xid_events"], limits["xid_limit"] = len(tel["xid"]), "count", 0
+        facts["xids"] = ", ".join(map(str, tel["xid"]))
     if not ok_parts:
         skipped = d.get("skipped", {})
         why = "; ".join(f"{dt}: {w}" for dt, w in skipped.items()) or "nothing was measured"
         # Out of GPU memory is "could not judge"; dtypes this GPU cannot run are a plain skip.
         status = Status.ERROR if d.get("allocation_errors") else Status.SKIP
-        res = Result(CHECK_ID, status, f"no dtype burned: {why}", gpu=g, injected=inj)
-        res.metrics.update(metrics)
-        res.units.update(units)
-        return res
+        return Result(CHECK_ID, status, f"no dtype burned: {why}", gpu=g, injected=inj, metrics=metrics, units=units)
+    res = evaluate(CHECK_ID, RULES, metrics, limits=limits, facts=facts, units=units, gpu=g,
+                   ok_summary=_ok_summary(d, ok_parts, n_workers, medians, device, sku, name))
+    res.evidence = _evidence(d, evidence, device, name, sku, inj)
+    res.injected = list(inj)
+    return res
 
+
+def _ok_summary(d: dict[str, Any], ok_parts: list[str], n_workers: int, medians: dict[str, float], device: str,
+                sku: Sku | None, name: Any) -> str:
+    checks_repeat = sum(int(r.get("repeat_checks", 0)) for r in d.get("dtypes", {}).values())
+    checks_ref = sum(int(r.get("reference_checks", 0)) for r in d.get("dtypes", {}).values())
     ok = ", ".join(ok_parts) + f"; {checks_repeat} bitwise repeat and {checks_ref} float64 reference checks clean"
     if n_workers < 2:
         ok += "; no peers to compare"
@@ -343,10 +367,11 @@ def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_
         ok += f"; SKU {name!r} not in the table: judged by peers only"
     for dt, why in d.get("skipped", {}).items():
         ok += f"; {dt} skipped: {why}"
-    res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes,
-                actions={**{k: Action.DRAIN for k in metrics}, "xid_events": Action.INVESTIGATE})
-    if res.status == Status.WARN:
-        res.action = Action.INVESTIGATE
+    return ok
+
+
+def _evidence(d: dict[str, Any], evidence: list[str], device: str, name: Any, sku: Sku | None,
+              inj: list[str]) -> list[str]:
     if device == "cuda":
         evidence.insert(0, f"device {name!r}" + (f": SKU {sku.name} ({sku.source})" if sku else
                                                  ": not in the SKU table, judged by peers only"))
@@ -356,9 +381,7 @@ def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_
     evidence.extend(f"injected {x}" for x in d.get("injected", []))
     if any(x.startswith("bitflip") for x in inj) and not d.get("injected"):
         evidence.append("the bitflip injection did not fire: the burn ended before its operand set")
-    res.evidence = evidence
-    res.injected = list(inj)
-    return res
+    return evidence
 
 
 CHECKS = [burn_gemm]

@@ -15,9 +15,9 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..config import Limit
-from ..result import Action, Result, Status, Threshold, judge
+from ..result import Key, Result, Rule, Status, evaluate
 from ..telemetry.throttle import is_set, reason_names
-from . import apply_unreadable, get, gpu_state_result, judge_each_gpu
+from . import apply_unreadable, each_gpu, get
 
 ID = "clocks"
 
@@ -32,18 +32,25 @@ LIMITS = {"thermal_margin_c": Limit("real", 0)}  # degrees: a fraction of one is
 READS = {"clocks.throttle_reasons": Status.ERROR, "clocks": Status.WARN, "temperature": Status.WARN,
          "power": Status.WARN}
 
-_HW = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
-
 
 def _flag(mask: int | None, name: str) -> int | None:
     v = is_set(mask, name)
     return None if v is None else int(v)
 
 
+RULES = (
+    Rule("hw_slowdown", ">", 0, Status.FAIL, cause="HW slowdown active (clocks cut by half or more) ({detail})"),
+    Rule("hw_thermal_slowdown", ">", 0, Status.FAIL, cause="HW thermal slowdown active ({detail})"),
+    Rule("hw_power_brake_slowdown", ">", 0, Status.FAIL,
+         cause="HW power brake active (external power brake asserted) ({detail})"),
+    Rule("sw_thermal_slowdown", ">", 0, Status.WARN, cause="SW thermal slowdown active ({detail})"),
+    Rule("thermal_headroom_c", "<", Key("thermal_margin_c"), Status.WARN, unit="C",
+         cause="temperature close to the slowdown threshold ({temperature_c} C, slowdown at "
+               "{slowdown_temperature_c} C) ({detail})"),
+)  # every action: investigate (cooling, an external power brake)
+
+
 def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
-    bad = gpu_state_result(ID, g)
-    if bad is not None:
-        return bad
     idx = g.get("index")
     mask = get(g, "clocks", "throttle_reasons")
     temp = get(g, "temperature", "gpu_c")
@@ -64,36 +71,14 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
         "sm_max_clock_mhz": get(g, "clocks", "sm_max_mhz"),
         "power_w": get(g, "power", "usage_w"),
     }
-    thresholds = [
-        Threshold("hw_slowdown", ">", 0, Status.FAIL),
-        Threshold("hw_thermal_slowdown", ">", 0, Status.FAIL),
-        Threshold("hw_power_brake_slowdown", ">", 0, Status.FAIL),
-        Threshold("sw_thermal_slowdown", ">", 0, Status.WARN),
-        Threshold("thermal_headroom_c", "<", p["thermal_margin_c"], Status.WARN, "C"),
-    ]
-    if mask is None and headroom is None:
-        r = Result(ID, Status.SKIP, f"GPU {idx}: neither clock-event reasons nor temperature thresholds are "
-                   "supported on this GPU/driver", gpu=idx, metrics=metrics, thresholds=thresholds)
-        return apply_unreadable(r, g, READS)
-    r = judge(
-        ID,
-        thresholds,
-        metrics,
-        gpu=idx,
-        units={"temperature_c": "C", "slowdown_temperature_c": "C", "thermal_headroom_c": "C",
-               "sm_clock_mhz": "MHz", "sm_max_clock_mhz": "MHz", "power_w": "W"},
-        ok_summary=(f"GPU {idx}: no HW slowdown; {temp} C, {headroom} C below slowdown"
-                    if headroom is not None else f"GPU {idx}: no HW slowdown (temperature thresholds not reported)"),
-        causes={
-            "hw_slowdown": "HW slowdown active (clocks cut by half or more)",
-            "hw_thermal_slowdown": "HW thermal slowdown active",
-            "hw_power_brake_slowdown": "HW power brake active (external power brake asserted)",
-            "sw_thermal_slowdown": "SW thermal slowdown active",
-            "thermal_headroom_c": f"temperature close to the slowdown threshold ({temp} C, slowdown at {slowdown} C)",
-        },
-        actions={k: Action.INVESTIGATE for k in (*_HW, "sw_thermal_slowdown", "thermal_headroom_c")},
-    )
-    if mask is None:
+    r = evaluate(ID, RULES, metrics, limits=p, gpu=idx,
+                 units={"temperature_c": "C", "slowdown_temperature_c": "C", "thermal_headroom_c": "C",
+                        "sm_clock_mhz": "MHz", "sm_max_clock_mhz": "MHz", "power_w": "W"},
+                 ok_summary=(f"GPU {idx}: no HW slowdown; {temp} C, {headroom} C below slowdown" if headroom is not None
+                             else f"GPU {idx}: no HW slowdown (temperature thresholds not reported)"),
+                 skip=(f"GPU {idx}: neither clock-event reasons nor temperature thresholds are supported on this "
+                       "GPU/driver"))
+    if mask is None and r.status != Status.SKIP:
         r.evidence.append("clock-event reasons not supported on this GPU/driver: throttling not judged")
     return apply_unreadable(r, g, READS)
 
@@ -109,8 +94,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     limits=LIMITS,
 )
 def clocks(ctx: Context) -> list[Result]:
-    p = ctx.params(ID, DEFAULTS)
-    return judge_each_gpu(ID, ctx, lambda g: _gpu(g, p))
+    return each_gpu(ID, ctx, DEFAULTS, _gpu)
 
 
 CHECKS = [clocks]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
-from ..result import Action, Result, Status, Threshold, judge
-from . import apply_unreadable, get, gpu_state_result, judge_each_gpu
+from ..result import Action, Key, Result, Rule, Status, evaluate
+from . import apply_unreadable, each_gpu, get
 
 ID = "ecc"
 
@@ -45,62 +45,38 @@ _FIELDS = (
     "aggregate_corrected",
 )
 
+RULES = (
+    Rule("volatile_uncorrected", ">", Key("volatile_uncorrected_fail"), Status.FAIL, Action.RESET_GPU,
+         "uncorrectable (double-bit) ECC errors since the last reset ({detail})", "count"),
+    Rule("sram_volatile_uncorrected", ">", Key("sram_volatile_uncorrected_fail"), Status.FAIL, Action.RESET_GPU,
+         "uncorrectable SRAM ECC errors since the last reset ({detail})", "count"),
+    Rule("sram_threshold_exceeded", ">", 0, Status.FAIL, Action.RMA,
+         "SRAM error threshold exceeded (NVIDIA RMA criterion) ({detail})"),
+    Rule("aggregate_uncorrected", ">", Key("aggregate_uncorrected_warn"), Status.WARN, Action.INVESTIGATE,
+         "uncorrectable ECC errors in the GPU's lifetime ({detail})", "count"),
+    Rule("sram_aggregate_uncorrected", ">", Key("sram_aggregate_uncorrected_warn"), Status.WARN, Action.INVESTIGATE,
+         "uncorrectable SRAM ECC errors in the GPU's lifetime ({detail})", "count"),
+    Rule("volatile_corrected", ">", Key("corrected_volatile_warn"), Status.WARN, Action.INVESTIGATE,
+         "many corrected ECC errors since driver load ({detail})", "count"),
+    Rule("aggregate_corrected", ">", Key("corrected_aggregate_warn"), Status.WARN, Action.INVESTIGATE,
+         "many corrected ECC errors in the GPU's lifetime ({detail})", "count"),
+)
+
 
 def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
-    bad = gpu_state_result(ID, g)
-    if bad is not None:
-        return bad
     idx = g.get("index")
     e = g.get("ecc_errors") or {}
     metrics: dict[str, Any] = {"uuid": g.get("uuid")}
     metrics.update({k: e.get(k) for k in _FIELDS})
     thr = e.get("sram_threshold_exceeded")
     metrics["sram_threshold_exceeded"] = None if thr is None else int(bool(thr))
-    ecc_on = get(g, "ecc_mode", "current")
-    if ecc_on is False:
-        r = Result(ID, Status.SKIP, f"GPU {idx}: ECC is disabled, no ECC counters (judged by the inventory check)",
-                   gpu=idx, metrics=metrics)
-        return r
-    thresholds = [
-        Threshold("volatile_uncorrected", ">", p["volatile_uncorrected_fail"], Status.FAIL, "count"),
-        Threshold("sram_volatile_uncorrected", ">", p["sram_volatile_uncorrected_fail"], Status.FAIL, "count"),
-        Threshold("sram_threshold_exceeded", ">", 0, Status.FAIL),
-        Threshold("aggregate_uncorrected", ">", p["aggregate_uncorrected_warn"], Status.WARN, "count"),
-        Threshold("sram_aggregate_uncorrected", ">", p["sram_aggregate_uncorrected_warn"], Status.WARN, "count"),
-        Threshold("volatile_corrected", ">", p["corrected_volatile_warn"], Status.WARN, "count"),
-        Threshold("aggregate_corrected", ">", p["corrected_aggregate_warn"], Status.WARN, "count"),
-    ]
-    if all(metrics[k] is None for k in _FIELDS) and metrics["sram_threshold_exceeded"] is None:
-        r = Result(ID, Status.SKIP, f"GPU {idx}: ECC counters not supported on this GPU/driver", gpu=idx,
-                   metrics=metrics, thresholds=thresholds)
-        return apply_unreadable(r, g, READS)
-    r = judge(
-        ID,
-        thresholds,
-        metrics,
-        gpu=idx,
-        units={k: "count" for k in _FIELDS},
-        ok_summary=(f"GPU {idx}: no uncorrectable ECC errors (corrected: {metrics['volatile_corrected']} "
-                    f"since driver load, {metrics['aggregate_corrected']} lifetime)"),
-        causes={
-            "volatile_uncorrected": "uncorrectable (double-bit) ECC errors since the last reset",
-            "sram_volatile_uncorrected": "uncorrectable SRAM ECC errors since the last reset",
-            "sram_threshold_exceeded": "SRAM error threshold exceeded (NVIDIA RMA criterion)",
-            "aggregate_uncorrected": "uncorrectable ECC errors in the GPU's lifetime",
-            "sram_aggregate_uncorrected": "uncorrectable SRAM ECC errors in the GPU's lifetime",
-            "volatile_corrected": "many corrected ECC errors since driver load",
-            "aggregate_corrected": "many corrected ECC errors in the GPU's lifetime",
-        },
-        actions={
-            "volatile_uncorrected": Action.RESET_GPU,
-            "sram_volatile_uncorrected": Action.RESET_GPU,
-            "sram_threshold_exceeded": Action.RMA,
-            "aggregate_uncorrected": Action.INVESTIGATE,
-            "sram_aggregate_uncorrected": Action.INVESTIGATE,
-            "volatile_corrected": Action.INVESTIGATE,
-            "aggregate_corrected": Action.INVESTIGATE,
-        },
-    )
+    if get(g, "ecc_mode", "current") is False:
+        return Result(ID, Status.SKIP, f"GPU {idx}: ECC is disabled, no ECC counters (judged by the inventory check)",
+                      gpu=idx, metrics=metrics)
+    r = evaluate(ID, RULES, metrics, limits=p, gpu=idx, units={k: "count" for k in _FIELDS},
+                 ok_summary=(f"GPU {idx}: no uncorrectable ECC errors (corrected: {metrics['volatile_corrected']} "
+                             f"since driver load, {metrics['aggregate_corrected']} lifetime)"),
+                 skip=f"GPU {idx}: ECC counters not supported on this GPU/driver")
     return apply_unreadable(r, g, READS)
 
 
@@ -114,8 +90,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     defaults=DEFAULTS,
 )
 def ecc(ctx: Context) -> list[Result]:
-    p = ctx.params(ID, DEFAULTS)
-    return judge_each_gpu(ID, ctx, lambda g: _gpu(g, p))
+    return each_gpu(ID, ctx, DEFAULTS, _gpu)
 
 
 CHECKS = [ecc]

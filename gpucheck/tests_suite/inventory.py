@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
-from ..result import Action, Result, Status, Threshold, judge
+from ..result import Action, Key, Result, Rule, Status, evaluate, settle
 from ..telemetry.fields import judged_view
 from . import apply_unreadable, get, gpu_state_result, unreadable_fields
 
@@ -50,33 +50,61 @@ def node_reads(p: dict[str, Any], snap: dict[str, Any]) -> dict[str, Status]:
     return reads
 
 
+NO_NVML_RULES = (
+    Rule("pci_gpu_count", ">", 0, Status.FAIL, Action.REBOOT,
+         "driver not loaded or GPU lost: {pci_gpu_count} NVIDIA GPU(s) on the PCI bus but NVML is unavailable "
+         "({nvml_error})", "count"),
+    Rule("pci_gpu_count", "<", Key("expected_gpus"), Status.FAIL, Action.REBOOT,
+         "expected {expected_gpus} GPU(s), found no NVIDIA GPU on the PCI bus and NVML is unavailable ({nvml_error})",
+         "count"),
+)
+
+NODE_RULES = (
+    Rule("missing_gpus", ">", 0, Status.FAIL, Action.REBOOT,
+         "GPU(s) missing: NVML reports {gpu_count}, {expected_gpus} expected ({detail})", "count"),
+    Rule("extra_gpus", ">", 0, Status.WARN, Action.INVESTIGATE,
+         "more GPUs than expected: NVML reports {gpu_count}, {expected_gpus} expected (stale config?) ({detail})",
+         "count"),
+    Rule("pci_gpus_not_in_nvml", ">", 0, Status.FAIL, Action.REBOOT,
+         "NVIDIA GPU(s) on the PCI bus that NVML does not report (driver failed to bring them up) ({detail})", "count"),
+    Rule("model_count", ">", 1, Status.FAIL, Action.INVESTIGATE, "mixed GPU models: {models} ({detail})", "count"),
+    Rule("gpus_not_expected_model", ">", 0, Status.FAIL, Action.INVESTIGATE,
+         "GPU model is not the expected {expected_model!r}: GPUs {mismatched} ({detail})", "count"),
+    Rule("driver_version_missing", ">", 0, Status.WARN, Action.INVESTIGATE,
+         "NVML did not report the driver version ({detail})"),
+    Rule("cuda_version_missing", ">", 0, Status.WARN, Action.INVESTIGATE,
+         "NVML did not report the CUDA driver version ({detail})"),
+)
+
+GPU_RULES = (
+    Rule("ecc_change_pending", "==", True, Status.WARN, Action.RESET_GPU,
+         "ECC mode change pending (current {ecc_now}, pending {ecc_next}): reboot/reset pending ({detail})"),
+    Rule("mig_change_pending", "==", True, Status.WARN, Action.RESET_GPU,
+         "MIG mode change pending (current {mig_now}, pending {mig_next}): reset pending ({detail})"),
+    Rule("ecc_current", "==", False, Status.FAIL, Action.INVESTIGATE, "ECC is disabled ({detail})"),
+    Rule("persistence_mode", "==", False, Status.WARN, Action.INVESTIGATE,
+         "persistence mode is off (slow first use; enable nvidia-persistenced) ({detail})"),
+    Rule("mig_current", "==", True, Status.WARN, Action.INVESTIGATE,
+         "MIG mode is enabled on a node that expects whole GPUs ({detail})"),
+)
+
+
 def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
     err = get(snap, "nvml", "error") or {}
     kind = err.get("kind", "other")
     msg = err.get("message", "")
     pci = snap.get("pci_nvidia_devices") or []
     expected = ctx.config.expected_gpus if ctx.config is not None else None
-    if kind == "no_permission":
-        status, action = Status.ERROR, Action.NONE
-        summary = "NVML refused access (no permission): cannot judge the GPUs"
-    elif pci:
-        status, action = Status.FAIL, Action.REBOOT
-        summary = (f"driver not loaded or GPU lost: {len(pci)} NVIDIA GPU(s) on the PCI bus but NVML is "
-                   f"unavailable ({kind})")
-    elif expected:
-        status, action = Status.FAIL, Action.REBOOT
-        summary = f"expected {expected} GPU(s), found no NVIDIA GPU on the PCI bus and NVML is unavailable ({kind})"
+    metrics = {"nvml_ok": False, "nvml_error": kind, "pci_gpu_count": len(pci), "expected_gpus": expected}
+    units = {"pci_gpu_count": "count", "expected_gpus": "count"}
+    if kind == "no_permission":  # nothing could be compared: no threshold is listed
+        r = Result(ID, Status.ERROR, "NVML refused access (no permission): cannot judge the GPUs", metrics=metrics,
+                   units=units)
     else:
-        status, action = Status.SKIP, Action.NONE
-        summary = f"no NVIDIA GPU on this machine (no NVIDIA device on the PCI bus; NVML: {kind})"
-    r = Result(ID, status, summary, action=action)
-    r.metric("nvml_ok", False)
-    r.metric("nvml_error", kind)
-    r.metric("pci_gpu_count", len(pci), "count")
-    r.metric("expected_gpus", expected, "count")
-    r.thresholds.append(Threshold("pci_gpu_count", ">", 0, Status.FAIL, "count"))
-    if expected is not None:
-        r.thresholds.append(Threshold("pci_gpu_count", "<", expected, Status.FAIL, "count"))
+        r = evaluate(ID, NO_NVML_RULES, metrics, limits={"expected_gpus": expected}, units=units,
+                     ok_summary=f"no NVIDIA GPU on this machine (no NVIDIA device on the PCI bus; NVML: {kind})")
+        if r.status == Status.PASS:  # no GPU on the bus, none expected: nothing to judge
+            r.status = Status.SKIP
     r.evidence.append(f"NVML: {kind}: {msg}" if msg else f"NVML: {kind}")
     r.evidence.extend(
         f"PCI {d.get('bus_id')} class {d.get('class')} device {d.get('device')} driver {d.get('driver') or 'none'}"
@@ -113,49 +141,17 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
         "driver_version_missing": int(snap.get("driver_version") is None),
         "cuda_version_missing": int(snap.get("cuda_driver_version") is None),
     }
-    thresholds = [
-        Threshold("missing_gpus", ">", 0, Status.FAIL, "count"),
-        Threshold("extra_gpus", ">", 0, Status.WARN, "count"),
-        Threshold("pci_gpus_not_in_nvml", ">", 0, Status.FAIL, "count"),
-        Threshold("model_count", ">", 1, Status.FAIL, "count"),
-        Threshold("gpus_not_expected_model", ">", 0, Status.FAIL, "count"),
-        Threshold("driver_version_missing", ">", 0, Status.WARN),
-        Threshold("cuda_version_missing", ">", 0, Status.WARN),
-    ]
-    if expected is None:
-        thresholds = [t for t in thresholds if t.metric not in ("missing_gpus", "extra_gpus")]
-    if not expected_model:
-        thresholds = [t for t in thresholds if t.metric != "gpus_not_expected_model"]
-    if not p["compare_pci_bus"]:
-        thresholds = [t for t in thresholds if t.metric != "pci_gpus_not_in_nvml"]
-    r = judge(
-        ID,
-        thresholds,
-        metrics,
+    off = {"missing_gpus": expected is None, "extra_gpus": expected is None,
+           "gpus_not_expected_model": not expected_model, "pci_gpus_not_in_nvml": not p["compare_pci_bus"]}
+    r = evaluate(
+        ID, [rule for rule in NODE_RULES if not off.get(rule.metric)], metrics,
+        facts={"mismatched": mismatched},
         units={"gpu_count": "count", "expected_gpus": "count", "missing_gpus": "count", "extra_gpus": "count",
                "pci_gpu_count": "count", "pci_gpus_not_in_nvml": "count", "model_count": "count",
                "gpus_not_expected_model": "count"},
         ok_summary=(f"{count} GPU(s) {'(' + ', '.join(names) + ') ' if names else ''}visible to NVML"
                     f"{'' if expected is None else f', {expected} expected'}; driver {snap.get('driver_version')}, "
                     f"CUDA {snap.get('cuda_driver_version')}"),
-        causes={
-            "missing_gpus": f"GPU(s) missing: NVML reports {count}, {expected} expected",
-            "extra_gpus": f"more GPUs than expected: NVML reports {count}, {expected} expected (stale config?)",
-            "pci_gpus_not_in_nvml": "NVIDIA GPU(s) on the PCI bus that NVML does not report (driver failed to bring them up)",
-            "model_count": f"mixed GPU models: {', '.join(names)}",
-            "gpus_not_expected_model": f"GPU model is not the expected {expected_model!r}: GPUs {mismatched}",
-            "driver_version_missing": "NVML did not report the driver version",
-            "cuda_version_missing": "NVML did not report the CUDA driver version",
-        },
-        actions={
-            "missing_gpus": Action.REBOOT,
-            "extra_gpus": Action.INVESTIGATE,
-            "pci_gpus_not_in_nvml": Action.REBOOT,
-            "model_count": Action.INVESTIGATE,
-            "gpus_not_expected_model": Action.INVESTIGATE,
-            "driver_version_missing": Action.INVESTIGATE,
-            "cuda_version_missing": Action.INVESTIGATE,
-        },
     )
     if unseen:
         r.evidence.append("on the PCI bus without a readable NVML GPU: " + ", ".join(unseen))
@@ -181,22 +177,20 @@ def _bus_ids_not_in_nvml(gpus: list[dict[str, Any]], pci: list[dict[str, Any]]) 
 def _unreadable_on_the_node(r: Result, gpus: list[dict[str, Any]], reads: dict[str, Status]) -> Result:
     """The node result depends on every readable GPU's model and bus id: one that could not be
     read (or is invalid) leaves it unjudged (error) unless what was read already fails it."""
-    whys = [f"GPU {g.get('index')}: {why}" for g in gpus if g.get("state", "ok") == "ok"
-            for f, why in unreadable_fields(g).items() if f in reads]
+    whys = {f"GPU {g.get('index')}: {f}": f"GPU {g.get('index')}: {why}" for g in gpus if g.get("state", "ok") == "ok"
+            for f, why in unreadable_fields(g).items() if f in reads}
     if not whys:
         return r
-    r.evidence.extend(whys)
+    r.evidence.extend(whys.values())
+    r.unjudged.update({f: Status.ERROR for f in whys})
     if r.status != Status.FAIL:
         kept = f"; {r.summary}" if r.status in (Status.WARN, Status.ERROR) else ""
-        r.status, r.action = Status.ERROR, Action.NONE
-        r.summary = "; ".join(whys) + kept
+        settle(r)
+        r.summary = "; ".join(whys.values()) + kept
     return r
 
 
 def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
-    bad = gpu_state_result(ID, g)
-    if bad is not None:
-        return bad
     idx = g.get("index")
     ecc_cur, ecc_pend = get(g, "ecc_mode", "current"), get(g, "ecc_mode", "pending")
     mig_cur, mig_pend = get(g, "mig_mode", "current"), get(g, "mig_mode", "pending")
@@ -213,39 +207,13 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
         "ecc_change_pending": None if ecc_cur is None or ecc_pend is None else ecc_cur != ecc_pend,
         "mig_change_pending": None if mig_cur is None or mig_pend is None else mig_cur != mig_pend,
     }
-    thresholds = [
-        Threshold("ecc_change_pending", "==", True, Status.WARN),
-        Threshold("mig_change_pending", "==", True, Status.WARN),
-    ]
-    if p["require_ecc"]:
-        thresholds.append(Threshold("ecc_current", "==", False, Status.FAIL))
-    if p["require_persistence_mode"]:
-        thresholds.append(Threshold("persistence_mode", "==", False, Status.WARN))
-    if not p["allow_mig"]:
-        thresholds.append(Threshold("mig_current", "==", True, Status.WARN))
-    r = judge(
-        ID,
-        thresholds,
-        metrics,
-        gpu=idx,
-        ok_summary=f"GPU {idx} ({g.get('name') or 'unknown model'}, {g.get('pci_bus_id')}): modes ok",
-        causes={
-            "ecc_change_pending": (f"ECC mode change pending (current {'on' if ecc_cur else 'off'}, pending "
-                                   f"{'on' if ecc_pend else 'off'}): reboot/reset pending"),
-            "mig_change_pending": (f"MIG mode change pending (current {'on' if mig_cur else 'off'}, pending "
-                                   f"{'on' if mig_pend else 'off'}): reset pending"),
-            "ecc_current": "ECC is disabled",
-            "persistence_mode": "persistence mode is off (slow first use; enable nvidia-persistenced)",
-            "mig_current": "MIG mode is enabled on a node that expects whole GPUs",
-        },
-        actions={
-            "ecc_change_pending": Action.RESET_GPU,
-            "mig_change_pending": Action.RESET_GPU,
-            "ecc_current": Action.INVESTIGATE,
-            "persistence_mode": Action.INVESTIGATE,
-            "mig_current": Action.INVESTIGATE,
-        },
-    )
+    off = {"ecc_current": not p["require_ecc"], "persistence_mode": not p["require_persistence_mode"],
+           "mig_current": p["allow_mig"]}
+    onoff = {f"{k}_{w}": "on" if v else "off"
+             for k, w, v in (("ecc", "now", ecc_cur), ("ecc", "next", ecc_pend), ("mig", "now", mig_cur),
+                             ("mig", "next", mig_pend))}
+    r = evaluate(ID, [rule for rule in GPU_RULES if not off.get(rule.metric)], metrics, facts=onoff, gpu=idx,
+                 ok_summary=f"GPU {idx} ({g.get('name') or 'unknown model'}, {g.get('pci_bus_id')}): modes ok")
     return apply_unreadable(r, g, gpu_reads(p))
 
 
@@ -269,7 +237,9 @@ def inventory(ctx: Context) -> list[Result]:
     if not gpus and not pci and not expected:
         return [Result(ID, Status.SKIP, "no NVIDIA GPU on this machine (NVML reports none, none on the PCI bus)")]
     results = [_node(ctx, snap, p)]
-    results.extend(_gpu(judged_view(g), p) for g in sorted(ctx.selected_gpu_entries(), key=lambda g: g.get("index", 0)))
+    for g in sorted(ctx.selected_gpu_entries(), key=lambda g: g.get("index", 0)):
+        g = judged_view(g)
+        results.append(gpu_state_result(ID, g) or _gpu(g, p))
     return results
 
 

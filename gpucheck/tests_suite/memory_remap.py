@@ -14,8 +14,8 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..config import Limit
-from ..result import Action, Result, Status, Threshold, judge
-from . import apply_unreadable, get, gpu_state_result, judge_each_gpu
+from ..result import Action, Key, Result, Rule, Status, evaluate
+from . import apply_unreadable, each_gpu, get
 
 ID = "memory-remap"
 ARCH_AMPERE = 7  # nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_AMPERE
@@ -48,6 +48,29 @@ def _arch_id(g: dict[str, Any]) -> int | None:
     return _ARCH_IDS.get(str(name).lower()) if name else None
 
 
+REMAP_RULES = (
+    Rule("remap_failure", ">", 0, Status.FAIL, Action.RMA,
+         "row remapping failed (a bank has no spare rows left) ({detail})"),
+    Rule("remap_pending", ">", 0, Status.FAIL, Action.RESET_GPU,
+         "row remap pending: takes effect at the next GPU reset ({detail})"),
+    Rule("remapped_uncorrectable", ">=", Key("uncorrectable_remaps_warn"), Status.WARN, Action.INVESTIGATE,
+         "spare rows used up by uncorrectable-error remaps ({detail})", "rows"),
+)
+# The soft limit asks for a look, the hard one for an RMA.
+RETIRED_RULES = (
+    Rule("retired_pages_pending", ">", 0, Status.FAIL, Action.RESET_GPU,
+         "page retirement pending: takes effect at the next GPU reset ({detail})"),
+    Rule("retired_pages", ">=", Key("retired_pages_fail"), Status.FAIL, Action.RMA, "many retired pages ({detail})",
+         "pages"),
+    Rule("retired_pages", ">=", Key("retired_pages_warn"), Status.WARN, Action.INVESTIGATE,
+         "many retired pages ({detail})", "pages"),
+)
+
+
+def _flag(v: Any) -> int | None:
+    return None if v is None else int(bool(v))
+
+
 def _remap(g: dict[str, Any], p: dict[str, Any]) -> Result:
     idx = g.get("index")
     rr = g.get("remapped_rows") or {}
@@ -56,37 +79,14 @@ def _remap(g: dict[str, Any], p: dict[str, Any]) -> Result:
         "architecture": g.get("architecture"),
         "remapped_correctable": rr.get("correctable"),
         "remapped_uncorrectable": rr.get("uncorrectable"),
-        "remap_pending": None if rr.get("pending") is None else int(bool(rr.get("pending"))),
-        "remap_failure": None if rr.get("failure") is None else int(bool(rr.get("failure"))),
+        "remap_pending": _flag(rr.get("pending")),
+        "remap_failure": _flag(rr.get("failure")),
     }
-    thresholds = [
-        Threshold("remap_failure", ">", 0, Status.FAIL),
-        Threshold("remap_pending", ">", 0, Status.FAIL),
-        Threshold("remapped_uncorrectable", ">=", p["uncorrectable_remaps_warn"], Status.WARN, "rows"),
-    ]
-    if all(metrics[k] is None for k in ("remapped_correctable", "remapped_uncorrectable", "remap_pending", "remap_failure")):
-        r = Result(ID, Status.SKIP, f"GPU {idx}: remapped rows not supported (MIG with active instances, or driver)",
-                   gpu=idx, metrics=metrics, thresholds=thresholds)
-        return apply_unreadable(r, g, READS_REMAP)
-    r = judge(
-        ID,
-        thresholds,
-        metrics,
-        gpu=idx,
-        units={"remapped_correctable": "rows", "remapped_uncorrectable": "rows"},
-        ok_summary=(f"GPU {idx}: no remap pending or failed ({metrics['remapped_correctable']} correctable, "
-                    f"{metrics['remapped_uncorrectable']} uncorrectable rows remapped)"),
-        causes={
-            "remap_failure": "row remapping failed (a bank has no spare rows left)",
-            "remap_pending": "row remap pending: takes effect at the next GPU reset",
-            "remapped_uncorrectable": "spare rows used up by uncorrectable-error remaps",
-        },
-        actions={
-            "remap_failure": Action.RMA,
-            "remap_pending": Action.RESET_GPU,
-            "remapped_uncorrectable": Action.INVESTIGATE,
-        },
-    )
+    r = evaluate(ID, REMAP_RULES, metrics, limits=p, gpu=idx,
+                 units={"remapped_correctable": "rows", "remapped_uncorrectable": "rows"},
+                 ok_summary=(f"GPU {idx}: no remap pending or failed ({metrics['remapped_correctable']} correctable, "
+                             f"{metrics['remapped_uncorrectable']} uncorrectable rows remapped)"),
+                 skip=f"GPU {idx}: remapped rows not supported (MIG with active instances, or driver)")
     return apply_unreadable(r, g, READS_REMAP)
 
 
@@ -101,32 +101,12 @@ def _retired(g: dict[str, Any], p: dict[str, Any]) -> Result:
         "retired_pages_sbe": sbe,
         "retired_pages_dbe": dbe,
         "retired_pages": total,
-        "retired_pages_pending": None if rp.get("pending") is None else int(bool(rp.get("pending"))),
+        "retired_pages_pending": _flag(rp.get("pending")),
     }
-    thresholds = [
-        Threshold("retired_pages_pending", ">", 0, Status.FAIL),
-        Threshold("retired_pages", ">=", p["retired_pages_fail"], Status.FAIL, "pages"),
-        Threshold("retired_pages", ">=", p["retired_pages_warn"], Status.WARN, "pages"),
-    ]
-    if total is None and metrics["retired_pages_pending"] is None:
-        r = Result(ID, Status.SKIP, f"GPU {idx}: retired pages not supported on this GPU/driver", gpu=idx,
-                   metrics=metrics, thresholds=thresholds)
-        return apply_unreadable(r, g, READS_RETIRED)
-    r = judge(
-        ID,
-        thresholds,
-        metrics,
-        gpu=idx,
-        units={"retired_pages_sbe": "pages", "retired_pages_dbe": "pages", "retired_pages": "pages"},
-        ok_summary=f"GPU {idx}: {total} retired pages, none pending",
-        causes={
-            "retired_pages_pending": "page retirement pending: takes effect at the next GPU reset",
-            "retired_pages": "many retired pages",
-        },
-        actions={"retired_pages_pending": Action.RESET_GPU, "retired_pages": Action.RMA},
-    )
-    if r.status == Status.WARN:
-        r.action = Action.INVESTIGATE  # the soft limit asks for a look, the hard one for an RMA
+    r = evaluate(ID, RETIRED_RULES, metrics, limits=p, gpu=idx,
+                 units={"retired_pages_sbe": "pages", "retired_pages_dbe": "pages", "retired_pages": "pages"},
+                 ok_summary=f"GPU {idx}: {total} retired pages, none pending",
+                 skip=f"GPU {idx}: retired pages not supported on this GPU/driver")
     return apply_unreadable(r, g, READS_RETIRED)
 
 
@@ -144,9 +124,6 @@ def reads_for(g: dict[str, Any]) -> dict[str, Status]:
 
 
 def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
-    bad = gpu_state_result(ID, g)
-    if bad is not None:
-        return bad
     return _retired(g, p) if judges_retired_pages(g) else _remap(g, p)
 
 
@@ -161,8 +138,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     limits=LIMITS,
 )
 def memory_remap(ctx: Context) -> list[Result]:
-    p = ctx.params(ID, DEFAULTS)
-    return judge_each_gpu(ID, ctx, lambda g: _gpu(g, p))
+    return each_gpu(ID, ctx, DEFAULTS, _gpu)
 
 
 CHECKS = [memory_remap]

@@ -28,19 +28,12 @@ A GPU without NvLink (not supported) gets one skip saying so.
 from __future__ import annotations
 
 import datetime as _dt
+from dataclasses import dataclass
 from typing import Any
 
 from ..check import Context, Level, Need, define
-from ..result import Action, Result, Status, Threshold, strongest_action, worst_status
-from . import (
-    apply_unreadable,
-    counter_growth,
-    gpu_state_result,
-    previous_interval,
-    selected_gpus_or_skip,
-    snapshot_time,
-    unreadable_fields,
-)
+from ..result import Action, Key, Result, Rule, Status, evaluate
+from . import apply_unreadable, counter_growth, each_gpu, previous_interval, snapshot_time, unreadable_fields
 
 ID = "nvlink"
 
@@ -136,177 +129,194 @@ def _names(ns: list[int]) -> str:
 
 
 # -- one GPU --------------------------------------------------------------------------------------
-def _judge_links(g: dict[str, Any], links: list[dict[str, Any]], p: dict[str, Any], prev: Reading | None,
-                 now: float | None) -> Result:
-    idx = g.get("index")
-    interval, why_not = previous_interval(prev[1] if prev else None, now)
-    prev_links = prev[0] if prev is not None and interval is not None else {}
-    since = f"{_iso(now - interval)} ({interval:.0f} s)" if interval is not None and now is not None else None
+# Each rule is on a per-GPU aggregate (links down, the largest per-link value), so that it is
+# violated exactly when some link breaks it; its cause names those links (facts "<finding>_links"
+# and "<finding>_values"). Growth and rate rules apply when a previous reading gives a delta, the
+# absolute ones to links with no previous reading.
+DOWN_RULES = (Rule("links_down", ">", 0, Status.FAIL, Action.REBOOT, "{down_links} down ({down_values})", "count",
+                   "down"),)
+DELTA_RULES = (
+    Rule("replay_growth_max_link", ">", Key("replay_growth_fail"), Status.FAIL, Action.INVESTIGATE,
+         "{replay_growth_links} replay errors {replay_growth_values} since {since}", "count", "replay_growth"),
+    Rule("recovery_growth_max_link", ">", Key("recovery_growth_fail"), Status.FAIL, Action.INVESTIGATE,
+         "{recovery_growth_links} recovery errors {recovery_growth_values} since {since}", "count", "recovery_growth"),
+    Rule("crc_rate_per_s_max_link", ">", Key("crc_rate_fail_per_s"), Status.FAIL, Action.INVESTIGATE,
+         "{crc_fail_links} CRC errors {crc_fail_values} since {since} (> {limit:g}/s)", "1/s", "crc_fail"),
+    Rule("crc_rate_per_s_max_link", ">", Key("crc_rate_warn_per_s"), Status.WARN, Action.INVESTIGATE,
+         "{crc_warn_links} CRC errors {crc_warn_values} since {since} (> {limit:g}/s)", "1/s", "crc_warn"),
+)
+ABSOLUTE_RULES = tuple(
+    Rule(f"{c}_errors_max_link", ">", Key(f"{c}_abs_warn"), Status.WARN, Action.INVESTIGATE,
+         f"{{{c}_abs_links}} {what} errors {{{c}_abs_values}} since driver load (no previous reading)", "count",
+         f"{c}_abs")
+    for c, what in (("replay", "replay"), ("recovery", "recovery"), ("crc", "CRC"))
+)
+# How a finding's per-link values are written in its cause.
+_VALUE_TEXT = {"replay_growth": "+{}", "recovery_growth": "+{}", "crc_fail": "{:g}/s", "crc_warn": "{:g}/s"}
 
-    t_down = Threshold("links_down", ">", 0, Status.FAIL, "count")
-    t_replay = Threshold("replay_growth_max_link", ">", p["replay_growth_fail"], Status.FAIL, "count")
-    t_recovery = Threshold("recovery_growth_max_link", ">", p["recovery_growth_fail"], Status.FAIL, "count")
-    t_crc_fail = Threshold("crc_rate_per_s_max_link", ">", p["crc_rate_fail_per_s"], Status.FAIL, "1/s")
-    t_crc_warn = Threshold("crc_rate_per_s_max_link", ">", p["crc_rate_warn_per_s"], Status.WARN, "1/s")
-    t_abs = {
-        "replay": Threshold("replay_errors_max_link", ">", p["replay_abs_warn"], Status.WARN, "count"),
-        "recovery": Threshold("recovery_errors_max_link", ">", p["recovery_abs_warn"], Status.WARN, "count"),
-        "crc": Threshold("crc_errors_max_link", ">", p["crc_abs_warn"], Status.WARN, "count"),
-    }
 
-    compact: dict[str, dict[str, Any]] = {}
-    delta: dict[int, dict[str, Any]] = {}  # links compared with a previous reading
-    absolute: list[int] = []  # links with no previous reading: judged on counts since driver load
-    # findings: rule -> [(link, value)], in the order they are reported within a status
-    rules = ("down", "replay_growth", "recovery_growth", "crc_fail", "crc_warn",
-             "replay_abs", "recovery_abs", "crc_abs")
-    found: dict[str, list[tuple[int, Any]]] = {r: [] for r in rules}
-    bad_links: set[int] = set()
-    notes: list[str] = []
+@dataclass
+class _Links:
+    """One GPU's links as read now and compared with the previous reading."""
+
+    numbers: list[Any]  # the links, in order
+    compact: dict[str, dict[str, Any]]  # str(link) -> {"state", "replay", "recovery", "crc"} now
+    delta: dict[int, dict[str, Any]]  # links compared with a previous reading: growth, crc_rate
+    absolute: list[int]  # links with no previous reading: judged on counts since driver load
+    notes: list[str]
+
+    def values(self, finding: str) -> dict[Any, Any]:
+        """Each link's value for a finding's rule."""
+        if finding == "down":
+            return {n: self.compact[str(n)]["state"] for n in self.numbers}
+        if finding.endswith("_abs"):
+            return {n: self.compact[str(n)][finding[:-4]] for n in self.absolute}
+        key = "crc_rate" if finding.startswith("crc") else finding[:-7]
+        return {n: d[key] for n, d in self.delta.items()}
+
+
+def _read_links(links: list[dict[str, Any]], prev_links: dict[int, dict[str, Any]], interval: float | None) -> _Links:
+    out = _Links([], {}, {}, [], [])
     for lk in links:
         n = lk.get("link")
-        state = lk.get("state")
-        cur = {"state": state, "replay": lk.get("replay_errors"), "recovery": lk.get("recovery_errors"),
+        out.numbers.append(n)
+        cur = {"state": lk.get("state"), "replay": lk.get("replay_errors"), "recovery": lk.get("recovery_errors"),
                "crc": _crc(lk)}
-        compact[str(n)] = cur
-        if state is not None and state not in UP_STATES:
-            found["down"].append((n, state))
-            bad_links.add(n)
+        out.compact[str(n)] = cur
         pl = prev_links.get(n)
         if interval is not None and pl is not None:
             d: dict[str, Any] = {}
             for c in COUNTERS:
                 d[c], why = counter_growth(cur[c], pl.get(c))
                 if why:
-                    notes.append(f"NvLink {n} {c} errors: {why}")
+                    out.notes.append(f"NvLink {n} {c} errors: {why}")
             d["crc_rate"] = None if d["crc"] is None else round(d["crc"] / max(interval, 1.0), 3)
-            delta[n] = d
-            for rule, t, v in (("replay_growth", t_replay, d["replay"]), ("recovery_growth", t_recovery, d["recovery"])):
-                if t.violated_by(v):
-                    found[rule].append((n, v))
-                    bad_links.add(n)
-            if t_crc_fail.violated_by(d["crc_rate"]):
-                found["crc_fail"].append((n, d["crc_rate"]))
-                bad_links.add(n)
-            elif t_crc_warn.violated_by(d["crc_rate"]):
-                found["crc_warn"].append((n, d["crc_rate"]))
-                bad_links.add(n)
+            out.delta[n] = d
         else:
-            absolute.append(n)
+            out.absolute.append(n)
             if interval is not None:
-                notes.append(f"NvLink {n}: not in the previous reading; counters since driver load")
-            for c in COUNTERS:
-                if t_abs[c].violated_by(cur[c]):
-                    found[f"{c}_abs"].append((n, cur[c]))
-                    bad_links.add(n)
-    if absolute and interval is None:
-        notes.insert(0, f"counters since driver load, no delta available ({why_not})")
+                out.notes.append(f"NvLink {n}: not in the previous reading; counters since driver load")
+    return out
 
-    total = len(links)
-    up = sum(1 for c in compact.values() if c["state"] in UP_STATES)
-    unknown = sum(1 for c in compact.values() if c["state"] is None)
+
+def _metrics(g: dict[str, Any], lk: _Links, interval: float | None, now: float | None) -> dict[str, Any]:
+    states = [c["state"] for c in lk.compact.values()]
+    d = lk.delta.values()
     metrics: dict[str, Any] = {
         "uuid": g.get("uuid"),
         "snapshot_time": now,
-        "links_total": total,
-        "links_active": up,
-        "links_down": len(found["down"]),
-        "links_unknown": unknown,
-        "replay_errors": _total([c["replay"] for c in compact.values()]),
-        "recovery_errors": _total([c["recovery"] for c in compact.values()]),
-        "crc_errors": _total([c["crc"] for c in compact.values()]),
-        "window_s": round(interval, 1) if delta else None,
-        "replay_growth": _total([d["replay"] for d in delta.values()]),
-        "recovery_growth": _total([d["recovery"] for d in delta.values()]),
-        "crc_growth": _total([d["crc"] for d in delta.values()]),
-        "replay_growth_max_link": _max([d["replay"] for d in delta.values()]),
-        "recovery_growth_max_link": _max([d["recovery"] for d in delta.values()]),
-        "crc_rate_per_s_max_link": _max([d["crc_rate"] for d in delta.values()]),
+        "links_total": len(states),
+        "links_active": sum(1 for s in states if s in UP_STATES),
+        "links_down": sum(1 for s in states if s is not None and s not in UP_STATES),
+        "links_unknown": sum(1 for s in states if s is None),
+        "replay_errors": _total([c["replay"] for c in lk.compact.values()]),
+        "recovery_errors": _total([c["recovery"] for c in lk.compact.values()]),
+        "crc_errors": _total([c["crc"] for c in lk.compact.values()]),
+        "window_s": round(interval, 1) if lk.delta and interval is not None else None,
+        "replay_growth": _total([x["replay"] for x in d]),
+        "recovery_growth": _total([x["recovery"] for x in d]),
+        "crc_growth": _total([x["crc"] for x in d]),
+        "replay_growth_max_link": _max([x["replay"] for x in d]),
+        "recovery_growth_max_link": _max([x["recovery"] for x in d]),
+        "crc_rate_per_s_max_link": _max([x["crc_rate"] for x in d]),
     }
-    thresholds = [t_down]
-    if delta:
-        thresholds += [t_replay, t_recovery, t_crc_fail, t_crc_warn]
-    if absolute:
+    if lk.absolute:
         for c in COUNTERS:
-            metrics[f"{c}_errors_max_link"] = _max([compact[str(n)][c] for n in absolute])
-        thresholds += list(t_abs.values())
-    metrics["links"] = compact
+            metrics[f"{c}_errors_max_link"] = _max([lk.compact[str(n)][c] for n in lk.absolute])
+    metrics["links"] = lk.compact
+    return metrics
 
-    status_of = {"down": Status.FAIL, "replay_growth": Status.FAIL, "recovery_growth": Status.FAIL,
-                 "crc_fail": Status.FAIL, "crc_warn": Status.WARN,
-                 "replay_abs": Status.WARN, "recovery_abs": Status.WARN, "crc_abs": Status.WARN}
-    action_of = {"down": Action.REBOOT}
-    hit = [r for r in rules if found[r]]
-    status = worst_status(status_of[r] for r in hit) if hit else Status.PASS
-    if hit:
-        parts = []
-        for rule in sorted(hit, key=lambda r: status_of[r] != Status.FAIL):  # fails first
-            ns = [n for n, _ in found[rule]]
-            vals = [v for _, v in found[rule]]
-            if rule == "down":
-                parts.append(f"{_names(ns)} down ({', '.join(sorted(set(vals)))})")
-            elif rule in ("replay_growth", "recovery_growth"):
-                what = rule.split("_")[0]
-                parts.append(f"{_names(ns)} {what} errors {', '.join(f'+{v}' for v in vals)} since {since}")
-            elif rule in ("crc_fail", "crc_warn"):
-                t = t_crc_fail if rule == "crc_fail" else t_crc_warn
-                parts.append(f"{_names(ns)} CRC errors {', '.join(f'{v:g}/s' for v in vals)} since {since} "
-                             f"(> {t.limit:g}/s)")
-            else:
-                what = rule.split("_")[0].replace("crc", "CRC")
-                parts.append(f"{_names(ns)} {what} errors {', '.join(str(v) for v in vals)} since driver load "
-                             "(no previous reading)")
-        summary = f"GPU {idx}: " + "; ".join(parts)
-        action = strongest_action(action_of.get(r, Action.INVESTIGATE) for r in hit if status_of[r] == status)
-    else:
-        action = Action.NONE
-        asleep = sum(1 for c in compact.values() if c["state"] == "sleep")
-        if up == total:
-            head = (f"{total}/{total} NvLinks up ({total - asleep} active, {asleep} in sleep)" if asleep
-                    else f"{total}/{total} NvLinks active")
-        else:
-            unsupported = sorted(int(k) for k, c in compact.items() if c["state"] is None)
-            head = f"{up}/{total} NvLinks active; state of {_names(unsupported)} not supported"
-        if delta:
-            grew = [f"{c} errors +{metrics[c + '_growth']} (at most +{metrics[c + '_growth_max_link']} on a link)"
-                    for c in ("replay", "recovery") if metrics[c + "_growth"]]
-            crc = (f"CRC errors +{metrics['crc_growth']} (at most {metrics['crc_rate_per_s_max_link']:g}/s on a link)"
-                   if metrics["crc_growth"] else None)
-            if grew:
-                tail = "; ".join(grew + ([crc] if crc else [])) + f" since {since}, within the limits"
-            else:
-                tail = f"no replay/recovery errors since {since}" + (f"; {crc}" if crc else "")
-        else:
-            tail = (f"counters since driver load, no previous reading: replay {metrics['replay_errors']}, "
-                    f"recovery {metrics['recovery_errors']}, CRC {metrics['crc_errors']}")
-        if delta and absolute:
-            tail += f"; {_names(absolute)} not in the previous reading"
-        no_delta = sorted({n for n, d in delta.items() if any(d[c] is None for c in COUNTERS)})
-        if no_delta:
-            tail += f"; no delta for {_names(no_delta)} (see evidence)"
-        summary = f"GPU {idx}: {head}; {tail}"
 
-    r = Result(ID, status, summary, gpu=idx, action=action, metrics=metrics,
-               units={k: u for k, u in UNITS.items() if k in metrics}, thresholds=thresholds)
-    for n in sorted(bad_links):
-        c = compact[str(n)]
-        if n in delta:
-            d = delta[n]
-            grow = {k: ("" if d[k] is None else f" (+{d[k]})") for k in ("replay", "recovery")}
-            crc = "" if d["crc"] is None else f" (+{d['crc']}, {d['crc_rate']:g}/s)"
-            r.evidence.append(f"NvLink {n}: {c['state']}, replay {c['replay']}{grow['replay']}, "
-                              f"recovery {c['recovery']}{grow['recovery']}, CRC {c['crc']}{crc} since {since}")
+def _findings(rules: tuple[Rule, ...], p: dict[str, Any], lk: _Links) -> dict[str, list[int]]:
+    """Per finding, the links that break its rule on their own (a link over the CRC fail rate is
+    not also in the warn band)."""
+    found: dict[str, list[int]] = {}
+    for rule in rules:
+        t = rule.resolve(p)
+        vals = lk.values(rule.finding)
+        if rule.finding == "down":
+            found["down"] = [n for n, s in vals.items() if s is not None and s not in UP_STATES]
+        elif t is not None:
+            found[rule.finding] = [n for n, v in vals.items() if t.violated_by(v)]
+    found["crc_warn"] = [n for n in found.get("crc_warn", []) if n not in found.get("crc_fail", [])]
+    return found
+
+
+def _facts(found: dict[str, list[int]], lk: _Links, since: str | None) -> dict[str, Any]:
+    facts: dict[str, Any] = {"since": since}
+    for finding, ns in found.items():
+        vals = lk.values(finding)
+        facts[f"{finding}_links"] = _names(ns) if ns else None  # None: the cause names nothing
+        if finding == "down":
+            facts["down_values"] = ", ".join(sorted({str(vals[n]) for n in ns}))
         else:
-            r.evidence.append(f"NvLink {n}: {c['state']}, replay {c['replay']}, recovery {c['recovery']}, "
-                              f"CRC {c['crc']} since driver load")
-    r.evidence.extend(notes)
+            facts[f"{finding}_values"] = ", ".join(_VALUE_TEXT.get(finding, "{}").format(vals[n]) for n in ns)
+    return facts
+
+
+def _judge_links(g: dict[str, Any], links: list[dict[str, Any]], p: dict[str, Any], prev: Reading | None,
+                 now: float | None) -> Result:
+    idx = g.get("index")
+    interval, why_not = previous_interval(prev[1] if prev else None, now)
+    prev_links = prev[0] if prev is not None and interval is not None else {}
+    since = f"{_iso(now - interval)} ({interval:.0f} s)" if interval is not None and now is not None else None
+    lk = _read_links(links, prev_links, interval)
+    if lk.absolute and interval is None:
+        lk.notes.insert(0, f"counters since driver load, no delta available ({why_not})")
+    rules = DOWN_RULES + (DELTA_RULES if lk.delta else ()) + (ABSOLUTE_RULES if lk.absolute else ())
+    metrics = _metrics(g, lk, interval, now)
+    found = _findings(rules, p, lk)
+    r = evaluate(ID, rules, metrics, limits=p, facts=_facts(found, lk, since), prefix=f"GPU {idx}: ", gpu=idx,
+                 units={k: u for k, u in UNITS.items() if k in metrics},
+                 ok_summary=_ok_summary(idx, metrics, lk, since))
+    for n in sorted({n for ns in found.values() for n in ns}):
+        r.evidence.append(_link_evidence(n, lk, since))
+    r.evidence.extend(lk.notes)
     return r
 
 
+def _ok_summary(idx: Any, metrics: dict[str, Any], lk: _Links, since: str | None) -> str:
+    total, up = metrics["links_total"], metrics["links_active"]
+    asleep = sum(1 for c in lk.compact.values() if c["state"] == "sleep")
+    if up == total:
+        head = (f"{total}/{total} NvLinks up ({total - asleep} active, {asleep} in sleep)" if asleep
+                else f"{total}/{total} NvLinks active")
+    else:
+        unsupported = sorted(int(k) for k, c in lk.compact.items() if c["state"] is None)
+        head = f"{up}/{total} NvLinks active; state of {_names(unsupported)} not supported"
+    if lk.delta:
+        grew = [f"{c} errors +{metrics[c + '_growth']} (at most +{metrics[c + '_growth_max_link']} on a link)"
+                for c in ("replay", "recovery") if metrics[c + "_growth"]]
+        crc = (f"CRC errors +{metrics['crc_growth']} (at most {metrics['crc_rate_per_s_max_link']:g}/s on a link)"
+               if metrics["crc_growth"] else None)
+        if grew:
+            tail = "; ".join(grew + ([crc] if crc else [])) + f" since {since}, within the limits"
+        else:
+            tail = f"no replay/recovery errors since {since}" + (f"; {crc}" if crc else "")
+    else:
+        tail = (f"counters since driver load, no previous reading: replay {metrics['replay_errors']}, "
+                f"recovery {metrics['recovery_errors']}, CRC {metrics['crc_errors']}")
+    if lk.delta and lk.absolute:
+        tail += f"; {_names(lk.absolute)} not in the previous reading"
+    no_delta = sorted({n for n, d in lk.delta.items() if any(d[c] is None for c in COUNTERS)})
+    if no_delta:
+        tail += f"; no delta for {_names(no_delta)} (see evidence)"
+    return f"GPU {idx}: {head}; {tail}"
+
+
+def _link_evidence(n: int, lk: _Links, since: str | None) -> str:
+    c = lk.compact[str(n)]
+    if n in lk.delta:
+        d = lk.delta[n]
+        grow = {k: ("" if d[k] is None else f" (+{d[k]})") for k in ("replay", "recovery")}
+        crc = "" if d["crc"] is None else f" (+{d['crc']}, {d['crc_rate']:g}/s)"
+        return (f"NvLink {n}: {c['state']}, replay {c['replay']}{grow['replay']}, "
+                f"recovery {c['recovery']}{grow['recovery']}, CRC {c['crc']}{crc} since {since}")
+    return (f"NvLink {n}: {c['state']}, replay {c['replay']}, recovery {c['recovery']}, "
+            f"CRC {c['crc']} since driver load")
+
+
 def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[str, Reading], now: float | None) -> Result:
-    bad = gpu_state_result(ID, g)
-    if bad is not None:
-        return bad
     idx = g.get("index")
     nv = g.get("nvlink") or {}
     supported = nv.get("supported")
@@ -343,13 +353,7 @@ def _link_errors(g: dict[str, Any]) -> bool:
     defaults=DEFAULTS,
 )
 def nvlink(ctx: Context) -> list[Result]:
-    gpus, skip = selected_gpus_or_skip(ID, ctx)
-    if skip:
-        return skip
-    p = ctx.params(ID, DEFAULTS)
-    history = read_history(ctx)
-    now = snapshot_time(ctx)
-    return [_gpu(g, p, history, now) for g in gpus]
+    return each_gpu(ID, ctx, DEFAULTS, _gpu, lambda c: (read_history(c), snapshot_time(c)))
 
 
 CHECKS = [nvlink]

@@ -17,16 +17,8 @@ from typing import Any
 
 from ..check import Context, Level, Need, define
 from ..config import Limit
-from ..result import Action, Result, Status, Threshold, judge
-from . import (
-    apply_unreadable,
-    counter_growth,
-    gpu_state_result,
-    latest_metrics_by,
-    previous_interval,
-    selected_gpus_or_skip,
-    snapshot_time,
-)
+from ..result import Action, Key, Result, Rule, Status, evaluate
+from . import apply_unreadable, counter_growth, each_gpu, latest_metrics_by, previous_interval, snapshot_time
 
 ID = "pcie"
 
@@ -42,23 +34,36 @@ READS = {"pcie.link_width": Status.ERROR, "pcie.link_width_max": Status.ERROR, "
 LIMITS = {"replay_rate_warn_per_min": Limit("real", 0), "replay_min_window_s": Limit("real", 0, above=True)}
 
 
+RULES = (
+    Rule("link_width", "<", Key("link_width_max"), Status.FAIL, Action.INVESTIGATE,
+         "PCIe link width x{link_width} below the maximum x{link_width_max} ({detail})", "lanes"),
+    Rule("link_gen", "<", Key("link_gen_max"), Status.WARN, Action.NONE,
+         "PCIe Gen{link_gen} below the maximum Gen{link_gen_max} (GPUs lower the generation when idle to save "
+         "power; judge it under load) ({detail})"),
+    Rule("replay_rate_per_min", ">", Key("replay_rate_warn_per_min"), Status.WARN, Action.INVESTIGATE,
+         "PCIe replays growing: {replay_growth} since the previous run ({detail})", "1/min"),
+)
+
+
+def _replay_rate(p: dict[str, Any], prev: Any, now: float | None, replays: Any
+                 ) -> tuple[float | None, float | None, int | None, str | None]:
+    """(replays per minute since the previous reading, the interval, the growth, why no rate)."""
+    interval, why_no_interval = previous_interval(prev, now)
+    growth, why_no_growth = counter_growth(replays, prev[0].get("replay_counter") if prev else None)
+    if interval is None or growth is None:
+        return None, interval, growth, why_no_growth if interval is not None else why_no_interval
+    window_min = max(interval, float(p["replay_min_window_s"])) / 60.0
+    return round(growth / window_min, 3), interval, growth, None
+
+
 def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: float | None) -> Result:
-    bad = gpu_state_result(ID, g)
-    if bad is not None:
-        return bad
     idx = g.get("index")
     pc = g.get("pcie") or {}
     width, width_max = pc.get("link_width"), pc.get("link_width_max")
     gen, gen_max = pc.get("link_gen"), pc.get("link_gen_max")
     replays = pc.get("replay_counter")
     uuid = g.get("uuid")
-    prev = history.get(uuid) if uuid else None
-    interval, why_no_interval = previous_interval(prev, now)
-    growth, why_no_growth = counter_growth(replays, prev[0].get("replay_counter") if prev else None)
-    rate = None
-    if interval is not None and growth is not None:
-        window_min = max(interval, float(p["replay_min_window_s"])) / 60.0
-        rate = round(growth / window_min, 3)
+    rate, interval, growth, why_no_rate = _replay_rate(p, history.get(uuid) if uuid else None, now, replays)
     metrics: dict[str, Any] = {
         "uuid": uuid,
         "link_width": width,
@@ -72,43 +77,33 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: flo
         "replay_interval_s": None if interval is None else round(interval, 1),
         "replay_rate_per_min": rate,
     }
-    thresholds: list[Threshold] = []
-    if width_max is not None:
-        thresholds.append(Threshold("link_width", "<", width_max, Status.FAIL, "lanes"))
-    if gen_max is not None and p["warn_gen_below_max"]:
-        thresholds.append(Threshold("link_gen", "<", gen_max, Status.WARN))
-    thresholds.append(Threshold("replay_rate_per_min", ">", p["replay_rate_warn_per_min"], Status.WARN, "1/min"))
-    if width is None and gen is None and replays is None:
-        r = Result(ID, Status.SKIP, f"GPU {idx}: PCIe link state not supported on this GPU/driver", gpu=idx,
-                   metrics=metrics, thresholds=thresholds)
-        return apply_unreadable(r, g, READS)
-    r = judge(
-        ID,
-        thresholds,
-        metrics,
-        gpu=idx,
-        units={"link_width": "lanes", "link_width_max": "lanes", "replay_counter": "count", "replay_growth": "count",
-               "replay_interval_s": "s", "replay_rate_per_min": "1/min", "snapshot_time": "s"},
-        ok_summary=f"GPU {idx}: PCIe Gen{gen} x{width} (max Gen{gen_max} x{width_max})",
-        causes={
-            "link_width": f"PCIe link width x{width} below the maximum x{width_max}",
-            "link_gen": (f"PCIe Gen{gen} below the maximum Gen{gen_max} (GPUs lower the generation when idle "
-                         "to save power; judge it under load)"),
-            "replay_rate_per_min": f"PCIe replays growing: {growth} since the previous run",
-        },
-        actions={"link_width": Action.INVESTIGATE, "link_gen": Action.NONE, "replay_rate_per_min": Action.INVESTIGATE},
-    )
+    # The limits of this GPU: its own maxima (a rule is off where one is not reported).
+    limits = {**p, "link_width_max": width_max, "link_gen_max": gen_max if p["warn_gen_below_max"] else None}
+    r = evaluate(ID, RULES, metrics, limits=limits, gpu=idx,
+                 units={"link_width": "lanes", "link_width_max": "lanes", "replay_counter": "count",
+                        "replay_growth": "count", "replay_interval_s": "s", "replay_rate_per_min": "1/min",
+                        "snapshot_time": "s"},
+                 ok_summary=f"GPU {idx}: PCIe Gen{gen} x{width} (max Gen{gen_max} x{width_max})",
+                 skip=(f"GPU {idx}: PCIe link state not supported on this GPU/driver"
+                       if width is None and gen is None and replays is None else None))
+    if r.status != Status.SKIP:
+        _notes(r, p, metrics, interval, why_no_rate)
+    return apply_unreadable(r, g, READS)
+
+
+def _notes(r: Result, p: dict[str, Any], m: dict[str, Any], interval: float | None, why_no_rate: str | None) -> None:
+    """What the rules did not judge: a generation below its maximum (when not judged), replays
+    without a delta; and the replays counted since the previous reading."""
+    gen, gen_max, replays = m["link_gen"], m["link_gen_max"], m["replay_counter"]
     if gen is not None and gen_max is not None and gen < gen_max and not p["warn_gen_below_max"]:
         r.evidence.append(f"PCIe Gen{gen} below Gen{gen_max}: not judged (warn_gen_below_max = false)")
-    if rate is None and replays is not None:
-        why = why_no_growth if interval is not None else why_no_interval
-        note = f"replay counter {replays} since driver load; no delta available ({why})"
+    if m["replay_rate_per_min"] is None and replays is not None:
+        note = f"replay counter {replays} since driver load; no delta available ({why_no_rate})"
         r.evidence.append(note)
         if r.status == Status.PASS:
             r.summary += f"; {note}"
-    elif rate is not None and r.status == Status.PASS:
-        r.summary += f"; {growth} replays in {interval:.0f} s"
-    return apply_unreadable(r, g, READS)
+    elif m["replay_rate_per_min"] is not None and r.status == Status.PASS:
+        r.summary += f"; {m['replay_growth']} replays in {interval:.0f} s"
 
 
 @define(
@@ -122,13 +117,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: flo
     limits=LIMITS,
 )
 def pcie(ctx: Context) -> list[Result]:
-    gpus, skip = selected_gpus_or_skip(ID, ctx)
-    if skip:
-        return skip
-    p = ctx.params(ID, DEFAULTS)
-    history = latest_metrics_by(ctx, ID, "uuid")
-    now = snapshot_time(ctx)
-    return [_gpu(g, p, history, now) for g in gpus]
+    return each_gpu(ID, ctx, DEFAULTS, _gpu, lambda c: (latest_metrics_by(c, ID, "uuid"), snapshot_time(c)))
 
 
 CHECKS = [pcie]

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..check import Context, Level, Need, define
-from ..result import Action, Result, Status, Threshold
-from . import apply_unreadable, gpu_state_result, judge_each_gpu
+from ..result import Action, Key, Result, Rule, Status, evaluate
+from . import apply_unreadable, each_gpu
 
 ID = "recovery-action"
 
@@ -40,31 +40,26 @@ ACTIONS: dict[int, tuple[str, Action, str]] = {
 }
 
 
-def _gpu(g: dict[str, Any]) -> Result:
-    bad = gpu_state_result(ID, g)
-    if bad is not None:
-        return bad
+RULE = Rule("recovery_action", "!=", 0, Status.FAIL, Key("driver_action"),
+            "{driver_asks} (NVML recovery action {recovery_action_name})")
+
+
+def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     idx = g.get("index")
     value = g.get("recovery_action")
-    thr = Threshold("recovery_action", "!=", 0, Status.FAIL)
-    r = Result(ID, Status.PASS, "", gpu=idx, thresholds=[thr])
-    r.metric("uuid", g.get("uuid"))
-    r.metric("recovery_action", value)
     if value is None:
-        r.metric("recovery_action_name", None)
-        r.summary = f"GPU {idx}: recovery action not supported by this driver"
-        return apply_unreadable(r, g, READS)
-    value = int(value)
-    if value == 0:
-        r.metric("recovery_action_name", "none")
-        r.summary = f"GPU {idx}: no recovery action pending"
-        return r
-    name, action, text = ACTIONS.get(value, (f"unknown_{value}", Action.INVESTIGATE,
-                                             f"the driver reports recovery action {value}, unknown to gpucheck"))
-    r.metric("recovery_action_name", name)
-    r.status, r.action = Status.FAIL, action
-    r.summary = f"GPU {idx}: {text} (NVML recovery action {name})"
-    return r
+        name, action, text = None, Action.NONE, ""
+    elif int(value) == 0:
+        name, action, text = "none", Action.NONE, ""
+    else:
+        name, action, text = ACTIONS.get(int(value), (f"unknown_{value}", Action.INVESTIGATE,
+                                                      f"the driver reports recovery action {value}, unknown to gpucheck"))
+    metrics = {"uuid": g.get("uuid"), "recovery_action": value, "recovery_action_name": name}
+    ok = (f"GPU {idx}: recovery action not supported by this driver" if value is None
+          else f"GPU {idx}: no recovery action pending")
+    r = evaluate(ID, [RULE], metrics, limits={"driver_action": action}, facts={"driver_asks": text},
+                 ok_summary=ok, prefix=f"GPU {idx}: ", gpu=idx)
+    return apply_unreadable(r, g, READS)
 
 
 @define(
@@ -77,7 +72,7 @@ def _gpu(g: dict[str, Any]) -> Result:
     defaults={},
 )
 def recovery_action(ctx: Context) -> list[Result]:
-    return judge_each_gpu(ID, ctx, _gpu)
+    return each_gpu(ID, ctx, {}, _gpu)
 
 
 CHECKS = [recovery_action]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..check import Context, Slice
-from ..result import Action, Result, Status
+from ..result import Action, Result, Status, settle
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..telemetry.model import TelemetrySummary
@@ -210,11 +210,14 @@ def cut_short(r: Result, promise: Promise, ran_s: float | None, why: str) -> Res
     error naming what was promised and what it got (partial data never passes); a fail stands
     (the fault was seen). The earlier summary moves to the evidence."""
     got = "an unknown time" if ran_s is None else f"{ran_s:.1f} s"
+    r.unjudged["the promised run"] = Status.ERROR  # result.outcome: an error unless a fail was found
     if r.status in (Status.PASS, Status.WARN, Status.SKIP):
         r.evidence.insert(0, f"before the stop: {r.status.value}: {r.summary}")
-        r.status = Status.ERROR
         r.summary = f"cut short: {promise.describe()} promised, stopped ({why}) after {got}"
-        r.action = Action.NONE
+        if r.basis is None:
+            settle(r)
+        else:
+            r.status, r.action = Status.ERROR, Action.NONE
     else:
         r.evidence.append(f"cut short: {promise.describe()} promised, stopped ({why}) after {got}")
     if promise.seconds:
@@ -300,7 +303,7 @@ def unfinished_result(
     - no result (cancelled, over budget): error "not finished".
 
     `partial(result, last_progress)` adds what the worker reported before it stopped."""
-    from ..result import Action
+    from ..result import Action, Basis
     from .pool import CANCELLED, CRASHED, HUNG
 
     if oc is None:
@@ -308,12 +311,12 @@ def unfinished_result(
     if oc.kind == HUNG:
         r = Result(check_id, Status.FAIL, f"hang: the {worker} worker stopped answering and was killed "
                                           f"({oc.error}); a GPU that hangs a kernel is unhealthy",
-                   gpu=gpu, action=Action.RESET_GPU, injected=injected)
+                   gpu=gpu, action=Action.RESET_GPU, injected=injected, basis=Basis.HANG)
     elif oc.kind == CRASHED:
         err = oc.error or "unknown error"
         summary, action = (crash or _cuda_crash)(err)
         r = Result(check_id, Status.FAIL, summary or f"{worker} worker crashed: {err}", gpu=gpu, action=action,
-                   injected=injected)
+                   injected=injected, basis=Basis.CRASH)
         if oc.traceback:
             r.evidence.extend(oc.traceback.strip().splitlines()[-12:])
     elif oc.result is not None and oc.result.get("setup_error"):
