@@ -36,7 +36,7 @@ from .state import State, default_state_dir
 from .verdict import EXIT_USAGE, build_verdict, verdict_level
 
 LIVE_TELEMETRY_TIMEOUT_S = 30.0
-LAST_PASS_CURSOR = "last-pass"
+LAST_PASS_CURSOR = "last-pass"  # gpucheck.kernlog.cursor
 
 
 class UsageError(Exception):
@@ -520,7 +520,24 @@ def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Ca
         state.append_history(verdict)
         xid_ok = any(c["id"] == "xid" and c["status"] in ("pass", "warn") for c in verdict["checks"])
         if verdict["exit_code"] == 0 and not verdict["partial"] and xid_ok and prep.source_kind != "snapshot":
-            state.write_cursor(LAST_PASS_CURSOR, {"time": verdict["time"], "epoch": started_at})
+            _advance_last_pass(prep, state, verdict["time"], started_at)
     except OSError as e:
         warn(f"cannot write the history in {state.root}: {describe_error(e, str(state.root))}; "
              f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})")
+
+
+def _advance_last_pass(prep: Prepared, state: State, when: str, started_at: float) -> None:
+    """After a passing xid check: move the last-pass marks (gpucheck.kernlog.cursor) of what it
+    examined, with the default window only: the node mark when every GPU was judged, else the
+    marks of the selected GPUs (by UUID). Read, changed and written under the cursor's lock."""
+    from .kernlog.cursor import advance, covers_the_node, window_is_default
+    from .kernlog.judge import DEFAULT_PARAMS
+
+    ctx = prep.ctx
+    if not window_is_default(ctx.params("xid", DEFAULT_PARAMS), ctx.options):
+        return
+    whole = covers_the_node(ctx.gpus, (ctx.snapshot or {}).get("gpus") or [])
+    uuids = [g["uuid"] for g in ctx.selected_gpu_entries() if isinstance(g.get("uuid"), str) and g["uuid"]]
+    now = time.time()
+    state.update_cursor(LAST_PASS_CURSOR, lambda cursor: advance(cursor, epoch=started_at, time=when, uuids=uuids,
+                                                                 whole=whole, now=now))
