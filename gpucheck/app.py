@@ -516,14 +516,18 @@ def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Ca
     if state.skipped_lines:
         warn(f"history in {state.root}: {state.skipped_lines} torn or unreadable line(s) skipped "
              f"({'; '.join(state.skipped_notes[:3])})")
+    stands = f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})"
     try:
         state.append_history(verdict)
-        xid_ok = any(c["id"] == "xid" and c["status"] in ("pass", "warn") for c in verdict["checks"])
-        if verdict["exit_code"] == 0 and not verdict["partial"] and xid_ok and prep.source_kind != "snapshot":
-            _advance_last_pass(prep, state, verdict["time"], started_at)
     except OSError as e:
-        warn(f"cannot write the history in {state.root}: {describe_error(e, str(state.root))}; "
-             f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})")
+        warn(f"cannot write the history in {state.root}: {describe_error(e, str(state.root))}; {stands}")
+        return
+    xid_ok = any(c["id"] == "xid" and c["status"] in ("pass", "warn") for c in verdict["checks"])
+    if verdict["exit_code"] == 0 and not verdict["partial"] and xid_ok and prep.source_kind != "snapshot":
+        try:
+            _advance_last_pass(prep, state, verdict["time"], started_at)
+        except OSError as e:
+            warn(f"cannot move the last-pass cursor in {state.root}: {describe_error(e, str(state.root))}; {stands}")
 
 
 def _advance_last_pass(prep: Prepared, state: State, when: str, started_at: float) -> None:

@@ -274,3 +274,15 @@ def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path
     with pytest.raises(RefusedPath, match="symlink"):
         st.update_cursor("slurm-jobs", lambda c: {"x": 1})
     assert not victim.exists() and st.read_cursor("slurm-jobs") is None
+
+
+def test_a_cursor_that_cannot_be_moved_is_a_warning_and_the_verdict_stands(tmp_path, monkeypatch, capsys):
+    node = LiveNode(tmp_path, monkeypatch)
+    (node.state / "cursor-last-pass.json").mkdir(parents=True)  # something that is not a regular file
+    warnings: list[str] = []
+    rc = app.execute(app.RunRequest(check_patterns=["xid"], config_path=node.config(), state_dir=str(node.state),
+                                    json=True), on_warning=warnings.append)
+    assert rc == 0
+    (warning,) = warnings
+    assert warning.startswith(f"cannot move the last-pass cursor in {node.state}") and "verdict stands" in warning
+    assert len(list(State(node.state).iter_history())) == 1  # the history was written

@@ -83,8 +83,8 @@ config_on_error() {  # on_error of the config file's run table: fail, pass or no
     LC_ALL=C awk -v bom="$(printf '\357\273\277')" '
       function value(s) {  # the text after a key: fail, pass or nothing
         sub(/^[ \t]*=[ \t]*/, "", s)
-        if (s ~ /^"fail"|^\047fail\047|^fail([ \t,}#]|$)/) return "fail"
-        if (s ~ /^"pass"|^\047pass\047|^pass([ \t,}#]|$)/) return "pass"
+        if (s ~ /^("fail"|\047fail\047|fail)([ \t,}#]|$)/) return "fail"
+        if (s ~ /^("pass"|\047pass\047|pass)([ \t,}#]|$)/) return "pass"
         return ""
       }
       function note(v) { if (v == "fail") f = 1; else if (v == "pass") p = 1 }
