@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .telemetry.source import TelemetrySource
 
 LIVE_TELEMETRY_TIMEOUT_S = 30.0
-LAST_PASS_CURSOR = "last-pass"
+LAST_PASS_CURSOR = "last-pass"  # gpucheck.kernlog.cursor
 
 
 class UsageError(Exception):
@@ -542,11 +542,32 @@ def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Ca
     if state.skipped_lines:
         warn(f"history in {state.root}: {state.skipped_lines} torn or unreadable line(s) skipped "
              f"({'; '.join(state.skipped_notes[:3])})")
+    stands = f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})"
     try:
         state.append_history(verdict)
-        xid_ok = any(c["id"] == "xid" and c["status"] in ("pass", "warn") for c in verdict["checks"])
-        if verdict["exit_code"] == 0 and not verdict["partial"] and xid_ok and prep.source_kind != "snapshot":
-            state.write_cursor(LAST_PASS_CURSOR, {"time": verdict["time"], "epoch": started_at})
     except OSError as e:
-        warn(f"cannot write the history in {state.root}: {describe_error(e, str(state.root))}; "
-             f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})")
+        warn(f"cannot write the history in {state.root}: {describe_error(e, str(state.root))}; {stands}")
+        return
+    xid_ok = any(c["id"] == "xid" and c["status"] in ("pass", "warn") for c in verdict["checks"])
+    if verdict["exit_code"] == 0 and not verdict["partial"] and xid_ok and prep.source_kind != "snapshot":
+        try:
+            _advance_last_pass(prep, state, verdict["time"], started_at)
+        except OSError as e:
+            warn(f"cannot move the last-pass cursor in {state.root}: {describe_error(e, str(state.root))}; {stands}")
+
+
+def _advance_last_pass(prep: Prepared, state: State, when: str, started_at: float) -> None:
+    """After a passing xid check: move the last-pass marks (gpucheck.kernlog.cursor) of what it
+    examined, with the default window only: the node mark when every GPU was judged, else the
+    marks of the selected GPUs (by UUID). Read, changed and written under the cursor's lock."""
+    from .kernlog.cursor import advance, covers_the_node, window_is_default
+    from .kernlog.judge import DEFAULT_PARAMS
+
+    ctx = prep.ctx
+    if not window_is_default(ctx.params("xid", DEFAULT_PARAMS), ctx.options):
+        return
+    whole = covers_the_node(ctx.gpus, (ctx.snapshot or {}).get("gpus") or [])
+    uuids = [g["uuid"] for g in ctx.selected_gpu_entries() if isinstance(g.get("uuid"), str) and g["uuid"]]
+    now = time.time()
+    state.update_cursor(LAST_PASS_CURSOR, lambda cursor: advance(cursor, epoch=started_at, time=when, uuids=uuids,
+                                                                 whole=whole, now=now))

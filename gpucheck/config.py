@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEFAULT_PATH = Path("/etc/gpucheck/config.toml")
+_BOM = "\ufeff"  # a UTF-8 byte order mark, as Python decodes it
 
 
 class ConfigError(Exception):
@@ -304,6 +306,8 @@ def _read_toml(p: Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: cannot read config file: {safeio.describe_error(e, str(p))}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{p}: cannot read config file: {e}") from None
+    if text.startswith(_BOM):
+        raise ConfigError(f"{p}: not valid TOML: it starts with a UTF-8 byte order mark (save it without one)")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -312,11 +316,28 @@ def _read_toml(p: Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: not valid TOML: nested too deeply") from None
 
 
+def _config_exists(p: Path) -> bool:
+    """Whether there is something at `p` to read (False: nothing, or a folder on the way is a
+    file); ConfigError for any other reason it cannot be looked at (a name too long, permission
+    denied on a folder, a NUL byte): every OSError is a config error, never a traceback."""
+    from . import safeio
+
+    try:
+        os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read config file: {safeio.describe_error(e, str(p))}") from None
+    except ValueError as e:  # an embedded NUL byte
+        raise ConfigError(f"{p}: cannot read config file: {e}") from None
+    return True
+
+
 def load_config(path: str | os.PathLike[str] | None) -> Config:
     """Load `path`, or the default path when it exists, or an empty config."""
     explicit = path is not None
     p = Path(path) if explicit else DEFAULT_PATH
-    if not p.exists():
+    if not _config_exists(p):
         if explicit:
             raise ConfigError(f"{p}: config file not found")
         return Config()
@@ -338,32 +359,86 @@ def load_config(path: str | os.PathLike[str] | None) -> Config:
 def read_on_error(path: str | os.PathLike[str] | None) -> str | None:
     """`[run] on_error` ("pass" or "fail") of a config file, read on its own so that a site's
     fail-closed choice survives every other error in the file; None when the file (or the key)
-    is missing, unreadable or not pass/fail. Valid TOML is read with tomllib; a file that is not
-    valid TOML is scanned line by line: an `on_error = "fail"` inside `[run]` (or a top-level
-    `run.on_error = "fail"`) makes it "fail", else "pass" if the key says so. Never raises."""
-    import re
+    is missing, unreadable or not pass/fail. Never raises, never hangs.
 
-    run_table = re.compile(r"\s*\[\s*run\s*\]\s*(#.*)?")
-    on_error_line = re.compile(r"\s*(run\s*\.\s*)?on_error\s*=\s*([\"']?)(\w*)\2\s*(#.*)?")
-    p = Path(path) if path is not None else DEFAULT_PATH
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except (OSError, ValueError):
+    The file is read like any config (gpucheck.safeio: a regular file only, so a FIFO or a device
+    is None at once), at most safeio.LIMITS["config"] bytes; a larger one is scanned in its first
+    that many bytes. A leading UTF-8 byte order mark is dropped. Valid TOML is read with tomllib
+    (every spelling: [run], ["run"], run.on_error, run = {on_error = ...}); a file that is not
+    valid TOML (or nested too deeply for the parser) is scanned line by line: `on_error = "fail"`
+    in a [run] table (bare or quoted), or a top-level `run.on_error = "fail"` or inline
+    `run = { ..., on_error = "fail" }`, makes it "fail", else "pass" if one says so."""
+    text, whole = _on_error_text(Path(path) if path is not None else DEFAULT_PATH)
+    if text is None:
         return None
+    if whole:
+        try:
+            run = tomllib.loads(text).get("run")
+        except (tomllib.TOMLDecodeError, RecursionError):
+            pass
+        else:
+            value = run.get("on_error") if isinstance(run, dict) else None
+            return value if value in ("pass", "fail") else None
+    return scan_on_error(text)
+
+
+def _on_error_text(p: Path) -> tuple[str | None, bool]:
+    """(the config's text, without a byte order mark, or None when it cannot be read; whether
+    that is the whole file)."""
+    from . import safeio
+
+    limit = safeio.LIMITS["config"]
     try:
-        run = tomllib.loads(text).get("run")
-    except tomllib.TOMLDecodeError:
-        run = None
-    else:
-        value = run.get("on_error") if isinstance(run, dict) else None
-        return value if value in ("pass", "fail") else None
+        fd = safeio.open_input(p)
+    except (OSError, ValueError):
+        return None, False
+    try:
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError:
+        return None, False
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    whole = len(raw) <= limit
+    if not whole:  # the first `limit` bytes, up to the last whole line
+        raw = raw[:limit].rpartition(b"\n")[0]
+    return raw.decode("utf-8", errors="replace").removeprefix(_BOM), whole
+
+
+_TOML_RUN = r"""(?:run|"run"|'run')"""
+_TOML_ON_ERROR = r"""(?:on_error|"on_error"|'on_error')"""
+_ON_ERROR_VALUE = r"""\s*=\s*(["']?)(pass|fail)\1(?=\s*(?:[#,}]|$))"""
+_RUN_HEADER = re.compile(rf"\s*\[\s*{_TOML_RUN}\s*\]\s*(?:#.*)?")
+_ON_ERROR_IN_RUN = re.compile(rf"\s*{_TOML_ON_ERROR}{_ON_ERROR_VALUE}")
+_RUN_DOTTED = re.compile(rf"\s*{_TOML_RUN}\s*\.\s*{_TOML_ON_ERROR}{_ON_ERROR_VALUE}")
+_RUN_INLINE = re.compile(rf"\s*{_TOML_RUN}\s*=\s*\{{(.*)")
+_ON_ERROR_INLINE = re.compile(rf"(?:^|[{{,])\s*{_TOML_ON_ERROR}{_ON_ERROR_VALUE}")
+
+
+def scan_on_error(text: str) -> str | None:
+    """on_error of the run table found line by line in a text that is not (all) valid TOML:
+    "fail" if any spelling says fail, else "pass" if one says pass, else None. The wrapper
+    (scripts/slurm/gpucheck-hook.sh) reads the same spellings with awk."""
     found: set[str] = set()
     in_run, in_table = False, False
     for line in text.splitlines():
         if line.lstrip().startswith("["):
-            in_run, in_table = bool(run_table.fullmatch(line)), True
+            in_run, in_table = bool(_RUN_HEADER.fullmatch(line)), True
             continue
-        m = on_error_line.fullmatch(line)
-        if m and (in_run and not m.group(1) or not in_table and m.group(1)):
-            found.add(m.group(3))
+        m = None
+        if in_run:
+            m = _ON_ERROR_IN_RUN.match(line)
+        elif not in_table:
+            m = _RUN_DOTTED.match(line)
+            inline = None if m else _RUN_INLINE.match(line)
+            if inline:
+                m = _ON_ERROR_INLINE.search("{" + inline.group(1))
+        if m:
+            found.add(m.group(2))
     return "fail" if "fail" in found else ("pass" if "pass" in found else None)

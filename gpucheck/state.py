@@ -11,16 +11,19 @@ descriptor under an exclusive lock, fsync, and on any error (a full disk, a shor
 signal) the file is truncated back to its previous length. A torn last line left by a crash is
 sealed with a newline before the next append, so the next verdict is never glued to it. The
 reader skips torn or foreign lines and reports them (State.skipped_lines, State.skipped_notes).
-Cursors and other files are replaced atomically (gpucheck.safeio.replace_private).
+Cursors and other files are replaced atomically (gpucheck.safeio.replace_private); a cursor
+that is read, changed and written back (State.update_cursor) is so under an exclusive lock.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from . import safeio
 
@@ -31,6 +34,9 @@ HISTORY_MAX_BYTES = 32 * 1024 * 1024
 # A history line longer than this is not read (skipped and reported): no verdict is that big.
 HISTORY_LINE_MAX = 16 * 1024 * 1024
 _NOTES_KEPT = 20
+# How long a cursor's read-change-write waits for another writer's lock (they hold it for a read
+# and a rename: milliseconds).
+CURSOR_LOCK_TIMEOUT_S = 10.0
 
 
 def default_state_dir() -> Path:
@@ -221,6 +227,40 @@ class State:
     def write_cursor(self, name: str, value: Any) -> None:
         self.ensure()
         safeio.replace_private(self._cursor_path(name), json.dumps(value) + "\n")
+
+    def update_cursor(self, name: str, change: Callable[[Any], Any], *, lock_timeout_s: float | None = None) -> Any:
+        """Read, change and replace cursor `name` as one step: under an exclusive flock of
+        `cursor-NAME.lock` (a private file: safeio.open_private), so that two writers at once (two
+        prologs starting together) never lose each other's change. `change(value)` gets the
+        current value (None when missing or not JSON) and returns the new one, or None to leave
+        the cursor as it is. Returns what `change` returned. OSError when the lock is not had
+        within `lock_timeout_s` (default CURSOR_LOCK_TIMEOUT_S: a writer that hangs cannot hang
+        this one) or a file cannot be used."""
+        self.ensure()
+        fd = safeio.open_private(self._cursor_path(name).with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            _lock(fd, CURSOR_LOCK_TIMEOUT_S if lock_timeout_s is None else lock_timeout_s,
+                  f"cursor {name} in {self.root}")
+            value = change(self.read_cursor(name))
+            if value is not None:
+                self.write_cursor(name, value)
+            return value
+        finally:
+            os.close(fd)
+
+
+def _lock(fd: int, timeout_s: float, what: str) -> None:
+    """An exclusive flock of `fd` within `timeout_s`; TimeoutError (an OSError) otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(errno.ETIMEDOUT, f"{what}: locked by another gpucheck for more than "
+                                                    f"{timeout_s:g} s") from None
+            time.sleep(0.01)
 
 
 def _append_whole(fd: int, size: int, line: bytes) -> None:

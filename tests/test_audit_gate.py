@@ -63,8 +63,6 @@ def _live_node_with_an_xid_on_gpu1(tmp_path: Path, monkeypatch) -> Path:
     return config
 
 
-@pytest.mark.xfail(strict=True, reason="a passing prolog of a job on GPU 0 writes the node-wide last-pass cursor: "
-                                       "GPU 1's Xid 79 is never judged again, the next job on GPU 1 passes")
 def test_a_prolog_on_some_gpus_never_hides_another_gpus_xid_from_the_next_prolog(tmp_path, monkeypatch):
     config = _live_node_with_an_xid_on_gpu1(tmp_path, monkeypatch)
     calls: list[list[str]] = []
@@ -80,7 +78,6 @@ def test_a_prolog_on_some_gpus_never_hides_another_gpus_xid_from_the_next_prolog
     assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy", out.log_line
 
 
-@pytest.mark.xfail(strict=True, reason="`gpucheck run --gpus 0` passing moves the last-pass cursor for every GPU")
 def test_a_run_on_some_gpus_never_hides_another_gpus_xid(tmp_path, monkeypatch, capsys):
     config = _live_node_with_an_xid_on_gpu1(tmp_path, monkeypatch)
 
@@ -136,8 +133,6 @@ def test_a_job_gpu_missing_from_nvml_fails_the_prolog(tmp_path):
 
 # -- 2. a signal after the verdict: the hook dies, the wrapper lets the job run on a bad node -------------
 
-@pytest.mark.xfail(strict=True, reason="after execute() returns the handlers are gone: SIGTERM while the hook drains "
-                                       "kills it (exit -15, the wrapper's on-error pass: exit 0) on a judged-bad node")
 def test_sigterm_while_the_prolog_drains_keeps_the_unhealthy_exit(tmp_path):
     marker = tmp_path / "scontrol-called"
     scontrol = tmp_path / "scontrol"
@@ -221,8 +216,6 @@ def test_the_table_prints_bus_ids_as_they_are(tmp_path):
 
 # -- 4. a site's fail-closed choice is lost when its config has a BOM, or a TOML form the wrapper misses --
 
-@pytest.mark.xfail(strict=True, reason="a UTF-8 BOM (a Windows editor) makes the config invalid and hides its "
-                                       "on_error = 'fail': the hook fails open")
 def test_fail_closed_survives_a_byte_order_mark(tmp_path):
     config = tmp_path / "config.toml"
     config.write_bytes('\ufeff[run]\non_error = "fail"\n'.encode())
@@ -237,9 +230,6 @@ def test_fail_closed_survives_a_byte_order_mark(tmp_path):
 WRAPPER = ROOT / "scripts" / "slurm" / "gpucheck-hook.sh"
 
 
-@pytest.mark.xfail(strict=True, reason="the wrapper's awk reads [run] on_error only from a bare [run] header: a BOM, "
-                                       "a quoted [\"run\"] or an inline run = {...} table fails open when gpucheck "
-                                       "cannot start")
 @pytest.mark.parametrize("text", ['\ufeff[run]\non_error = "fail"\n', '["run"]\non_error = "fail"\n',
                                   'run = { on_error = "fail" }\n'], ids=["bom", "quoted-table", "inline-table"])
 def test_wrapper_fails_closed_for_every_toml_spelling_of_run_on_error(tmp_path, text):
@@ -268,8 +258,6 @@ def deep_config(tmp_path: Path) -> Path:
     return config
 
 
-@pytest.mark.xfail(strict=True, reason="read_on_error lets tomllib's RecursionError out ('never raises'): "
-                                       "`gpucheck slurm prolog --config deep.toml` is a traceback, exit 1")
 def test_a_deeply_nested_config_is_could_not_judge_in_a_hook(tmp_path):
     config = deep_config(tmp_path)
     assert read_on_error(config) == "fail"
@@ -301,8 +289,6 @@ def _read_on_error_with_a_deadline(path: Path, seconds: float) -> tuple[bool, ob
     return hung, box.get("v")
 
 
-@pytest.mark.xfail(strict=True, reason="read_on_error opens the config with Path.read_text: a FIFO --config hangs "
-                                       "the hook until Slurm's timeout (which drains the node)")
 def test_a_fifo_config_never_hangs_a_hook(tmp_path):
     fifo = tmp_path / "config.toml"
     os.mkfifo(fifo)
@@ -400,8 +386,6 @@ def test_a_nan_mad_z_would_let_a_slow_node_pass():
 
 # -- 8. two prologs at once lose a job's record ----------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="the slurm-jobs cursor is read, changed and replaced without a lock: of two "
-                                       "prologs at once, one job's start and ECC reading are lost for its epilog")
 def test_two_prologs_at_once_both_remember_their_job(tmp_path, monkeypatch):
     barrier = threading.Barrier(2, timeout=3)
     real = State.read_cursor

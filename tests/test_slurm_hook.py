@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 import syslog
@@ -66,6 +67,16 @@ def hook(tmp_path, environ=ENV, execute=None, log=None, **opts):
     ('[run]\non_error = "maybe"\n', None),
     ('[run]\nlevel = 1\n', None),
     ("", None),
+    # every TOML spelling of the key, and a byte order mark (a Windows editor), valid TOML or not
+    ('\ufeff[run]\non_error = "fail"\n', "fail"),
+    ('\ufeff[run]\non_error = "fail"\n[node\n', "fail"),
+    ('["run"]\non_error = "fail"\n[node\n', "fail"),
+    ("[ 'run' ]  # quoted\n'on_error' = \"fail\"\n[node\n", "fail"),
+    ('run = { level = 1, on_error = "fail" }\n[node\n', "fail"),
+    ('"run"."on_error" = "fail"\n[node\n', "fail"),
+    ('run = { on_error = "pass" }\n', "pass"),
+    ('[run]\non_error = "failing"\n[node\n', None),
+    ('[checks.xid]\nrun = { on_error = "fail" }\n[node\n', None),  # not the run table
 ])
 def test_read_on_error_survives_the_configs_other_errors(tmp_path, text, want):
     path = tmp_path / "config.toml"
@@ -78,6 +89,40 @@ def test_read_on_error_of_a_missing_or_unreadable_file(tmp_path):
     assert read_on_error(tmp_path) is None  # a folder
     (tmp_path / "bin.toml").write_bytes(b"\xff\xfe\n[run]\non_error = 'fail'\n")
     assert read_on_error(tmp_path / "bin.toml") == "fail"
+    assert read_on_error(tmp_path / ("x" * 300)) is None  # a name too long: nothing, no exception
+
+
+def _read_on_error_capped(path: Path) -> tuple[int | None, str]:
+    """read_on_error(path) in a child whose address space is capped at 512 MiB (a reader without
+    end fails there, never eats this machine's memory): (exit code or None if it was still
+    running after 20 s, its stdout)."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+
+    code = f"from gpucheck.config import read_on_error\nprint(read_on_error({str(path)!r}))\n"
+    p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=cap)
+    try:
+        out, _ = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        return None, ""
+    return p.returncode, out.strip()
+
+
+def test_read_on_error_never_reads_a_device_and_scans_the_head_of_a_huge_file(tmp_path):
+    """A device that never ends (our own /dev/zero) is no config: None at once, nothing read. A
+    config past the 1 MiB limit is no valid config, but its fail-closed line near the top still
+    counts (the rest is not read)."""
+    zero = tmp_path / "zero"
+    os.mknod(zero, 0o666 | stat.S_IFCHR, os.makedev(1, 5))
+    assert _read_on_error_capped(zero) == (0, "None")
+    huge = tmp_path / "huge.toml"
+    huge.write_text('[run]\non_error = "fail"\n' + "# padding\n" * 200_000)
+    assert huge.stat().st_size > (1 << 20) and read_on_error(huge) == "fail"
 
 
 def test_fail_closed_config_with_another_error_drains(tmp_path):
@@ -279,7 +324,51 @@ def test_usage_error_in_the_hook_arguments_fails_closed_when_asked(tmp_path):
     assert history(tmp_path / "state")[-1]["results"][0]["check"] == "slurm.prolog"
 
 
-def test_hook_help_still_exits_0(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "gpucheck", "slurm", "prolog", "--help"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
-    assert r.returncode == 0 and "42" in r.stdout
+def test_hook_help_outside_slurm_prints_the_help_and_exits_0(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    r = subprocess.run([sys.executable, "-m", "gpucheck", "slurm", "prolog", "--help", "--state-dir",
+                        str(tmp_path / "state")], capture_output=True, text=True,
+                       env={**env, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert r.returncode == 0 and "42" in r.stdout and r.stderr == ""
+    assert history(tmp_path / "state") == []
+
+
+@pytest.mark.parametrize("on_error, want", [("pass", 0), ("fail", slurm.EXIT_HOOK_UNHEALTHY)])
+def test_help_in_a_hooks_arguments_is_a_logged_could_not_judge(tmp_path, on_error, want):
+    """GPUCHECK_ARGS=--help in the wrapper's settings: every prolog printed the help and exited 0,
+    silently, examining nothing. As a hook (Slurm's environment) it is could not judge: logged,
+    recorded, then on-error (pass: exit 0, the job runs; fail: drained, 42)."""
+    r, calls = _cli(tmp_path, "prolog", "--help", GPUCHECK_ON_ERROR=on_error)
+    assert r.returncode == want, r.stderr
+    assert "Show this message and exit." in r.stdout  # the help itself still goes to slurmd's log
+    (line,) = r.stderr.splitlines()
+    assert "could not judge: --help in the hook's arguments: the help was printed, nothing was examined" in line
+    assert bool(calls) == (on_error == "fail")
+    (v,) = history(tmp_path / "state")
+    assert v["status"] == "error" and "--help" in v["results"][0]["summary"]
+
+
+def test_a_config_name_too_long_in_a_hook_is_could_not_judge(tmp_path):
+    r, calls = _cli(tmp_path, "prolog", "--snapshot", str(HEALTHY), "--config", str(tmp_path / ("x" * 300)))
+    assert r.returncode == 0 and calls == [], r.stderr
+    line = r.stderr.splitlines()[-1]
+    assert "Traceback" not in r.stderr and "could not judge" in line
+    assert "usage or configuration error: " in line and "file name too long" in line
+
+
+def test_a_cursor_lock_held_by_a_hung_process_never_changes_the_judgement(tmp_path, monkeypatch):
+    """Another gpucheck hangs holding the jobs cursor's lock: the prolog waits a bounded time,
+    notes it, and still drains and exits as judged."""
+    import fcntl
+
+    monkeypatch.setattr(state_mod, "CURSOR_LOCK_TIMEOUT_S", 0.3)
+    st = state_mod.State(tmp_path / "state")
+    st.ensure()
+    holder = os.open(st.root / "cursor-slurm-jobs.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        out, calls, _ = hook(tmp_path, execute=app.execute, snapshot=str(DBE))
+    finally:
+        os.close(holder)
+    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and calls
+    assert "locked by another gpucheck" in out.plan["cursor_error"]

@@ -129,7 +129,7 @@ def test_gpucheck_failure_is_logged_and_passes_by_default(hooks, rc, meaning):
     (line,) = hooks.calls("logger")
     assert line.startswith("-t gpucheck -p daemon.warning -- slurm prolog job=42 node=n1: could not judge: "
                            f"gpucheck exited {rc} ({meaning}): something broke {rc}")
-    assert line.endswith("-> not drained (on-error pass), exit 0")
+    assert line.endswith("-> not drained by the wrapper (on-error pass), exit 0")
     assert hooks.calls("scontrol") == []
     assert f"something broke {rc}" in r.stderr  # gpucheck's stderr still reaches slurmd's log
 
@@ -289,7 +289,7 @@ def test_broken_settings_file_is_logged_not_a_drain(hooks, text, why):
     (hooks.root / "gpucheck-slurm.env").write_text(text)
     r = hooks.run()
     assert r.returncode == 0, r.stderr
-    assert why in r.stderr and "-> not drained (on-error pass), exit 0" in r.stderr
+    assert why in r.stderr and "-> not drained by the wrapper (on-error pass), exit 0" in r.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to another user)")
@@ -323,7 +323,7 @@ def test_a_settings_file_another_user_could_write_is_never_sourced(hooks, tmp_pa
     finally:
         hooks.root.chmod(0o700)
     assert r.returncode == 0, r.stderr
-    assert "not sourced:" in r.stderr and "-> not drained (on-error pass), exit 0" in r.stderr
+    assert "not sourced:" in r.stderr and "-> not drained by the wrapper (on-error pass), exit 0" in r.stderr
     assert not marker.exists()
 
 
@@ -382,3 +382,117 @@ def test_a_failing_scontrol_is_logged_and_still_fails_closed(hooks):
     assert r.returncode == 1
     assert ("-> not drained (scontrol exit 1: slurm_update error: Invalid node name specified) (on-error fail), "
             "exit 1") in hooks.calls("logger")[-1]
+
+
+def test_sigterm_while_the_real_gpucheck_drains_still_fails_the_job(hooks, tmp_path):
+    """Slurm's timeout (or a Ctrl-C) arrives while gpucheck, having judged the node unhealthy,
+    waits for `scontrol update ... State=DRAIN`: the wrapper forwards it, gpucheck holds it until
+    the drain is done and logged, exits 42, and the wrapper exits 1 (the job does not run on a
+    node that was just drained). It used to die of the signal: on-error pass, exit 0."""
+    hooks.fake(hooks.bin / "scontrol", f'printf "%s\\n" "$*" >> "{hooks.root}/scontrol.calls"\nsleep 3\n')
+    hooks.settings(gpucheck=REAL, args=f"--state-dir {tmp_path}/state --snapshot {DBE}")
+    p = subprocess.Popen(["/bin/sh", str(hooks.root / "gpucheck-prolog.sh")],
+                         env={"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "42"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not hooks.calls("scontrol"):
+            assert time.monotonic() < deadline and p.poll() is None, "gpucheck never called scontrol"
+            time.sleep(0.02)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # anything left of the wrapper's group
+        except ProcessLookupError:
+            pass
+        p.wait()
+    assert p.returncode == 1, err
+    (call,) = hooks.calls("scontrol")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: ecc gpu3")
+    assert "UNHEALTHY" in err and "-> drained, exit 42" in err
+    assert hooks.calls("logger") == []  # no could-not-judge line from the wrapper
+
+
+# -- on_error: the wrapper reads what gpucheck reads ------------------------------------------------
+
+SPELLINGS = [  # a config that is not valid TOML (so gpucheck scans it too), what on_error it says
+    ('\ufeff[run]\non_error = "fail"\n[x\n', "fail"),
+    ('["run"]\non_error = "fail"\n[x\n', "fail"),
+    ("[ 'run' ]   # quoted\n\"on_error\" = 'fail'\n[x\n", "fail"),
+    ('run = { level = 1, on_error = "fail" }\n[x\n', "fail"),
+    ("run.'on_error' = fail\n[x\n", "fail"),
+    ('[run]\non_error = "pass"\non_error = "fail"\n[x\n', "fail"),  # fail wins
+    ('[run]\non_error = "pass"\n[x\n', "pass"),
+    ('[run]\non_error = "failing"\n[x\n', None),
+    ('[node]\non_error = "fail"\n[x\n', None),
+    ('[checks.x]\nrun = { on_error = "fail" }\n[x\n', None),
+    ('[[run]]\non_error = "fail"\n[x\n', None),
+]
+
+
+@pytest.mark.parametrize("text, want", SPELLINGS)
+def test_the_wrapper_and_gpucheck_read_the_same_on_error(hooks, tmp_path, text, want):
+    from gpucheck.config import read_on_error, scan_on_error
+
+    config = tmp_path / "config.toml"
+    config.write_bytes(text.encode())
+    assert scan_on_error(text.removeprefix("\ufeff")) == want and read_on_error(config) == want
+    hooks.settings(gpucheck=f"{hooks.root}/nowhere", args=f"--config {config}")
+    r = hooks.run()
+    assert r.returncode == (1 if want == "fail" else 0), r.stderr
+    assert bool(hooks.calls("scontrol")) == (want == "fail")
+
+
+def test_the_wrapper_passes_shellcheck():
+    """.ci/run installs shellcheck."""
+    p = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (folders owned by another user)")
+@pytest.mark.parametrize("plant", ["target-two-levels-up", "folder-link-to-a-users-folder", "link-in-a-users-folder"])
+def test_settings_reached_through_links_are_sourced_only_when_no_user_can_change_them(hooks, tmp_path, plant):
+    """Every folder on the settings file's real path, and on the real path of the folder holding
+    its name, must be root's: a root-owned file two levels below a user's folder, a hook folder
+    that is a link into a user's folder, or a link that sits in a user's folder (and that the user
+    can point anywhere) is never sourced."""
+    env = hooks.root / "gpucheck-slurm.env"
+    marker = tmp_path / "sourced"
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), extra=f'touch "{marker}"\n')
+    theirs = tmp_path / "theirs"
+    (theirs / "deeper").mkdir(parents=True)
+    target = theirs / "deeper" / "slurm.env"
+    env.rename(target)
+    if plant == "target-two-levels-up":
+        env.symlink_to(target)
+        run_dir = hooks.root
+    elif plant == "folder-link-to-a-users-folder":
+        hook_copy = theirs / "deeper" / "gpucheck-prolog.sh"
+        hook_copy.write_text(SCRIPT.read_text())
+        target.rename(theirs / "deeper" / "gpucheck-slurm.env")
+        run_dir = tmp_path / "hooks-link"
+        run_dir.symlink_to(theirs / "deeper")
+    else:
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        target.rename(mine / "slurm.env")
+        (theirs / "deeper" / "gpucheck-prolog.sh").write_text(SCRIPT.read_text())
+        (theirs / "deeper" / "gpucheck-slurm.env").symlink_to(mine / "slurm.env")
+        run_dir = theirs / "deeper"
+    os.chown(theirs, 65534, 65534)
+    r = subprocess.run(["/bin/sh", str(run_dir / "gpucheck-prolog.sh")], env={"SLURM_JOB_ID": "1", "SLURMD_NODENAME": "n1"},
+                       capture_output=True, text=True, timeout=60)
+    assert not marker.exists()
+    assert r.returncode == 0 and "not sourced: " in r.stderr and f"{theirs} is owned by uid 65534" in r.stderr
+
+
+def test_settings_through_a_link_between_root_folders_are_sourced(hooks, tmp_path):
+    env = hooks.root / "gpucheck-slurm.env"
+    marker = tmp_path / "sourced"
+    hooks.settings(gpucheck=hooks.gpucheck_exiting(0), extra=f'touch "{marker}"\n')
+    (tmp_path / "etc").mkdir()
+    env.rename(tmp_path / "etc" / "slurm.env")
+    env.symlink_to(tmp_path / "etc" / "slurm.env")
+    r = hooks.run()
+    assert r.returncode == 0 and marker.exists(), r.stderr

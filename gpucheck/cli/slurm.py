@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 import click
 
@@ -105,6 +105,11 @@ def _hook_failed(kind: str, args: list[str], cause: str) -> int:
     return _hook_exit(hook_failed(options_from_args(kind, args), os.environ, cause))
 
 
+def _under_slurm(environ: Mapping[str, str]) -> bool:
+    """Whether this runs as a Slurm hook (slurmd sets the job's id, and the script context)."""
+    return any(environ.get(v) for v in ("SLURM_SCRIPT_CONTEXT", "SLURM_JOB_ID", "SLURM_JOBID"))
+
+
 class HookCommand(click.Command):
     """`slurm prolog|epilog`: a usage error in the hook's arguments (or a crash of gpucheck before
     it can judge) is one more could-not-judge outcome of the hook (logged, recorded in the history,
@@ -118,9 +123,17 @@ class HookCommand(click.Command):
         except click.UsageError as e:
             ctx.meta["gpucheck.hook_usage"] = e
             return []
+        except click.exceptions.Exit:  # --help: printed; as a hook it examined nothing
+            if not _under_slurm(os.environ):
+                raise
+            ctx.meta["gpucheck.hook_help"] = True
+            return []
 
     def invoke(self, ctx: click.Context) -> Any:
         args = ctx.meta.get("gpucheck.hook_args", [])
+        if ctx.meta.get("gpucheck.hook_help"):
+            return _hook_failed(self.name, args, "--help in the hook's arguments: the help was printed, "
+                                                 "nothing was examined")
         error = ctx.meta.get("gpucheck.hook_usage")
         if error is None:
             try:

@@ -2,16 +2,18 @@
 verdict, before click, the checks or NVML are imported, then hand over to gpucheck.cli.main.
 
 Only those commands: `run`, `burn`, `poet`, `eud` and `repro check` turn a signal into a partial
-verdict (gpucheck.interrupts); once their last output is written, a signal is ignored until the
-process exits with the verdict's code. Every other command keeps Python's default handlers or
-installs its own (a sweep stops its fan-out, `xid --follow` ends on Ctrl-C).
+verdict (gpucheck.interrupts), and so do the Slurm hooks `slurm prolog|epilog`, which also hold
+a signal that comes after the verdict until they have drained and logged; once their last output
+is written, a signal is ignored until the process exits with the verdict's code. Every other
+command keeps Python's default handlers or installs its own (a sweep stops its fan-out,
+`xid --follow` ends on Ctrl-C).
 """
 
 from __future__ import annotations
 
 import sys
 
-VERDICT_COMMANDS = ("run", "burn", "poet", "eud", "repro check")
+VERDICT_COMMANDS = ("run", "burn", "poet", "eud", "repro check", "slurm prolog", "slurm epilog")
 
 
 def writes_verdict(argv: list[str]) -> bool:

@@ -114,7 +114,8 @@ def _ack(state: Any) -> int:
 
     now = time.time()
     try:
-        state.write_cursor(LAST_PASS_CURSOR, {"time": iso_utc(now), "epoch": now, "by": "gpucheck xid --ack"})
+        ack = {"time": iso_utc(now), "epoch": now, "by": "gpucheck xid --ack"}
+        state.update_cursor(LAST_PASS_CURSOR, lambda _cursor: ack)  # under the lock: no run's update undoes it
     except OSError as e:
         from ..safeio import describe_error
 

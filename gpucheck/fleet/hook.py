@@ -17,7 +17,11 @@ in which case it drains with "gpucheck: could not judge: ..." and exits 42. Eith
 goes to syslog (LOG_DAEMON, ident "gpucheck"), and the history in the state directory gets the
 verdict, or, when there is none, a could-not-judge verdict naming the cause. The verdict is
 captured in memory as soon as it is built: no write (history, cursors, syslog, stdout) can
-change the judgement.
+change the judgement. SIGTERM and SIGINT are held (recorded, never fatal) from before the run
+until the hook has decided, drained and logged (`signals_held`): a node judged unhealthy and
+being drained when Slurm's timeout comes still gets exit 42. The jobs cursor (each job's start
+and ECC reading, for its epilog) is read, changed and written under its lock
+(State.update_cursor): two prologs at once both keep their job.
 
 The hook's options come from the parsed command line (hook_options), or, when it cannot be
 parsed, are read loosely from the raw arguments (options_from_args), so that a usage error
@@ -267,24 +271,41 @@ def _job_start(env: JobEnv, state, scontrol: str, runner: Runner) -> tuple[float
 
 
 def _remember_job(state, env: JobEnv, start: float, verdict: dict[str, Any] | None) -> None:
+    """Add the job to the jobs cursor (its start and the GPUs' ECC counters), keeping the newest
+    JOBS_KEPT: read, changed and written under the cursor's lock (State.update_cursor), so that
+    two prologs at once both keep their job."""
     if not env.job_id or state is None:
         return
-    jobs = state.read_cursor(JOBS_CURSOR)
-    jobs = jobs if isinstance(jobs, dict) else {}
-    jobs[env.job_id] = {"start": start, "ecc": ecc_by_uuid(verdict)}
-    if len(jobs) > JOBS_KEPT:
-        for old in sorted(jobs, key=lambda k: jobs[k].get("start", 0) if isinstance(jobs[k], dict) else 0)[:-JOBS_KEPT]:
-            del jobs[old]
-    state.write_cursor(JOBS_CURSOR, jobs)
+    record = {"start": start, "ecc": ecc_by_uuid(verdict)}
+
+    def add(jobs: Any) -> dict[str, Any]:
+        jobs = jobs if isinstance(jobs, dict) else {}
+        jobs[env.job_id] = record
+        if len(jobs) > JOBS_KEPT:
+            for old in sorted(jobs, key=lambda k: _job_start_of(jobs[k]))[:-JOBS_KEPT]:
+                del jobs[old]
+        return jobs
+
+    state.update_cursor(JOBS_CURSOR, add)
+
+
+def _job_start_of(record: Any) -> float:
+    start = record.get("start", 0) if isinstance(record, dict) else 0
+    return float(start) if isinstance(start, (int, float)) and not isinstance(start, bool) else 0.0
 
 
 def _forget_job(state, env: JobEnv) -> None:
+    """Remove the job from the jobs cursor (under its lock; nothing written when it is not there)."""
     if not env.job_id or state is None:
         return
-    jobs = state.read_cursor(JOBS_CURSOR)
-    if isinstance(jobs, dict) and env.job_id in jobs:
-        del jobs[env.job_id]
-        state.write_cursor(JOBS_CURSOR, jobs)
+
+    def remove(jobs: Any) -> dict[str, Any] | None:
+        if isinstance(jobs, dict) and env.job_id in jobs:
+            del jobs[env.job_id]
+            return jobs
+        return None
+
+    state.update_cursor(JOBS_CURSOR, remove)
 
 
 @dataclass
@@ -446,13 +467,33 @@ def run_hook(
     on-error is fail), else 0. gpucheck's own failures never raise out of here."""
     if execute is None:
         from ..app import execute
-    hook = _setup(opts, environ, runner, log, now)
+    with signals_held() as interrupts:
+        hook = _setup(opts, environ, runner, log, now)
+        try:
+            judged = _judge_node(hook, execute)
+        except Exception as e:  # gpucheck's own bug: never let it take the node down by itself
+            judged = _Judged("could-not-judge", f"internal error: {type(e).__name__}: {e}")
+            hook.plan["traceback"] = traceback.format_exc(limit=5)
+        return _conclude(hook, judged, interrupts)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """SIGTERM and SIGINT recorded, never fatal (gpucheck.interrupts.INTERRUPTS), from before the
+    hook runs until it has decided, drained and logged: a signal before the verdict makes the
+    verdict partial (the pipeline's rule), one after it changes nothing, and the hook still exits
+    with its judgement (a node being drained is not left drained with an exit that says "run the
+    job"). Armed here when the caller has not (in-process use; restored on return); the console
+    script arms them at its first line and ignores them after its last output
+    (gpucheck.cli.start)."""
+    from ..interrupts import INTERRUPTS
+
+    armed_here = INTERRUPTS.arm()
     try:
-        judged = _judge_node(hook, execute)
-    except Exception as e:  # gpucheck's own bug: never let it take the node down by itself
-        judged = _Judged("could-not-judge", f"internal error: {type(e).__name__}: {e}")
-        hook.plan["traceback"] = traceback.format_exc(limit=5)
-    return _conclude(hook, judged)
+        yield INTERRUPTS
+    finally:
+        if armed_here:
+            INTERRUPTS.disarm()
 
 
 def hook_failed(
@@ -466,8 +507,9 @@ def hook_failed(
 ) -> HookOutcome:
     """A hook that could not run at all (a usage error in its settings, a crash before the
     pipeline): like any could-not-judge outcome, logged, recorded in the history, then on-error."""
-    hook = _setup(opts, environ, runner, log, now)
-    return _conclude(hook, _Judged("could-not-judge", cause))
+    with signals_held() as interrupts:
+        hook = _setup(opts, environ, runner, log, now)
+        return _conclude(hook, _Judged("could-not-judge", cause), interrupts)
 
 
 def _record_unjudged(hook: _Hook, cause: str) -> str:
@@ -510,8 +552,9 @@ def _drain_node(hook: _Hook, cause: str) -> tuple[bool, str | None]:
     return True, reason
 
 
-def _conclude(hook: _Hook, judged: _Judged) -> HookOutcome:
-    """Apply on-error, drain, record what the history lacks, log one line: the hook's outcome."""
+def _conclude(hook: _Hook, judged: _Judged, interrupts: Any = None) -> HookOutcome:
+    """Apply on-error, drain, record what the history lacks, log one line: the hook's outcome.
+    A signal meanwhile (recorded by `interrupts`) is noted in the plan and changes nothing."""
     judgement, cause, changes = judged.judgement, judged.cause, judged.changes
     if judgement == "unhealthy" and changes:  # the most specific news first: the reason is cut at REASON_MAX
         cause = f"during job {hook.env.job_id}: {', '.join(changes)}; {cause}"
@@ -542,5 +585,7 @@ def _conclude(hook: _Hook, judged: _Judged) -> HookOutcome:
         line += f"; {note}"
     line = " ".join(line.split())
     hook.say(priority, line)
+    if interrupts is not None and interrupts.reason:
+        hook.plan["signal"] = interrupts.reason
     return HookOutcome(exit_code=exit_code, judgement=judgement, cause=cause, verdict=judged.verdict,
                        drained=drained, reason=reason, log_line=line, plan=hook.plan, ecc_changes=changes)

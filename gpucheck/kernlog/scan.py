@@ -7,13 +7,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from .cursor import LAST_PASS_CURSOR, gpu_marks, has_node_mark, mark_epoch  # noqa: F401 (LAST_PASS_CURSOR: re-exported)
 from .parse import ParseResult, Parser, SXidEvent, Unrecognised, XidEvent
 from .sources import DEFAULT_PATHS, Chunk, LogPaths, ReadResult, read_kernel_log
 from .timeparse import iso_utc, parse_duration, parse_timestamp, validate_since
-
-LAST_PASS_CURSOR = "last-pass"
 
 
 @dataclass
@@ -22,6 +21,7 @@ class Window:
     start: float | None  # epoch; None = everything the source holds
     label: str  # for people: "since boot (2024-05-18T07:00:00Z)"
     note: str | None = None  # e.g. "no last-pass cursor: judging everything since boot"
+    cursor: Any = field(default=None, repr=False, compare=False)  # the last-pass cursor read, if any
 
     def to_dict(self) -> dict[str, Any]:
         return {"since": self.since, "start": iso_utc(self.start), "start_epoch": self.start,
@@ -29,15 +29,9 @@ class Window:
 
 
 def cursor_epoch(cursor: Any) -> float | None:
-    """The time of a last-pass cursor ({"time": ISO, "epoch": float}), or None when it has no
-    time that parses to a finite epoch."""
-    if not isinstance(cursor, dict):
-        return None
-    ep = cursor.get("epoch")
-    if isinstance(ep, (int, float)) and not isinstance(ep, bool):
-        return float(ep) if math.isfinite(ep) else None
-    t = cursor.get("time")
-    return parse_timestamp(t) if isinstance(t, str) else None
+    """The time of a last-pass cursor's node mark ({"time": ISO, "epoch": float}), or None when
+    it has no time that parses to a finite epoch (gpucheck.kernlog.cursor)."""
+    return mark_epoch(cursor)
 
 
 def usable_start(start: float | None, now: float) -> str | None:
@@ -93,20 +87,29 @@ def resolve_window(since: str, *, now: float, boot_time: float | None, state: An
 
 
 def _last_pass_window(now: float, boot_time: float | None, state: Any) -> Window:
+    """The window from the cursor's node mark (gpucheck.kernlog.cursor); the cursor read rides
+    along (`Window.cursor`) for the GPU marks, so that it is read once."""
     if state is None:
         return _whole_boot("last-pass", now, boot_time, "no state directory: no last-pass cursor")
     try:
         cur = state.read_cursor(LAST_PASS_CURSOR)
     except (OSError, ValueError) as e:
         return _whole_boot("last-pass", now, boot_time, f"cannot read the last-pass cursor ({e})")
+    where = getattr(state, "root", "the state directory")
     if cur is None:
-        where = getattr(state, "root", "the state directory")
         return _whole_boot("last-pass", now, boot_time, f"no last-pass cursor in {where}")
-    ep = cursor_epoch(cur)
-    why = usable_start(ep, now)
-    if why is not None:
-        return _whole_boot("last-pass", now, boot_time, f"warning: ignored the last-pass cursor: {why}")
-    return Window("last-pass", ep, f"since the last passing run ({iso_utc(ep)})")
+    if not has_node_mark(cur) and gpu_marks(cur):
+        w = _whole_boot("last-pass", now, boot_time, f"no run on every GPU has passed yet (last-pass cursor in "
+                                                     f"{where}): for GPUs without a mark of their own")
+    else:
+        ep = cursor_epoch(cur)
+        why = usable_start(ep, now)
+        if why is not None:
+            w = _whole_boot("last-pass", now, boot_time, f"warning: ignored the last-pass cursor: {why}")
+        else:
+            w = Window("last-pass", ep, f"since the last passing run ({iso_utc(ep)})")
+    w.cursor = cur
+    return w
 
 
 @dataclass
@@ -156,6 +159,22 @@ def scan_read(read: ReadResult, window: Window) -> Scan:
                 sc.before_window += 1
     sc.unrecognised = [u for u in sc.parsed.unrecognised if _in(u.time, start)]
     return sc
+
+
+def keep_from(sc: Scan, start_of: Callable[[XidEvent], float | None]) -> int:
+    """Drop the Xid events older than their own start (`start_of(event)`: a GPU's last-pass mark,
+    later than the window's start); they count as before the window. Untimed events stay (they
+    cannot be placed before anything). Returns how many were dropped."""
+    kept: list[XidEvent] = []
+    for ev in sc.events:
+        start = start_of(ev)
+        if ev.time is not None and start is not None and ev.time < start:
+            sc.before_window += 1
+        else:
+            kept.append(ev)
+    dropped = len(sc.events) - len(kept)
+    sc.events = kept
+    return dropped
 
 
 def scan(

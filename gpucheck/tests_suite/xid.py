@@ -2,8 +2,9 @@
 
 Reads the kernel log (auto: /dev/kmsg, then journalctl -k, dmesg, /var/log files), keeps the
 events of the window (default `last-pass`: everything since the last passing run, so a prolog
-fails for new errors and not for ones already handled; `ctx.options.xid_since`, set by the
-Slurm epilog to the job's start, wins), maps them to GPUs and judges them with the catalog in
+fails for new errors and not for ones already handled; a GPU's events since the last passing run
+that examined that GPU, gpucheck.kernlog.cursor; `ctx.options.xid_since`, set by the Slurm
+epilog to the job's start, wins), maps them to GPUs and judges them with the catalog in
 gpucheck.kernlog.catalog. See docs/xid.md.
 
 When `gpucheck run` replays a recorded snapshot, the live kernel log belongs to another machine:
@@ -18,8 +19,9 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..kernlog import judge as J
-from ..kernlog.mapping import GpuInfo, from_announcements, from_snapshot
-from ..kernlog.scan import Window, read_from_snapshot, resolve_window, scan, scan_read
+from ..kernlog.cursor import gpu_starts
+from ..kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
+from ..kernlog.scan import Window, keep_from, read_from_snapshot, resolve_window, scan, scan_read
 from ..kernlog.sources import SOURCES
 from ..kernlog.timeparse import validate_since
 from ..pci import short_bus_id
@@ -102,6 +104,7 @@ def run(ctx: Context) -> list[Result]:
         return [J.error_result(ID, sc.read.error or "cannot read the kernel log", sc.read.attempts)]
 
     gpu_map = from_snapshot(ctx.snapshot).merged_with(from_announcements(sc.parsed.announcements))
+    mark_notes = _from_gpu_marks(sc, gpu_map)
     return J.judge(
         check=ID,
         events=sc.events,
@@ -111,10 +114,27 @@ def run(ctx: Context) -> list[Result]:
         params=params,
         read_summary=sc.read.describe(),
         window_label=sc.window.label,
-        notes=([since_note] if since_note else []) + _notes(sc.window, sc),
+        notes=([since_note] if since_note else []) + _notes(sc.window, sc) + mark_notes,
         selection=ctx.gpus,
         inventory=_inventory(ctx),
     )
+
+
+def _from_gpu_marks(sc: Any, gpu_map: GpuMap) -> list[str]:
+    """With the last-pass window, judge each GPU's events from its own last-pass mark where a run
+    on that GPU passed after the node mark (gpucheck.kernlog.cursor): a GPU is matched by UUID;
+    every event that names no GPU with a UUID keeps the window's start (the node mark). Returns
+    the notes for the node result."""
+    if sc.window.since != "last-pass" or sc.window.cursor is None:
+        return []
+    starts = gpu_starts(sc.window.cursor, sc.window.start, time.time())
+    if starts.by_uuid:
+        def start_of(ev: Any) -> float | None:
+            info = gpu_map.lookup(ev.pci_bus_id)
+            return starts.start_for(info.uuid if info is not None else None, sc.window.start)
+
+        keep_from(sc, start_of)
+    return starts.notes
 
 
 def _notes(window: Window, sc: Any) -> list[str]:

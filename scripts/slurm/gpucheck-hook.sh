@@ -11,8 +11,10 @@
 #   <this script's folder>/gpucheck-slurm.env   /etc/gpucheck/slurm.env
 # is sourced (shell syntax, with SLURMD_NODENAME and the job's variables set, so that it can
 # vary the settings per node; it is read twice, a trial in a subshell first, so keep it to
-# assignments). It must be owned by root and writable by root only, in a folder only root can
-# write: a file another user could have written is never sourced. It may set:
+# assignments). It must be owned by root and writable by root only, and so must every folder on
+# its real path (links resolved) and on the real path of the folder that holds its name (a
+# sticky folder such as /tmp excepted): a file another user could have written or swapped is
+# never sourced. It may set:
 #   GPUCHECK             how to start gpucheck (default /usr/local/bin/gpucheck); may be
 #                        several words, e.g. "/opt/gpucheck/bin/python3 -m gpucheck"
 #   GPUCHECK_ARGS        arguments for both hooks (e.g. --state-dir /var/lib/gpucheck)
@@ -29,13 +31,16 @@
 #      drained with "gpucheck: could not judge: ..." (by gpucheck, or here when gpucheck
 #      itself failed), so that `gpucheck slurm resume` can undo it.
 # Any other outcome of gpucheck (a usage error, a traceback, a missing package, not found,
-# killed by a signal) is gpucheck's own failure, never a verdict: it is logged with gpucheck's
-# exit code and the end of its stderr, then follows on-error. on-error is the first of:
-# --on-error in the arguments, GPUCHECK_ON_ERROR, `on_error = "pass"|"fail"` in the [run]
-# table of the config file (--config in the arguments, else /etc/gpucheck/config.toml), pass.
+# killed by a signal it cannot hold) is gpucheck's own failure, never a verdict: it is logged
+# with gpucheck's exit code and the end of its stderr, then follows on-error. on-error is the
+# first of: --on-error in the arguments, GPUCHECK_ON_ERROR, `on_error = "pass"|"fail"` of the
+# run table in the config file (--config in the arguments, else /etc/gpucheck/config.toml;
+# spellings below, config_on_error), pass.
 #
 # gpucheck runs as a child of this script (never exec'd): SIGTERM and SIGINT (Slurm's
 # PrologEpilogTimeout) are forwarded to it as SIGTERM, and this script waits for it to stop.
+# gpucheck holds them from its start until it has decided, drained and logged: a node it judged
+# unhealthy and drained still makes this script exit 1.
 
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin
 export PATH
@@ -69,14 +74,35 @@ say() {  # $1: syslog priority (daemon.$1), $2: the line (made one line: no forg
   printf 'gpucheck: %s\n' "$line" >&2
 }
 
-config_on_error() {  # on_error in the [run] table of the config file: fail, pass or nothing
+config_on_error() {  # on_error of the config file's run table: fail, pass or nothing
+  # The spellings gpucheck reads (gpucheck.config.scan_on_error): [run] or ["run"] / ['run'] then
+  # on_error = ..., a top-level run.on_error = ..., an inline run = { ..., on_error = ... }, keys
+  # bare or quoted; a leading UTF-8 byte order mark is dropped. "fail" anywhere wins.
   config=${opt_config:-/etc/gpucheck/config.toml}
   if [ -f "$config" ] && [ -r "$config" ]; then
-    awk '
-      /^[ \t]*\[/ { in_run = ($0 ~ /^[ \t]*\[[ \t]*run[ \t]*\][ \t]*(#.*)?$/); in_table = 1; next }
-      (in_run && /^[ \t]*on_error[ \t]*=/) || (!in_table && /^[ \t]*run[ \t]*\.[ \t]*on_error[ \t]*=/) {
-        v = $0; sub(/^[^=]*=[ \t]*/, "", v); sub(/[ \t]*(#.*)?$/, "", v); gsub(/["\047]/, "", v)
-        if (v == "fail") f = 1; else if (v == "pass") p = 1
+    LC_ALL=C awk -v bom="$(printf '\357\273\277')" '
+      function value(s) {  # the text after a key: fail, pass or nothing
+        sub(/^[ \t]*=[ \t]*/, "", s)
+        if (s ~ /^("fail"|\047fail\047|fail)([ \t,}#]|$)/) return "fail"
+        if (s ~ /^("pass"|\047pass\047|pass)([ \t,}#]|$)/) return "pass"
+        return ""
+      }
+      function note(v) { if (v == "fail") f = 1; else if (v == "pass") p = 1 }
+      BEGIN {
+        q = "\047"
+        run = "(run|\"run\"|" q "run" q ")"
+        key = "(on_error|\"on_error\"|" q "on_error" q ")"
+        header = "^[ \t]*\\[[ \t]*" run "[ \t]*\\][ \t]*(#.*)?$"
+      }
+      NR == 1 && substr($0, 1, 3) == bom { $0 = substr($0, 4) }
+      /^[ \t]*\[/ { in_run = ($0 ~ header); in_table = 1; next }
+      in_run && match($0, "^[ \t]*" key "[ \t]*=") { note(value(substr($0, RSTART + RLENGTH - 1))); next }
+      !in_table && match($0, "^[ \t]*" run "[ \t]*\\.[ \t]*" key "[ \t]*=") {
+        note(value(substr($0, RSTART + RLENGTH - 1))); next
+      }
+      !in_table && match($0, "^[ \t]*" run "[ \t]*=[ \t]*\\{") {
+        s = substr($0, RSTART + RLENGTH - 1)
+        if (match(s, "[{,][ \t]*" key "[ \t]*=")) note(value(substr(s, RSTART + RLENGTH - 1)))
       }
       END { if (f) print "fail"; else if (p) print "pass" }' "$config" 2>/dev/null
   fi
@@ -124,7 +150,9 @@ could_not_judge() {  # $1: why (gpucheck itself failed): log, then on-error; exi
     say err "$what: could not judge: $1 -> $action (on-error fail), exit 1"
     exit 1
   fi
-  say warning "$what: could not judge: $1 -> not drained (on-error pass), exit 0"
+  # "by the wrapper": gpucheck may have drained the node before something it cannot hold
+  # (SIGKILL, the OOM killer) ended it; it holds SIGTERM/SIGINT until it has drained and logged.
+  say warning "$what: could not judge: $1 -> not drained by the wrapper (on-error pass), exit 0"
   exit 0
 }
 
@@ -145,42 +173,76 @@ exit_meaning() {
 }
 
 # -- settings ------------------------------------------------------------------------------
-unsafe_to_source() {  # $1: a settings file; prints why root must not source it (nothing: safe)
-  me=$(id -u)
-  file=$1
-  for p in "$file" "$(dirname -- "$file")"; do  # the file (a link: the link, then its target) and its folder
-    for how in -c -Lc; do
-      # shellcheck disable=SC2046  # owner, octal mode, type: three words on purpose
-      set -- $(stat "$how" '%u %a %F' -- "$p" 2>/dev/null)
-      if [ $# -lt 3 ]; then printf '%s: cannot stat it' "$p"; return; fi
-      case "$3" in symbolic*) continue ;; esac  # the link itself: judged by its target below
-      if [ "$1" != 0 ] && [ "$1" != "$me" ]; then printf '%s is owned by uid %s, not root' "$p" "$1"; return; fi
-      w=$(( 0$2 & 022 ))
-      sticky=$(( 0$2 & 01000 ))
-      if [ "$w" != 0 ] && { [ "$p" = "$file" ] || [ "$sticky" = 0 ]; }; then
-        printf '%s is writable by group or others (mode %s)' "$p" "$2"; return
-      fi
-    done
+unsafe_entry() {  # $1: a path with no link on it, $2: file or folder; prints why it is unsafe
+  path=$1 want=$2
+  # shellcheck disable=SC2046  # owner, octal mode, type: words on purpose
+  set -- $(stat -c '%u %a %F' -- "$path" 2>/dev/null)
+  if [ $# -lt 3 ]; then printf '%s: cannot stat it' "$path"; return; fi
+  case "$want:$3" in
+    file:regular) ;;
+    folder:directory) ;;
+    file:*) printf '%s is not a regular file' "$path"; return ;;
+    *) printf '%s is not a folder' "$path"; return ;;
+  esac
+  if [ "$1" != 0 ] && [ "$1" != "$me" ]; then printf '%s is owned by uid %s, not root' "$path" "$1"; return; fi
+  w=$(( 0$2 & 022 ))
+  sticky=$(( 0$2 & 01000 ))
+  if [ "$w" != 0 ] && { [ "$want" = file ] || [ "$sticky" = 0 ]; }; then
+    printf '%s is writable by group or others (mode %s)' "$path" "$2"
+  fi
+}
+
+unsafe_path() {  # $1: a real path (no link on it), $2: file or folder; checks it and every folder up to /
+  p=$1 want=$2
+  while :; do
+    why=$(unsafe_entry "$p" "$want")
+    if [ -n "$why" ]; then printf '%s' "$why"; return; fi
+    [ "$p" != / ] || return
+    p=$(dirname -- "$p") want=folder
   done
+}
+
+unsafe_to_source() {  # $1: a settings file, $2: its real path; prints why root must not source it
+  me=$(id -u)
+  case "$2" in
+    /*) ;;
+    *) printf 'cannot resolve the links on its path'; return ;;
+  esac
+  # The folder that holds the name (a link may stand there: whoever can write this folder can
+  # point it elsewhere), then the file itself and every folder on its real path: if only root
+  # can change any of them, the file read below is the file checked here.
+  link_folder=$(readlink -f -- "$(dirname -- "$1")" 2>/dev/null)
+  case "$link_folder" in
+    /*) why=$(unsafe_path "$link_folder" folder) ;;
+    *) why="$(dirname -- "$1"): cannot resolve the links on its path" ;;
+  esac
+  if [ -z "$why" ]; then why=$(unsafe_path "$2" file); fi
+  printf '%s' "$why"
 }
 
 # A settings file that the shell cannot read would stop this script with a non-zero exit, and
 # Slurm would drain the node: check it first (syntax, then a trial in a subshell). It is shell
-# code run as root: one that another user could have written or replaced (not owned by root, or
-# writable by group or others, or in such a folder) is never sourced.
+# code run as root: one that another user could have written or replaced is never sourced. The
+# name is resolved once (readlink -f); the real file must be owned by root (or the user running
+# this script) and writable by its owner only, and so must every folder on its real path and on
+# the real path of the folder that holds the name (a folder writable by others only when it is
+# sticky, like /tmp). Every read below (sh -n, the trial, the source) reads that real path, which
+# nobody but root can change meanwhile.
 settings_error=
 case "$0" in */*) dir=${0%/*} ;; *) dir=. ;; esac
 for f in "$dir/gpucheck-slurm.env" /etc/gpucheck/slurm.env; do
   if [ -f "$f" ] && [ -r "$f" ]; then
-    unsafe=$(unsafe_to_source "$f")
+    real=$(readlink -f -- "$f" 2>/dev/null)
+    unsafe=$(unsafe_to_source "$f" "$real")
+    # shellcheck source=/dev/null  # the site's settings
     if [ -n "$unsafe" ]; then
       settings_error="$f: not sourced: $unsafe"
-    elif ! syntax=$(/bin/sh -n "$f" 2>&1); then
+    elif ! syntax=$(/bin/sh -n "$real" 2>&1); then
       settings_error="$f: not valid shell: $(one_line "$syntax" 200)"
-    elif [ "$( . "$f" </dev/null >/dev/null 2>&1; echo read)" != read ]; then
+    elif [ "$( . "$real" </dev/null >/dev/null 2>&1; echo read)" != read ]; then
       settings_error="$f: reading it stops the shell (exit, or a failing special built-in)"
     else
-      . "$f" </dev/null
+      . "$real" </dev/null
     fi
     break
   fi
@@ -205,7 +267,7 @@ while :; do
   set -- "$@" "$word"
 done
 # What this script needs from the arguments when gpucheck cannot tell it.
-opt_on_error= opt_config= opt_scontrol= opt_no_drain= prev=
+opt_on_error='' opt_config='' opt_scontrol='' opt_no_drain='' prev=''
 for arg in "$@"; do
   case "$prev" in
     --on-error) opt_on_error=$arg ;;
@@ -239,7 +301,8 @@ for d in /dev/shm "${TMPDIR:-/tmp}"; do
   fi
 done
 
-child= pending=
+child='' pending=''
+# shellcheck disable=SC2317  # run by the trap below
 forward() {  # an asynchronous child of a non-interactive shell ignores SIGINT: send SIGTERM
   if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; else pending=1; fi
 }
