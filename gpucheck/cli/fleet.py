@@ -16,7 +16,8 @@ from typing import Any
 
 import click
 
-from .run import parse_duration
+from .numbers import FiniteFloat
+from .run import WORKER_COUNT, parse_duration
 
 DEFAULT_NODE_TIMEOUT = "10m"
 
@@ -205,9 +206,9 @@ def _print_sweep(outcomes, report: dict[str, Any], strict: bool) -> None:
 @remote_options
 @click.option("--report", "report_path", metavar="FILE", help="Write the whole report (JSON) to FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the table.")
-@click.option("--mad-z", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--mad-z", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Robust z-score for throughput outliers (default 3.5).")
-@click.option("--rel-floor", type=click.FloatRange(min=0), default=None,
+@click.option("--rel-floor", type=FiniteFloat(min=0), default=None,
               help="A throughput outlier is also at least this fraction below the median (default 0.05).")
 def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     """Run `gpucheck run --json` on every node of NODESET, compare them, list the bad ones.
@@ -376,7 +377,7 @@ def hook_options(kind: str):
                          help="State directory for the history ({node} is replaced; default /var/lib/gpucheck)."),
             click.option("--config", "config_path", metavar="FILE", help="TOML config."),
             click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True),
-            click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True),
+            click.option("--workers", type=WORKER_COUNT, default=2, show_default=True),
             click.option("--no-drain", is_flag=True, help="Judge and exit 1 when unhealthy, but do not drain."),
             click.option("--all-gpus", is_flag=True, help="Test all GPUs even when the job has only some."),
             click.option("--force", is_flag=True,
@@ -578,7 +579,7 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
 @click.option("--max-bad", type=click.IntRange(min=1), default=None, help="At most this many bad nodes (if known).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Re-test each suspect this many times (and vote), for flaky tests.")
-@click.option("--flake-rate", type=click.FloatRange(0.0, 0.5, max_open=True), default=0.05, show_default=True,
+@click.option("--flake-rate", type=FiniteFloat(0.0, 0.5, max_open=True), default=0.05, show_default=True,
               help="Assumed rate of wrong test results, for the confidence figure.")
 @click.option("--parallel", type=click.IntRange(min=0), default=0, show_default=True,
               help="Most tests at once (0: every disjoint group of a round).")
@@ -597,9 +598,9 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
               help="allreduce: per-collective timeout (a hang past it fails the group).")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True)
 @click.option("--ifname", default=None, metavar="IFACE", help="allreduce: network interface for the rendezvous.")
-@click.option("--slow-limit", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.5, show_default=True,
+@click.option("--slow-limit", type=FiniteFloat(0.0, 1.0, min_open=True), default=0.5, show_default=True,
               help="allreduce: a group below this fraction of the best group's bus bandwidth fails.")
-@click.option("--min-busbw", type=click.FloatRange(min=0.0, min_open=True), default=None,
+@click.option("--min-busbw", type=FiniteFloat(min=0.0, min_open=True), default=None,
               help="allreduce: a group below this bus bandwidth (GB/s) fails.")
 @click.option("--bitwise/--no-bitwise", default=True, show_default=True,
               help="allreduce: also run the bitwise reproducibility check on every node.")
