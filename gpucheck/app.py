@@ -91,6 +91,7 @@ class Prepared:
 
 
 MAX_GPU_INDEX = 1023  # NVML numbers GPUs from 0; no node has a thousand of them
+MAX_WORKERS = MAX_GPU_INDEX + 1  # CPU workers stand in for GPUs: as many as GPUs can be named
 
 
 def parse_gpu_list(text: str | None) -> list[int] | None:
@@ -224,8 +225,8 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         raise UsageError("--timeout must be positive")
     if req.device not in ("auto", "cuda", "cpu"):
         raise UsageError(f"--device: must be auto, cuda or cpu, not {req.device!r}")
-    if req.workers < 1:
-        raise UsageError("--workers must be at least 1")
+    if not 1 <= req.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers must be between 1 and {MAX_WORKERS}, not {req.workers}")
     try:
         injections = [parse_injection(t) for t in req.injections]
     except InjectionError as e:
@@ -480,21 +481,35 @@ def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], Non
         on_verdict(verdict)
 
     text = json.dumps(verdict, indent=2, sort_keys=False) + "\n"
-    if req.json:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        from .output import print_verdict
-
-        print_verdict(verdict, verbose=req.verbose)
 
     def warn(message: str) -> None:
         _warn(message, on_warning)
 
+    _print(req, verdict, text, warn)
     _write_outputs(req, verdict, text, warn)
     if prep.ctx.state is not None:
         _record(prep, verdict, outcome.started_at, warn)
     return code
+
+
+def _print(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[str], None]) -> None:
+    """The verdict on stdout: its JSON (`text`) or the table. Printing that fails (a closed pipe,
+    stdout on a full disk, a stdout that cannot encode the table, a bug in the table) is a
+    warning, what is left unwritten is dropped, and the verdict's exit code stands."""
+    from .streams import flush_or_discard
+
+    try:
+        if req.json:
+            sys.stdout.write(text)
+        else:
+            from .output import print_verdict
+
+            print_verdict(verdict, verbose=req.verbose)
+        sys.stdout.flush()
+    except Exception as e:
+        flush_or_discard(sys.stdout)  # stdout itself failed: what it still holds goes nowhere
+        warn(f"the verdict was not printed on stdout: {type(e).__name__}: {e}; "
+             f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})")
 
 
 def _warn(message: str, on_warning: Callable[[str], None] | None) -> None:

@@ -6,6 +6,7 @@ is listed in the verdict, and every result it touched carries it in `injected`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -32,11 +33,16 @@ class Injection:
 
 
 def _coerce(v: str) -> Any:
+    """An int, a finite float, or the text itself; InjectionError for 'nan' and 'inf' (a NaN
+    factor or delay would make the fault a no-op that still shows as injected)."""
     for conv in (int, float):
         try:
-            return conv(v)
+            number = conv(v)
         except ValueError:
-            pass
+            continue
+        if not math.isfinite(number):
+            raise InjectionError(f"bad --inject value {v!r}: not a finite number")
+        return number
     return v
 
 

@@ -22,7 +22,7 @@ atomically as above (never a write through anything). As root, their folder must
 and not writable by group or others, and every folder on the way to it must be owned by root and
 not writable by group or others unless sticky (/tmp): `check_private_dir` (RefusedPath otherwise).
 
-Reading an input file (snapshot, config, reference, `xid --file`): regular files only (a FIFO or
+Reading an input file (snapshot, config, reference, `hang --from`/`--groups`): regular files only (a FIFO or
 /dev/zero would hang), opened with O_NONBLOCK, at most a size limit per kind of file (LIMITS);
 JSON documents nested deeper than MAX_JSON_DEPTH are refused (a deep one used to raise
 RecursionError).
@@ -58,6 +58,8 @@ LIMITS: dict[str, int] = {
     "reference": 16 * MiB,
     "cursor": 1 * MiB,
     "report input": 1024 * MiB,  # `gpucheck report`: a sweep report of thousands of nodes' verdicts
+    "hang": 1024 * MiB,  # `hang --from`: a recording of thousands of nodes' stacks
+    "groups": 64 * MiB,  # `hang --groups`: the parallel groups of a job's ranks
 }
 
 _PATH_FLAG = getattr(os, "O_PATH", os.O_RDONLY)

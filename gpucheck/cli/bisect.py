@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from .numbers import FiniteFloat
 from .sweep import _duration, _nodes
 
 @click.command("bisect")
@@ -28,7 +29,7 @@ from .sweep import _duration, _nodes
 @click.option("--max-bad", type=click.IntRange(min=1), default=None, help="At most this many bad nodes (if known).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
               help="Re-test each suspect this many times (and vote), for flaky tests.")
-@click.option("--flake-rate", type=click.FloatRange(0.0, 0.5, max_open=True), default=0.05, show_default=True,
+@click.option("--flake-rate", type=FiniteFloat(0.0, 0.5, max_open=True), default=0.05, show_default=True,
               help="Assumed rate of wrong test results, for the confidence figure.")
 @click.option("--parallel", type=click.IntRange(min=0), default=0, show_default=True,
               help="Most tests at once (0: every disjoint group of a round).")
@@ -47,9 +48,9 @@ from .sweep import _duration, _nodes
               help="allreduce: per-collective timeout (a hang past it fails the group).")
 @click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True)
 @click.option("--ifname", default=None, metavar="IFACE", help="allreduce: network interface for the rendezvous.")
-@click.option("--slow-limit", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.5, show_default=True,
+@click.option("--slow-limit", type=FiniteFloat(0.0, 1.0, min_open=True), default=0.5, show_default=True,
               help="allreduce: a group below this fraction of the best group's bus bandwidth fails.")
-@click.option("--min-busbw", type=click.FloatRange(min=0.0, min_open=True), default=None,
+@click.option("--min-busbw", type=FiniteFloat(min=0.0, min_open=True), default=None,
               help="allreduce: a group below this bus bandwidth (GB/s) fails.")
 @click.option("--bitwise/--no-bitwise", default=True, show_default=True,
               help="allreduce: also run the bitwise reproducibility check on every node.")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import click
 
 from ..eud.patterns import PatternError, parse_patterns
+from .numbers import FiniteFloat
 from .run import build_request, common_run_options, duration_callback, given, parsed_list
 
 EUD_MODULES = ("gpucheck.eud.memtest", "gpucheck.eud.bandwidth", "gpucheck.eud.power", "gpucheck.eud.dcgm")
@@ -45,7 +46,7 @@ def _dcgm_level_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--check", "checks", multiple=True, metavar="ID",
               help="Only these eud checks (ids or globs, comma list, repeatable; any level).")
 @click.option("--skip", "skips", multiple=True, metavar="ID", help="Leave these checks out.")
-@click.option("--memtest-fraction", type=click.FloatRange(min=0.0, min_open=True, max=1.0), default=None,
+@click.option("--memtest-fraction", type=FiniteFloat(min=0.0, min_open=True, max=1.0), default=None,
               help="Fraction of each GPU's free memory the pattern test covers (default by level).")
 @click.option("--pattern", "patterns", multiple=True, metavar="NAME",
               callback=parsed_list(parse_patterns, PatternError),

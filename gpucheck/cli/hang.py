@@ -256,16 +256,20 @@ def _local(match, job, node_name, dump_timeout_s, native, py_spy, flight_prefix,
 
 
 def _load_files(paths) -> list:
+    """The recorded node documents of every --from file: regular files only (a FIFO or a device
+    is refused, never waited on or read without end), at most safeio.LIMITS["hang"] bytes each."""
     from ..hang.collect import load_recorded
+    from ..safeio import describe_error, read_input
 
     results = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            text = read_input(path, "hang").decode("utf-8")
             results += load_recorded(path, text)
         except OSError as e:
-            raise click.BadParameter(f"{path}: {e.strerror or e}", param_hint="--from") from None
+            raise click.BadParameter(f"{path}: {describe_error(e, path)}", param_hint="--from") from None
+        except UnicodeDecodeError:
+            raise click.BadParameter(f"{path}: not UTF-8 text", param_hint="--from") from None
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--from") from None
     return results

@@ -4,6 +4,7 @@ starts fast and never imports torch or rich when it does not need them."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -51,22 +52,124 @@ def cli() -> None:
     """
 
 
+# Commands whose output is no judgement: a reader that goes away early (`gpucheck list | head`)
+# is no failure of theirs. Every other command judges something (a node, a fleet, a job's ranks).
+NO_JUDGEMENT = ("list", "schema")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run `gpucheck ARGV`; return its exit code. Nothing but a judgement exits 1 (or a
+    could-not-judge under `--on-error fail`): a usage error is 2, and an uncaught exception or an
+    output that could not be written (stdout on a full disk, a closed pipe) is 3, "could not
+    judge", with one line on stderr. A command that judged and then failed only to print keeps its
+    code where it handles its own printing (app.execute: run, burn, poet, eud, repro check)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "_GPUCHECK_COMPLETE" in os.environ:  # click's shell completion (exits when it is asked for)
+        cli._main_shell_completion({}, "gpucheck")
     try:
-        rv = cli.main(args=argv, prog_name="gpucheck", standalone_mode=False)
+        # Not cli.main(): click turns EPIPE into SystemExit(1), "unhealthy".
+        with cli.make_context("gpucheck", args) as ctx:
+            rv = cli.invoke(ctx)
     except click.exceptions.Exit as e:
         return int(e.exit_code or 0)
     except click.ClickException as e:
         # One line, like every other usage error (DESIGN.md exit code 2).
         cmd = getattr(getattr(e, "ctx", None), "command_path", None) or "gpucheck"
-        click.echo(f"{cmd}: error: {e.format_message()}", err=True)
+        _say(f"{cmd}: error: {e.format_message()}")
         return 2
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
+        _say("aborted")
         return 3
-    except BrokenPipeError:
-        return 0
+    except Exception as e:  # gpucheck's own failure is "could not judge", never "unhealthy" (exit 1)
+        return _could_not_judge(args, e)
     return int(rv or 0)
+
+
+def _could_not_judge(args: list[str], e: Exception) -> int:
+    """Exit 3 (1 with `--on-error fail` among the arguments: fail-closed) and one line for an
+    exception no command handled: an output it could not write, or gpucheck's own bug. A reader
+    gone from a command that judges nothing (`list | head`) is 0."""
+    from ..streams import flush_or_discard
+
+    stdout_error = flush_or_discard(sys.stdout)  # what it still holds could not be written either
+    if isinstance(e, BrokenPipeError) and _command_word(args) in (None, *NO_JUDGEMENT):
+        return 0
+    if stdout_error is not None and isinstance(e, OSError):
+        why = f"standard output could not be written: {e}"
+    elif isinstance(e, OSError):  # the system refused something (a full disk, a closed pipe): no bug of ours
+        why = f"{type(e).__name__}: {e}{_where(e)}"
+    else:
+        why = f"internal error: {type(e).__name__}: {e}{_where(e)}"
+    fail_closed = _last_value(args, "--on-error") == "fail"
+    _say(f"{_command_name(args)}: could not judge: {why}" + (" (--on-error fail: exit 1)" if fail_closed else ""))
+    return 1 if fail_closed else 3
+
+
+def _last_value(args: list[str], name: str) -> str | None:
+    """The last value of option `name` in raw arguments (`--name V` or `--name=V`)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg[len(name) + 1:]
+    return value
+
+
+def _command_word(args: list[str]) -> str | None:
+    """The subcommand `args` names (their first word that is not an option), if it is one."""
+    words = [a for a in args if not a.startswith("-")]
+    return words[0] if words and words[0] in SUBCOMMANDS else None
+
+
+def _command_name(args: list[str]) -> str:
+    word = _command_word(args)
+    return f"gpucheck {word}" if word else "gpucheck"
+
+
+def _where(e: BaseException) -> str:
+    """' (at FILE:LINE in FUNCTION)': where in gpucheck the exception was raised (its innermost
+    gpucheck frame), for the report of an internal error that fits on one line."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../gpucheck
+    tb, here = e.__traceback__, ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.startswith(package + os.sep):
+            where = os.path.relpath(code.co_filename, os.path.dirname(package))
+            here = f" (at {where}:{tb.tb_lineno} in {code.co_name})"
+        tb = tb.tb_next
+    return here
+
+
+def _say(line: str) -> None:
+    """One line on stderr; a stderr that cannot take it changes nothing."""
+    try:
+        click.echo(line, err=True)
+    except Exception:
+        pass
+
+
+def prepare_stdout() -> None:
+    """Before any output: a closed stdin, stdout or stderr becomes /dev/null, and text that a
+    non-UTF-8 stdout cannot encode is written escaped."""
+    from ..streams import ensure_standard_streams, escape_unencodable
+
+    ensure_standard_streams()
+    escape_unencodable(sys.stdout)
+
+
+def settle_stdout(argv: list[str] | None = None) -> None:
+    """After the last output: flush stdout and stderr. What stdout cannot take (a closed pipe, a
+    full disk) is named in one line on stderr (a judging command's exit code stands: its
+    judgement was made); what neither can take goes nowhere, so that Python's own flush at exit
+    cannot turn the exit code into 120."""
+    from ..streams import flush_or_discard
+
+    error = flush_or_discard(sys.stdout)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if error is not None and _command_word(args) not in (None, *NO_JUDGEMENT):
+        _say(f"{_command_name(args)}: WARNING: standard output was not written whole: {error}")
+    flush_or_discard(sys.stderr)
 
 
 def entry() -> None:
@@ -77,4 +180,7 @@ def entry() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m gpucheck.cli.main`
-    sys.exit(main())
+    prepare_stdout()
+    code = main()
+    settle_stdout()
+    sys.exit(code)

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 import click
 
+from .numbers import FiniteFloat
 from .run import parse_duration
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NO_JUDGEMENT = 0, 1, 2, 3
@@ -42,10 +43,10 @@ def _int(v: Any, what: str) -> int:
 
 
 def first_slurm_node(nodelist: str) -> str:
-    from ClusterShell.NodeSet import NodeSet, NodeSetParseError
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
     try:
-        ns = NodeSet(nodelist)
+        ns = NodeSet(nodelist, resolver=RESOLVER_NOGROUP)  # Slurm's list names nodes, never @groups
     except NodeSetParseError as e:
         raise _usage(f"bad Slurm node list {nodelist!r}: {e}") from None
     if len(ns) == 0:
@@ -423,9 +424,9 @@ def parse_nodeset(text: str, what: str = "NODESET") -> list[str]:
               help="How the hosts start gpucheck, e.g. 'python3 -m gpucheck.cli.main'.")
 @click.option("--pair-timeout", "pair_timeout_text", default=None,
               help="Hard limit for one pair's test (default: estimated from the sweep).")
-@click.option("--slow-limit", type=click.FloatRange(0.0, 1.0, min_open=True), default=0.7, show_default=True,
+@click.option("--slow-limit", type=FiniteFloat(0.0, 1.0, min_open=True), default=0.7, show_default=True,
               help="A pair is slow below this fraction of the reference busbw.")
-@click.option("--min-busbw", type=click.FloatRange(min=0.0, min_open=True), default=None,
+@click.option("--min-busbw", type=FiniteFloat(min=0.0, min_open=True), default=None,
               help="Expected busbw in GB/s (default reference: the median of the measured pairs).")
 @click.option("--fanout", type=click.IntRange(min=1), default=64, show_default=True,
               help="Pairs running at once.")

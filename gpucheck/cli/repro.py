@@ -25,7 +25,7 @@ from typing import Any
 import click
 
 from ..repro.record import CHECK_ID
-from .run import common_run_options, build_request
+from .run import WORKER_COUNT, common_run_options, build_request
 
 
 def _workloads(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str] | None:
@@ -88,8 +88,8 @@ def check_command(reference: str | None, level: str, workloads: list[str] | None
 @_workload_option
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu: CPU worker processes stand in for GPUs (their own fingerprint).")
-@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
-              help="CPU workers with --device cpu.")
+@click.option("--workers", type=WORKER_COUNT, default=2, show_default=True,
+              help=f"CPU workers with --device cpu (at most {WORKER_COUNT.max}).")
 @click.option("--gpus", "gpus_text", metavar="LIST", help="GPU indices to run on, e.g. 0,3 or 0-3 (default: all).")
 @click.option("--config", "config_path", metavar="FILE", help="TOML config (default /etc/gpucheck/config.toml).")
 @click.option("--inject", "injections", multiple=True, metavar="SPEC",

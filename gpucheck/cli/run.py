@@ -7,7 +7,11 @@ import sys
 
 import click
 
-from ..app import RunRequest, UsageError, execute, parse_gpu_list
+from ..app import MAX_WORKERS, RunRequest, UsageError, execute, parse_gpu_list
+
+# --workers: CPU worker processes standing in for GPUs, bounded like --gpus (checked when parsed,
+# before a list of that many indices is built or a process started).
+WORKER_COUNT = click.IntRange(min=1, max=MAX_WORKERS)
 
 
 def gpus_option(f):
@@ -74,8 +78,8 @@ def common_run_options(f):
                           "cuts, or a check it cannot hold, makes the verdict partial, exit 3."),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
                      help="Where compute checks run; cpu runs them with small sizes on CPU workers."),
-        click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True,
-                     help="CPU workers standing in for GPUs with --device cpu."),
+        click.option("--workers", type=WORKER_COUNT, default=2, show_default=True,
+                     help=f"CPU workers standing in for GPUs with --device cpu (at most {MAX_WORKERS})."),
         click.option("--inject", "injections", multiple=True, metavar="SPEC",
                      help="Fault injection for tests/demos, e.g. bitflip:gpu=1 (shown in the verdict)."),
         gpus_option,

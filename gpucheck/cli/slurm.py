@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import click
 
+from .run import WORKER_COUNT
 from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
 
 
@@ -48,7 +49,7 @@ def hook_options(kind: str):
                          help="State directory for the history ({node} is replaced; default /var/lib/gpucheck)."),
             click.option("--config", "config_path", metavar="FILE", help="TOML config."),
             click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True),
-            click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True),
+            click.option("--workers", type=WORKER_COUNT, default=2, show_default=True),
             click.option("--no-drain", is_flag=True, help="Judge and exit 1 when unhealthy, but do not drain."),
             click.option("--all-gpus", is_flag=True, help="Test all GPUs even when the job has only some."),
             click.option("--force", is_flag=True,

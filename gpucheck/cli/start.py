@@ -24,15 +24,18 @@ def writes_verdict(argv: list[str]) -> bool:
 
 
 def entry() -> None:
-    """Console-script and `python -m gpucheck` entry: exit with main()'s code."""
+    """Console-script and `python -m gpucheck` entry: exit with main()'s code, which no output
+    left unwritten at exit may change (gpucheck.cli.main.settle_stdout)."""
     interrupts = None
     if writes_verdict(sys.argv[1:]):
         from ..interrupts import INTERRUPTS as interrupts
 
         interrupts.arm()
-    from .main import main
+    from .main import main, prepare_stdout, settle_stdout
 
+    prepare_stdout()
     code = main()
+    settle_stdout()
     if interrupts is not None:
         interrupts.settle()  # the verdict is out: nothing may turn this exit into a death
     sys.exit(code)

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .numbers import FiniteFloat
 from .run import parse_duration
 
 DEFAULT_NODE_TIMEOUT = "10m"
@@ -146,9 +147,9 @@ def _print_sweep(outcomes, report: dict[str, Any], strict: bool) -> None:
 @remote_options
 @click.option("--report", "report_path", metavar="FILE", help="Write the whole report (JSON) to FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the table.")
-@click.option("--mad-z", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--mad-z", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Robust z-score for throughput outliers (default 3.5).")
-@click.option("--rel-floor", type=click.FloatRange(min=0), default=None,
+@click.option("--rel-floor", type=FiniteFloat(min=0), default=None,
               help="A throughput outlier is also at least this fraction below the median (default 0.05).")
 def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     """Run `gpucheck run --json` on every node of NODESET, compare them, list the bad ones.

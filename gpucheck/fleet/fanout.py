@@ -37,7 +37,8 @@ starts) and run_nodes raises processes.Interrupted with the NodeRuns of the node
 answered before it as `partial`; nodes cut short are not reported (`on_done` is not called for
 them). In ssh and srun modes the commands' standard input stays open and is never written, so
 the remote side sees it close when the session ends (the sweep's remote command uses that:
-gpucheck.fleet.sweep.remote_command).
+gpucheck.fleet.sweep.die_with_session; `session_stdin` tells whether options such as ssh -n take
+that away).
 """
 
 from __future__ import annotations
@@ -122,6 +123,63 @@ def resolve_ssh(settings: SshSettings | None) -> SshSettings:
         ssh_user=settings.ssh_user or conf.get("ssh_user") or None,
         connect_timeout_s=timeout,
     )
+
+
+# ssh's one-letter options that take a value (the rest of the word, or the next word).
+_SSH_VALUE_FLAGS = frozenset("BbcDEeFIiJLlmOopQRSWw")
+
+
+def ssh_reads_no_stdin(options: str | None) -> bool:
+    """Whether ssh `options` give the remote command no standard input: -n, -f (implies -n) or
+    `-o StdinNull=yes`. Options that cannot be split are read as giving it one."""
+    try:
+        words = shlex.split(options or "")
+    except ValueError:
+        return False
+    i = 0
+    while i < len(words):
+        word, i = words[i], i + 1
+        if not word.startswith("-") or word.startswith("--"):
+            continue
+        for k, flag in enumerate(word[1:], start=2):
+            if flag in "nf":
+                return True
+            if flag in _SSH_VALUE_FLAGS:
+                value = word[k:] or (words[i] if i < len(words) else "")
+                i += 0 if word[k:] else 1
+                setting, _, rest = value.replace("=", " ", 1).partition(" ")
+                if flag == "o" and setting.lower() == "stdinnull" and rest.strip().lower() in ("yes", "true"):
+                    return True
+                break
+    return False
+
+
+def srun_reads_no_stdin(args: list[str]) -> bool:
+    """Whether srun `args` give the task no standard input (`--input=none`, `-i none`)."""
+    for i, arg in enumerate(args):
+        value = None
+        if arg.startswith("--input="):
+            value = arg[len("--input="):]
+        elif arg in ("--input", "-i"):
+            value = args[i + 1] if i + 1 < len(args) else None
+        elif arg.startswith("-i") and not arg.startswith("--"):
+            value = arg[2:]
+        if value is not None and value.strip().lower() == "none":
+            return True
+    return False
+
+
+def session_stdin(mode: str, *, ssh: SshSettings | None = None, srun: SrunSettings | None = None) -> bool:
+    """Whether the command run_nodes starts on a node reads the session's standard input, so
+    that an end-of-file there means that the session ended (its local client was killed).
+    run_nodes keeps the clients' standard input open and never writes it in ssh and srun modes;
+    it closes it at once in exec mode. ssh options (explicit, then clush.conf's) or srun arguments
+    that replace it with /dev/null make it False."""
+    if mode == "ssh":
+        return not ssh_reads_no_stdin(resolve_ssh(ssh).ssh_options)
+    if mode == "srun":
+        return not srun_reads_no_stdin(list((srun or SrunSettings()).extra_args))
+    return False
 
 
 def default_fanout() -> int:

@@ -6,7 +6,13 @@ NodeSetError, which the CLI reports as a usage error (exit 2).
 
 Every node name is checked here, once, where a node set is parsed: 1 to 255 characters from
 the ASCII letters, digits, `-`, `_` and `.`, not starting with `-` (NODE_NAME_RE). A name can
-then never carry shell syntax or pass for an option of ssh or srun. A node set may hold at
+then never carry shell syntax or pass for an option of ssh or srun.
+
+Group references (`@rack1`, `@slurm:gpu`, `@rack[1-4]`, `@*`, `@source:*`, `@@source`) are
+checked before ClusterShell sees the text (GROUP_REF_RE): source and group names are made of the
+same characters as node names (plus `[`, `]`, `/` of a range), so nothing ClusterShell
+substitutes into a groups.conf upcall (`map: sinfo -h -o %N -p $GROUP`, run through /bin/sh) can
+carry shell syntax, a space or an option. `fold` never resolves groups at all. A node set may hold at
 most MAX_NODES nodes; the bracket ranges of the text are counted before ClusterShell expands
 them (ClusterShell builds a one-dimensional range element by element: `n[1-100000000]` would
 take minutes and gigabytes), and the node set's size is checked before it is listed.
@@ -20,6 +26,10 @@ from typing import Iterable
 MAX_NODES = 1_000_000
 NODE_NAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,254}", re.ASCII)
 _BRACKET_RE = re.compile(r"\[([^\[\]]*)\]")
+_OPERATORS = ",!&^"  # ClusterShell's set operators (union, difference, and, xor), outside brackets
+# A source or group name: node-name characters, and ranges (`rack[1-4,7]`, `[1-9/2]`).
+_GROUP_NAME = r"(?:[A-Za-z0-9_.]|\[[0-9,/-]+\])(?:[A-Za-z0-9_.-]|\[[0-9,/-]+\]){0,254}"
+GROUP_REF_RE = re.compile(rf"@(?:{_GROUP_NAME}:)?(?:\*|{_GROUP_NAME})|@@(?:{_GROUP_NAME})?", re.ASCII)
 _RANGE_RE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*(?:/\s*(\d+)\s*)?)?")
 
 
@@ -48,6 +58,37 @@ def check_node_name(name: str, *, what: str = "node set") -> str:
     return name
 
 
+def group_reference_problem(text: str) -> str | None:
+    """Why a group reference of node-set `text` may not reach ClusterShell, or None.
+
+    Every operand (the text between set operators outside brackets, as ClusterShell splits it)
+    that holds an `@` must be one whole reference (GROUP_REF_RE): `@GROUP`, `@SOURCE:GROUP`,
+    `@*`, `@SOURCE:*` or `@@SOURCE`, names of letters, digits, `_`, `.`, `-` (not first) and
+    [ranges]."""
+    for operand in _operands(text):
+        operand = operand.lstrip()
+        if "@" in operand and not GROUP_REF_RE.fullmatch(operand):
+            shown = operand if len(operand) <= 60 else operand[:60] + "..."
+            return (f"bad group {shown!r}: a group is @GROUP or @SOURCE:GROUP, names of letters, digits, "
+                    "'_', '.', '-' (not first) and [ranges]")
+    return None
+
+
+def _operands(text: str) -> list[str]:
+    """`text` split at the set operators that stand outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth = max(0, depth - 1)
+        elif depth == 0 and ch in _OPERATORS:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return parts
+
+
 def ranges_size(text: str) -> int:
     """An upper bound of the names the bracket ranges of `text` spell out, without expanding
     them: the sum, over every `[...]` range, of its element counts (a range we cannot read
@@ -71,6 +112,9 @@ def parse_nodeset(text: str, *, what: str = "node set") -> list[str]:
     s = (text or "").strip()
     if not s:
         raise NodeSetError(f"empty {what}")
+    why = group_reference_problem(s)
+    if why:
+        raise NodeSetError(f"{what} {_short(text)}: {why}")
     if ranges_size(s) > MAX_NODES:
         raise NodeSetError(f"{what} {_short(text)} spans more than {MAX_NODES:,} nodes")
     try:
@@ -98,12 +142,12 @@ def _short(text: str, limit: int = 120) -> str:
 
 def fold(nodes: Iterable[str]) -> str:
     """Fold node names into the shortest node-set text (`n[1-3,7]`); "" for none."""
-    from ClusterShell.NodeSet import NodeSet
+    from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet
 
     nodes = [n for n in nodes if n]
     if not nodes:
         return ""
-    return str(NodeSet.fromlist(nodes))
+    return str(NodeSet.fromlist(nodes, resolver=RESOLVER_NOGROUP))  # a name is never looked up as a group
 
 
 def parse_node_map(specs: Iterable[str], nodes: Iterable[str], *, what: str) -> dict[str, str]:

@@ -92,31 +92,32 @@ def remote_command(remote_cmd: str, run_args: list[str], extra: str = "") -> str
 # The node-side limit's SIGKILL follows its SIGTERM after twice the runner's cancel grace
 # (gpucheck.runner.CANCEL_GRACE_S, 5 s): time for the node's gpucheck to stop its checks.
 NODE_KILL_AFTER_S = 10
-# ssh -n or srun --input=none give the command no standard input: it reads end-of-file within
-# the session's start. An end-of-file this long after the start is the session ending.
-NO_STDIN_S = 2
 
 
-def die_with_session(command: str, timeout_s: float | None) -> str:
-    """`command` (shell text) wrapped so that it dies with its ssh session or srun step and
-    never outlives the sweep's `timeout_s` on the node.
+def die_with_session(command: str, timeout_s: float | None, session_stdin: bool = True) -> str:
+    """`command` (shell text) wrapped so that it never outlives the sweep's `timeout_s` on the
+    node and, with `session_stdin`, dies with its ssh session or srun step.
 
-    The command runs in the background under `timeout -k 10 <timeout_s>` (coreutils, where the
-    node has it: SIGTERM at the limit, SIGKILL 10 s later, to the command's whole process
-    group), and a watcher reads the session's standard input, which the fan-out keeps open and
-    never writes: when the local ssh or srun client is killed (the sweep's --timeout, a
-    SIGTERM/SIGINT of the sweep), the session closes it, the watcher reads end-of-file and sends
-    SIGTERM to the command (timeout passes it on and arms its SIGKILL). An end-of-file within
-    NO_STDIN_S of the start means there was no standard input at all (ssh -n): the command is
-    then left to its time limit. The exit status is the command's (124: the node-side limit)."""
+    The command runs under `timeout -k 10 <timeout_s>` (coreutils, where the node has it: SIGTERM
+    at the limit, SIGKILL 10 s later, to the command's whole process group). `session_stdin`
+    says that the command's standard input is the session's (gpucheck.fleet.fanout.session_stdin:
+    the fan-out keeps it open and never writes it): the command then runs in the background and a
+    watcher reads that input; when the local ssh or srun client is killed (the sweep's
+    --timeout, a SIGTERM/SIGINT of the sweep), the session closes it, the watcher reads
+    end-of-file, at any moment from the start on, and sends SIGTERM to the command (timeout
+    passes it on and arms its SIGKILL). Without a session input (ssh -n, srun --input=none, exec
+    mode) the command reads /dev/null and is left to its time limit. The exit status is the
+    command's (124: the node-side limit; 143: stopped by the watcher)."""
     limit = ""
     if timeout_s:
         limit = (f"command -v timeout >/dev/null 2>&1 && "
                  f"set -- timeout -k {NODE_KILL_AFTER_S} {max(1, math.ceil(timeout_s))}; ")
-    return ("exec 3<&0 </dev/null; s=$(date +%s); set --; " + limit
+    if not session_stdin:
+        return "exec </dev/null; set --; " + limit + f'exec "$@" sh -c {shlex.quote(command)}'
+    return ("exec 3<&0 </dev/null; set --; " + limit
             + f'"$@" sh -c {shlex.quote(command)} & p=$!; '
-            + f'{{ IFS= read -r _ <&3; [ $(($(date +%s) - s)) -ge {NO_STDIN_S} ] && kill -TERM "$p"; }} '
-            + '>/dev/null 2>&1 & w=$!; exec 3<&-; wait "$p"; r=$?; kill "$w" 2>/dev/null; exit "$r"')
+            + '{ IFS= read -r _ <&3; kill -TERM "$p"; } >/dev/null 2>&1 & w=$!; '
+            + 'exec 3<&-; wait "$p"; r=$?; kill "$w" 2>/dev/null; exit "$r"')
 
 
 def one_line(command: str) -> str:
@@ -256,9 +257,11 @@ class SweepPlan:
     fanout: int | None = None
     timeout_s: float | None = None
 
-    def commands(self) -> dict[str, str]:
+    def commands(self, session_stdin: bool = True) -> dict[str, str]:
+        """Each node's shell text (`session_stdin`: see die_with_session)."""
         return {n: one_line(die_with_session(remote_command(self.remote_cmd, self.run_args,
-                                                            self.node_args.get(n, "")), self.timeout_s))
+                                                            self.node_args.get(n, "")), self.timeout_s,
+                                             session_stdin))
                 for n in self.nodes}
 
 
@@ -343,7 +346,10 @@ def run_sweep(
         if on_node is not None:
             on_node(outcome)
 
-    runs = runner(plan.commands(), mode=plan.mode, fanout=plan.fanout, timeout_s=plan.timeout_s,
+    from .fanout import session_stdin
+
+    watch = session_stdin(plan.mode, ssh=runner_kw.get("ssh"), srun=runner_kw.get("srun"))
+    runs = runner(plan.commands(watch), mode=plan.mode, fanout=plan.fanout, timeout_s=plan.timeout_s,
                   on_done=done, **runner_kw)
     outcomes = [seen.get(n) or judge(runs[n]) for n in plan.nodes]
     return outcomes, time.monotonic() - t0

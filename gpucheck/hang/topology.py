@@ -19,7 +19,6 @@ the dimension whose groups holding suspects span the fewest nodes is taken the s
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -102,12 +101,18 @@ def megatron(spec: MegatronSpec, world: int) -> Topology:
 
 
 def load_groups(path: str) -> Topology:
-    """A groups file: {"DIMENSION": [[rank, ...], ...], ...}; TopologyError naming the key."""
+    """A groups file: {"DIMENSION": [[rank, ...], ...], ...}; TopologyError naming the key.
+
+    Read through gpucheck.safeio: a regular file of at most LIMITS["groups"] bytes (a FIFO or a
+    device is refused, never waited on), JSON nested at most MAX_JSON_DEPTH deep."""
+    from ..safeio import describe_error, loads_json, read_input
+
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+        doc = loads_json(read_input(path, "groups").decode("utf-8"))
     except OSError as e:
-        raise TopologyError(f"{path}: {e.strerror or e}") from None
+        raise TopologyError(f"{path}: {describe_error(e, path)}") from None
+    except UnicodeDecodeError:
+        raise TopologyError(f"{path}: not UTF-8 text") from None
     except ValueError as e:
         raise TopologyError(f"{path}: not JSON ({e})") from None
     if not isinstance(doc, dict) or not doc:
