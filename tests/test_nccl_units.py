@@ -184,10 +184,72 @@ def test_slow_node_is_named_and_partners_stay_healthy():
     assert any("partners fine" in e for e in j.nodes["n3"].evidence)
 
 
-def test_two_pairs_give_no_median_reference():
+def test_two_pairs_give_no_median_reference_and_are_not_judged():
+    """Old: "only failures are judged" and exit 0: a pair whose bandwidth was not examined passed."""
+    from gpucheck.nccl.pairs_run import exit_code
+
     j = P.judge_pairs([_ok(1, "a", "b", 1.0), _ok(1, "c", "d", 9.0)], list("abcd"))
-    assert j.reference_gbs is None and "only failures are judged" in j.reference_kind
-    assert {s.verdict for s in j.nodes.values()} == {"ok"}
+    assert j.reference_gbs is None and "bandwidth not judged" in j.reference_kind
+    assert {p.verdict for p in j.pairs} == {"unjudged"} and j.unjudged == 2
+    assert exit_code(j, None) == 3
+
+
+def _conc(rnd, a, b, v, conc, **ops):
+    return P.PairOutcome(rnd, (a, b), "ok", busbw_gbs=v, concurrency=conc, op_busbw=ops or {"all_reduce": v})
+
+
+def test_pairs_are_compared_only_with_pairs_measured_as_many_at_once():
+    """Four pairs at once measure lower than one pair alone; old: a reference from every pair
+    made the four-at-once round 'slow' next to the alone ones (and the alone ones set it)."""
+    alone = [_conc(i, f"s{i}", f"t{i}", 10.0, 1) for i in range(1, 4)]
+    crowd = [_conc(9, f"a{i}", f"b{i}", 4.0, 4) for i in range(4)] + [_conc(9, "x", "y", 4.2, 4)]
+    j = P.judge_pairs(alone + crowd, sorted({n for o in alone + crowd for n in o.nodes}))
+    assert {p.verdict for p in j.pairs} == {"ok"} and not j.bad
+    assert sorted((r.concurrency, r.busbw_gbs) for r in j.references) == [(1, 10.0), (4, 4.0)]
+    slow = crowd[:-1] + [_conc(9, "x", "y", 1.0, 4)]
+    j = P.judge_pairs(alone + slow, sorted({n for o in alone + slow for n in o.nodes}))
+    assert [p.outcome.nodes for p in j.pairs if p.verdict == "slow"] == [("x", "y")]
+
+
+def test_every_collective_is_judged():
+    outs = [_conc(1, f"a{i}", f"b{i}", 5.0, 4, all_gather=5.0, all_reduce=9.0) for i in range(3)]
+    outs.append(_conc(1, "x", "y", 5.0, 4, all_gather=5.1, all_reduce=2.0))  # only all_reduce is slow
+    j = P.judge_pairs(outs, sorted({n for o in outs for n in o.nodes}))
+    (slow,) = [p for p in j.pairs if p.verdict == "slow"]
+    assert slow.outcome.nodes == ("x", "y") and slow.slow_ops == ["all_reduce"]
+
+
+def test_unreachable_host_is_named_and_its_partners_stay_healthy():
+    from gpucheck.nccl.pairs_run import exit_code, pair_outcome
+
+    group = {"status": "error", "summary": "no rank reported", "failure": None, "results": [],
+             "launch_errors": {"d": "unreachable (launcher exit 255): ssh: connect to host d port 22: Connection refused"},
+             "unreachable": ["d"], "stopped": ["c"]}
+    out = pair_outcome(1, ("c", "d"), group, ["all_reduce"])
+    assert out.status == "fail" and out.blamed == ["d"] and out.unreachable == ["d"]
+    assert "Connection refused" in out.summary
+    outs = [out, _ok(1, "a", "b", 5.0), _ok(2, "a", "c", 5.0), _ok(2, "b", "e", 5.0), _ok(3, "c", "e", 5.0)]
+    j = P.judge_pairs(outs, list("abcde"))
+    assert j.unreachable == ["d"] and j.bad == [] and j.nodes["c"].verdict == "ok"
+    assert exit_code(j, None) == 1
+
+
+def test_every_pair_failing_the_same_way_is_a_broken_test_not_bad_nodes():
+    from gpucheck.nccl.pairs_run import exit_code
+
+    outs = [P.PairOutcome(1, (a, b), "fail", summary=f"{b}: gpucheck not found (exit 127): sh: 1: gpucheck: not found",
+                          blamed=[b]) for a, b in (("n1", "n2"), ("n3", "n4"))]
+    outs += [P.PairOutcome(2, (a, b), "fail", summary=f"{a}: gpucheck not found (exit 127): sh: 1: gpucheck: not found",
+                           blamed=[a]) for a, b in (("n2", "n3"), ("n4", "n1"))]
+    j = P.judge_pairs(outs, ["n1", "n2", "n3", "n4"])
+    assert j.broken and "every pair (4) failed the same way" in j.broken
+    assert exit_code(j, None) == 3
+    # a rendezvous that never formed on every pair (a setup error): not measured, broken
+    rdv = [P.PairOutcome(1, (a, b), "error", summary=f"the rendezvous never formed (rank 1 on host {b}: "
+                                                     "Connection refused)") for a, b in (("n1", "n2"), ("n3", "n4"))]
+    j = P.judge_pairs(rdv, ["n1", "n2", "n3", "n4"])
+    assert j.broken and j.measured == 0 and exit_code(j, None) == 3
+    assert not any(s.verdict == "bad" for s in j.nodes.values())
 
 
 def test_single_slow_pair_is_only_suspect_and_absolute_limit():
@@ -285,7 +347,8 @@ def test_launcher_templates():
 
 
 def test_topology_from_options_torchrun_and_slurm():
-    from gpucheck.cli.nccl import parse_corrupt, resolve_topology
+    from gpucheck.cli.nccl import parse_corrupt
+    from gpucheck.nccl.topology import TopologyError, resolve_topology
 
     t = resolve_topology({"rank": 1, "world_size": 2, "master_addr": "10.0.0.1", "master_port": "stdin"}, {})
     assert (t.ranks, t.world, t.master_addr, t.master_port) == ([1], 2, "10.0.0.1", "stdin")
@@ -303,7 +366,7 @@ def test_topology_from_options_torchrun_and_slurm():
     for opts, env in (({}, {}), ({"rank": 0, "world_size": 1}, {}), ({"rank": 1}, {}),
                       ({"rank": 1, "world_size": 2}, {}), ({"rank": 2, "world_size": 2, "master_port": "1"}, {}),
                       ({"master_port": "99999", "rank": 0, "world_size": 2}, {})):
-        with pytest.raises(click.BadParameter):
+        with pytest.raises(TopologyError):
             resolve_topology(opts, env)
     c = parse_corrupt(["corrupt:rank=1,op=ag,iter=2"], keys=("rank",))
     assert c == {"text": "corrupt:rank=1,op=ag,iter=2", "rank": 1, "op": "all_gather", "iter": 2}

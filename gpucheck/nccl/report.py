@@ -36,9 +36,10 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
     """Fold rank result events into {status, summary, failure, results, ranks, hosts, ...}.
 
     status: ok | fail | error. failure: the corruption if any rank saw one, else a rank that refused
-    to start on a GPU in use (kind "busy": error, whatever its peers' timeouts say), else the
-    timeout culprit named by most survivors, else a rank that exited without a result, else the
-    first error.
+    to start on a GPU in use (kind "busy": error, whatever its peers' timeouts say), else a
+    rendezvous that never formed (kind "rendezvous": error, a setup problem, whatever the peers'
+    timeouts say), else the timeout culprit named by most survivors, else a rank that exited
+    without a result, else the first error. `warnings`: every rank's warnings, prefixed with it.
     """
     world = world or max((int(r.get("world") or 0) for r in reports), default=0)
     by_rank = {int(r["rank"]): r for r in reports if r.get("rank") is not None}
@@ -53,6 +54,7 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
         "results": with_results[0]["results"] if with_results else [],
         "ranks": {r: by_rank[r].get("status") for r in sorted(by_rank)},
         "injected": sorted({t for r in reports for t in r.get("injected", [])}),
+        "warnings": [f"rank {r.get('rank')}: {w}" for r in reports for w in r.get("warnings") or []],
     }
     missing = [r for r in range(world) if r not in by_rank]
 
@@ -78,6 +80,12 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
         rep = busy[0]
         summary = (f"rank {rep.get('rank')} on host {rep.get('host') or 'unknown'} did not start: "
                    f"{rep['failure'].get('detail') or rep.get('summary')}")
+        return {**base, "status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
+    rendezvous = [r for r in reports if (r.get("failure") or {}).get("kind") == "rendezvous"]
+    if rendezvous:  # the job never formed: a setup problem, the peers' timeouts blame nobody
+        rep = rendezvous[0]
+        summary = (f"the rendezvous never formed (rank {rep.get('rank')} on host {rep.get('host') or 'unknown'}: "
+                   f"{rep['failure'].get('detail') or rep.get('summary')})")
         return {**base, "status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
     cancelled = [r for r in reports if (r.get("failure") or {}).get("kind") == "cancelled"]
     if cancelled:  # the run was stopped (SIGTERM, whole-run timeout): no verdict on the hardware
