@@ -325,6 +325,7 @@ class FakeCollective:
         self.lock = threading.Lock()
 
     def __call__(self, nodes):
+        assert len(nodes) >= 2, nodes  # a collective needs two nodes (raising: the run is broken)
         with self.lock:
             self.active += 1
         time.sleep(0.1)
@@ -354,15 +355,34 @@ def test_reference_pairs_name_the_slow_node_and_compare_like_with_like(strategy)
     assert r.bad_nodes == ["n6"] and r.exit_code == 1 and r.verified
     pairs = [t for t in r.records if t.phase == "pairs"]
     assert [t.concurrency for t in pairs] == [4] * 4 and [t.healthy for t in pairs] == [True, True, False, True]
-    assert "slow: all_gather busbw 0.2 GB/s < 0.5 x 2 GB/s (median of 4 pairs measured at once)" in pairs[2].detail
+    assert "slow: all_gather busbw 0.2 GB/s < 0.5 x 2 GB/s (median of 4 pairs measured 4 at a time)" in pairs[2].detail
+    # n5 and n6 with known-good partners, next to two control pairs: four at once, as round 1
     repair = [t for t in r.records if t.phase in ("re-pair", "control")]
-    assert {t.round for t in repair} == {2} and len(repair) == 3  # n5 and n6 re-paired, one control pair
+    assert {t.round for t in repair} == {2} and [t.concurrency for t in repair] == [4] * 4
     assert [(t.label, t.healthy) for t in repair if t.phase == "re-pair"] == [("n[1,5]", True), ("n[2,6]", False)]
     assert all(t.healthy for t in r.records if t.phase not in ("pairs", "re-pair"))
-    assert r.bandwidth["references"][0]["how"] == "median of 4 pairs measured at once"
+    assert r.bandwidth["references"][0]["how"] == "median of 8 pairs measured 4 at a time"
+    assert "partners fine in their other pairs" in r.bad[0].evidence[-1]
+    # the groups of the search ran three and one at a time: never compared with the pairs
+    assert {t.concurrency for t in r.records if t.phase not in ("pairs", "re-pair", "control")} <= {1, 2, 3}
     healthy = bisect(nodes, FakeCollective(), strategy=strategy, min_group=2, screen=_screen())
     # pairs, then the whole set (grid: the rows, then all of them together)
     assert healthy.bad == [] and healthy.exit_code == 0 and healthy.rounds == (2 if strategy == "binary" else 3)
+
+
+def test_an_unreachable_host_among_four_is_bad_and_no_group_is_a_single_node():
+    def test(group):
+        assert len(group) >= 2, group
+        if "h2" in group:
+            return GroupOutcome(False, "h2: unreachable (launcher exit 255)", blamed=["h2"], unreachable=["h2"])
+        return GroupOutcome(True, "verified", metrics={"all_gather": 1.0, "all_reduce": 1.0})
+
+    for strategy in STRATEGIES:
+        r = bisect(["h1", "h2", "h3", "h4"], test, strategy=strategy, min_group=2, screen=_screen())
+        assert r.bad_nodes == ["h2"] and r.exit_code == 1 and r.broken is None
+        assert "unreachable" in r.bad[0].evidence[0]
+        # one pair at a time is all three hosts allow: their bandwidth has no reference, and says so
+        assert r.unjudged == ["h1", "h3", "h4"]
 
 
 def test_bandwidth_without_a_reference_is_not_judged():
@@ -370,6 +390,7 @@ def test_bandwidth_without_a_reference_is_not_judged():
     --min-busbw gives an absolute floor."""
     r = bisect(["a", "b"], FakeCollective(), min_group=2, screen=_screen())
     assert r.exit_code == 3 and r.unjudged == ["a", "b"] and "none" in r.bandwidth["references"][0]["how"]
+    assert all(len(t.nodes) >= 2 for t in r.records)
     r = bisect(["a", "b"], FakeCollective(), min_group=2, screen=_screen(min_busbw=1.0))
     assert r.exit_code == 0 and r.unjudged == []
 

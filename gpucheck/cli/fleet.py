@@ -736,8 +736,8 @@ def _print_bandwidth(bw) -> None:
         value = "none" if r["busbw_gbs"] is None else f"{r['busbw_gbs']:.4g} GB/s busbw"
         click.echo(f"bandwidth reference {op}: {value} ({r['how']})")
     if first:
-        click.echo(f"each round of pairs is judged against its own reference; a pair below "
-                   f"{bw['slow_limit']:g} x it is slow")
+        click.echo(f"pairs are compared only with pairs measured as many at once; a pair below "
+                   f"{bw['slow_limit']:g} x the reference is slow")
 
 
 def _builtin_test(nodes, *, deadline, repeats, flake_rate, launcher, addrs, program, ops, sizes_text, iters, warmup,

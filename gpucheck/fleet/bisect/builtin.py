@@ -3,15 +3,18 @@ with every element verified (gpucheck.nccl: all-gather and all-reduce by default
 bitwise check of its nodes; and the pairs that give the bandwidth its reference.
 
 Bandwidth is judged only against a reference measured under the same conditions: before the
-search, the nodes are tested in disjoint pairs, all pairs of a round at once (PairScreen). The
-reference of a collective is the median busbw of the pairs of that round (the best of two when
-the round has two pairs): a pair below `slow_limit` times it is slow. Then the nodes of slow
-or failed pairs are paired again, each with a node of a good pair, next to control pairs of
-good nodes, and judged against that round's own reference. A node slow (or failing) with two
-different partners, the second a known-good one, is bad; a node whose second pair is good is
-cleared. `--min-busbw` is an absolute floor for every measurement (pairs and groups). The group
-tests of the search then judge data, hangs, launches and the bitwise check (and the floor):
-their bandwidth is not compared across groups of other sizes and concurrency.
+search, the nodes are tested in disjoint pairs, all pairs of a round at once (PairScreen), then
+the nodes not cleared yet are paired again, with known-good partners where there are, next to
+control pairs of good nodes so that the round holds as many pairs as the first. The pairs are
+judged as `gpucheck nccl pairs` judges them (gpucheck.nccl.pairs.judge_pairs): the reference of
+a collective is the median busbw of the pairs measured as many at once (at least 3), a pair
+below `slow_limit` times it is slow, and a node is bad when most of its pairs are slow or fail
+and a partner of those is fine elsewhere (or a failure names it, or it is unreachable); those
+nodes leave the search. `--min-busbw` is an absolute floor for every measurement (pairs and
+groups). The group tests of the search then judge data, hangs, launches and the bitwise check
+(and the floor): their bandwidth is never compared with groups of another size or concurrency.
+A node whose pairs never had a reference is listed as not judged (exit 3 unless a bad node was
+found).
 
 A group test that cannot judge the group (a GPU in use on a host, a rendezvous that never
 formed: a setup problem) is `broken`: the bisection stops, no node blamed.
@@ -137,14 +140,17 @@ class CollectiveTest:
         if broken:
             return GroupOutcome(False, broken, dt, broken=broken)
         problems, metrics = self._judge(out)
+        blamed = _blamed(out, nodes)
         if self.bitwise is not None:
             bad, unjudged = self.bitwise.check(list(nodes))
             if unjudged:
                 why = "; ".join(unjudged.values())
                 return GroupOutcome(False, why, dt, metrics, broken=why)
             problems += [f"{n}: {why}" for n, why in bad.items()]
+            blamed += [n for n in bad if n not in blamed]
         if problems:
-            return GroupOutcome(False, "; ".join(problems), dt, metrics)
+            return GroupOutcome(False, "; ".join(problems), dt, metrics, blamed=blamed,
+                                unreachable=[h for h in out.get("unreachable") or [] if h in nodes])
         return GroupOutcome(True, ", ".join(f"{op} {v:.3g}" for op, v in metrics.items()) + " GB/s busbw", dt,
                             metrics)
 
@@ -166,6 +172,17 @@ class CollectiveTest:
         return problems, metrics
 
 
+def _blamed(out: dict[str, Any], nodes: list[str]) -> list[str]:
+    """The hosts a failure names: those that could not take part, or the rank others waited for."""
+    launch = [h for h in (out.get("launch_errors") or {}) if h in nodes]
+    if launch:
+        return launch
+    failure = out.get("failure") or {}
+    if failure.get("kind") in ("timeout", "exit") and failure.get("host") in nodes:
+        return [failure["host"]]
+    return []
+
+
 def _cannot_judge(out: dict[str, Any]) -> str | None:
     """Why this group's outcome says nothing about its nodes, or None."""
     failure = out.get("failure") or {}
@@ -181,8 +198,8 @@ def _cannot_judge(out: dict[str, Any]) -> str | None:
 # -- the bandwidth reference: pairs ----------------------------------------------------------------
 @dataclass
 class Screened:
-    """What the pairs found: bad nodes with their evidence, nodes cleared (in a good pair), nodes
-    whose bandwidth could not be judged, and the document for the result."""
+    """What the pairs found: bad nodes with their evidence, nodes cleared (in a good pair), and
+    the document for the result (references, nodes whose bandwidth could not be judged)."""
 
     bad: dict[str, dict[str, Any]] = field(default_factory=dict)
     good: list[str] = field(default_factory=list)
@@ -190,138 +207,148 @@ class Screened:
 
 
 class PairScreen:
-    """Bandwidth (and data) by pairs before the search: see the module's docstring."""
+    """Bandwidth (and data) by pairs before the search, judged like `gpucheck nccl pairs`
+    (gpucheck.nccl.pairs.judge_pairs): round 1, disjoint pairs all at once; then the nodes not
+    yet cleared (suspects, nodes of failed or unjudged pairs, the odd one) with new partners,
+    known-good ones where there are, next to control pairs of good nodes up to round 1's number
+    of pairs (so that both rounds' pairs are measured alike and compared), `repeats` times. A
+    pair is compared only with pairs measured as many at once; a node is bad when most of its
+    pairs are slow or fail and a partner of those is fine elsewhere (or a failure names it, or
+    it is unreachable)."""
 
     def __init__(self, ops: tuple[str, ...], *, slow_limit: float, min_busbw: float | None, repeats: int = 1,
                  flake_rate: float = 0.05):
         self.ops = tuple(ops)
-        self.flake_rate = flake_rate
         self.slow_limit = slow_limit
         self.min_busbw = min_busbw
         self.repeats = repeats
-        self.references: list[dict[str, Any]] = []
-        self.verdicts: dict[tuple[str, ...], str] = {}  # pair -> ok | slow | failed | unjudged
+        self.flake_rate = flake_rate
+        self.outcomes: list[Any] = []  # gpucheck.nccl.pairs.PairOutcome, one per pair measured
+        self._records: list[Any] = []
 
     def __call__(self, session: Session, nodes: list[str]) -> Screened:
         pairs = [nodes[i:i + 2] for i in range(0, len(nodes) - 1, 2)]
-        left = [nodes[-1]] if len(nodes) % 2 else []
-        first = self._round(session, pairs, "pairs")
-        good = [n for p, v in zip(pairs, first) if v == "ok" for n in p]
-        suspects = [n for p, v in zip(pairs, first) if v in ("slow", "failed") for n in p]
-        unjudged = [n for p, v in zip(pairs, first) if v == "unjudged" for n in p] + left
-        strikes: dict[str, list[tuple[str, str]]] = {}
-        for n, p in ((n, p) for p, v in zip(pairs, first) if v in ("slow", "failed") for n in p):
-            strikes.setdefault(n, []).append((fold(p), self._detail(session, p)))
-        screened = Screened(good=list(good))
-        again = self._repair(session, suspects + unjudged, good, strikes, screened)
-        screened.doc = self._doc(nodes, screened, [n for n in nodes if n not in again])
-        return screened
+        self._round(session, pairs, ["pairs"] * len(pairs))
+        for _ in range(self.repeats):
+            judgement = self._judgement(nodes)
+            todo = [n for n in nodes if not self._cleared(n, judgement) and not self._is_bad(n, judgement)]
+            if not todo:
+                break
+            self._repair(session, nodes, todo, judgement, width=len(pairs))
+        return self._screened(nodes, self._judgement(nodes))
 
-    # -- one round of pairs ---------------------------------------------------------------------
-    def _round(self, session: Session, pairs: list[list[str]], phase: str,
-               phases: list[str] | None = None) -> list[str]:
-        if not pairs:
-            return []
-        ok = session.run(pairs, phase, cache=False, judge=self._judge_round, phases=phases)
-        return [self.verdicts.get(tuple(p), "ok" if healthy else "failed") for p, healthy in zip(pairs, ok)]
+    # -- rounds ---------------------------------------------------------------------------------
+    def _round(self, session: Session, pairs: list[list[str]], phases: list[str]) -> None:
+        if pairs:
+            session.run(pairs, phases[0], cache=False, judge=self._judge_round, phases=phases)
+            self._records = [r for r in session.records if r.phase in ("pairs", "re-pair", "control")]
 
     def _judge_round(self, groups: list[list[str]], outs: list[GroupOutcome]) -> None:
-        """Every pair of a round against that round's reference (same concurrency, same time)."""
-        refs = {}
+        """Each pair of the round against the pairs measured as many at once so far (this round
+        included); the record shows it live. The final verdicts come from all rounds."""
+        from ...nccl import pairs as P
+
+        rnd = 1 + max((o.round for o in self.outcomes), default=0)
+        fresh = [self._outcome(rnd, g, o, len(groups)) for g, o in zip(groups, outs)]
+        self.outcomes += fresh
+        j = P.judge_pairs(self.outcomes, sorted({n for g in groups for n in g}), slow_limit=self.slow_limit,
+                          min_busbw=self.min_busbw)
+        verdicts = {id(pj.outcome): pj for pj in j.pairs}
+        refs = {(r.op, r.concurrency): r for r in j.references}
+        for o, po in zip(outs, fresh):
+            self._annotate(o, verdicts[id(po)], refs)
+
+    def _outcome(self, rnd: int, group: list[str], o: GroupOutcome, at_once: int) -> Any:
+        from ...nccl import pairs as P
+
+        pair = (group[0], group[1])
+        ops = {op: float(o.metrics[op]) for op in self.ops if op in o.metrics}
+        if o.healthy:
+            return P.PairOutcome(rnd, pair, "ok", busbw_gbs=next(iter(ops.values()), None), summary=o.detail,
+                                 op_busbw=ops, concurrency=at_once)
+        return P.PairOutcome(rnd, pair, "fail", summary=o.detail, blamed=list(o.blamed), concurrency=at_once,
+                             unreachable=list(o.unreachable))
+
+    def _annotate(self, o: GroupOutcome, pj: Any, refs: dict) -> None:
         for op in self.ops:
-            vals = sorted(o.metrics[op] for o in outs if o.healthy and op in o.metrics)
-            refs[op] = self._reference(op, vals, len(groups))
-        for g, o in zip(groups, outs):
-            self.verdicts[tuple(g)] = self._verdict(o, refs)
-
-    def _reference(self, op: str, vals: list[float], concurrency: int) -> dict[str, Any]:
-        if self.min_busbw is not None:
-            ref = {"busbw_gbs": self.min_busbw / self.slow_limit, "how": f"--min-busbw {self.min_busbw:g} GB/s"}
-        elif len(vals) >= 3:
-            mid = len(vals) // 2
-            value = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
-            ref = {"busbw_gbs": value, "how": f"median of {len(vals)} pairs measured at once"}
-        elif len(vals) == 2:
-            ref = {"busbw_gbs": vals[-1], "how": "the better of 2 pairs measured at once"}
-        else:
-            ref = {"busbw_gbs": None, "how": f"none: {len(vals)} good pair(s) in the round (give --min-busbw)"}
-        ref.update(op=op, concurrency=concurrency)
-        self.references.append(ref)
-        return ref
-
-    def _verdict(self, o: GroupOutcome, refs: dict[str, dict[str, Any]]) -> str:
-        if not o.healthy:
-            return "failed"
-        slow = []
-        for op, ref in refs.items():
-            v = o.metrics.get(op)
-            if ref["busbw_gbs"] is None or v is None:
-                o.metrics[f"{op}_reference_gbs"] = None
-                return "unjudged"
-            o.metrics[f"{op}_reference_gbs"] = round(ref["busbw_gbs"], 6)
-            if v < self.slow_limit * ref["busbw_gbs"]:
-                slow.append(f"{op} busbw {v:.3g} GB/s < {self.slow_limit:g} x {ref['busbw_gbs']:.3g} GB/s "
-                            f"({ref['how']})")
-        if slow:
+            ref = refs.get((op, pj.outcome.concurrency)) or refs.get((op, 0))
+            if ref is not None and op in o.metrics:
+                o.metrics[f"{op}_reference_gbs"] = None if ref.busbw_gbs is None else round(ref.busbw_gbs, 6)
+        if pj.verdict == "slow":
             o.healthy = False
-            o.detail = "slow: " + "; ".join(slow)
-            return "slow"
-        return "ok"
+            o.detail = "slow: " + "; ".join(
+                f"{op} busbw {pj.outcome.op_busbw[op]:.3g} GB/s < {self.slow_limit:g} x "
+                f"{o.metrics[f'{op}_reference_gbs']:.3g} GB/s ({self._how(refs, op, pj.outcome.concurrency)})"
+                for op in pj.slow_ops)
+        elif pj.verdict == "unjudged":
+            o.detail += " (bandwidth not judged yet: no reference at this concurrency)"
 
     @staticmethod
-    def _detail(session: Session, pair: list[str]) -> str:
-        rec = next((r for r in reversed(session.records) if r.nodes == pair), None)
-        return rec.detail if rec else ""
+    def _how(refs: dict, op: str, conc: int) -> str:
+        ref = refs.get((op, conc)) or refs.get((op, 0))
+        return ref.how if ref else "no reference"
 
-    # -- the second round: suspects with good partners, next to control pairs -------------------
-    def _repair(self, session: Session, todo: list[str], good: list[str],
-                strikes: dict[str, list[tuple[str, str]]], screened: Screened) -> list[str]:
-        """Pair each node still in question with a good node (different ones on each repeat),
-        add control pairs of good nodes so that the round has three pairs, judge. Returns the
-        nodes whose bandwidth is still not judged."""
-        runs: dict[str, list[tuple[str, str, bool]]] = {n: [] for n in todo}
-        for rep in range(self.repeats if todo and good else 0):
-            shift = (rep * len(todo)) % len(good)
-            partners = good[shift:] + good[:shift]
-            pairs = [[n, partners[i]] for i, n in enumerate(todo) if i < len(partners)]
-            spare = [g for g in good if g not in {p[1] for p in pairs}]
-            controls = [spare[2 * i:2 * i + 2] for i in range(min(max(0, 3 - len(pairs)), len(spare) // 2))]
-            verdicts = self._round(session, pairs + controls, "re-pair",
-                                   phases=["re-pair"] * len(pairs) + ["control"] * len(controls))
-            for c, v in zip(controls, verdicts[len(pairs):]):
-                if v == "failed":
-                    raise TestBroken(f"the test fails on known-good nodes: control pair {fold(c)}, whose nodes "
-                                     f"passed in pairs before, failed: {self._detail(session, c)}")
-            for (n, partner), v in zip(pairs, verdicts):
-                runs[n].append((partner, self._detail(session, [n, partner]) or v, v in ("slow", "failed")))
-        still = []
+    def _repair(self, session: Session, nodes: list[str], todo: list[str], judgement: Any, width: int) -> None:
+        """New partners for `todo`: known-good nodes, else each other in a new order; control
+        pairs of good nodes up to `width` pairs in the round."""
+        good = [n for n in nodes if self._cleared(n, judgement) and n not in todo]
+        met = {frozenset(o.nodes) for o in self.outcomes}
+        pairs, used = [], set()
         for n in todo:
-            judged = [r for r in runs[n] if self.verdicts.get((n, r[0])) != "unjudged"]
-            if not judged:
-                still.append(n)
+            partner = next((g for g in good if g not in used and frozenset((n, g)) not in met), None)
+            partner = partner or next((m for m in todo if m != n and m not in used and n not in used
+                                       and frozenset((n, m)) not in met), None)
+            if partner is None or n in used:
                 continue
-            self._conclude(n, judged, strikes.get(n, []), screened)
-        return still
+            pairs.append([n, partner])
+            used |= {n, partner}
+        spare = [g for g in good if g not in used]
+        controls = [spare[2 * i:2 * i + 2] for i in range(min(max(0, width - len(pairs)), len(spare) // 2))]
+        if pairs:
+            self._round(session, pairs + controls, ["re-pair"] * len(pairs) + ["control"] * len(controls))
+            for c, rec in zip(controls, self._records[-len(controls):] if controls else []):
+                if not rec.healthy and not rec.detail.startswith("slow"):
+                    raise TestBroken(f"the test fails on known-good nodes: control pair {fold(c)}, whose nodes "
+                                     f"passed in pairs before, failed: {rec.detail}")
 
-    def _conclude(self, n: str, judged: list[tuple[str, str, bool]], first: list[tuple[str, str]],
-                  screened: Screened) -> None:
-        """Bad when most of its pairs with known-good partners were slow or failed."""
-        bad_runs = sum(1 for _, _, bad in judged if bad)
-        if bad_runs * 2 > len(judged):
-            failures, runs = bad_runs + len(first), len(judged) + len(first)
-            evidence = [f"pair {label}: {detail}" for label, detail in first]
-            evidence += [f"pair with {p} (known good): {d}" for p, d, bad in judged]
-            screened.bad[n] = {"failures": failures, "runs": runs, "evidence": evidence,
-                               "confidence": posterior_bad(failures, runs, self.flake_rate)}
-        else:
-            screened.good.append(n)
+    # -- verdicts -------------------------------------------------------------------------------
+    def _judgement(self, nodes: list[str]) -> Any:
+        from ...nccl import pairs as P
 
-    def _doc(self, nodes: list[str], screened: Screened, judged: list[str]) -> dict[str, Any]:
-        unjudged = [n for n in nodes if n not in judged]
-        return {"ops": list(self.ops), "slow_limit": self.slow_limit, "min_busbw": self.min_busbw,
-                "references": list(self.references), "bad": sorted(screened.bad), "unjudged": unjudged,
-                "rule": "busbw of each pair against the median of the pairs measured in the same round"
-                        if self.min_busbw is None else "busbw of every measurement against --min-busbw"}
+        return P.judge_pairs(self.outcomes, nodes, slow_limit=self.slow_limit, min_busbw=self.min_busbw)
+
+    @staticmethod
+    def _cleared(node: str, j: Any) -> bool:
+        """In a pair whose bandwidth was judged good, and not judged bad."""
+        if j.nodes.get(node) is None or j.nodes[node].verdict in ("bad", "unreachable", "suspect"):
+            return False
+        return any(pj.verdict == "ok" and node in pj.outcome.nodes for pj in j.pairs)
+
+    @staticmethod
+    def _is_bad(node: str, j: Any) -> bool:
+        return j.nodes.get(node) is not None and j.nodes[node].verdict in ("bad", "unreachable")
+
+    def _screened(self, nodes: list[str], j: Any) -> Screened:
+        out = Screened()
+        for n in nodes:
+            score = j.nodes[n]
+            if self._is_bad(n, j):
+                mine = [pj for pj in j.pairs if n in pj.outcome.nodes and pj.verdict != "error"]
+                failures = sum(1 for pj in mine if pj.verdict in ("slow", "fail"))
+                evidence = [f"pairs: {e}" for e in score.evidence]
+                if score.verdict == "unreachable":
+                    evidence.insert(0, "unreachable: the launcher could not reach it")
+                out.bad[n] = {"failures": failures, "runs": len(mine), "evidence": evidence,
+                              "confidence": posterior_bad(failures, len(mine), self.flake_rate)}
+            elif self._cleared(n, j):
+                out.good.append(n)
+        unjudged = [n for n in nodes if n not in out.bad and n not in out.good]
+        out.doc = {"ops": list(self.ops), "slow_limit": self.slow_limit, "min_busbw": self.min_busbw,
+                   "references": [r.to_dict() for r in j.references], "bad": sorted(out.bad), "unjudged": unjudged,
+                   "suspects": [n for n in unjudged if j.nodes[n].verdict == "suspect"],
+                   "rule": "busbw of each pair against the median of the pairs measured as many at once"
+                           if self.min_busbw is None else "busbw of every measurement against --min-busbw"}
+        return out
 
 
 def make_builtin(launcher: Any, *, ops: list[str], sizes: list[int], iters: int, warmup: int, timeout_s: float,

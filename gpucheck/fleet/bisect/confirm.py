@@ -98,10 +98,16 @@ class Confirmation:
 
     def _confirm_round(self, todo: list[str], pool: list[str], results: dict[str, list[bool]]) -> None:
         groups, used = [], set()
-        for s in todo:
+        for s in list(todo):
             g = pad([s], pool, self.csize, avoid=used) if pool else [s]
+            if len(g) < self.min_group:  # a collective cannot run on one node
+                self.notes.append(f"{s} could not be re-tested: no known-good node to test it with")
+                todo = [x for x in todo if x != s]
+                continue
             used |= set(g) - {s}
             groups.append(g)
+        if not groups:
+            return
         subjects: list[str | None] = list(todo)
         phases = ["confirm"] * len(todo)
         control = self._control(pool, used)
@@ -136,6 +142,9 @@ class Confirmation:
         order = {n: i for i, n in enumerate(self.nodes)}
         for s in sorted(suspects, key=order.__getitem__):
             runs = len(results[s])
+            if not runs:  # never re-tested: neither bad nor cleared, and the rest is not explained
+                self.verified = False
+                continue
             failures = sum(1 for ok in results[s] if not ok)
             sus = Suspect(s, failures, runs, posterior_bad(failures, runs, self.flake_rate), failures * 2 > runs,
                           evidence(s))

@@ -105,6 +105,9 @@ class Search:
         groups, used = [], set()
         for p in pieces:
             g = p if len(p) >= self.min_group else pad(p, self._pool(avoid), self.min_group, avoid=used)
+            if len(g) < self.min_group:
+                raise TestBroken(f"no known-good node to test {', '.join(p)} with (a group needs {self.min_group} "
+                                 "nodes): the nodes cannot be told apart")
             used |= set(g) - set(p)
             groups.append(g)
         if self.repeats > 1:
@@ -169,7 +172,7 @@ class Search:
                 if len(blk) == 1:
                     self._found(blk[0], suspects)
                     continue
-                parts = split(blk)
+                parts = self._parts(blk)
                 tested = parts[:-1] if one_each else parts
                 plan.append((blk, parts, len(tested)))
                 pieces += tested
@@ -178,6 +181,14 @@ class Search:
             ok = self.run(pieces)
             frontier = self._next_frontier(plan, ok)
         return suspects
+
+    def _parts(self, blk: list[str]) -> list[list[str]]:
+        """Four parts; where parts smaller than a group would need pads and no known-good node
+        exists yet, fewer parts of a whole group each."""
+        parts = split(blk)
+        if self.min_group > 1 and min(map(len, parts)) < self.min_group and not self.good:
+            parts = split(blk, max(1, len(blk) // self.min_group))
+        return parts
 
     def _next_frontier(self, plan: list, ok: list[bool]) -> list[list[str]]:
         frontier: list[list[str]] = []

@@ -28,6 +28,8 @@ class GroupOutcome:
     metrics: dict[str, Any] = field(default_factory=dict)
     broken: str | None = None  # the test could not judge this group (no evidence about its nodes)
     timed_out: bool = False  # failed by running past its time limit
+    blamed: list[str] = field(default_factory=list)  # nodes the failure names (could not start, hung)
+    unreachable: list[str] = field(default_factory=list)  # nodes the launcher could not reach
 
 
 GroupTest = Callable[[list[str]], GroupOutcome]
@@ -56,6 +58,8 @@ class GroupRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     concurrency: int = 1  # tests run at once in this round
     timed_out: bool = False
+    blamed: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
 
     @functools.cached_property
     def label(self) -> str:
@@ -68,7 +72,7 @@ class GroupRecord:
         return {"round": self.round, "phase": self.phase, "nodes": self.label, "size": len(self.nodes),
                 "healthy": self.healthy, "detail": self.detail, "duration_s": round(self.duration_s, 3),
                 "subject": self.subject, "metrics": self.metrics, "concurrency": self.concurrency,
-                "timed_out": self.timed_out}
+                "timed_out": self.timed_out, "blamed": list(self.blamed), "unreachable": list(self.unreachable)}
 
 
 class Session:
@@ -164,7 +168,7 @@ class Session:
     def _record(self, group: list[str], phase: str, out: GroupOutcome, subject: str | None,
                 concurrency: int) -> GroupRecord:
         rec = GroupRecord(self.rounds, phase, list(group), out.healthy, out.detail, out.duration_s, subject,
-                          dict(out.metrics), concurrency, out.timed_out)
+                          dict(out.metrics), concurrency, out.timed_out, list(out.blamed), list(out.unreachable))
         self.records.append(rec)
         return rec
 

@@ -34,18 +34,18 @@ def binary_strategy(session: Session, nodes: list[str], *, min_group: int, max_b
     return Found(search.find([nodes]), search)
 
 
-def grid_layout(nodes: list[str], group_size: int) -> list[list[str]]:
+def grid_layout(nodes: list[str], group_size: int, min_group: int = 1) -> list[list[str]]:
     """Rows of `group_size` consecutive nodes; a short last row is merged into the one before
-    when it would be smaller than half a row."""
+    when it would be smaller than half a row (or than a group)."""
     rows = [nodes[i:i + group_size] for i in range(0, len(nodes), group_size)]
-    if len(rows) > 1 and len(rows[-1]) < max(1, group_size // 2):
+    if len(rows) > 1 and len(rows[-1]) < max(1, group_size // 2, min_group):
         rows[-2].extend(rows.pop())
     return rows
 
 
 def grid_strategy(session: Session, nodes: list[str], *, group_size: int, min_group: int,
                   max_bad: int | None, good: list[str]) -> Found:
-    rows = grid_layout(nodes, group_size)
+    rows = grid_layout(nodes, group_size, min_group)
     healthy = session.run(rows, "rows")
     bad_rows = [r for r, ok in zip(rows, healthy) if not ok]
     for r, ok in zip(rows, healthy):
