@@ -509,3 +509,64 @@ def test_intra_check_skips_with_one_worker():
     assert code == 0
     (r,) = doc["results"]
     assert r["status"] == "skip" and "at least 2" in r["summary"]
+
+
+def test_what_goes_wrong_without_deciding_the_result_is_a_warning_event():
+    """Old: five `except Exception: pass` in the rank loop (heartbeat store, heartbeat writes,
+    NCCL version, host labels, destroy_process_group) hid what failed."""
+    import types
+
+    from gpucheck.nccl import collective as C
+
+    class Dist:
+        def TCPStore(self, *a, **kw):
+            raise RuntimeError("Connection refused\nsecond line")
+
+        def barrier(self):
+            pass
+
+        def destroy_process_group(self):
+            raise RuntimeError("process group already destroyed")
+
+    events: list = []
+    spec = C.RankSpec(rank=0, world=2, ops=["all_reduce"], sizes=[4096], host="h0")
+    st = C._Rank(spec, events.append, lambda timeout: 0)
+    st.port = 29500
+    st.heartbeat(Dist())  # cannot reach the store: the heartbeat does not start
+    env = C._Env(torch=None, dist=Dist(), backend="gloo", device=types.SimpleNamespace(type="cpu"))
+    rep = C._teardown(st, env, types.SimpleNamespace(barrier=lambda: None), None)
+    assert rep["status"] == "ok"
+    warnings = [e for e in events if e["event"] == "warning"]
+    assert [(w["rank"], w["step"]) for w in warnings] == [(0, "heartbeat"), (0, "teardown")]
+    assert rep["warnings"] == [
+        "heartbeat: cannot connect to the rendezvous store: RuntimeError: Connection refused",
+        "teardown: destroy_process_group failed: RuntimeError: process group already destroyed"]
+    peer = {**_rep(1), "warnings": []}
+    assert merge([rep, peer])["warnings"] == [f"rank 0: {w}" for w in rep["warnings"]]
+
+
+def test_a_rendezvous_that_never_formed_blames_no_rank():
+    rdv = {"kind": "rendezvous", "rank": 1, "host": "h1", "detail": "the process group did not connect its ranks: "
+                                                                   "Connection refused"}
+    waited = {"kind": "timeout", "rank": 1, "host": "h1", "what": "rendezvous"}
+    out = merge([_rep(0, "fail", waited), _rep(1, "error", rdv)])
+    assert out["status"] == "error" and out["failure"]["kind"] == "rendezvous"
+    assert out["summary"].startswith("the rendezvous never formed (rank 1 on host h1: ")
+    from gpucheck.nccl.pairs_run import pair_outcome
+
+    pair = pair_outcome(1, ("h0", "h1"), {**out, "launch_errors": {}}, ["all_reduce"])
+    assert pair.status == "error" and pair.blamed == []
+
+
+def test_the_interface_is_the_one_that_routes_to_the_other_hosts(monkeypatch):
+    from gpucheck.nccl import topology as T
+
+    routes = {"10.0.0.2": "10.0.0.1", "n2": "10.0.0.1", "n1-self": "127.0.0.1"}
+    monkeypatch.setattr(T, "local_address_towards", lambda target: routes.get(target))
+    monkeypatch.setattr(T, "interface_of", lambda addr: {"10.0.0.1": "eth7", "127.0.0.1": "lo"}.get(addr))
+    # rank 0 hosts the store: the route to a peer; the others: the route to the rendezvous
+    assert T.pick_interface("n1-self", ["n1-self", "n2"], 0) == ("eth7", "eth7 (10.0.0.1: the route to n2)")
+    assert T.pick_interface("10.0.0.2", ["10.0.0.2", "n3"], 1)[0] == "eth7"
+    # the name of the rendezvous host resolves to 127.0.0.1 here: loopback is never picked
+    assert T.pick_interface("n1-self", [], 1)[0] is None
+    assert T.pick_interface("n1-self", [], 0) == (None, "no peer address given")
