@@ -339,7 +339,7 @@ class FakeCollective:
 
 
 def _screen(**kw):
-    from gpucheck.fleet.bisect.builtin import PairScreen
+    from gpucheck.fleet.bisect.pairscreen import PairScreen
 
     return PairScreen(("all_gather", "all_reduce"), slow_limit=0.5, min_busbw=kw.get("min_busbw"))
 
@@ -362,12 +362,34 @@ def test_reference_pairs_name_the_slow_node_and_compare_like_with_like(strategy)
     assert [(t.label, t.healthy) for t in repair if t.phase == "re-pair"] == [("n[1,5]", True), ("n[2,6]", False)]
     assert all(t.healthy for t in r.records if t.phase not in ("pairs", "re-pair"))
     assert r.bandwidth["references"][0]["how"] == "median of 8 pairs measured 4 at a time"
-    assert "partners fine in their other pairs" in r.bad[0].evidence[-1]
+    assert any("partners fine in their other pairs" in e for e in r.bad[0].evidence)
+    assert "below 0.5 x the slowest control pair of the same round" in r.bad[0].evidence[-1]
     # the groups of the search ran three and one at a time: never compared with the pairs
     assert {t.concurrency for t in r.records if t.phase not in ("pairs", "re-pair", "control")} <= {1, 2, 3}
     healthy = bisect(nodes, FakeCollective(), strategy=strategy, min_group=2, screen=_screen())
     # pairs, then the whole set (grid: the rows, then all of them together)
     assert healthy.bad == [] and healthy.exit_code == 0 and healthy.rounds == (2 if strategy == "binary" else 3)
+
+
+def test_control_pairs_keep_noise_from_blaming_a_healthy_node():
+    """Shared links or cores: a known-good control pair measures at 3 of 8 GB/s in round 2, and
+    the healthy n5 with its known-good partner at 2.5: as good as the controls, so not bad
+    (the median alone, 5.5, would have made it slow in both its pairs and blamed it). n6 is
+    below half the slowest control: bad."""
+    values = {("n1", "n2"): 8, ("n3", "n4"): 8, ("n5", "n6"): 0.5, ("n7", "n8"): 8,
+              ("n1", "n5"): 2.5, ("n5", "n1"): 2.5, ("n2", "n6"): 0.5, ("n6", "n2"): 0.5}
+    calls: dict = {}
+
+    def test(group):
+        key = tuple(group)
+        calls[key] = calls.get(key, 0) + 1
+        bw = 3.0 if key == ("n7", "n8") and calls[key] > 1 else values.get(key, 8.0)
+        return GroupOutcome(True, "verified", metrics={"all_gather": bw, "all_reduce": bw})
+
+    r = bisect([f"n{i}" for i in range(1, 9)], test, min_group=2, screen=_screen())
+    assert r.bad_nodes == ["n6"] and r.exit_code == 1, [(t.label, t.detail) for t in r.records]
+    assert r.bandwidth["control_floors"] == {"2": {"all_gather": 1.5, "all_reduce": 1.5}}
+    assert r.unjudged == []
 
 
 def test_an_unreachable_host_among_four_is_bad_and_no_group_is_a_single_node():

@@ -25,13 +25,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..nodeset import fold
 from .command import tail
-from .result import posterior_bad
-from .session import GroupOutcome, Session, TestBroken
+from .session import GroupOutcome
 
 DEFAULT_OPS = ("all_gather", "all_reduce")
 
@@ -195,168 +192,13 @@ def _cannot_judge(out: dict[str, Any]) -> str | None:
     return None
 
 
-# -- the bandwidth reference: pairs ----------------------------------------------------------------
-@dataclass
-class Screened:
-    """What the pairs found: bad nodes with their evidence, nodes cleared (in a good pair), and
-    the document for the result (references, nodes whose bandwidth could not be judged)."""
-
-    bad: dict[str, dict[str, Any]] = field(default_factory=dict)
-    good: list[str] = field(default_factory=list)
-    doc: dict[str, Any] = field(default_factory=dict)
-
-
-class PairScreen:
-    """Bandwidth (and data) by pairs before the search, judged like `gpucheck nccl pairs`
-    (gpucheck.nccl.pairs.judge_pairs): round 1, disjoint pairs all at once; then the nodes not
-    yet cleared (suspects, nodes of failed or unjudged pairs, the odd one) with new partners,
-    known-good ones where there are, next to control pairs of good nodes up to round 1's number
-    of pairs (so that both rounds' pairs are measured alike and compared), `repeats` times. A
-    pair is compared only with pairs measured as many at once; a node is bad when most of its
-    pairs are slow or fail and a partner of those is fine elsewhere (or a failure names it, or
-    it is unreachable)."""
-
-    def __init__(self, ops: tuple[str, ...], *, slow_limit: float, min_busbw: float | None, repeats: int = 1,
-                 flake_rate: float = 0.05):
-        self.ops = tuple(ops)
-        self.slow_limit = slow_limit
-        self.min_busbw = min_busbw
-        self.repeats = repeats
-        self.flake_rate = flake_rate
-        self.outcomes: list[Any] = []  # gpucheck.nccl.pairs.PairOutcome, one per pair measured
-        self._records: list[Any] = []
-
-    def __call__(self, session: Session, nodes: list[str]) -> Screened:
-        pairs = [nodes[i:i + 2] for i in range(0, len(nodes) - 1, 2)]
-        self._round(session, pairs, ["pairs"] * len(pairs))
-        for _ in range(self.repeats):
-            judgement = self._judgement(nodes)
-            todo = [n for n in nodes if not self._cleared(n, judgement) and not self._is_bad(n, judgement)]
-            if not todo:
-                break
-            self._repair(session, nodes, todo, judgement, width=len(pairs))
-        return self._screened(nodes, self._judgement(nodes))
-
-    # -- rounds ---------------------------------------------------------------------------------
-    def _round(self, session: Session, pairs: list[list[str]], phases: list[str]) -> None:
-        if pairs:
-            session.run(pairs, phases[0], cache=False, judge=self._judge_round, phases=phases)
-            self._records = [r for r in session.records if r.phase in ("pairs", "re-pair", "control")]
-
-    def _judge_round(self, groups: list[list[str]], outs: list[GroupOutcome]) -> None:
-        """Each pair of the round against the pairs measured as many at once so far (this round
-        included); the record shows it live. The final verdicts come from all rounds."""
-        from ...nccl import pairs as P
-
-        rnd = 1 + max((o.round for o in self.outcomes), default=0)
-        fresh = [self._outcome(rnd, g, o, len(groups)) for g, o in zip(groups, outs)]
-        self.outcomes += fresh
-        j = P.judge_pairs(self.outcomes, sorted({n for g in groups for n in g}), slow_limit=self.slow_limit,
-                          min_busbw=self.min_busbw)
-        verdicts = {id(pj.outcome): pj for pj in j.pairs}
-        refs = {(r.op, r.concurrency): r for r in j.references}
-        for o, po in zip(outs, fresh):
-            self._annotate(o, verdicts[id(po)], refs)
-
-    def _outcome(self, rnd: int, group: list[str], o: GroupOutcome, at_once: int) -> Any:
-        from ...nccl import pairs as P
-
-        pair = (group[0], group[1])
-        ops = {op: float(o.metrics[op]) for op in self.ops if op in o.metrics}
-        if o.healthy:
-            return P.PairOutcome(rnd, pair, "ok", busbw_gbs=next(iter(ops.values()), None), summary=o.detail,
-                                 op_busbw=ops, concurrency=at_once)
-        return P.PairOutcome(rnd, pair, "fail", summary=o.detail, blamed=list(o.blamed), concurrency=at_once,
-                             unreachable=list(o.unreachable))
-
-    def _annotate(self, o: GroupOutcome, pj: Any, refs: dict) -> None:
-        for op in self.ops:
-            ref = refs.get((op, pj.outcome.concurrency)) or refs.get((op, 0))
-            if ref is not None and op in o.metrics:
-                o.metrics[f"{op}_reference_gbs"] = None if ref.busbw_gbs is None else round(ref.busbw_gbs, 6)
-        if pj.verdict == "slow":
-            o.healthy = False
-            o.detail = "slow: " + "; ".join(
-                f"{op} busbw {pj.outcome.op_busbw[op]:.3g} GB/s < {self.slow_limit:g} x "
-                f"{o.metrics[f'{op}_reference_gbs']:.3g} GB/s ({self._how(refs, op, pj.outcome.concurrency)})"
-                for op in pj.slow_ops)
-        elif pj.verdict == "unjudged":
-            o.detail += " (bandwidth not judged yet: no reference at this concurrency)"
-
-    @staticmethod
-    def _how(refs: dict, op: str, conc: int) -> str:
-        ref = refs.get((op, conc)) or refs.get((op, 0))
-        return ref.how if ref else "no reference"
-
-    def _repair(self, session: Session, nodes: list[str], todo: list[str], judgement: Any, width: int) -> None:
-        """New partners for `todo`: known-good nodes, else each other in a new order; control
-        pairs of good nodes up to `width` pairs in the round."""
-        good = [n for n in nodes if self._cleared(n, judgement) and n not in todo]
-        met = {frozenset(o.nodes) for o in self.outcomes}
-        pairs, used = [], set()
-        for n in todo:
-            partner = next((g for g in good if g not in used and frozenset((n, g)) not in met), None)
-            partner = partner or next((m for m in todo if m != n and m not in used and n not in used
-                                       and frozenset((n, m)) not in met), None)
-            if partner is None or n in used:
-                continue
-            pairs.append([n, partner])
-            used |= {n, partner}
-        spare = [g for g in good if g not in used]
-        controls = [spare[2 * i:2 * i + 2] for i in range(min(max(0, width - len(pairs)), len(spare) // 2))]
-        if pairs:
-            self._round(session, pairs + controls, ["re-pair"] * len(pairs) + ["control"] * len(controls))
-            for c, rec in zip(controls, self._records[-len(controls):] if controls else []):
-                if not rec.healthy and not rec.detail.startswith("slow"):
-                    raise TestBroken(f"the test fails on known-good nodes: control pair {fold(c)}, whose nodes "
-                                     f"passed in pairs before, failed: {rec.detail}")
-
-    # -- verdicts -------------------------------------------------------------------------------
-    def _judgement(self, nodes: list[str]) -> Any:
-        from ...nccl import pairs as P
-
-        return P.judge_pairs(self.outcomes, nodes, slow_limit=self.slow_limit, min_busbw=self.min_busbw)
-
-    @staticmethod
-    def _cleared(node: str, j: Any) -> bool:
-        """In a pair whose bandwidth was judged good, and not judged bad."""
-        if j.nodes.get(node) is None or j.nodes[node].verdict in ("bad", "unreachable", "suspect"):
-            return False
-        return any(pj.verdict == "ok" and node in pj.outcome.nodes for pj in j.pairs)
-
-    @staticmethod
-    def _is_bad(node: str, j: Any) -> bool:
-        return j.nodes.get(node) is not None and j.nodes[node].verdict in ("bad", "unreachable")
-
-    def _screened(self, nodes: list[str], j: Any) -> Screened:
-        out = Screened()
-        for n in nodes:
-            score = j.nodes[n]
-            if self._is_bad(n, j):
-                mine = [pj for pj in j.pairs if n in pj.outcome.nodes and pj.verdict != "error"]
-                failures = sum(1 for pj in mine if pj.verdict in ("slow", "fail"))
-                evidence = [f"pairs: {e}" for e in score.evidence]
-                if score.verdict == "unreachable":
-                    evidence.insert(0, "unreachable: the launcher could not reach it")
-                out.bad[n] = {"failures": failures, "runs": len(mine), "evidence": evidence,
-                              "confidence": posterior_bad(failures, len(mine), self.flake_rate)}
-            elif self._cleared(n, j):
-                out.good.append(n)
-        unjudged = [n for n in nodes if n not in out.bad and n not in out.good]
-        out.doc = {"ops": list(self.ops), "slow_limit": self.slow_limit, "min_busbw": self.min_busbw,
-                   "references": [r.to_dict() for r in j.references], "bad": sorted(out.bad), "unjudged": unjudged,
-                   "suspects": [n for n in unjudged if j.nodes[n].verdict == "suspect"],
-                   "rule": "busbw of each pair against the median of the pairs measured as many at once"
-                           if self.min_busbw is None else "busbw of every measurement against --min-busbw"}
-        return out
-
-
 def make_builtin(launcher: Any, *, ops: list[str], sizes: list[int], iters: int, warmup: int, timeout_s: float,
                  backend: str, ifname: str | None, deadline_s: float, slow_limit: float, min_busbw: float | None,
                  bitwise: bool, bitwise_args: list[str], force: bool, repeats: int,
-                 flake_rate: float) -> tuple[CollectiveTest, PairScreen]:
+                 flake_rate: float) -> tuple[CollectiveTest, Any]:
     """The built-in group test and its pairs, from the command's settings."""
     from ...nccl.launch import run_args
+    from .pairscreen import PairScreen
 
     args = run_args(ops=list(ops), sizes=sizes, iters=iters, warmup=warmup, timeout_s=timeout_s, backend=backend,
                     ifname=ifname, force=force)
