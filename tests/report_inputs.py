@@ -114,7 +114,7 @@ def sweep_report(n: int = 12, *, seed: int = 7, slow: str | None = None, ecc: st
 def pairs_document(n: int = 8, bad: str | None = None, seed: int = 3) -> dict[str, Any]:
     """`nccl pairs` over n nodes (random rounds): every pair with the bad node at 30 % of the
     others' bus bandwidth, and one of its pairs corrupting data."""
-    from gpucheck.cli.nccl import pairs_document as document
+    from gpucheck.nccl.pairs_run import pairs_document as document
     from gpucheck.nccl.pairs import PairOutcome, judge_pairs, random_rounds
 
     names = [f"node{i:02d}" for i in range(1, n + 1)]
@@ -132,7 +132,7 @@ def pairs_document(n: int = 8, bad: str | None = None, seed: int = 3) -> dict[st
             outcomes.append(PairOutcome(r, (a, b), "ok", busbw_gbs=bw, algbw_gbs=bw, time_s=0.01, bytes=1 << 26))
     j = judge_pairs(outcomes, names)
     code = 1 if (j.bad or j.suspects) else 0
-    return document(j, nodes=names, strategy="random", plan=plan, op="all_reduce", code=code, injected=[])
+    return document(j, nodes=names, strategy="random", plan=plan, ops=["all_reduce"], code=code, injected=[])
 
 
 def bisect_result(n: int = 64, bad: tuple[str, ...] = ("n037",)) -> dict[str, Any]:

@@ -388,7 +388,7 @@ def test_nccl_run_refuses_a_busy_gpu_and_blames_no_host(monkeypatch, capsys):
 def test_a_pair_with_a_busy_host_is_an_error_not_a_bad_node():
     """`nccl pairs`: host b refused (its GPU is in use), host a timed out waiting for b's rank:
     the pair could not be judged, and b is not blamed (old: "timeout waiting for rank 1", b bad)."""
-    from gpucheck.cli.nccl import pair_outcome
+    from gpucheck.nccl.pairs_run import pair_outcome
     from gpucheck.nccl.report import merge
 
     refused = {"event": "result", "rank": 1, "world": 2, "host": "b", "status": "error",

@@ -50,7 +50,8 @@ case "$2" in
   *"--peer-hosts n1,n2 "*|*"--peer-hosts n3,n4 "*)
     rank=$(printf '%s\\n' "$2" | sed -n 's/.*--rank \\([0-9]*\\).*/\\1/p')
     printf '{{"event":"result","rank":%s,"world":2,"host":"%s","status":"ok","summary":"ok",\
-"results":[{{"op":"all_reduce","bytes":1048576,"busbw_gbs":2.0,"algbw_gbs":2.0,"time_s":0.001}}]}}\\n' "$rank" "$1"
+"results":[{{"op":"all_gather","bytes":1048576,"busbw_gbs":2.0,"algbw_gbs":2.0,"time_s":0.001}},\
+{{"op":"all_reduce","bytes":1048576,"busbw_gbs":2.0,"algbw_gbs":2.0,"time_s":0.001}}]}}\\n' "$rank" "$1"
     exit 0;;
 esac
 exec sh {root}/hang.sh

@@ -184,10 +184,72 @@ def test_slow_node_is_named_and_partners_stay_healthy():
     assert any("partners fine" in e for e in j.nodes["n3"].evidence)
 
 
-def test_two_pairs_give_no_median_reference():
+def test_two_pairs_give_no_median_reference_and_are_not_judged():
+    """Old: "only failures are judged" and exit 0: a pair whose bandwidth was not examined passed."""
+    from gpucheck.nccl.pairs_run import exit_code
+
     j = P.judge_pairs([_ok(1, "a", "b", 1.0), _ok(1, "c", "d", 9.0)], list("abcd"))
-    assert j.reference_gbs is None and "only failures are judged" in j.reference_kind
-    assert {s.verdict for s in j.nodes.values()} == {"ok"}
+    assert j.reference_gbs is None and "bandwidth not judged" in j.reference_kind
+    assert {p.verdict for p in j.pairs} == {"unjudged"} and j.unjudged == 2
+    assert exit_code(j, None) == 3
+
+
+def _conc(rnd, a, b, v, conc, **ops):
+    return P.PairOutcome(rnd, (a, b), "ok", busbw_gbs=v, concurrency=conc, op_busbw=ops or {"all_reduce": v})
+
+
+def test_pairs_are_compared_only_with_pairs_measured_as_many_at_once():
+    """Four pairs at once measure lower than one pair alone; old: a reference from every pair
+    made the four-at-once round 'slow' next to the alone ones (and the alone ones set it)."""
+    alone = [_conc(i, f"s{i}", f"t{i}", 10.0, 1) for i in range(1, 4)]
+    crowd = [_conc(9, f"a{i}", f"b{i}", 4.0, 4) for i in range(4)] + [_conc(9, "x", "y", 4.2, 4)]
+    j = P.judge_pairs(alone + crowd, sorted({n for o in alone + crowd for n in o.nodes}))
+    assert {p.verdict for p in j.pairs} == {"ok"} and not j.bad
+    assert sorted((r.concurrency, r.busbw_gbs) for r in j.references) == [(1, 10.0), (4, 4.0)]
+    slow = crowd[:-1] + [_conc(9, "x", "y", 1.0, 4)]
+    j = P.judge_pairs(alone + slow, sorted({n for o in alone + slow for n in o.nodes}))
+    assert [p.outcome.nodes for p in j.pairs if p.verdict == "slow"] == [("x", "y")]
+
+
+def test_every_collective_is_judged():
+    outs = [_conc(1, f"a{i}", f"b{i}", 5.0, 4, all_gather=5.0, all_reduce=9.0) for i in range(3)]
+    outs.append(_conc(1, "x", "y", 5.0, 4, all_gather=5.1, all_reduce=2.0))  # only all_reduce is slow
+    j = P.judge_pairs(outs, sorted({n for o in outs for n in o.nodes}))
+    (slow,) = [p for p in j.pairs if p.verdict == "slow"]
+    assert slow.outcome.nodes == ("x", "y") and slow.slow_ops == ["all_reduce"]
+
+
+def test_unreachable_host_is_named_and_its_partners_stay_healthy():
+    from gpucheck.nccl.pairs_run import exit_code, pair_outcome
+
+    group = {"status": "error", "summary": "no rank reported", "failure": None, "results": [],
+             "launch_errors": {"d": "unreachable (launcher exit 255): ssh: connect to host d port 22: Connection refused"},
+             "unreachable": ["d"], "stopped": ["c"]}
+    out = pair_outcome(1, ("c", "d"), group, ["all_reduce"])
+    assert out.status == "fail" and out.blamed == ["d"] and out.unreachable == ["d"]
+    assert "Connection refused" in out.summary
+    outs = [out, _ok(1, "a", "b", 5.0), _ok(2, "a", "c", 5.0), _ok(2, "b", "e", 5.0), _ok(3, "c", "e", 5.0)]
+    j = P.judge_pairs(outs, list("abcde"))
+    assert j.unreachable == ["d"] and j.bad == [] and j.nodes["c"].verdict == "ok"
+    assert exit_code(j, None) == 1
+
+
+def test_every_pair_failing_the_same_way_is_a_broken_test_not_bad_nodes():
+    from gpucheck.nccl.pairs_run import exit_code
+
+    outs = [P.PairOutcome(1, (a, b), "fail", summary=f"{b}: gpucheck not found (exit 127): sh: 1: gpucheck: not found",
+                          blamed=[b]) for a, b in (("n1", "n2"), ("n3", "n4"))]
+    outs += [P.PairOutcome(2, (a, b), "fail", summary=f"{a}: gpucheck not found (exit 127): sh: 1: gpucheck: not found",
+                           blamed=[a]) for a, b in (("n2", "n3"), ("n4", "n1"))]
+    j = P.judge_pairs(outs, ["n1", "n2", "n3", "n4"])
+    assert j.broken and "every pair (4) failed the same way" in j.broken
+    assert exit_code(j, None) == 3
+    # a rendezvous that never formed on every pair (a setup error): not measured, broken
+    rdv = [P.PairOutcome(1, (a, b), "error", summary=f"the rendezvous never formed (rank 1 on host {b}: "
+                                                     "Connection refused)") for a, b in (("n1", "n2"), ("n3", "n4"))]
+    j = P.judge_pairs(rdv, ["n1", "n2", "n3", "n4"])
+    assert j.broken and j.measured == 0 and exit_code(j, None) == 3
+    assert not any(s.verdict == "bad" for s in j.nodes.values())
 
 
 def test_single_slow_pair_is_only_suspect_and_absolute_limit():
@@ -285,7 +347,8 @@ def test_launcher_templates():
 
 
 def test_topology_from_options_torchrun_and_slurm():
-    from gpucheck.cli.nccl import parse_corrupt, resolve_topology
+    from gpucheck.cli.nccl import parse_corrupt
+    from gpucheck.nccl.topology import TopologyError, resolve_topology
 
     t = resolve_topology({"rank": 1, "world_size": 2, "master_addr": "10.0.0.1", "master_port": "stdin"}, {})
     assert (t.ranks, t.world, t.master_addr, t.master_port) == ([1], 2, "10.0.0.1", "stdin")
@@ -303,7 +366,7 @@ def test_topology_from_options_torchrun_and_slurm():
     for opts, env in (({}, {}), ({"rank": 0, "world_size": 1}, {}), ({"rank": 1}, {}),
                       ({"rank": 1, "world_size": 2}, {}), ({"rank": 2, "world_size": 2, "master_port": "1"}, {}),
                       ({"master_port": "99999", "rank": 0, "world_size": 2}, {})):
-        with pytest.raises(click.BadParameter):
+        with pytest.raises(TopologyError):
             resolve_topology(opts, env)
     c = parse_corrupt(["corrupt:rank=1,op=ag,iter=2"], keys=("rank",))
     assert c == {"text": "corrupt:rank=1,op=ag,iter=2", "rank": 1, "op": "all_gather", "iter": 2}
@@ -446,3 +509,64 @@ def test_intra_check_skips_with_one_worker():
     assert code == 0
     (r,) = doc["results"]
     assert r["status"] == "skip" and "at least 2" in r["summary"]
+
+
+def test_what_goes_wrong_without_deciding_the_result_is_a_warning_event():
+    """Old: five `except Exception: pass` in the rank loop (heartbeat store, heartbeat writes,
+    NCCL version, host labels, destroy_process_group) hid what failed."""
+    import types
+
+    from gpucheck.nccl import collective as C
+
+    class Dist:
+        def TCPStore(self, *a, **kw):
+            raise RuntimeError("Connection refused\nsecond line")
+
+        def barrier(self):
+            pass
+
+        def destroy_process_group(self):
+            raise RuntimeError("process group already destroyed")
+
+    events: list = []
+    spec = C.RankSpec(rank=0, world=2, ops=["all_reduce"], sizes=[4096], host="h0")
+    st = C._Rank(spec, events.append, lambda timeout: 0)
+    st.port = 29500
+    st.heartbeat(Dist())  # cannot reach the store: the heartbeat does not start
+    env = C._Env(torch=None, dist=Dist(), backend="gloo", device=types.SimpleNamespace(type="cpu"))
+    rep = C._teardown(st, env, types.SimpleNamespace(barrier=lambda: None), None)
+    assert rep["status"] == "ok"
+    warnings = [e for e in events if e["event"] == "warning"]
+    assert [(w["rank"], w["step"]) for w in warnings] == [(0, "heartbeat"), (0, "teardown")]
+    assert rep["warnings"] == [
+        "heartbeat: cannot connect to the rendezvous store: RuntimeError: Connection refused",
+        "teardown: destroy_process_group failed: RuntimeError: process group already destroyed"]
+    peer = {**_rep(1), "warnings": []}
+    assert merge([rep, peer])["warnings"] == [f"rank 0: {w}" for w in rep["warnings"]]
+
+
+def test_a_rendezvous_that_never_formed_blames_no_rank():
+    rdv = {"kind": "rendezvous", "rank": 1, "host": "h1", "detail": "the process group did not connect its ranks: "
+                                                                   "Connection refused"}
+    waited = {"kind": "timeout", "rank": 1, "host": "h1", "what": "rendezvous"}
+    out = merge([_rep(0, "fail", waited), _rep(1, "error", rdv)])
+    assert out["status"] == "error" and out["failure"]["kind"] == "rendezvous"
+    assert out["summary"].startswith("the rendezvous never formed (rank 1 on host h1: ")
+    from gpucheck.nccl.pairs_run import pair_outcome
+
+    pair = pair_outcome(1, ("h0", "h1"), {**out, "launch_errors": {}}, ["all_reduce"])
+    assert pair.status == "error" and pair.blamed == []
+
+
+def test_the_interface_is_the_one_that_routes_to_the_other_hosts(monkeypatch):
+    from gpucheck.nccl import topology as T
+
+    routes = {"10.0.0.2": "10.0.0.1", "n2": "10.0.0.1", "n1-self": "127.0.0.1"}
+    monkeypatch.setattr(T, "local_address_towards", lambda target: routes.get(target))
+    monkeypatch.setattr(T, "interface_of", lambda addr: {"10.0.0.1": "eth7", "127.0.0.1": "lo"}.get(addr))
+    # rank 0 hosts the store: the route to a peer; the others: the route to the rendezvous
+    assert T.pick_interface("n1-self", ["n1-self", "n2"], 0) == ("eth7", "eth7 (10.0.0.1: the route to n2)")
+    assert T.pick_interface("10.0.0.2", ["10.0.0.2", "n3"], 1)[0] == "eth7"
+    # the name of the rendezvous host resolves to 127.0.0.1 here: loopback is never picked
+    assert T.pick_interface("n1-self", [], 1)[0] is None
+    assert T.pick_interface("n1-self", [], 0) == (None, "no peer address given")

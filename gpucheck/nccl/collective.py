@@ -16,6 +16,16 @@ publishes its host label and a heartbeat (collective step, beat counter) in the 
 when a collective fails or times out, the survivors read the heartbeats to name the rank they were
 waiting for: a rank whose heartbeat stopped (dead or frozen process), else the rank furthest
 behind in the sequence of collectives, else rank 0 when the store itself is gone.
+
+A job that never formed (the store could not be reached, the process group could not connect
+its ranks: a host name that resolves to 127.0.0.1, the wrong interface) is not a timeout of a
+peer: the result is an `error` with failure kind `rendezvous` and no rank is blamed; only a
+rank that joined the store and then stopped its heartbeat (died, froze) is named.
+
+Steps (run_rank): setup, rendezvous, sweep (with the verification of every iteration),
+teardown. What goes wrong without deciding the result (a heartbeat that stops, a version that
+cannot be read, a host label that cannot be fetched, a process group that cannot be destroyed)
+is sent as a `warning` event and listed in the result's `warnings`.
 """
 
 from __future__ import annotations
@@ -143,6 +153,17 @@ class _Rank:
         self.t0 = time.monotonic()
 
     # -- reporting ------------------------------------------------------------------------------
+    def warn(self, step: str, error: BaseException | str) -> None:
+        """Something went wrong that does not decide the result (a heartbeat that stopped, a
+        version that could not be read): a `warning` event now, and a line in the report."""
+        detail = error if isinstance(error, str) else _first_line(error)
+        line = f"{step}: {detail}"
+        self.report.setdefault("warnings", []).append(line)
+        try:
+            self.emit({"event": "warning", "rank": self.spec.rank, "step": step, "detail": detail})
+        except Exception as e:  # the parent is gone: the warning stays in the report
+            self.report["warnings"].append(f"warning event not sent: {_first_line(e)}")
+
     def finish(self, status: str, summary: str, failure: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Seal the report once (the main loop and the watchdog may race); None if already sent."""
         with self._done:
@@ -170,9 +191,12 @@ class _Rank:
         return dist.TCPStore(self.spec.master_addr, int(self.port), self.spec.world, False, timeout=td)
 
     def heartbeat(self, dist: Any) -> None:
+        """Publish (collective step, beat) in the store until the rank finishes. A heartbeat that
+        cannot start or stops early is a warning: the peers could then take this rank for dead."""
         try:
             client = self._store(dist, False, max(2.0, HEARTBEAT_S * 8))
-        except Exception:
+        except Exception as e:
+            self.warn("heartbeat", f"cannot connect to the rendezvous store: {_first_line(e)}")
             return
         beat = 0
         key = f"{KEY}hb/{self.spec.rank}"
@@ -180,7 +204,9 @@ class _Rank:
             beat += 1
             try:
                 client.set(key, f"{self.step} {beat}")
-            except Exception:
+            except Exception as e:
+                if not self.stop.is_set():  # the store going away at the end is no news
+                    self.warn("heartbeat", f"stopped after {beat - 1} beat(s): {_first_line(e)}")
                 return
             self.stop.wait(HEARTBEAT_S)
 
@@ -264,14 +290,51 @@ class _Rank:
             self.current = None
 
 
+class RendezvousError(Exception):
+    """The ranks never formed a job: the store could not be reached or the process group could
+    not connect its ranks (a name that resolves to 127.0.0.1, the wrong interface, a firewall).
+    A setup problem: no rank is to blame."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass
+class _Env:
+    """What the setup step chose: torch, its distributed module, the backend and the device."""
+
+    torch: Any
+    dist: Any
+    backend: str
+    device: Any
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
 def run_rank(spec: RankSpec, emit: Callable[[dict[str, Any]], None],
              get_port: Callable[[float], int]) -> dict[str, Any]:
-    """Run one rank. `emit` sends progress events (listening, ready); the returned dict is the
-    rank's result event. `get_port(timeout)` returns the rendezvous port when spec.master_port is
-    None (the parent learns it from rank 0)."""
+    """Run one rank. `emit` sends progress events (listening, ready, warning); the returned dict
+    is the rank's result event. `get_port(timeout)` returns the rendezvous port when
+    spec.master_port is None (the parent learns it from rank 0).
+
+    Steps: setup (torch, backend, device), rendezvous (store, heartbeat, watchdog, process
+    group), sweep (every op and size, each iteration verified), verify (the first corruption any
+    rank saw), teardown (final barrier, process group destroyed)."""
     st = _Rank(spec, emit, get_port)
     try:
-        return _run(st)
+        env = _setup(st)
+        if isinstance(env, dict):
+            return env
+        store = _rendezvous(st, env)
+        loop = _sweep(st, env, store)
+        return _teardown(st, env, loop, _first_corruption(st))
+    except RendezvousError as e:
+        return st.finish("error", f"the rendezvous never formed: {e.detail}",
+                         {"kind": "rendezvous", "rank": spec.rank, "host": st.report["host"],
+                          "detail": e.detail}) or st.report
     except PeerTimeout as e:
         return st.finish("fail", str(e), {"kind": "timeout", "rank": e.rank, "host": e.host,
                                           "what": e.what, "detail": e.detail}) or st.report
@@ -283,7 +346,9 @@ def run_rank(spec: RankSpec, emit: Callable[[dict[str, Any]], None],
                          {"kind": "error", "detail": _first_line(e), "trace": trace}) or st.report
 
 
-def _run(st: _Rank) -> dict[str, Any]:
+def _setup(st: _Rank) -> _Env | dict[str, Any]:
+    """Import torch, pick the backend and the device, set the socket interface. A finished
+    (error) report when this rank cannot run the test."""
     spec = st.spec
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -292,33 +357,16 @@ def _run(st: _Rank) -> dict[str, Any]:
         import torch.distributed as dist
     except ImportError:
         return st.finish("error", "PyTorch not installed (pip install 'gpucheck[torch]')",
-                         {"kind": "error", "detail": "import torch failed"})
+                         {"kind": "error", "detail": "import torch failed"}) or st.report
     if not dist.is_available():
-        return st.finish("error", "this PyTorch build has no torch.distributed", {"kind": "error"})
-
+        return st.finish("error", "this PyTorch build has no torch.distributed", {"kind": "error"}) or st.report
     backend = spec.backend
     if backend == "auto":
         want_cuda = spec.device == "cuda" or (spec.device == "auto" and torch.cuda.is_available())
         backend = "nccl" if want_cuda else "gloo"
-    if backend == "nccl":
-        if not torch.cuda.is_available() or not dist.is_nccl_available():
-            return st.finish("error", "backend nccl needs CUDA and a torch build with NCCL", {"kind": "error"})
-        if spec.local_rank >= torch.cuda.device_count():
-            return st.finish("error", f"local rank {spec.local_rank} has no GPU "
-                             f"(this host has {torch.cuda.device_count()})", {"kind": "error"})
-        device = torch.device("cuda", spec.local_rank)
-        torch.cuda.set_device(device)
-        # Make a NCCL timeout an exception in this thread rather than a torn-down process.
-        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
-    elif backend == "gloo":
-        device = torch.device("cpu") if spec.device != "cuda" else torch.device("cuda", spec.local_rank)
-        if device.type == "cpu":
-            # Ranks share the host's cores: one compute thread each, or OpenMP workers of
-            # different ranks spin against each other and the pattern work dominates.
-            torch.set_num_threads(1)
-    else:
-        return st.finish("error", f"unknown backend {backend!r}", {"kind": "error"})
+    device, why = _device(torch, dist, spec, backend)
+    if device is None:
+        return st.finish("error", why, {"kind": "error"}) or st.report
     if spec.ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = spec.ifname
         os.environ.setdefault("NCCL_SOCKET_IFNAME", spec.ifname)
@@ -331,128 +379,202 @@ def _run(st: _Rank) -> dict[str, Any]:
             v = torch.cuda.nccl.version()
             rep["versions"]["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
             rep["gpu_name"] = torch.cuda.get_device_name(device)
-        except Exception:
-            pass
+        except Exception as e:
+            st.warn("versions", f"cannot read the NCCL version or the GPU name: {_first_line(e)}")
+    return _Env(torch, dist, backend, device)
 
-    # -- rendezvous ---------------------------------------------------------------------------
+
+def _device(torch: Any, dist: Any, spec: RankSpec, backend: str) -> tuple[Any, str]:
+    """(the device, "") or (None, why not)."""
+    if backend == "nccl":
+        if not torch.cuda.is_available() or not dist.is_nccl_available():
+            return None, "backend nccl needs CUDA and a torch build with NCCL"
+        if spec.local_rank >= torch.cuda.device_count():
+            return None, f"local rank {spec.local_rank} has no GPU (this host has {torch.cuda.device_count()})"
+        device = torch.device("cuda", spec.local_rank)
+        torch.cuda.set_device(device)
+        # Make a NCCL timeout an exception in this thread rather than a torn-down process.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        return device, ""
+    if backend == "gloo":
+        device = torch.device("cpu") if spec.device != "cuda" else torch.device("cuda", spec.local_rank)
+        if device.type == "cpu":
+            # Ranks share the host's cores: one compute thread each, or OpenMP workers of
+            # different ranks spin against each other and the pattern work dominates.
+            torch.set_num_threads(1)
+        return device, ""
+    return None, f"unknown backend {backend!r}"
+
+
+def _rendezvous(st: _Rank, env: _Env) -> Any:
+    """The store (rank 0 hosts it, the others connect), the heartbeat and watchdog threads,
+    the process group, every rank's host label. Raises RendezvousError when the job never
+    formed, PeerTimeout when a rank that joined the store died or froze meanwhile."""
+    spec, dist = st.spec, env.dist
     master = spec.rank == 0 and not spec.agent_store
     try:
         if master:
             store = st._store(dist, True, spec.timeout_s)
             st.port = int(store.port)
-            st.emit({"event": "listening", "rank": spec.rank, "host": rep["host"], "port": st.port})
+            st.emit({"event": "listening", "rank": spec.rank, "host": st.report["host"], "port": st.port})
         else:
             st.port = int(spec.master_port) if spec.master_port else int(st.get_port(spec.timeout_s))
             store = st._store(dist, False, spec.timeout_s)
-    except PeerTimeout:
-        raise
     except Exception as e:
-        if master:
-            raise
-        raise PeerTimeout(0, st.host_of(0), f"cannot reach the rendezvous at {spec.master_addr}:{st.port}: "
-                          f"{_first_line(e)}", "rendezvous") from e
-    store.set(f"{KEY}host/{spec.rank}", rep["host"])
+        where = f"{spec.master_addr}:{st.port}" if st.port else spec.master_addr
+        if not master and st.port and _timed_out(e):  # rank 0 announced its store, then went silent
+            raise PeerTimeout(0, st.host_of(0), f"the store at {where} did not answer: {_first_line(e)}",
+                              "rendezvous") from e
+        what = "cannot host the rendezvous store" if master else f"cannot reach the rendezvous store at {where}"
+        raise RendezvousError(f"{what}: {_first_line(e)}") from e
+    store.set(f"{KEY}host/{spec.rank}", st.report["host"])
     threading.Thread(target=st.heartbeat, args=(dist,), name="gpucheck-heartbeat", daemon=True).start()
     threading.Thread(target=st.watchdog, args=(dist,), name="gpucheck-watchdog", daemon=True).start()
 
     def init() -> None:
         kw: dict[str, Any] = {}
-        if backend == "nccl":
-            kw["device_id"] = device
-        dist.init_process_group(backend, store=dist.PrefixStore(f"{KEY}pg", store), rank=spec.rank,
+        if env.backend == "nccl":
+            kw["device_id"] = env.device
+        dist.init_process_group(env.backend, store=dist.PrefixStore(f"{KEY}pg", store), rank=spec.rank,
                                 world_size=spec.world, timeout=datetime.timedelta(seconds=spec.timeout_s), **kw)
 
-    st.call("rendezvous", init, dist)
+    try:
+        st.call("rendezvous", init, dist)
+    except PeerTimeout as e:
+        if not _peer_died(e.detail):
+            raise RendezvousError(f"the process group did not connect its ranks: {e.detail}") from e
+        raise
     for r in range(spec.world):
         try:
             st.hosts[r] = store.get(f"{KEY}host/{r}").decode()
-        except Exception:
-            pass
-    st.emit({"event": "ready", "rank": spec.rank, "host": rep["host"], "backend": backend})
+        except Exception as e:
+            st.warn("host labels", f"rank {r}'s host label could not be read: {_first_line(e)}")
+    st.emit({"event": "ready", "rank": spec.rank, "host": st.report["host"], "backend": env.backend})
+    return store
 
-    # -- the sweep ----------------------------------------------------------------------------
+
+def _peer_died(how: str) -> bool:
+    """Did the culprit search find a rank that joined and then died or froze (a node fault),
+    rather than ranks that could not connect (setup)?"""
+    return ("heartbeat of rank" in how and "stopped" in how) or "unresponsive (no answer within" in how
+
+
+def _timed_out(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return "timeout" in text or "timed out" in text
+
+
+def _sweep(st: _Rank, env: _Env, store: Any) -> _Loop:  # noqa: ARG001 (the store lives as long as the sweep)
+    """Every collective and size: warm-up and timed iterations, each verified on the device;
+    then the ranks exchange their numbers (one results row per op and size)."""
+    spec, dist, torch = st.spec, env.dist, env.torch
     all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    sync_tensor = torch.zeros(1, device=device)
-    world = spec.world
-    corrupt = spec.corrupt or {}
-    c_op = corrupt.get("op") or spec.ops[0]
-    c_size = align_size(int(corrupt.get("size") or max(spec.sizes)), world)
-    c_iter = spec.warmup + int(corrupt.get("iter", 0))
-    cuda = device.type == "cuda"
-
-    def barrier() -> None:
-        if backend == "gloo":
-            dist.barrier()  # gloo's own barrier: a 1-element all-reduce leaves the next op slower
-        else:
-            dist.all_reduce(sync_tensor)
-            torch.cuda.synchronize(device)
-
+    loop = _Loop(st, env, all_gather)
     for op in spec.ops:
-        run_fn = {
+        for size in spec.sizes:
+            nbytes = align_size(size, spec.world)
+            times, bad = loop.one_size(op, nbytes)
+            st.report["results"].append(_exchange(st, dist, torch, all_gather, env.device, op, nbytes, times, bad))
+    return loop
+
+
+class _Loop:
+    """The iterations of one op and size: batches back to back after one barrier, then verified."""
+
+    def __init__(self, st: _Rank, env: _Env, all_gather: Any):
+        self.st, self.env = st, env
+        dist = env.dist
+        self.sync = env.torch.zeros(1, device=env.device)
+        self.run_fn = {
             "all_reduce": lambda p, j: dist.all_reduce(p.inputs[j]),
             "all_gather": lambda p, j: all_gather(p.outputs[j], p.inputs[j]),
             "all_to_all": lambda p, j: dist.all_to_all_single(p.outputs[j], p.inputs[j]),
-        }[op]
-        for size in spec.sizes:
-            nbytes = align_size(size, world)
-            total = spec.warmup + spec.iters
-            slots = batch_slots(op, nbytes, world, total, BATCH_BYTES_CUDA if cuda else BATCH_BYTES_CPU)
-            pat = Patterns(torch, op, nbytes, spec.rank, world, device, slots=slots)
-            times: list[float] = []
-            bad = {"bad_iters": 0, "first_iter": None, "index": None, "nbad": 0, "expected": None,
-                   "got": None, "src_rank": None}
-            what = f"{op} {format_size(nbytes)}"
-            k = 0
-            while k < total:
-                # A batch of iterations runs back to back after one barrier, then is verified;
-                # warm-up iterations never share a batch with timed ones.
-                end = min(total, k + slots) if k >= spec.warmup else min(spec.warmup, k + slots)
-                batch = list(range(k, end))
-                for j, it in enumerate(batch):
-                    pat.prepare(it, j)
-                st.call(f"barrier before {what}", barrier, dist)
-                dts: list[float] = []
-                if cuda:
-                    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                           for _ in batch]
-                    for j in range(len(batch)):
-                        evs[j][0].record()
-                        st.call(what, lambda: run_fn(pat, j), dist)
-                        evs[j][1].record()
-                    st.call(what, evs[-1][1].synchronize, dist)  # a hung kernel shows here
-                    dts = [e0.elapsed_time(e1) / 1000.0 for e0, e1 in evs]
-                else:
-                    for j in range(len(batch)):
-                        t = time.perf_counter()
-                        st.call(what, lambda: run_fn(pat, j), dist)
-                        dts.append(time.perf_counter() - t)
-                for j, it in enumerate(batch):
-                    if corrupt and spec.rank == int(corrupt.get("rank", -1)) and op == c_op \
-                            and nbytes == c_size and it == c_iter:
-                        pat.corrupt(int(corrupt.get("index", pat.numel // 3)), j)
-                    chk = pat.verify(j)
-                    if chk.bad:
-                        bad["bad_iters"] += 1
-                        bad["nbad"] += chk.bad
-                        if bad["first_iter"] is None:
-                            bad.update(first_iter=it, index=chk.index, expected=chk.expected, got=chk.got,
-                                       src_rank=chk.src_rank)
-                    if it >= spec.warmup:
-                        times.append(dts[j])
-                k = end
-            st.report["results"].append(_exchange(st, dist, torch, all_gather, device, op, nbytes, times, bad))
-            del pat
+        }
+        spec = st.spec
+        corrupt = spec.corrupt or {}
+        self.corrupt = corrupt
+        self.c_op = corrupt.get("op") or spec.ops[0]
+        self.c_size = align_size(int(corrupt.get("size") or max(spec.sizes)), spec.world)
+        self.c_iter = spec.warmup + int(corrupt.get("iter", 0))
 
-    failure = _first_corruption(st)
+    def barrier(self) -> None:
+        dist = self.env.dist
+        if self.env.backend == "gloo":
+            dist.barrier()  # gloo's own barrier: a 1-element all-reduce leaves the next op slower
+        else:
+            dist.all_reduce(self.sync)
+            self.env.torch.cuda.synchronize(self.env.device)
+
+    def one_size(self, op: str, nbytes: int) -> tuple[list[float], dict[str, Any]]:
+        st, spec, env = self.st, self.st.spec, self.env
+        total = spec.warmup + spec.iters
+        slots = batch_slots(op, nbytes, spec.world, total, BATCH_BYTES_CUDA if env.cuda else BATCH_BYTES_CPU)
+        pat = Patterns(env.torch, op, nbytes, spec.rank, spec.world, env.device, slots=slots)
+        times: list[float] = []
+        bad = {"bad_iters": 0, "first_iter": None, "index": None, "nbad": 0, "expected": None,
+               "got": None, "src_rank": None}
+        what = f"{op} {format_size(nbytes)}"
+        k = 0
+        while k < total:
+            # A batch of iterations runs back to back after one barrier, then is verified;
+            # warm-up iterations never share a batch with timed ones.
+            end = min(total, k + slots) if k >= spec.warmup else min(spec.warmup, k + slots)
+            batch = list(range(k, end))
+            for j, it in enumerate(batch):
+                pat.prepare(it, j)
+            st.call(f"barrier before {what}", self.barrier, env.dist)
+            dts = self._timed(pat, op, what, len(batch))
+            self._verify(pat, op, nbytes, batch, dts, times, bad)
+            k = end
+        return times, bad
+
+    def _timed(self, pat: Any, op: str, what: str, n: int) -> list[float]:
+        st, env, run_fn = self.st, self.env, self.run_fn[op]
+        if env.cuda:
+            torch = env.torch
+            evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            for j in range(n):
+                evs[j][0].record()
+                st.call(what, lambda: run_fn(pat, j), env.dist)
+                evs[j][1].record()
+            st.call(what, evs[-1][1].synchronize, env.dist)  # a hung kernel shows here
+            return [e0.elapsed_time(e1) / 1000.0 for e0, e1 in evs]
+        dts = []
+        for j in range(n):
+            t = time.perf_counter()
+            st.call(what, lambda: run_fn(pat, j), env.dist)
+            dts.append(time.perf_counter() - t)
+        return dts
+
+    def _verify(self, pat: Any, op: str, nbytes: int, batch: list[int], dts: list[float], times: list[float],
+                bad: dict[str, Any]) -> None:
+        spec, corrupt = self.st.spec, self.corrupt
+        for j, it in enumerate(batch):
+            if corrupt and spec.rank == int(corrupt.get("rank", -1)) and op == self.c_op \
+                    and nbytes == self.c_size and it == self.c_iter:
+                pat.corrupt(int(corrupt.get("index", pat.numel // 3)), j)
+            chk = pat.verify(j)
+            if chk.bad:
+                bad["bad_iters"] += 1
+                bad["nbad"] += chk.bad
+                if bad["first_iter"] is None:
+                    bad.update(first_iter=it, index=chk.index, expected=chk.expected, got=chk.got,
+                               src_rank=chk.src_rank)
+            if it >= spec.warmup:
+                times.append(dts[j])
+
+
+def _teardown(st: _Rank, env: _Env, loop: _Loop, failure: dict[str, Any] | None) -> dict[str, Any]:
+    """The final barrier (no rank leaves while another still needs it), then the result."""
+    st.call("final barrier", loop.barrier, env.dist)
     if failure is not None:
-        st.call("final barrier", barrier, dist)
         return st.finish("fail", failure["summary"], failure) or st.report
-    st.call("final barrier", barrier, dist)
     st.stop.set()
     try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
+        env.dist.destroy_process_group()
+    except Exception as e:
+        st.warn("teardown", f"destroy_process_group failed: {_first_line(e)}")
     return st.finish("ok", _ok_summary(st.report)) or st.report
 
 

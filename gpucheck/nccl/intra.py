@@ -68,116 +68,134 @@ def judge(
     """Results of one intra-node job. `devices[r]` is the GPU index of rank r (CPU worker index
     on a CPU run); `baselines[op]` the node's recorded busbw at the same size, when one exists."""
     injected = list(injected or [])
-    backend = outcome.get("backend") or "unknown"
-    out: list[Result] = []
+    out = _judge_failure(outcome, devices, injected)
+    if out is None:  # a broken job has no bandwidth to judge
+        return _failure_results(outcome, devices, injected)
+    ranks = int(outcome.get("world") or len(devices))
+    for op in ops:
+        row = largest(outcome.get("results", []), op)
+        if row is not None:
+            out += _judge_op(op, row, outcome, params=params, ranks=ranks, devices=devices, gpu_name=gpu_name,
+                             baseline=(baselines or {}).get(op), injected=injected)
+    if not out:
+        out.append(Result(CHECK_ID, Status.ERROR, "the collectives produced no measurement", injected=injected))
+    return out
+
+
+def _gpu_of(devices: list[int], rank: Any) -> int | None:
+    return devices[int(rank)] if rank is not None and 0 <= int(rank) < len(devices) else None
+
+
+def _judge_failure(outcome: dict[str, Any], devices: list[int], injected: list[str]) -> list[Result] | None:
+    """The results that a failure or an error gives before the bandwidth is judged; None when
+    the job failed without data to judge (then _failure_results is all there is)."""
     fail = outcome.get("failure") or {}
     status = outcome.get("status")
-
-    def gpu_of(rank: Any) -> int | None:
-        return devices[int(rank)] if rank is not None and 0 <= int(rank) < len(devices) else None
-
+    out: list[Result] = []
     if status == "error":
         out.append(Result(CHECK_ID, Status.ERROR, f"could not run the collectives: {outcome.get('summary')}",
                           evidence=_evidence(fail), injected=injected))
         if not outcome.get("results"):
-            return out
+            return None
     if status == "fail":
-        kind = fail.get("kind")
-        if kind == "corruption":
-            r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=gpu_of(fail.get("rank")),
-                       action=Action.DRAIN, injected=injected)
-            for k in ("op", "bytes", "rank", "iter", "index", "expected", "got", "nbad", "bad_iters", "src_rank"):
-                if fail.get(k) is not None:
-                    r.metric(f"corrupt_{k}" if k not in ("op", "bytes") else k, fail[k], "B" if k == "bytes" else "")
-            r.evidence.extend(_evidence(fail))
-            out.append(r)
-        else:
-            r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=gpu_of(fail.get("rank")),
-                       action=Action.RESET_GPU if fail.get("rank") is not None else Action.INVESTIGATE,
-                       injected=injected)
-            r.evidence.extend(_evidence(fail))
-            out.append(r)
-        if kind != "corruption":
-            return out  # a broken job has no bandwidth to judge
-
-    ranks = int(outcome.get("world") or len(devices))
-    sku_key = f"{backend}/{gpu_name or 'cpu'}" if backend == "gloo" else f"{backend}/{gpu_name or 'unknown GPU'}"
-    for op in ops:
-        row = largest(outcome.get("results", []), op)
-        if row is None:
-            continue
-        busbw = row["busbw_gbs"]
-        rank_min = row.get("rank_min_s") or row["rank_time_s"]
-        metrics: dict[str, Any] = {
-            "busbw_gbs": round(busbw, 4),
-            "algbw_gbs": round(row["algbw_gbs"], 4),
-            "time_s": row["time_s"],
-            "bytes": row["bytes"],
-            "ranks": ranks,
-            "backend": backend,
-            "rank_time_s": row["rank_time_s"],
-            "rank_min_s": rank_min,
-            "sweep": [{**{k: s[k] for k in ("bytes", "time_s", "algbw_gbs", "busbw_gbs")},
-                       "wrong": sum(int(e.get("nbad") or 0) for e in s.get("errors") or ())}  # nccl-tests' #wrong
-                      for s in outcome["results"] if s["op"] == op],
-        }
-        units = {"busbw_gbs": "GB/s", "algbw_gbs": "GB/s", "time_s": "s", "bytes": "B", "rank_time_s": "s",
-                 "rank_min_s": "s"}
-        thresholds: list[Threshold] = []
-        causes: dict[str, str] = {}
-        notes: list[str] = []
-        exp, exp_src = (None, "")
-        if backend == "nccl":
-            exp, exp_src = expected_busbw(op, gpu_name, ranks, nvls=bool(params.get("nvls")), overrides=params)
-        elif float(params.get(f"expected_{op}_gbs") or 0) > 0:
-            exp, exp_src = expected_busbw(op, None, ranks, overrides=params)
-        if exp:
-            metrics["expected_busbw_gbs"] = exp
-            units["expected_busbw_gbs"] = "GB/s"
-            thresholds += [
-                Threshold("busbw_gbs", "<", round(exp * float(params["fail_fraction"]), 3), Status.FAIL, "GB/s"),
-                Threshold("busbw_gbs", "<", round(exp * float(params["warn_fraction"]), 3), Status.WARN, "GB/s"),
-            ]
-            causes["busbw_gbs"] = f"{op} bus bandwidth below expected {exp:g} GB/s for {exp_src}"
-        else:
-            notes.append(f"no expected-bandwidth table for {sku_key}; judged by data integrity and rank balance")
-        base = (baselines or {}).get(op)
-        if base:
-            metrics["baseline_busbw_gbs"] = round(base, 4)
-            units["baseline_busbw_gbs"] = "GB/s"
-            thresholds.append(Threshold("baseline_ratio", "<", float(params["baseline_warn_fraction"]),
-                                        Status.WARN))
-            metrics["baseline_ratio"] = round(busbw / base, 3)
-            causes["baseline_ratio"] = f"{op} bus bandwidth below this node's recorded baseline {base:.4g} GB/s"
-        spread, outlier = rank_spread(rank_min)
-        metrics["rank_spread"] = None if spread is None else round(spread, 3)
-        thresholds.append(Threshold("rank_spread", ">", float(params["rank_spread_warn"]), Status.WARN))
-        causes["rank_spread"] = f"ranks unbalanced in {op} (rank {outlier} furthest from the others)"
-        ok = (f"{op} {busbw:.4g} GB/s busbw ({row['algbw_gbs']:.4g} GB/s algbw) at {format_size(row['bytes'])} "
-              f"on {ranks} ranks, data verified")
-        if exp:
-            ok += f", expected {exp:g} GB/s"
-        r = judge_metrics(CHECK_ID, thresholds, metrics, subject=f"node/{op}", units=units, ok_summary=ok,
-                          causes=causes, actions={"busbw_gbs": Action.INVESTIGATE})
-        if notes:
-            r.summary += "; " + "; ".join(notes)
-        r.evidence.append("per-rank time at the largest size (median / fastest iteration): " + ", ".join(
-            f"rank {i}: {t * 1e3:.3f} / {m * 1e3:.3f} ms"
-            for i, (t, m) in enumerate(zip(row["rank_time_s"], rank_min))))
-        r.injected = list(injected)
+        if fail.get("kind") != "corruption":
+            return None
+        r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=_gpu_of(devices, fail.get("rank")),
+                   action=Action.DRAIN, injected=injected)
+        for k in ("op", "bytes", "rank", "iter", "index", "expected", "got", "nbad", "bad_iters", "src_rank"):
+            if fail.get(k) is not None:
+                r.metric(f"corrupt_{k}" if k not in ("op", "bytes") else k, fail[k], "B" if k == "bytes" else "")
+        r.evidence.extend(_evidence(fail))
         out.append(r)
-        if spread is not None and spread > float(params["rank_spread_warn"]) and outlier is not None:
-            times = rank_min
-            med = median(times) or 0.0
-            rr = Result(CHECK_ID, Status.WARN,
-                        f"rank {outlier} unbalanced in {op}: fastest iteration {times[outlier] * 1e3:.3f} ms vs "
-                        f"median {med * 1e3:.3f} ms of all ranks", gpu=gpu_of(outlier), action=Action.INVESTIGATE,
-                        injected=list(injected))
-            rr.metric("rank_time_s", times[outlier], "s").metric("median_rank_time_s", med, "s")
-            out.append(rr)
-    if not out:
-        out.append(Result(CHECK_ID, Status.ERROR, "the collectives produced no measurement", injected=injected))
     return out
+
+
+def _failure_results(outcome: dict[str, Any], devices: list[int], injected: list[str]) -> list[Result]:
+    fail = outcome.get("failure") or {}
+    if outcome.get("status") == "error":
+        return [Result(CHECK_ID, Status.ERROR, f"could not run the collectives: {outcome.get('summary')}",
+                       evidence=_evidence(fail), injected=injected)]
+    r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=_gpu_of(devices, fail.get("rank")),
+               action=Action.RESET_GPU if fail.get("rank") is not None else Action.INVESTIGATE, injected=injected)
+    r.evidence.extend(_evidence(fail))
+    return [r]
+
+
+def _judge_op(op: str, row: dict[str, Any], outcome: dict[str, Any], *, params: dict[str, Any], ranks: int,
+              devices: list[int], gpu_name: str | None, baseline: float | None, injected: list[str]) -> list[Result]:
+    """One collective's result (subject node/<op>) and, for an unbalanced rank, one on its GPU."""
+    backend = outcome.get("backend") or "unknown"
+    busbw = row["busbw_gbs"]
+    rank_min = row.get("rank_min_s") or row["rank_time_s"]
+    metrics: dict[str, Any] = {
+        "busbw_gbs": round(busbw, 4), "algbw_gbs": round(row["algbw_gbs"], 4), "time_s": row["time_s"],
+        "bytes": row["bytes"], "ranks": ranks, "backend": backend, "rank_time_s": row["rank_time_s"],
+        "rank_min_s": rank_min,
+        "sweep": [{**{k: s[k] for k in ("bytes", "time_s", "algbw_gbs", "busbw_gbs")},
+                   "wrong": sum(int(e.get("nbad") or 0) for e in s.get("errors") or ())}  # nccl-tests' #wrong
+                  for s in outcome["results"] if s["op"] == op],
+    }
+    units = {"busbw_gbs": "GB/s", "algbw_gbs": "GB/s", "time_s": "s", "bytes": "B", "rank_time_s": "s",
+             "rank_min_s": "s"}
+    thresholds, causes, notes = _bandwidth_rules(op, busbw, metrics, units, params=params, ranks=ranks,
+                                                 backend=backend, gpu_name=gpu_name, baseline=baseline)
+    spread, outlier = rank_spread(rank_min)
+    metrics["rank_spread"] = None if spread is None else round(spread, 3)
+    thresholds.append(Threshold("rank_spread", ">", float(params["rank_spread_warn"]), Status.WARN))
+    causes["rank_spread"] = f"ranks unbalanced in {op} (rank {outlier} furthest from the others)"
+    ok = (f"{op} {busbw:.4g} GB/s busbw ({row['algbw_gbs']:.4g} GB/s algbw) at {format_size(row['bytes'])} "
+          f"on {ranks} ranks, data verified")
+    if metrics.get("expected_busbw_gbs"):
+        ok += f", expected {metrics['expected_busbw_gbs']:g} GB/s"
+    r = judge_metrics(CHECK_ID, thresholds, metrics, subject=f"node/{op}", units=units, ok_summary=ok,
+                      causes=causes, actions={"busbw_gbs": Action.INVESTIGATE})
+    if notes:
+        r.summary += "; " + "; ".join(notes)
+    r.evidence.append("per-rank time at the largest size (median / fastest iteration): " + ", ".join(
+        f"rank {i}: {t * 1e3:.3f} / {m * 1e3:.3f} ms" for i, (t, m) in enumerate(zip(row["rank_time_s"], rank_min))))
+    r.injected = list(injected)
+    out = [r]
+    if spread is not None and spread > float(params["rank_spread_warn"]) and outlier is not None:
+        med = median(rank_min) or 0.0
+        rr = Result(CHECK_ID, Status.WARN,
+                    f"rank {outlier} unbalanced in {op}: fastest iteration {rank_min[outlier] * 1e3:.3f} ms vs "
+                    f"median {med * 1e3:.3f} ms of all ranks", gpu=_gpu_of(devices, outlier),
+                    action=Action.INVESTIGATE, injected=list(injected))
+        rr.metric("rank_time_s", rank_min[outlier], "s").metric("median_rank_time_s", med, "s")
+        out.append(rr)
+    return out
+
+
+def _bandwidth_rules(op: str, busbw: float, metrics: dict[str, Any], units: dict[str, str], *,
+                     params: dict[str, Any], ranks: int, backend: str, gpu_name: str | None,
+                     baseline: float | None) -> tuple[list[Threshold], dict[str, str], list[str]]:
+    """The expected-bandwidth (SKU table or config) and baseline rules for one collective."""
+    thresholds: list[Threshold] = []
+    causes: dict[str, str] = {}
+    notes: list[str] = []
+    exp, exp_src = (None, "")
+    if backend == "nccl":
+        exp, exp_src = expected_busbw(op, gpu_name, ranks, nvls=bool(params.get("nvls")), overrides=params)
+    elif float(params.get(f"expected_{op}_gbs") or 0) > 0:
+        exp, exp_src = expected_busbw(op, None, ranks, overrides=params)
+    if exp:
+        metrics["expected_busbw_gbs"] = exp
+        units["expected_busbw_gbs"] = "GB/s"
+        thresholds += [
+            Threshold("busbw_gbs", "<", round(exp * float(params["fail_fraction"]), 3), Status.FAIL, "GB/s"),
+            Threshold("busbw_gbs", "<", round(exp * float(params["warn_fraction"]), 3), Status.WARN, "GB/s"),
+        ]
+        causes["busbw_gbs"] = f"{op} bus bandwidth below expected {exp:g} GB/s for {exp_src}"
+    else:
+        sku_key = f"{backend}/{gpu_name or ('cpu' if backend == 'gloo' else 'unknown GPU')}"
+        notes.append(f"no expected-bandwidth table for {sku_key}; judged by data integrity and rank balance")
+    if baseline:
+        metrics["baseline_busbw_gbs"] = round(baseline, 4)
+        units["baseline_busbw_gbs"] = "GB/s"
+        thresholds.append(Threshold("baseline_ratio", "<", float(params["baseline_warn_fraction"]), Status.WARN))
+        metrics["baseline_ratio"] = round(busbw / baseline, 3)
+        causes["baseline_ratio"] = f"{op} bus bandwidth below this node's recorded baseline {baseline:.4g} GB/s"
+    return thresholds, causes, notes
 
 
 def rank_spread(times: list[float | None]) -> tuple[float | None, int | None]:

@@ -19,7 +19,10 @@ shell syntax.
 
 The rendezvous is on the group's first host. Its rank binds a free port and prints a
 ``listening`` event; the launcher writes that port to the other ranks' standard input (they were
-started with ``--master-port stdin`` and import torch meanwhile). Every process is killed (its
+started with ``--master-port stdin`` and import torch meanwhile). Every rank also gets the hosts'
+addresses (``--peer-addrs``), from which it picks its network interface when none is given.
+A launcher that ends without a result (exit 255: ssh could not reach the host; 127: no
+gpucheck there) ends the group at once, and that host is named; every process is killed (its
 process group, SIGKILL) at the group's deadline; a host that gives no result is reported with
 its stderr tail.
 
@@ -123,15 +126,22 @@ def _is_address(text: str) -> bool:
 
 
 def run_args(*, ops: list[str], sizes: list[int], iters: int, warmup: int, timeout_s: float,
-             backend: str, ifname: str | None = None, nproc_per_node: int = 1) -> list[str]:
-    """The measurement options shared by every rank of a group."""
+             backend: str, ifname: str | None = None, nproc_per_node: int = 1, force: bool = False) -> list[str]:
+    """The measurement options shared by every rank of a group (`force`: load GPUs in use)."""
     a = ["--ops", ",".join(ops), "--sizes", ",".join(str(s) for s in sizes), "--iters", str(iters),
          "--warmup", str(warmup), "--timeout", f"{timeout_s:g}", "--backend", backend]
     if ifname:
         a += ["--ifname", ifname]
     if nproc_per_node != 1:
         a += ["--nproc-per-node", str(nproc_per_node)]
+    if force:
+        a.append("--force")
     return a
+
+
+UNREACHABLE_RC = 255  # ssh's status when it could not connect (refused, no route, name, host key, auth)
+CANNOT_START = {126: "cannot execute gpucheck", 127: "gpucheck not found"}
+POLL_S = 0.05
 
 
 @dataclass
@@ -143,7 +153,19 @@ class _Proc:
     events: list[dict[str, Any]] = field(default_factory=list)
     stderr: deque = field(default_factory=lambda: deque(maxlen=20))
     error: str | None = None
+    unreachable: bool = False
+    stopped: bool = False  # ended by us because another host of the group could not take part
     threads: list[threading.Thread] = field(default_factory=list)
+
+    def has_result(self) -> bool:
+        return any(ev.get("event") == "result" for ev in self.events)
+
+    def ended(self) -> bool:
+        return self.popen is None or self.popen.poll() is not None
+
+    def tail(self) -> str:
+        lines = [ln for ln in self.stderr if ln.strip()][-3:]
+        return f": {' | '.join(lines)}" if lines else ""
 
 
 def run_group(
@@ -160,91 +182,159 @@ def run_group(
     """Run one collective across `hosts` (node rank = position) and merge the ranks' events.
 
     `corrupt` maps a host to the --inject text its ranks get. Returns report.merge()'s outcome plus
-    'launch_errors' {host: why} for hosts that gave no result. Each host's process leads a session
+    'launch_errors' {host: why} for hosts that gave no result, 'unreachable' (the hosts whose
+    launcher exited 255: ssh could not connect) and 'stopped' (hosts whose processes were ended
+    because another host could not take part). A launcher that exits without a result while the
+    others run (an unreachable host, gpucheck missing there) ends the group at once: its peers
+    would only wait for it until their rendezvous timeout. Each host's process leads a session
     of its own, tracked by gpucheck.processes: a stop (SIGTERM/SIGINT of the command) ends them,
     and run_group raises Interrupted instead of returning what the stopped ranks left."""
-    world_nodes = len(hosts)
-    master = launcher.addr(hosts[0])
-    procs: list[_Proc] = []
-    if launcher.is_srun:
-        port = launcher.port_base + index
-        cmd = [*launcher.program, "nccl", "run", "--master-addr", master, "--master-port", str(port),
-               "--peer-hosts", ",".join(hosts), *args]
-        argv = ["srun", f"--nodes={world_nodes}", f"--ntasks={world_nodes}", "--ntasks-per-node=1",
-                f"--nodelist={','.join(hosts)}", "--kill-on-bad-exit=0", *cmd]
-        procs.append(_Proc(",".join(hosts), -1, argv))
-    else:
+    group = _Group(hosts, launcher, args, deadline_s=deadline_s, index=index, corrupt=corrupt, on_event=on_event,
+                   nproc_per_node=nproc_per_node)
+    try:
+        group.start()
+        group.supervise()
+    finally:
+        group.cleanup()
+    processes.check_stop()  # ranks stopped by a signal gave no result worth judging
+    return group.outcome()
+
+
+class _Group:
+    """The processes of one group test and their supervision."""
+
+    def __init__(self, hosts: list[str], launcher: Launcher, args: list[str], *, deadline_s: float, index: int,
+                 corrupt: dict[str, str] | None, on_event: Callable[[str, dict[str, Any]], None] | None,
+                 nproc_per_node: int):
+        self.hosts = list(hosts)
+        self.launcher = launcher
+        self.deadline_s = deadline_s
+        self.on_event = on_event
+        self.nproc_per_node = nproc_per_node
+        self.procs = self._procs(args, index, corrupt or {})
+        self.port: int | None = None
+        self.port_known = threading.Event()
+        self.relayed = launcher.is_srun
+        self.t_end = time.monotonic() + deadline_s
+
+    def _procs(self, args: list[str], index: int, corrupt: dict[str, str]) -> list[_Proc]:
+        lau, hosts = self.launcher, self.hosts
+        master = lau.addr(hosts[0])
+        addrs = ",".join(lau.addr(h) for h in hosts)
+        if lau.is_srun:
+            port = lau.port_base + index
+            cmd = [*lau.program, "nccl", "run", "--master-addr", master, "--master-port", str(port),
+                   "--peer-hosts", ",".join(hosts), "--peer-addrs", addrs, *args]
+            argv = ["srun", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}", "--ntasks-per-node=1",
+                    f"--nodelist={','.join(hosts)}", "--kill-on-bad-exit=0", *cmd]
+            return [_Proc(",".join(hosts), -1, argv)]
+        out = []
         for node_rank, host in enumerate(hosts):
-            cmd = [*launcher.program, "nccl", "run", "--master-addr", master,
+            cmd = [*lau.program, "nccl", "run", "--master-addr", master,
                    "--master-port", "0" if node_rank == 0 else "stdin",
-                   "--host-label", host, "--peer-hosts", ",".join(hosts), *args]
-            if nproc_per_node == 1:
-                cmd += ["--rank", str(node_rank), "--world-size", str(world_nodes)]
+                   "--host-label", host, "--peer-hosts", ",".join(hosts), "--peer-addrs", addrs, *args]
+            if self.nproc_per_node == 1:
+                cmd += ["--rank", str(node_rank), "--world-size", str(len(hosts))]
             else:
-                cmd += ["--node-rank", str(node_rank), "--nnodes", str(world_nodes)]
-            if corrupt and host in corrupt:
+                cmd += ["--node-rank", str(node_rank), "--nnodes", str(len(hosts))]
+            if host in corrupt:
                 cmd += ["--inject", corrupt[host]]
-            procs.append(_Proc(host, node_rank, launcher.argv(host, cmd)))
+            out.append(_Proc(host, node_rank, lau.argv(host, cmd)))
+        return out
 
-    port_box: dict[str, int] = {}
-    port_known = threading.Event()
-
-    def read_out(p: _Proc) -> None:
+    # -- running ------------------------------------------------------------------------------
+    def _read_out(self, p: _Proc) -> None:
         assert p.popen is not None and p.popen.stdout is not None
         for raw in p.popen.stdout:
             for ev in parse_events(raw):
                 p.events.append(ev)
-                if ev.get("event") == "listening" and not port_known.is_set():
-                    port_box["port"] = int(ev["port"])
-                    port_known.set()
-                if on_event is not None:
-                    on_event(p.host, ev)
+                if ev.get("event") == "listening" and not self.port_known.is_set():
+                    self.port = int(ev["port"])
+                    self.port_known.set()
+                if self.on_event is not None:
+                    self.on_event(p.host, ev)
 
-    def read_err(p: _Proc) -> None:
+    @staticmethod
+    def _read_err(p: _Proc) -> None:
         assert p.popen is not None and p.popen.stderr is not None
         for raw in p.popen.stderr:
             line = raw.rstrip()
             if line and not line.startswith("frame #"):
                 p.stderr.append(line[:300])
 
-    t_end = time.monotonic() + deadline_s
-    try:
-        for p in procs:
+    def start(self) -> None:
+        for p in self.procs:
             try:
                 p.popen = processes.start(p.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, bufsize=1)
             except OSError as e:
                 p.error = f"cannot start {p.argv[0]}: {e.strerror or e}"
                 continue
-            for target in (read_out, read_err):
+            for target in (self._read_out, self._read_err):
                 th = threading.Thread(target=target, args=(p,), daemon=True)
                 th.start()
                 p.threads.append(th)
-        # relay the rendezvous port to the other hosts
-        if not launcher.is_srun:
-            while not port_known.is_set() and time.monotonic() < t_end:
-                if procs[0].popen is None or procs[0].popen.poll() is not None:
-                    break
-                port_known.wait(0.1)
-            for p in procs[1:]:
-                if p.popen is None or p.popen.stdin is None:
-                    continue
-                try:
-                    if port_known.is_set():
-                        p.popen.stdin.write(f"{port_box['port']}\n")
-                    p.popen.stdin.close()
-                except (BrokenPipeError, OSError):
-                    pass
-        for p in procs:
-            if p.popen is None:
+
+    def supervise(self) -> None:
+        """Relay the rendezvous port, wait for every process; a process that ends without a
+        result (or cannot start) ends the group; the deadline kills what is left."""
+        while not all(p.ended() for p in self.procs):
+            if not self.relayed and self.port_known.is_set():
+                self._relay()
+            failed = next((p for p in self.procs if self._failed(p)), None)
+            if failed is not None:
+                self._stop_others(failed)
+                return
+            if time.monotonic() >= self.t_end:
+                for p in self.procs:
+                    if not p.ended():
+                        p.error = f"no result within {self.deadline_s:.0f} s (killed)"
+                        _kill(p.popen)
+                return
+            time.sleep(POLL_S)
+        for p in self.procs:  # every process ended: name those that gave no result
+            self._failed(p)
+
+    def _relay(self) -> None:
+        """Write the port rank 0 announced to the other hosts (they read it on stdin)."""
+        self.relayed = True
+        for p in self.procs[1:]:
+            if p.popen is None or p.popen.stdin is None:
                 continue
             try:
-                p.popen.wait(timeout=max(0.0, t_end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.error = f"no result within {deadline_s:.0f} s (killed)"
+                p.popen.stdin.write(f"{self.port}\n")
+                p.popen.stdin.close()
+            except (BrokenPipeError, OSError):
+                pass
+
+    def _failed(self, p: _Proc) -> bool:
+        """Has `p` ended (or not started) without a result? Sets its error on the first look."""
+        if p.error is not None:
+            return not p.stopped
+        if not p.ended() or p.popen is None:
+            return False
+        for th in p.threads:  # its last lines may still be on their way
+            th.join(timeout=1.0)
+        if p.has_result():
+            return False
+        rc = p.popen.returncode
+        if rc == UNREACHABLE_RC:
+            p.unreachable = True
+            p.error = f"unreachable (launcher exit {rc})"
+        elif rc in CANNOT_START:
+            p.error = f"{CANNOT_START[rc]} (exit {rc})"
+        else:
+            p.error = f"exited with code {rc} without a result"
+        return True
+
+    def _stop_others(self, failed: _Proc) -> None:
+        for p in self.procs:
+            if p is not failed and not p.ended() and not p.has_result():
+                p.stopped = True
                 _kill(p.popen)
-    finally:
-        for p in procs:
+
+    def cleanup(self) -> None:
+        for p in self.procs:
             if p.popen is not None and p.popen.poll() is None:
                 _kill(p.popen)
             if p.popen is not None:
@@ -255,30 +345,40 @@ def run_group(
                     pass
             for th in p.threads:
                 th.join(timeout=2)
-    processes.check_stop()  # ranks stopped by a signal gave no result worth judging
 
-    reports = [ev for p in procs for ev in p.events if ev.get("event") == "result"]
-    world = world_nodes * nproc_per_node
-    launch_errors: dict[str, str] = {}
-    for p in procs:
-        if any(ev.get("event") == "result" for ev in p.events):
-            continue
-        why = p.error or (f"exited with code {p.popen.returncode} without a result" if p.popen else "not started")
-        tail = [ln for ln in p.stderr if ln.strip()][-3:]
-        launch_errors[p.host] = why + (f": {' | '.join(tail)}" if tail else "")
-    outcome = merge(reports, world)
-    hosts_by_rank = outcome.get("hosts") or []
-    for i, h in enumerate(hosts_by_rank):
-        if h is None and i // nproc_per_node < len(hosts):
-            hosts_by_rank[i] = hosts[i // nproc_per_node]
-    outcome["launch_errors"] = launch_errors
-    outcome["nodes"] = list(hosts)
-    return outcome
+    # -- the outcome --------------------------------------------------------------------------
+    def outcome(self) -> dict[str, Any]:
+        reports = [ev for p in self.procs for ev in p.events if ev.get("event") == "result"]
+        launch_errors: dict[str, str] = {}
+        for p in self.procs:
+            if p.has_result() or p.stopped:
+                continue
+            why = p.error or "not started"
+            launch_errors[p.host] = why + p.tail()
+        outcome = merge(reports, len(self.hosts) * self.nproc_per_node)
+        hosts_by_rank = outcome.get("hosts") or []
+        for i, h in enumerate(hosts_by_rank):
+            if h is None and i // self.nproc_per_node < len(self.hosts):
+                hosts_by_rank[i] = self.hosts[i // self.nproc_per_node]
+        outcome["launch_errors"] = launch_errors
+        outcome["unreachable"] = [p.host for p in self.procs if p.unreachable]
+        outcome["stopped"] = [p.host for p in self.procs if p.stopped]
+        outcome["nodes"] = list(self.hosts)
+        return outcome
 
 
-def _kill(popen: subprocess.Popen) -> None:
+def _kill(popen: subprocess.Popen | None) -> None:
+    if popen is None:
+        return
     if not kill_group(popen.pid):
         try:
             popen.kill()
         except ProcessLookupError:
             pass
+
+
+def describe(launcher: Launcher, hosts: list[str], args: list[str]) -> str:
+    """The command line that starts the first host's part of a group test (for people)."""
+    procs = _Group(hosts, launcher, args, deadline_s=0.0, index=0, corrupt=None, on_event=None,
+                   nproc_per_node=1).procs
+    return shlex.join(procs[0].argv) if procs else ""

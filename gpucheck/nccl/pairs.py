@@ -10,11 +10,14 @@ Strategies (each returns rounds; a round is a list of disjoint pairs that run at
 - suspects: each suspect with a known-good node, `rounds` different good partners when there are
   enough.
 
-Scoring: a pair's value is its bus bandwidth (busbw at the largest size); the reference is the
-median over all measured pairs (most pairs are assumed healthy; at least 3 are needed) or
-`min_busbw` when given; without a reference only failures are judged. A pair
-is `slow` below `slow_limit` x reference, `fail` when it timed out, saw corrupted data or a side
-could not start. A node is judged **bad** when most of its pairs are bad and the evidence points
+Scoring: a pair's values are its bus bandwidths (busbw at the largest size, per collective); the
+reference of a collective is the median over the pairs measured with the same number of pairs
+at once (most pairs are assumed healthy; at least 3 are needed; a pair run alone is never
+compared with pairs run four at a time), or `min_busbw` when given; a pair without a reference
+is `unjudged` (its bandwidth was not examined). A pair is `slow` below `slow_limit` x the
+reference in any collective, `fail` when it timed out, saw corrupted data or a side could not
+start. A host the launcher could not reach (ssh's exit 255) is `unreachable`. When every pair
+failed the same way and none passed, the test or the setup is broken, not every node. A node is judged **bad** when most of its pairs are bad and the evidence points
 at it: a partner of one of its bad pairs is fine in its other pairs (so the partner is not the
 cause), or a failure named it (the rank the others waited for). A node with most pairs bad but no
 such evidence (say, the two nodes of a single pair) is a **suspect**: pair it with known-good
@@ -115,12 +118,12 @@ def suspect_rounds(suspects: Sequence[str], good: Sequence[str], rounds: int = 1
 # -- scoring ------------------------------------------------------------------------------------
 @dataclass
 class PairOutcome:
-    """What one pair's test gave (built by gpucheck.nccl.launch from the ranks' events)."""
+    """What one pair's test gave (built by gpucheck.nccl.pairs_run from the ranks' events)."""
 
     round: int
     nodes: Pair
     status: str  # ok | fail | error (error: gpucheck could not run it, no judgement)
-    busbw_gbs: float | None = None
+    busbw_gbs: float | None = None  # of the first collective (the table's column)
     algbw_gbs: float | None = None
     time_s: float | None = None
     bytes: int | None = None
@@ -128,19 +131,30 @@ class PairOutcome:
     blamed: list[str] = field(default_factory=list)  # nodes a failure names
     failure: dict[str, Any] | None = None
     injected: list[str] = field(default_factory=list)
+    op_busbw: dict[str, float] = field(default_factory=dict)  # every collective's busbw (largest size)
+    concurrency: int = 0  # pairs measured at once in its round (0: not known, one class)
+    unreachable: list[str] = field(default_factory=list)  # hosts the launcher could not reach
+
+    def values(self) -> dict[str, float]:
+        """busbw per collective ('busbw' alone when only the first one is known)."""
+        if self.op_busbw:
+            return dict(self.op_busbw)
+        return {"busbw": self.busbw_gbs} if self.busbw_gbs else {}
 
     def to_dict(self) -> dict[str, Any]:
         return {"round": self.round, "nodes": list(self.nodes), "status": self.status,
                 "busbw_gbs": self.busbw_gbs, "algbw_gbs": self.algbw_gbs, "time_s": self.time_s,
                 "bytes": self.bytes, "summary": self.summary, "blamed": list(self.blamed),
-                "failure": self.failure, "injected": list(self.injected)}
+                "failure": self.failure, "injected": list(self.injected), "op_busbw_gbs": dict(self.op_busbw),
+                "concurrency": self.concurrency, "unreachable": list(self.unreachable)}
 
 
 @dataclass
 class PairJudgement:
     outcome: PairOutcome
-    verdict: str  # ok | slow | fail | error
-    relative: float | None  # busbw / reference
+    verdict: str  # ok | slow | fail | error | unjudged (bandwidth with no reference)
+    relative: float | None  # busbw / reference (the lowest over the collectives)
+    slow_ops: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -149,7 +163,7 @@ class NodeScore:
     pairs: int = 0
     bad: int = 0
     score: float | None = None  # median over its pairs of busbw / reference
-    verdict: str = "ok"  # ok | bad | suspect | unmeasured
+    verdict: str = "ok"  # ok | bad | suspect | unreachable | unmeasured
     evidence: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,11 +173,24 @@ class NodeScore:
 
 
 @dataclass
+class Reference:
+    op: str
+    concurrency: int
+    busbw_gbs: float | None
+    how: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "concurrency": self.concurrency, "busbw_gbs": self.busbw_gbs, "how": self.how}
+
+
+@dataclass
 class Judgement:
     reference_gbs: float | None
     reference_kind: str
     pairs: list[PairJudgement]
     nodes: dict[str, NodeScore]
+    references: list[Reference] = field(default_factory=list)
+    broken: str | None = None  # every pair failed the same way: the test or the setup, not the nodes
 
     @property
     def bad(self) -> list[str]:
@@ -174,34 +201,89 @@ class Judgement:
         return [n for n, s in self.nodes.items() if s.verdict == "suspect"]
 
     @property
+    def unreachable(self) -> list[str]:
+        return [n for n, s in self.nodes.items() if s.verdict == "unreachable"]
+
+    @property
+    def unmeasured(self) -> list[str]:
+        """Nodes none of whose pairs could be measured (a busy GPU, a rank that could not start):
+        never examined, so never healthy."""
+        return [n for n, s in self.nodes.items() if s.verdict == "unmeasured"]
+
+    @property
     def measured(self) -> int:
         return sum(1 for p in self.pairs if p.verdict != "error")
+
+    @property
+    def unjudged(self) -> int:
+        return sum(1 for p in self.pairs if p.verdict == "unjudged")
+
+
+def references(outcomes: list[PairOutcome], slow_limit: float, min_busbw: float | None) -> list[Reference]:
+    """The reference busbw per collective and concurrency: pairs measured with a different number
+    of pairs at once are never compared (shared links and cores make them slower or faster)."""
+    if min_busbw:
+        ops = sorted({op for o in outcomes for op in o.values()}) or ["busbw"]
+        return [Reference(op, 0, float(min_busbw) / slow_limit, f"--min-busbw {min_busbw:g} GB/s") for op in ops]
+    classes: dict[tuple[str, int], list[float]] = {}
+    for o in outcomes:
+        if o.status == "ok":
+            for op, v in o.values().items():
+                classes.setdefault((op, o.concurrency), []).append(v)
+    out = []
+    for (op, conc), vals in sorted(classes.items()):
+        at = f"{conc} at a time" if conc else "in this run"
+        if len(vals) >= MIN_PAIRS_FOR_MEDIAN:
+            out.append(Reference(op, conc, median(vals), f"median of {len(vals)} pairs measured {at}"))
+        else:
+            out.append(Reference(op, conc, None, f"none: {len(vals)} pair(s) measured {at}, {MIN_PAIRS_FOR_MEDIAN} "
+                                              "needed for a median (or give --min-busbw): bandwidth not judged"))
+    return out
+
+
+def _judge_pair(o: PairOutcome, refs: dict[tuple[str, int], Reference], slow_limit: float) -> PairJudgement:
+    if o.status in ("error", "fail"):
+        return PairJudgement(o, o.status, None)
+    rels: dict[str, float] = {}
+    for op, v in o.values().items():
+        ref = refs.get((op, o.concurrency)) or refs.get((op, 0))
+        if ref is None or not ref.busbw_gbs:
+            return PairJudgement(o, "unjudged", None)
+        rels[op] = v / ref.busbw_gbs
+    if not rels:
+        return PairJudgement(o, "unjudged", None)
+    slow = sorted(op for op, r in rels.items() if r < slow_limit)
+    return PairJudgement(o, "slow" if slow else "ok", min(rels.values()), slow)
 
 
 def judge_pairs(outcomes: Iterable[PairOutcome], nodes: Sequence[str], *, slow_limit: float = 0.7,
                 min_busbw: float | None = None) -> Judgement:
     outcomes = list(outcomes)
-    values = [o.busbw_gbs for o in outcomes if o.status == "ok" and o.busbw_gbs]
-    if min_busbw:
-        ref, ref_kind = float(min_busbw) / slow_limit, f"--min-busbw {min_busbw:g} GB/s"
-    elif len(values) >= MIN_PAIRS_FOR_MEDIAN:
-        ref = median(values)
-        ref_kind = f"median of {len(values)} measured pairs"
-    else:  # with one or two values nothing says which one is typical
-        ref = None
-        ref_kind = (f"none: {len(values)} measured pair(s), {MIN_PAIRS_FOR_MEDIAN} needed for a median "
-                    "(or give --min-busbw); only failures are judged")
-    pjs: list[PairJudgement] = []
-    for o in outcomes:
-        if o.status == "error":
-            pjs.append(PairJudgement(o, "error", None))
-        elif o.status == "fail":
-            pjs.append(PairJudgement(o, "fail", None))
-        else:
-            rel = (o.busbw_gbs / ref) if (ref and o.busbw_gbs is not None) else None
-            slow = rel is not None and rel < slow_limit
-            pjs.append(PairJudgement(o, "slow" if slow else "ok", rel))
+    refs = references(outcomes, slow_limit, min_busbw)
+    by_key = {(r.op, r.concurrency): r for r in refs}
+    pjs = [_judge_pair(o, by_key, slow_limit) for o in outcomes]
+    first = refs[0] if refs else None
+    kind = "; ".join(f"{r.op}: {r.how}" for r in refs) if len(refs) > 1 else (first.how if first else
+                                                                               "none: no pair was measured")
+    scores = _score_nodes(pjs, nodes)
+    return Judgement(first.busbw_gbs if first else None, kind, pjs, scores, refs, _broken(outcomes))
 
+
+def _partner(pj: PairJudgement, node: str) -> str:
+    a, b = pj.outcome.nodes
+    return b if a == node else a
+
+
+def _is_bad_for(pj: PairJudgement, node: str) -> bool:
+    """A pair counts against `node` unless a failure named only its partner."""
+    if pj.verdict == "slow":
+        return True
+    if pj.verdict == "fail":
+        return not pj.outcome.blamed or node in pj.outcome.blamed
+    return False
+
+
+def _score_nodes(pjs: list[PairJudgement], nodes: Sequence[str]) -> dict[str, NodeScore]:
     scores = {n: NodeScore(n) for n in nodes}
     mine: dict[str, list[PairJudgement]] = {n: [] for n in nodes}
     for pj in pjs:
@@ -210,55 +292,69 @@ def judge_pairs(outcomes: Iterable[PairOutcome], nodes: Sequence[str], *, slow_l
         for n in pj.outcome.nodes:
             mine.setdefault(n, []).append(pj)
             scores.setdefault(n, NodeScore(n))
-
-    def is_bad_for(pj: PairJudgement, node: str) -> bool:
-        """A pair counts against `node` unless a failure named only its partner."""
-        if pj.verdict == "slow":
-            return True
-        if pj.verdict == "fail":
-            return not pj.outcome.blamed or node in pj.outcome.blamed
-        return False
-
-    def bad_frac_without(node: str, exclude: str) -> float | None:
-        others = [pj for pj in mine.get(node, []) if exclude not in pj.outcome.nodes]
-        if not others:
-            return None
-        return sum(is_bad_for(pj, node) for pj in others) / len(others)
-
     for n, sc in scores.items():
-        ps = mine.get(n, [])
-        sc.pairs = len(ps)
-        if not ps:
-            sc.verdict = "unmeasured"
-            sc.evidence.append("no pair of this node could be measured")
-            continue
-        rels = [pj.relative if pj.relative is not None else 0.0 for pj in ps]
-        sc.score = median(rels)
-        bad = [pj for pj in ps if is_bad_for(pj, n)]
-        sc.bad = len(bad)
-        for pj in bad:
-            partner = pj.outcome.nodes[1] if pj.outcome.nodes[0] == n else pj.outcome.nodes[0]
-            if pj.verdict == "slow":
-                sc.evidence.append(f"round {pj.outcome.round} with {partner}: {pj.outcome.busbw_gbs:.4g} GB/s "
-                                   f"busbw = {pj.relative:.2f} x reference")
-            else:
-                sc.evidence.append(f"round {pj.outcome.round} with {partner}: {pj.outcome.summary}")
-        if sc.bad * 2 <= sc.pairs:
-            continue
-        exonerating = []
-        for pj in bad:
-            partner = pj.outcome.nodes[1] if pj.outcome.nodes[0] == n else pj.outcome.nodes[0]
-            frac = bad_frac_without(partner, n)
-            if frac is not None and frac * 2 <= 1:
-                exonerating.append(partner)
-        named = [pj for pj in bad if n in pj.outcome.blamed]
-        if exonerating or named:
-            sc.verdict = "bad"
-            if exonerating:
-                sc.evidence.append("partners fine in their other pairs: " + ", ".join(sorted(set(exonerating))))
-            if named:
-                sc.evidence.append(f"named by {len(named)} failed pair(s)")
+        _score_one(n, sc, mine)
+    return scores
+
+
+def _score_one(n: str, sc: NodeScore, mine: dict[str, list[PairJudgement]]) -> None:
+    ps = mine.get(n, [])
+    sc.pairs = len(ps)
+    if not ps:
+        sc.verdict = "unmeasured"
+        sc.evidence.append("no pair of this node could be measured")
+        return
+    sc.score = median([pj.relative if pj.relative is not None else 0.0 for pj in ps])
+    bad = [pj for pj in ps if _is_bad_for(pj, n)]
+    sc.bad = len(bad)
+    for pj in bad:
+        partner = _partner(pj, n)
+        if pj.verdict == "slow":
+            ops = f" ({', '.join(pj.slow_ops)})" if pj.slow_ops and pj.slow_ops != ["busbw"] else ""
+            sc.evidence.append(f"round {pj.outcome.round} with {partner}: {pj.outcome.busbw_gbs:.4g} GB/s "
+                               f"busbw = {pj.relative:.2f} x reference{ops}")
         else:
-            sc.verdict = "suspect"
-            sc.evidence.append("most pairs bad but no partner to compare with: confirm with --strategy suspects")
-    return Judgement(ref, ref_kind, pjs, scores)
+            sc.evidence.append(f"round {pj.outcome.round} with {partner}: {pj.outcome.summary}")
+    if any(n in pj.outcome.unreachable for pj in bad):
+        sc.verdict = "unreachable"
+        return
+    if sc.bad * 2 <= sc.pairs:
+        return
+    exonerating = []
+    for pj in bad:
+        partner = _partner(pj, n)
+        others = [x for x in mine.get(partner, []) if n not in x.outcome.nodes]
+        if others and sum(_is_bad_for(x, partner) for x in others) * 2 <= len(others):
+            exonerating.append(partner)
+    named = [pj for pj in bad if n in pj.outcome.blamed]
+    if exonerating or named:
+        sc.verdict = "bad"
+        if exonerating:
+            sc.evidence.append("partners fine in their other pairs: " + ", ".join(sorted(set(exonerating))))
+        if named:
+            sc.evidence.append(f"named by {len(named)} failed pair(s)")
+    else:
+        sc.verdict = "suspect"
+        sc.evidence.append("most pairs bad but no partner to compare with: confirm with --strategy suspects")
+
+
+def same_reason(summary: str, nodes: Sequence[str]) -> str:
+    """A failure's summary with the pair's host names and every number taken out, so that the
+    same failure on different pairs compares equal."""
+    import re
+
+    text = summary
+    for n in sorted(nodes, key=len, reverse=True):
+        text = text.replace(n, "HOST")
+    return re.sub(r"\d+(\.\d+)?", "N", text)
+
+
+def _broken(outcomes: list[PairOutcome]) -> str | None:
+    """Every pair failed (or could not run) for the same reason and none passed: that is the
+    test or the setup (a wrong launcher, gpucheck missing everywhere, no route), not every node."""
+    if any(o.status == "ok" for o in outcomes) or len(outcomes) < 2:
+        return None
+    reasons = {same_reason(o.summary, o.nodes) for o in outcomes}
+    if len(reasons) != 1:
+        return None
+    return f"every pair ({len(outcomes)}) failed the same way: {outcomes[0].summary}"

@@ -77,72 +77,106 @@ def run_ranks(
     """
     if after_failure_s is None:
         after_failure_s = max((s.timeout_s for s in specs), default=30.0) + CULPRIT_LIMIT_S + 5.0
-    ctx = mp.get_context("spawn")
-    children: list[tuple[RankSpec, Any, Any]] = []
-    results: dict[int, dict[str, Any]] = {}
-    port: int | None = None
-    waiting_for_port: list[Any] = []
-    t_end = time.monotonic() + deadline_s
+    sup = _Supervisor(specs, deadline_s=deadline_s, on_event=on_event, port_source=port_source, cancel=cancel,
+                      after_failure_s=after_failure_s)
     try:
-        for spec in specs:
+        sup.start()
+        sup.watch()
+        sup.synthesize_missing()
+    finally:
+        sup.reap()
+    return [sup.results[s.rank] for s in specs]
+
+
+class _Supervisor:
+    """The children of one run_ranks call: started, relayed the port, watched, reaped."""
+
+    def __init__(self, specs: list[RankSpec], *, deadline_s: float, on_event, port_source, cancel,
+                 after_failure_s: float):
+        self.specs = specs
+        self.deadline_s = deadline_s
+        self.on_event = on_event
+        self.port_source = port_source
+        self.cancel = cancel
+        self.after_failure_s = after_failure_s
+        self.children: list[tuple[RankSpec, Any, Any]] = []
+        self.results: dict[int, dict[str, Any]] = {}
+        self.port: int | None = None
+        self.waiting_for_port: list[Any] = []
+        self.t_end = time.monotonic() + deadline_s
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        for spec in self.specs:
             parent_conn, child_conn = ctx.Pipe()
             p = ctx.Process(target=_child_main, args=(spec.to_dict(), child_conn, os.getpid()),
                             name=f"gpucheck-rank{spec.rank}", daemon=True)
             p.start()
             child_conn.close()
-            children.append((spec, p, parent_conn))
+            self.children.append((spec, p, parent_conn))
             if spec.master_port is None:
-                waiting_for_port.append(parent_conn)
-        live = {id(c): (s, p, c) for s, p, c in children}
-        while live:
-            if cancel is not None and cancel.is_set():
-                break
+                self.waiting_for_port.append(parent_conn)
+
+    def _cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def watch(self) -> None:
+        live = {id(c): (s, p, c) for s, p, c in self.children}
+        while live and not self._cancelled():
             now = time.monotonic()
-            if now >= t_end:
+            if now >= self.t_end:
                 break
-            if port is None and port_source is not None and waiting_for_port:
-                got = port_source()
+            if self.port is None and self.port_source is not None and self.waiting_for_port:
+                got = self.port_source()
                 if got is not None:
-                    port = int(got)
-                    _send_port(waiting_for_port, port)
-            ready = mpc.wait([c for _, _, c in live.values()], timeout=min(0.2, max(0.0, t_end - now)))
+                    self.port = int(got)
+                    _send_port(self.waiting_for_port, self.port)
+            ready = mpc.wait([c for _, _, c in live.values()], timeout=min(0.2, max(0.0, self.t_end - now)))
             for conn in ready:
-                spec, proc, _ = live[id(conn)]
-                try:
-                    kind, event = conn.recv()
-                except (EOFError, OSError):
-                    live.pop(id(conn))
-                    proc.join(REAP_S)
-                    if spec.rank not in results:
-                        results[spec.rank] = _no_result(spec, f"rank {spec.rank} process exited "
-                                                        f"(code {proc.exitcode}) without a result")
-                    continue
-                if kind != "event":
-                    continue
-                if event.get("event") == "listening" and port is None:
-                    port = int(event["port"])
-                    _send_port(waiting_for_port, port)
-                if event.get("event") == "result":
-                    results[spec.rank] = event
-                    if event.get("status") != "ok":
-                        t_end = min(t_end, time.monotonic() + after_failure_s)
-                if on_event is not None:
-                    on_event(event)
-        reason = "cancelled" if cancel is not None and cancel.is_set() else None
-        failed = [r for r in results.values() if r.get("status") != "ok"]
-        for spec, proc, _ in children:
-            if spec.rank not in results:
-                if reason:
-                    why = reason
-                elif failed:
-                    why = (f"no result {after_failure_s:.0f} s after rank {failed[0]['rank']} reported "
-                           f"'{failed[0]['summary']}' (killed)")
-                else:
-                    why = f"no result within {deadline_s:.0f} s (killed)"
-                results[spec.rank] = _no_result(spec, f"rank {spec.rank}: {why}", hang=reason is None,
-                                                cancelled=reason is not None)
-    finally:
-        for _spec, proc, conn in children:
+                self._receive(live, conn)
+
+    def _receive(self, live: dict[int, tuple[RankSpec, Any, Any]], conn: Any) -> None:
+        spec, proc, _ = live[id(conn)]
+        try:
+            kind, event = conn.recv()
+        except (EOFError, OSError):
+            live.pop(id(conn))
+            proc.join(REAP_S)
+            if spec.rank not in self.results:
+                self.results[spec.rank] = _no_result(spec, f"rank {spec.rank} process exited "
+                                                           f"(code {proc.exitcode}) without a result")
+            return
+        if kind != "event":
+            return
+        if event.get("event") == "listening" and self.port is None:
+            self.port = int(event["port"])
+            _send_port(self.waiting_for_port, self.port)
+        if event.get("event") == "result":
+            self.results[spec.rank] = event
+            if event.get("status") != "ok":
+                self.t_end = min(self.t_end, time.monotonic() + self.after_failure_s)
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def synthesize_missing(self) -> None:
+        """A result for every rank that sent none: cancelled, or killed as hung."""
+        reason = "cancelled" if self._cancelled() else None
+        failed = [r for r in self.results.values() if r.get("status") != "ok"]
+        for spec, _proc, _ in self.children:
+            if spec.rank in self.results:
+                continue
+            if reason:
+                why = reason
+            elif failed:
+                why = (f"no result {self.after_failure_s:.0f} s after rank {failed[0]['rank']} reported "
+                       f"'{failed[0]['summary']}' (killed)")
+            else:
+                why = f"no result within {self.deadline_s:.0f} s (killed)"
+            self.results[spec.rank] = _no_result(spec, f"rank {spec.rank}: {why}", hang=reason is None,
+                                                 cancelled=reason is not None)
+
+    def reap(self) -> None:
+        for _spec, proc, conn in self.children:
             if proc.is_alive():
                 try:
                     os.kill(proc.pid, signal.SIGKILL)
@@ -150,7 +184,6 @@ def run_ranks(
                     pass
             proc.join(REAP_S)
             conn.close()
-    return [results[s.rank] for s in specs]
 
 
 def _send_port(conns: list[Any], port: int) -> None:

@@ -36,9 +36,10 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
     """Fold rank result events into {status, summary, failure, results, ranks, hosts, ...}.
 
     status: ok | fail | error. failure: the corruption if any rank saw one, else a rank that refused
-    to start on a GPU in use (kind "busy": error, whatever its peers' timeouts say), else the
-    timeout culprit named by most survivors, else a rank that exited without a result, else the
-    first error.
+    to start on a GPU in use (kind "busy": error, whatever its peers' timeouts say), else a
+    rendezvous that never formed (kind "rendezvous": error, a setup problem, whatever the peers'
+    timeouts say), else the timeout culprit named by most survivors, else a rank that exited
+    without a result, else the first error. `warnings`: every rank's warnings, prefixed with it.
     """
     world = world or max((int(r.get("world") or 0) for r in reports), default=0)
     by_rank = {int(r["rank"]): r for r in reports if r.get("rank") is not None}
@@ -53,16 +54,72 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
         "results": with_results[0]["results"] if with_results else [],
         "ranks": {r: by_rank[r].get("status") for r in sorted(by_rank)},
         "injected": sorted({t for r in reports for t in r.get("injected", [])}),
+        "warnings": [f"rank {r.get('rank')}: {w}" for r in reports for w in r.get("warnings") or []],
     }
     missing = [r for r in range(world) if r not in by_rank]
-
     failures = [r.get("failure") or {} for r in reports if r.get("status") != "ok"]
     corrupt = next((f for f in failures if f.get("kind") == "corruption"), None)
     if corrupt:
         return {**base, "status": "fail", "summary": corrupt["summary"], "failure": corrupt}
+    special = _not_started(reports)
+    if special is not None:
+        return {**base, **special}
+    return {**base, **_failed(reports, by_rank, hosts, missing, failures)}
 
-    # Timeouts: the rank the survivors waited for. A survivor naming itself (its own process was
-    # killed as frozen by the supervisor) is weaker evidence than a peer naming it.
+
+def _not_started(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A rank that refused a busy GPU, a rendezvous that never formed, a stopped run: no verdict
+    on the hardware (status error), whatever the peers' timeouts say."""
+    busy = [r for r in reports if (r.get("failure") or {}).get("kind") == "busy"]
+    if busy:
+        rep = busy[0]
+        summary = (f"rank {rep.get('rank')} on host {rep.get('host') or 'unknown'} did not start: "
+                   f"{rep['failure'].get('detail') or rep.get('summary')}")
+        return {"status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
+    rendezvous = [r for r in reports if (r.get("failure") or {}).get("kind") == "rendezvous"]
+    if rendezvous:
+        rep = rendezvous[0]
+        summary = (f"the rendezvous never formed (rank {rep.get('rank')} on host {rep.get('host') or 'unknown'}: "
+                   f"{rep['failure'].get('detail') or rep.get('summary')})")
+        return {"status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
+    cancelled = [r for r in reports if (r.get("failure") or {}).get("kind") == "cancelled"]
+    if cancelled:
+        return {"status": "error", "summary": f"stopped before the end ({cancelled[0]['failure']['detail']})",
+                "failure": cancelled[0]["failure"]}
+    return None
+
+
+def _failed(reports: list[dict[str, Any]], by_rank: dict[int, dict[str, Any]], hosts: list[str | None],
+            missing: list[int], failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """The timeout culprit most survivors name, else a rank that exited, else the first error."""
+    culprit = _culprit(reports, hosts)
+    if culprit is not None:
+        return culprit
+    exited = [int(r["rank"]) for r in reports if (r.get("failure") or {}).get("kind") == "exit"]
+    if exited or missing:
+        r = (exited or missing)[0]
+        host = hosts[r] if r < len(hosts) else None
+        why = (by_rank.get(r) or {}).get("summary") or f"rank {r} gave no result"
+        summary = f"rank {r} on host {host or 'unknown'} exited during the test ({why})"
+        return {"status": "fail", "summary": summary,
+                "failure": {"kind": "exit", "rank": r, "host": host, "summary": summary}}
+    timeouts = [f for f in failures if f.get("kind") == "timeout"]
+    if timeouts:
+        f = timeouts[0]
+        summary = timeout_summary(None, None, f.get("what", ""))
+        return {"status": "fail", "summary": summary, "failure": {**f, "summary": summary}}
+    errors = [r for r in reports if r.get("status") not in ("ok", "fail")]
+    if errors:
+        return {"status": "error", "summary": errors[0].get("summary") or "error", "failure": errors[0].get("failure")}
+    if not reports:
+        return {"status": "error", "summary": "no rank reported", "failure": None}
+    first = by_rank.get(0) or reports[0]
+    return {"status": "ok", "summary": first.get("summary", "ok"), "failure": None}
+
+
+def _culprit(reports: list[dict[str, Any]], hosts: list[str | None]) -> dict[str, Any] | None:
+    """The rank the survivors waited for. A survivor naming itself (its own process was killed
+    as frozen by the supervisor) is weaker evidence than a peer naming it."""
     named: Counter[int] = Counter()
     detail: dict[int, dict[str, Any]] = {}
     for rep in reports:
@@ -73,44 +130,14 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
         named[int(f["rank"])] += weight
         if weight == 2 or int(f["rank"]) not in detail:
             detail[int(f["rank"])] = {**f, "reported_by": rep["rank"]}
-    busy = [r for r in reports if (r.get("failure") or {}).get("kind") == "busy"]
-    if busy:  # a rank refused to load a GPU that a job is using: the peers' timeouts blame nobody
-        rep = busy[0]
-        summary = (f"rank {rep.get('rank')} on host {rep.get('host') or 'unknown'} did not start: "
-                   f"{rep['failure'].get('detail') or rep.get('summary')}")
-        return {**base, "status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
-    cancelled = [r for r in reports if (r.get("failure") or {}).get("kind") == "cancelled"]
-    if cancelled:  # the run was stopped (SIGTERM, whole-run timeout): no verdict on the hardware
-        return {**base, "status": "error", "summary": f"stopped before the end ({cancelled[0]['failure']['detail']})",
-                "failure": cancelled[0]["failure"]}
-    exited = [int(r["rank"]) for r in reports if (r.get("failure") or {}).get("kind") == "exit"]
-    if named:
-        culprit, _ = max(named.items(), key=lambda kv: (kv[1], -kv[0]))
-        f = dict(detail[culprit])
-        if not f.get("host") and culprit < len(hosts):
-            f["host"] = hosts[culprit]
-        summary = timeout_summary(culprit, f.get("host"), f.get("what", ""))
-        return {**base, "status": "fail", "summary": summary, "failure": {**f, "summary": summary}}
-    if exited or missing:
-        r = (exited or missing)[0]
-        host = hosts[r] if r < len(hosts) else None
-        why = (by_rank.get(r) or {}).get("summary") or f"rank {r} gave no result"
-        summary = f"rank {r} on host {host or 'unknown'} exited during the test ({why})"
-        return {**base, "status": "fail", "summary": summary,
-                "failure": {"kind": "exit", "rank": r, "host": host, "summary": summary}}
-    timeouts = [f for f in failures if f.get("kind") == "timeout"]
-    if timeouts:
-        f = timeouts[0]
-        summary = timeout_summary(None, None, f.get("what", ""))
-        return {**base, "status": "fail", "summary": summary, "failure": {**f, "summary": summary}}
-    errors = [r for r in reports if r.get("status") not in ("ok", "fail")]
-    if errors:
-        return {**base, "status": "error", "summary": errors[0].get("summary") or "error",
-                "failure": errors[0].get("failure")}
-    if not reports:
-        return {**base, "status": "error", "summary": "no rank reported", "failure": None}
-    first = by_rank.get(0) or reports[0]
-    return {**base, "status": "ok", "summary": first.get("summary", "ok"), "failure": None}
+    if not named:
+        return None
+    culprit, _ = max(named.items(), key=lambda kv: (kv[1], -kv[0]))
+    f = dict(detail[culprit])
+    if not f.get("host") and culprit < len(hosts):
+        f["host"] = hosts[culprit]
+    summary = timeout_summary(culprit, f.get("host"), f.get("what", ""))
+    return {"status": "fail", "summary": summary, "failure": {**f, "summary": summary}}
 
 
 def _hosts(reports: list[dict[str, Any]], world: int) -> list[str | None]:
