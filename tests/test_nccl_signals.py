@@ -304,3 +304,23 @@ def test_stopping_nccl_pairs_stops_the_ranks_on_every_host(lab, sig):
     else:
         assert proc.returncode == -signal.SIGKILL
 
+
+
+@pytest.mark.parametrize("template, refused", [
+    ("ssh -o BatchMode=yes -o ConnectTimeout=10 -- {host} {qcmd}", False),
+    ("ip netns exec c ssh -F /x/ssh_config -o BatchMode=yes -- {host} {qcmd}", False),
+    ("ssh -q {host} {qcmd}", False), ("ip netns exec {host} {cmd}", False),
+    ("ssh -n -- {host} {qcmd}", True), ("/usr/bin/ssh -qn {host} {qcmd}", True),
+    ("ssh -o StdinNull=yes -- {host} {qcmd}", True), ("timeout 600 ssh -f {host} {qcmd}", True),
+])
+def test_an_ssh_template_without_standard_input_is_a_usage_error(template, refused):
+    """The remote `nccl run` reads its port and the end of its session on standard input; ssh
+    -n gives it /dev/null (old: rank 0 ran, the others waited for a port that never came)."""
+    if not refused:
+        Launcher(template=template).validate()
+        return
+    with pytest.raises(ValueError, match="no standard input"):
+        Launcher(template=template).validate()
+    r = subprocess.run([*PY, "nccl", "pairs", "n[1-2]", "--launcher", template, "--json"],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and "no standard input" in r.stderr and "--launcher" in r.stderr, r.stderr

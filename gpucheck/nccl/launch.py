@@ -100,6 +100,28 @@ class Launcher:
             hit = None if tok in PLACEHOLDERS else quoted_placeholder(tok, PLACEHOLDERS)
             if hit:
                 raise ValueError(refusal("launcher template", self.template, hit))
+        if _ssh_without_stdin(toks):
+            raise ValueError(f"launcher template {self.template!r}: ssh -n, -f or StdinNull gives the remote "
+                             "`nccl run` no standard input, where it reads the rendezvous port and the end of "
+                             "its session")
+
+
+def _ssh_without_stdin(toks: list[str]) -> bool:
+    """Whether an `ssh` word of the template is given options that replace the remote command's
+    standard input with /dev/null (the options before its destination: `--` or a placeholder)."""
+    from ..fleet.fanout import ssh_reads_no_stdin
+
+    for i, tok in enumerate(toks):
+        if tok.rsplit("/", 1)[-1] != "ssh":
+            continue
+        opts = []
+        for word in toks[i + 1:]:
+            if word == "--" or any(ph in word for ph in PLACEHOLDERS):
+                break
+            opts.append(word)
+        if ssh_reads_no_stdin(shlex.join(opts)):
+            return True
+    return False
 
 
 def parse_addrs(items: list[str] | tuple[str, ...]) -> dict[str, str]:
