@@ -324,3 +324,27 @@ def test_an_ssh_template_without_standard_input_is_a_usage_error(template, refus
     r = subprocess.run([*PY, "nccl", "pairs", "n[1-2]", "--launcher", template, "--json"],
                        capture_output=True, text=True, env=ENV, timeout=120)
     assert r.returncode == 2 and "no standard input" in r.stderr and "--launcher" in r.stderr, r.stderr
+
+
+def test_the_watch_reads_the_port_then_waits_for_the_end_of_the_session():
+    """StdinWatch on a pipe: the port line, then no end until the writer closes; unbounded
+    input (no newline) is read in bounded pieces; without a session nothing ends."""
+    import io
+
+    from gpucheck.nccl.node import StdinWatch
+
+    r, w = os.pipe()
+    with open(r, "r") as rd, open(w, "w") as wr:
+        watch = StdinWatch(want_port=True, session=True, stream=rd).start()
+        wr.write("41235\n")
+        wr.flush()
+        assert wait_for(lambda: watch.port() == 41235, 10)
+        wr.write("x" * 100_000)  # never a newline: still only an end-of-file ends it
+        wr.flush()
+        assert not watch.ended.wait(0.5)
+        wr.close()
+        assert watch.ended.wait(10)
+    quiet = StdinWatch(want_port=True, session=False, stream=io.StringIO("7\n")).start()
+    assert wait_for(lambda: quiet.port() == 7, 10) and not quiet.ended.wait(0.3)
+    early = StdinWatch(want_port=True, session=True, stream=io.StringIO("")).start()
+    assert early.ended.wait(10) and early.port() is None

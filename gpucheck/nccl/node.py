@@ -88,21 +88,16 @@ class StdinWatch:
     def _read(self) -> None:
         stream = self.stream if self.stream is not None else sys.stdin
         try:
-            if self.want_port:
-                line = stream.readline()
-                if not line:
-                    return self._eof()
+            line = stream.readline(64) if self.want_port else "-"  # bounded: a port is a few digits
+            if self.want_port and line:
                 try:
                     self._port = int(line.strip())
                 except ValueError:
                     pass  # no port: the ranks report that none was announced
-            while self.session and stream.readline():
+            while line and self.session and stream.read(4096):  # bounded reads, whatever comes
                 pass
         except (OSError, ValueError):  # an unreadable input ends the session as well
             pass
-        self._eof()
-
-    def _eof(self) -> None:
         if self.session:
             self.ended.set()
 
