@@ -145,10 +145,13 @@ def nccl_group() -> None:
               help="Start on GPUs that a job is using (NVML lists its processes) instead of refusing (exit 3).")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON lines even on a terminal (without a terminal they are the default).")
+@click.option("--session-stdin", is_flag=True,
+              help="Standard input is the session of the launcher that started this command (what `nccl pairs` "
+                   "and `bisect --builtin` pass): an end-of-file there stops every rank (exit 3).")
 @_sweep_options("all_reduce")
 def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, master_port, host_label,
-                peer_hosts, peer_addrs, injections, deadline_text, force, as_json, ops, sizes_text, iters, warmup,
-                timeout_text, backend, ifname, nproc_per_node) -> int:
+                peer_hosts, peer_addrs, injections, deadline_text, force, as_json, session_stdin, ops, sizes_text,
+                iters, warmup, timeout_text, backend, ifname, nproc_per_node) -> int:
     """Run this node's ranks of a collective test; on a terminal print nccl-tests' table, else
     (or with --json) one JSON line per event.
 
@@ -159,7 +162,9 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
     waiting for rank N on host H", "data corruption in OP on rank N ...", "the rendezvous
     never formed: ..."). A GPU that a job is using is not loaded: every rank of this invocation
     reports an error (failure kind "busy") naming the processes, and the exit code is 3, unless
-    --force. Exit 0 verified, 1 fail, 2 usage, 3 could not judge.
+    --force. With --session-stdin, an end-of-file on standard input (the launcher's session
+    ended) stops every rank: each reports an error, "the session that started these ranks
+    ended". Exit 0 verified, 1 fail, 2 usage, 3 could not judge.
     """
     from ..nccl import node as N
     from ..nccl.topology import TopologyError, resolve_topology
@@ -184,7 +189,7 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
                          host_label=host_label or os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
                          peer_hosts=[h for h in (peer_hosts or "").split(",") if h],
                          peer_addrs=[h for h in (peer_addrs or "").split(",") if h], corrupt=corrupt, force=force)
-    port_source = N.stdin_port() if topo.master_port == "stdin" and 0 not in topo.ranks else None
+    stdin = N.StdinWatch(want_port=topo.master_port == "stdin" and 0 not in topo.ranks, session=session_stdin).start()
     lock = threading.Lock()
     from ..render.nccl_table import RunView
 
@@ -198,8 +203,10 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
             sys.stdout.write(json.dumps(ev, separators=(",", ":")) + "\n")
             sys.stdout.flush()
 
-    return N.run_node(topo, cfg, emit=emit, note=lambda line: click.echo(line, err=True), port_source=port_source,
-                      on_finish=None if view is None else view.finish)
+    return N.run_node(topo, cfg, emit=emit, note=lambda line: click.echo(line, err=True),
+                      port_source=stdin.port if stdin.want_port else None,
+                      on_finish=None if view is None else view.finish,
+                      session_ended=stdin.ended if session_stdin else None)
 
 
 def _default_sizes(backend: str) -> list[int]:

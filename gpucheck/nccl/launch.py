@@ -19,8 +19,13 @@ shell syntax.
 
 The rendezvous is on the group's first host. Its rank binds a free port and prints a
 ``listening`` event; the launcher writes that port to the other ranks' standard input (they were
-started with ``--master-port stdin`` and import torch meanwhile). Every rank also gets the hosts'
-addresses (``--peer-addrs``), from which it picks its network interface when none is given.
+started with ``--master-port stdin`` and import torch meanwhile). Every rank's standard input is
+its session: the launcher holds it open, writing nothing but that port line, until the group is
+over, and every rank runs with ``--session-stdin``, so an end-of-file (this process stopped,
+killed or its launcher client gone, an ssh connection dropped) stops the ranks on the host at
+any moment from their start on, instead of leaving them to their ``--deadline``. Every rank
+also gets the hosts' addresses (``--peer-addrs``), from which it picks its network interface
+when none is given.
 A launcher that ends without a result (exit 255: ssh could not reach the host; 127: no
 gpucheck there) ends the group at once, and that host is named; every process is killed (its
 process group, SIGKILL) at the group's deadline; a host that gives no result is reported with
@@ -95,6 +100,28 @@ class Launcher:
             hit = None if tok in PLACEHOLDERS else quoted_placeholder(tok, PLACEHOLDERS)
             if hit:
                 raise ValueError(refusal("launcher template", self.template, hit))
+        if _ssh_without_stdin(toks):
+            raise ValueError(f"launcher template {self.template!r}: ssh -n, -f or StdinNull gives the remote "
+                             "`nccl run` no standard input, where it reads the rendezvous port and the end of "
+                             "its session")
+
+
+def _ssh_without_stdin(toks: list[str]) -> bool:
+    """Whether an `ssh` word of the template is given options that replace the remote command's
+    standard input with /dev/null (the options before its destination: `--` or a placeholder)."""
+    from ..fleet.fanout import ssh_reads_no_stdin
+
+    for i, tok in enumerate(toks):
+        if tok.rsplit("/", 1)[-1] != "ssh":
+            continue
+        opts = []
+        for word in toks[i + 1:]:
+            if word == "--" or any(ph in word for ph in PLACEHOLDERS):
+                break
+            opts.append(word)
+        if ssh_reads_no_stdin(shlex.join(opts)):
+            return True
+    return False
 
 
 def parse_addrs(items: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -231,7 +258,7 @@ class _Group:
         out = []
         for node_rank, host in enumerate(hosts):
             cmd = [*lau.program, "nccl", "run", "--master-addr", master,
-                   "--master-port", "0" if node_rank == 0 else "stdin",
+                   "--master-port", "0" if node_rank == 0 else "stdin", "--session-stdin",
                    "--host-label", host, "--peer-hosts", ",".join(hosts), "--peer-addrs", addrs, *args]
             if self.nproc_per_node == 1:
                 cmd += ["--rank", str(node_rank), "--world-size", str(len(hosts))]
@@ -296,14 +323,15 @@ class _Group:
             self._failed(p)
 
     def _relay(self) -> None:
-        """Write the port rank 0 announced to the other hosts (they read it on stdin)."""
+        """Write the port rank 0 announced to the other hosts (they read it on stdin). Their
+        standard input stays open: it is the session their `--session-stdin` watches."""
         self.relayed = True
         for p in self.procs[1:]:
             if p.popen is None or p.popen.stdin is None:
                 continue
             try:
                 p.popen.stdin.write(f"{self.port}\n")
-                p.popen.stdin.close()
+                p.popen.stdin.flush()
             except (BrokenPipeError, OSError):
                 pass
 
@@ -334,6 +362,9 @@ class _Group:
                 _kill(p.popen)
 
     def cleanup(self) -> None:
+        """Kill what is left, reap it, then close every standard input: the end of the
+        sessions, which a remote `nccl run --session-stdin` takes as the order to stop (over
+        ssh, killing the local client is what closes it there)."""
         for p in self.procs:
             if p.popen is not None and p.popen.poll() is None:
                 _kill(p.popen)
@@ -343,6 +374,7 @@ class _Group:
                     processes.untrack(p.popen.pid)
                 except subprocess.TimeoutExpired:
                     pass
+                _close_stdin(p.popen)
             for th in p.threads:
                 th.join(timeout=2)
 
@@ -365,6 +397,14 @@ class _Group:
         outcome["stopped"] = [p.host for p in self.procs if p.stopped]
         outcome["nodes"] = list(self.hosts)
         return outcome
+
+
+def _close_stdin(popen: subprocess.Popen) -> None:
+    if popen.stdin is not None:
+        try:
+            popen.stdin.close()
+        except OSError:  # the rest of a port line that could not be written
+            pass
 
 
 def _kill(popen: subprocess.Popen | None) -> None:

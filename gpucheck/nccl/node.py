@@ -56,20 +56,50 @@ def estimate_deadline(ops: list[str], sizes: list[int], iters: int, warmup: int,
     return 60.0 + 2 * timeout_s + per_op * len(ops)
 
 
-def stdin_port() -> Callable[[], int | None]:
-    """A port read from standard input in the background (`--master-port stdin`): the ranks
-    import torch meanwhile. The callable returns None until the line has come."""
-    box: dict[str, int] = {}
+SESSION_ENDED = "the session that started these ranks ended"
 
-    def read() -> None:
-        line = sys.stdin.readline()
+
+class StdinWatch:
+    """Standard input read in the background (the ranks import torch meanwhile).
+
+    `want_port` (`--master-port stdin`): the first line is the rendezvous port. `session`
+    (`--session-stdin`): the input is the session of the launcher that started this command
+    (an ssh connection, a launcher's pipe), held open and never written past the port line; an
+    end-of-file at any moment, before the port line too, means that the session ended (the
+    local `nccl pairs` or `bisect` was stopped or killed, the connection dropped) and sets
+    `ended`. Without `session` the input is read no further than the port line, as by hand."""
+
+    def __init__(self, *, want_port: bool, session: bool, stream: Any = None):
+        self.want_port = want_port
+        self.session = session
+        self.stream = stream
+        self.ended = threading.Event()
+        self._port: int | None = None
+
+    def start(self) -> "StdinWatch":
+        if self.want_port or self.session:
+            threading.Thread(target=self._read, name="gpucheck-stdin", daemon=True).start()
+        return self
+
+    def port(self) -> int | None:
+        """The port once its line has come, else None."""
+        return self._port
+
+    def _read(self) -> None:
+        stream = self.stream if self.stream is not None else sys.stdin
         try:
-            box["port"] = int(line.strip())
-        except ValueError:
-            return
-
-    threading.Thread(target=read, name="port-from-stdin", daemon=True).start()
-    return lambda: box.get("port")
+            line = stream.readline(64) if self.want_port else "-"  # bounded: a port is a few digits
+            if self.want_port and line:
+                try:
+                    self._port = int(line.strip())
+                except ValueError:
+                    pass  # no port: the ranks report that none was announced
+            while line and self.session and stream.read(4096):  # bounded reads, whatever comes
+                pass
+        except (OSError, ValueError):  # an unreadable input ends the session as well
+            pass
+        if self.session:
+            self.ended.set()
 
 
 def rank_specs(topo: Topology, cfg: NodeSettings, ifname: str | None) -> list[RankSpec]:
@@ -95,10 +125,12 @@ def choose_interface(topo: Topology, cfg: NodeSettings) -> tuple[str | None, str
 
 def run_node(topo: Topology, cfg: NodeSettings, *, emit: Callable[[dict[str, Any]], None],
              note: Callable[[str], None], port_source: Callable[[], int | None] | None = None,
-             on_finish: Callable[[list[dict[str, Any]], int, str], None] | None = None) -> int:
+             on_finish: Callable[[list[dict[str, Any]], int, str], None] | None = None,
+             session_ended: threading.Event | None = None) -> int:
     """Run this invocation's ranks; `emit` gets every event, `on_finish` (a terminal view) the
-    reports, the world size and the status at the end. The exit code: 0 verified, 1 fail, 3
-    could not judge."""
+    reports, the world size and the status at the end. `session_ended` (StdinWatch.ended) stops
+    every rank, at any moment: each rank that has not reported gets an `error` result (failure
+    kind "cancelled", SESSION_ENDED). The exit code: 0 verified, 1 fail, 3 could not judge."""
     from .procs import run_ranks
     from .report import merge
 
@@ -116,7 +148,8 @@ def run_node(topo: Topology, cfg: NodeSettings, *, emit: Callable[[dict[str, Any
         return EXIT_NO_JUDGEMENT
     deadline = cfg.deadline_s or estimate_deadline(cfg.ops, cfg.sizes, cfg.iters, cfg.warmup, cfg.timeout_s,
                                                    cfg.backend)
-    reports = run_ranks(specs, deadline_s=deadline, on_event=send, port_source=port_source)
+    reports = run_ranks(specs, deadline_s=deadline, on_event=send, port_source=port_source, cancel=session_ended,
+                        cancel_reason=SESSION_ENDED)
     for rep in reports:  # results that no child sent (killed, crashed) are synthesized: print them
         if rep.get("synthesized"):
             send(rep)

@@ -66,6 +66,7 @@ def run_ranks(
     port_source: Callable[[], int | None] | None = None,
     cancel: threading.Event | None = None,
     after_failure_s: float | None = None,
+    cancel_reason: str = "cancelled",
 ) -> list[dict[str, Any]]:
     """Run `specs` (ranks of one job, on this host) to completion or to the deadline.
 
@@ -73,12 +74,14 @@ def run_ranks(
     else from `port_source()` (polled; returns None until known). Returns one result event per
     spec, in the order of `specs`. Once one rank reports a failure, the others get
     `after_failure_s` (default: the ranks' collective timeout plus the time to name a culprit)
-    to report theirs; a rank still silent then (a frozen process) is killed.
+    to report theirs; a rank still silent then (a frozen process) is killed. `cancel` set (at
+    any moment, before the start too: then no child starts) kills the children; every rank
+    without a result gets an `error` one, failure kind "cancelled", detail `cancel_reason`.
     """
     if after_failure_s is None:
         after_failure_s = max((s.timeout_s for s in specs), default=30.0) + CULPRIT_LIMIT_S + 5.0
     sup = _Supervisor(specs, deadline_s=deadline_s, on_event=on_event, port_source=port_source, cancel=cancel,
-                      after_failure_s=after_failure_s)
+                      after_failure_s=after_failure_s, cancel_reason=cancel_reason)
     try:
         sup.start()
         sup.watch()
@@ -92,13 +95,14 @@ class _Supervisor:
     """The children of one run_ranks call: started, relayed the port, watched, reaped."""
 
     def __init__(self, specs: list[RankSpec], *, deadline_s: float, on_event, port_source, cancel,
-                 after_failure_s: float):
+                 after_failure_s: float, cancel_reason: str = "cancelled"):
         self.specs = specs
         self.deadline_s = deadline_s
         self.on_event = on_event
         self.port_source = port_source
         self.cancel = cancel
         self.after_failure_s = after_failure_s
+        self.cancel_reason = cancel_reason
         self.children: list[tuple[RankSpec, Any, Any]] = []
         self.results: dict[int, dict[str, Any]] = {}
         self.port: int | None = None
@@ -108,6 +112,8 @@ class _Supervisor:
     def start(self) -> None:
         ctx = mp.get_context("spawn")
         for spec in self.specs:
+            if self._cancelled():  # stopped before (or while) the ranks start: start no more
+                return
             parent_conn, child_conn = ctx.Pipe()
             p = ctx.Process(target=_child_main, args=(spec.to_dict(), child_conn, os.getpid()),
                             name=f"gpucheck-rank{spec.rank}", daemon=True)
@@ -160,20 +166,23 @@ class _Supervisor:
 
     def synthesize_missing(self) -> None:
         """A result for every rank that sent none: cancelled, or killed as hung."""
-        reason = "cancelled" if self._cancelled() else None
+        reason = self.cancel_reason if self._cancelled() else None
         failed = [r for r in self.results.values() if r.get("status") != "ok"]
-        for spec, _proc, _ in self.children:
+        started = {spec.rank for spec, _proc, _ in self.children}
+        for spec in self.specs:
             if spec.rank in self.results:
                 continue
             if reason:
-                why = reason
+                self.results[spec.rank] = _no_result(spec, reason, cancelled=True)
+                continue
+            if spec.rank not in started:
+                why = "not started"
             elif failed:
                 why = (f"no result {self.after_failure_s:.0f} s after rank {failed[0]['rank']} reported "
                        f"'{failed[0]['summary']}' (killed)")
             else:
                 why = f"no result within {self.deadline_s:.0f} s (killed)"
-            self.results[spec.rank] = _no_result(spec, f"rank {spec.rank}: {why}", hang=reason is None,
-                                                 cancelled=reason is not None)
+            self.results[spec.rank] = _no_result(spec, f"rank {spec.rank}: {why}", hang=spec.rank in started)
 
     def reap(self) -> None:
         for _spec, proc, conn in self.children:
