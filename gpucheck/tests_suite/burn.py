@@ -31,7 +31,7 @@ from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..inject import InjectionArgs, fraction, injections_for_gpu
 from ..result import Action, Key, Result, Rule, Status, evaluate
-from ..workers.per_gpu import LoadTime
+from ..workers.per_gpu import LoadTime, progress_evidence
 
 CHECK_ID = "burn.gemm"
 
@@ -197,8 +197,7 @@ def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str
 def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: list[Any],
            outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
            injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.per_gpu import cut_short, finish_result, telemetry_summary, unfinished_result
-    from ..workers.pool import CANCELLED, OVER_BUDGET
+    from ..workers.per_gpu import finish_result, stopped_early, telemetry_summary, unfinished_result
 
     tel = {j.gpu: telemetry_summary(sampler, j.gpu, device) for j in jobs}
     data: dict[int, dict[str, Any]] = {}
@@ -231,11 +230,7 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: lis
         if r is None:
             r = _judge_data(p, device, g, oc.result, names.get(g), medians, t, node_clock, len(jobs), inj,
                             common_reasons(g))
-            if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
-                stopped = oc.result.get("stopped") or oc.kind
-                r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
-                                  f"of {promise.seconds:.0f} s: results are partial")
-                cut_short(r, promise, oc.result.get("seconds"), stopped)
+            stopped_early(r, oc, promise)
         out.append(finish_result(r, t, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
@@ -246,8 +241,7 @@ def _partial_metrics(r: Result, progress: dict[str, Any]) -> None:
     if progress.get("iterations") is not None:
         r.metric("iterations", int(progress["iterations"]), "count")
     if progress:
-        r.evidence.append("last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                        for k, v in progress.items()))
+        r.evidence.append(progress_evidence(progress))
 
 
 def _dtype_rules(dt: str) -> tuple[Rule, ...]:

@@ -27,7 +27,7 @@ from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..inject import InjectionArgs, choice, injections_for_gpu
 from ..result import Action, Result, Status, Threshold, judge
-from ..workers.per_gpu import LoadTime
+from ..workers.per_gpu import LoadTime, progress_evidence
 
 CHECK_ID = "poet.ortho"
 
@@ -222,8 +222,7 @@ def _violation_detail(v: dict[str, Any]) -> str:
 def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
                    injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
     """`promise`: a workers.per_gpu.Promise, or the promised seconds (a cut run is not a pass)."""
-    from ..workers.per_gpu import Promise, cut_short, finish_result, telemetry_summary, unfinished_result
-    from ..workers.pool import CANCELLED, OVER_BUDGET
+    from ..workers.per_gpu import Promise, finish_result, stopped_early, telemetry_summary, unfinished_result
 
     if not isinstance(promise, Promise):
         promise = Promise(float(promise), "the requested duration", "POET problems")
@@ -237,11 +236,7 @@ def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[st
         r = unfinished_result(CHECK_ID, g, oc, inj, worker="poet", setup_verb="run POET", partial=_partial)
         if r is None:
             r = judge_data(g, oc.result, inj)
-            if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
-                stopped = oc.result.get("stopped") or oc.kind
-                r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
-                                  f"of {promise.seconds:.0f} s: results are partial")
-                cut_short(r, promise, oc.result.get("seconds"), stopped)
+            stopped_early(r, oc, promise)
         out.append(finish_result(r, tel, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
@@ -250,8 +245,7 @@ def _partial(r: Result, progress: dict[str, Any]) -> None:
     if progress.get("problems") is not None:
         r.metric("problems", int(progress["problems"]), "count")
     if progress:
-        r.evidence.append("last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                        for k, v in progress.items()))
+        r.evidence.append(progress_evidence(progress))
 
 
 def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
