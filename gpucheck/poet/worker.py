@@ -56,14 +56,13 @@ class PoetConfig:
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "PoetConfig":
+        from ..workers.settings import set_given
+
         cfg = cls()
-        for key in ("duration_s", "rho_min", "rho_max", "dense_acc_roundoff", "bound_scale", "window_s"):
-            if args.get(key) is not None:
-                setattr(cfg, key, float(args[key]))
-        for key in ("size", "gpu_size", "cpu_blocks", "rows", "gpu_rows", "cpu_rows", "chain_steps", "verify_rows",
-                    "ortho_blocks", "q_pool", "seed", "max_events"):
-            if args.get(key) is not None:
-                setattr(cfg, key, int(args[key]))
+        set_given(cfg, args, float, ("duration_s", "rho_min", "rho_max", "dense_acc_roundoff", "bound_scale",
+                                     "window_s"))
+        set_given(cfg, args, int, ("size", "gpu_size", "cpu_blocks", "rows", "gpu_rows", "cpu_rows", "chain_steps",
+                                   "verify_rows", "ortho_blocks", "q_pool", "seed", "max_events"))
         if args.get("dtypes") is not None:
             cfg.dtypes = parse_dtypes(args["dtypes"])
         if args.get("blocks") is not None:
