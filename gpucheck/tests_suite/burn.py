@@ -72,7 +72,6 @@ _LEVEL_KEYS = (2, 3, 4)
 TIME = LoadTime(CHECK_ID, DEFAULTS, "burn")
 _params = TIME.params
 burn_duration = TIME.duration
-_promise = TIME.promise
 
 
 def _level(ctx: Context) -> int:
@@ -112,16 +111,14 @@ def _injection_args(ctx: Context, gpu: int) -> InjectionArgs:
     top_level=Level.BURN_IN,
 )
 def burn_gemm(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import deadline_problem, run_per_gpu
+    from ..workers.per_gpu import run_per_gpu
 
-    p = _params(ctx)
-    device = _device(ctx)
-    promise = _promise(ctx, p)
-    duration = promise.seconds
-    notes: list[str] = []
-    problem = deadline_problem(ctx, CHECK_ID, promise)
+    p, promise, problem = TIME.start(ctx)
     if problem is not None:
         return [problem]
+    device = _device(ctx)
+    duration = promise.seconds
+    notes: list[str] = []
     try:
         dtypes = parse_dtypes(ctx.options.dtypes or p[f"dtypes_level{_level(ctx)}"])
     except DtypeError as e:
@@ -137,7 +134,7 @@ def burn_gemm(ctx: Context) -> list[Result]:
 
     run = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device, p=p,
-        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
+        budget_s=TIME.pool_budget_s(p, duration),
         make_args=lambda g: {
             "duration_s": duration, "dtypes": dtypes, "size": size, "repeats": p["repeats"],
             "window_s": p["window_s"], "ref_rows": p["ref_rows"], "ref_every_s": p["ref_every_s"],

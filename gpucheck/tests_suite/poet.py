@@ -79,7 +79,6 @@ _WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_block
 TIME = LoadTime(CHECK_ID, DEFAULTS, "POET problems")
 _params = TIME.params
 poet_duration = TIME.duration
-_promise = TIME.promise
 
 
 def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = None) -> InjectionArgs:
@@ -144,17 +143,15 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     top_level=Level.BURN_IN,
 )
 def poet_ortho(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import deadline_problem, run_per_gpu
+    from ..workers.per_gpu import run_per_gpu
     from ..busy import guarded_targets
 
-    p = _params(ctx)
-    device = "cpu" if ctx.device == "cpu" else "cuda"
-    promise = _promise(ctx, p)
-    duration = promise.seconds
-    notes: list[str] = []
-    problem = deadline_problem(ctx, CHECK_ID, promise)
+    p, promise, problem = TIME.start(ctx)
     if problem is not None:
         return [problem]
+    device = "cpu" if ctx.device == "cpu" else "cuda"
+    duration = promise.seconds
+    notes: list[str] = []
 
     def make_args(g: int | None) -> dict[str, Any]:
         return {"duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
@@ -175,7 +172,7 @@ def poet_ortho(ctx: Context) -> list[Result]:
 
     run = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.poet.worker:poet_worker", targets, device=device, p=p,
-        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
+        budget_s=TIME.pool_budget_s(p, duration),
         make_args=make_args,
         injection_args=lambda g: _injection_args(ctx, g, settings),
     )

@@ -370,7 +370,19 @@ class LoadTime:
 
     def budget(self, ctx: Context) -> float:
         p = self.params(ctx)
-        return self.duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
+        return self.pool_budget_s(p, self.duration(ctx, p))
+
+    @staticmethod
+    def pool_budget_s(p: dict[str, Any], duration_s: float) -> float:
+        """The workers' budget for a load of `duration_s`: that plus their start-up timeout and 30 s."""
+        return duration_s + float(p["startup_timeout_s"]) + 30.0
+
+    def start(self, ctx: Context) -> tuple[dict[str, Any], Promise, Result | None]:
+        """The check's prologue: its parameters, the Promise its run makes, and the error Result
+        when what is left of the run's time cannot keep it (deadline_problem), else None."""
+        p = self.params(ctx)
+        promise = self.promise(ctx, p)
+        return p, promise, deadline_problem(ctx, self.check_id, promise)
 
     def promise(self, ctx: Context, p: dict[str, Any] | None = None) -> Promise:
         return promised(ctx, p or self.params(ctx), self.what)
