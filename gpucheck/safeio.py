@@ -515,6 +515,23 @@ def _read_limited(fd: int, path: str, limit: int, kind: str) -> bytes:
             raise RefusedPath(path, too_big, errno.EFBIG)
 
 
+def _keep_if_regular(fd: int, p: str) -> int:
+    """`fd` when it is open on a regular file; closed, and RefusedPath, when it is not."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise RefusedPath(p, f"not a regular file (it is {_kind(st)})")
+    return fd
+
+
+def _read_all(fd: int, path: str | os.PathLike[str], kind: str) -> bytes:
+    """The bytes of the file open on `fd` (closed after), within the LIMITS of `kind`."""
+    try:
+        return _read_limited(fd, os.fspath(path), LIMITS[kind], kind)
+    finally:
+        os.close(fd)
+
+
 def open_input(path: str | os.PathLike[str]) -> int:
     """A read descriptor of a user-named input file: a regular file (symlinks followed: the user
     named it), opened O_NONBLOCK so that a FIFO swapped in cannot hang; RefusedPath otherwise."""
@@ -523,20 +540,12 @@ def open_input(path: str | os.PathLike[str]) -> int:
     if not stat.S_ISREG(st.st_mode):
         raise RefusedPath(p, f"not a regular file (it is {_kind(st)})")
     fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise RefusedPath(p, f"not a regular file (it is {_kind(st)})")
-    return fd
+    return _keep_if_regular(fd, p)
 
 
 def read_input(path: str | os.PathLike[str], kind: str) -> bytes:
     """The bytes of a user-named input file of `kind` (a key of LIMITS)."""
-    fd = open_input(path)
-    try:
-        return _read_limited(fd, os.fspath(path), LIMITS[kind], kind)
-    finally:
-        os.close(fd)
+    return _read_all(open_input(path), path, kind)
 
 
 def open_private(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
@@ -558,20 +567,12 @@ def open_private(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: i
         if e.errno == errno.ELOOP:
             raise RefusedPath(p, "is a symlink: state and reference files are never followed", errno.ELOOP) from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise RefusedPath(p, f"not a regular file (it is {_kind(st)})")
-    return fd
+    return _keep_if_regular(fd, p)
 
 
 def read_private(path: str | os.PathLike[str], kind: str) -> bytes:
     """The bytes of a state/reference file of `kind` (open_private, LIMITS)."""
-    fd = open_private(path)
-    try:
-        return _read_limited(fd, os.fspath(path), LIMITS[kind], kind)
-    finally:
-        os.close(fd)
+    return _read_all(open_private(path), path, kind)
 
 
 def loads_json(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:

@@ -17,26 +17,17 @@ def report_command(inputs: tuple[str, ...], output: str) -> int:
     missing (one line naming it). The page reports the inputs; it never changes their verdicts.
     """
     from ..report import ReportError, build_report
-    from ..safeio import check_output, output_problem, write_output
+    from .outputs import emit, output_refused
 
-    if output != "-":
-        try:  # refused before anything is read: a device, an untrusted symlink, no such folder
-            check_output(output)
-        except OSError as e:
-            click.echo(f"gpucheck report: cannot write {output}: {output_problem(e, output)}", err=True)
-            return 2
+    if output_refused("gpucheck report", output):
+        return 2
     try:
         page = build_report(list(inputs))
     except ReportError as e:
         click.echo(f"gpucheck report: {e}", err=True)
         return 2
-    if output == "-":
-        click.echo(page, nl=False)
-        return 0
-    try:
-        write_output(output, page)
-    except OSError as e:
-        click.echo(f"gpucheck report: cannot write {output}: {output_problem(e, output)}", err=True)
-        return 2
+    rc = emit("gpucheck report", output, page)
+    if rc is not None:
+        return rc
     click.echo(f"wrote {output}: {len(inputs)} input(s), {len(page) // 1024} KiB", err=True)
     return 0

@@ -35,31 +35,19 @@ def telemetry_group() -> None:
               help="Record this boot's NVRM/NVSwitch kernel-log lines (judged by the xid check on replay).")
 def dump_command(output: str | None, sysfs_root: Path, timeout_s: float, kernel_log: bool) -> int:
     """Capture a telemetry snapshot (JSON) of this node."""
-    from ..safeio import check_output, output_problem, write_output
     from ..telemetry.snapshot import collect_snapshot, dump_snapshot
+    from .outputs import emit, output_refused
 
-    if output == "-":
-        output = None
-    if output is not None:
-        try:  # refused before anything is collected: a device, an untrusted symlink, no such folder
-            check_output(output)
-        except OSError as e:
-            click.echo(f"gpucheck telemetry dump: cannot write {output}: {output_problem(e, output)}", err=True)
-            return 2
+    if output_refused("gpucheck telemetry dump", output):  # before anything is collected
+        return 2
     snap = collect_snapshot(sysfs_root=sysfs_root, timeout_s=timeout_s)
     if kernel_log:
         from ..kernlog import capture_for_snapshot
 
         snap["kernel_log"] = capture_for_snapshot()
-    text = dump_snapshot(snap)
-    if output is None:
-        click.echo(text, nl=False)
-        return 0
-    try:
-        write_output(output, text)
-    except OSError as e:
-        click.echo(f"gpucheck telemetry dump: cannot write {output}: {output_problem(e, output)}", err=True)
-        return 2
+    rc = emit("gpucheck telemetry dump", output, dump_snapshot(snap))
+    if rc is not None:
+        return rc
     gpus = snap["gpus"]
     nv = snap["nvml"]
     state = "NVML ok" if nv["ok"] else f"NVML unavailable: {nv['error']['kind']}"
@@ -78,19 +66,14 @@ def import_command(capture: str, output: str | None) -> int:
     healthy); what was missing or cut short is printed as warnings. Exit 0 when written, 2 when
     FILE is not a capture or cannot be read, or the output cannot be written.
     """
-    from ..safeio import check_output, describe_error, output_problem, write_output
+    from ..safeio import describe_error
     from ..telemetry import nvsmi
     from ..telemetry.snapshot import SnapshotError, dump_snapshot, validate_snapshot
+    from .outputs import emit, output_refused
 
     where = "standard input" if capture == "-" else capture
-    if output == "-":
-        output = None
-    if output is not None:
-        try:  # refused before anything is read: a device, an untrusted symlink, no such folder
-            check_output(output)
-        except OSError as e:
-            click.echo(f"gpucheck telemetry import: cannot write {output}: {output_problem(e, output)}", err=True)
-            return 2
+    if output_refused("gpucheck telemetry import", output):  # before anything is read
+        return 2
     try:
         text = nvsmi.read_text(capture)
     except (OSError, UnicodeDecodeError) as e:
@@ -105,15 +88,9 @@ def import_command(capture: str, output: str | None) -> int:
         return 2
     for warning in snap["capture"]["warnings"]:
         click.echo(f"gpucheck telemetry import: warning: {where}: {warning}", err=True)
-    text_out = dump_snapshot(snap)
-    if output is None:
-        click.echo(text_out, nl=False)
-        return 0
-    try:
-        write_output(output, text_out)
-    except OSError as e:
-        click.echo(f"gpucheck telemetry import: cannot write {output}: {output_problem(e, output)}", err=True)
-        return 2
+    rc = emit("gpucheck telemetry import", output, dump_snapshot(snap))
+    if rc is not None:
+        return rc
     click.echo(f"wrote {output}: {len(snap['gpus'])} GPU(s) from {snap['capture']['format']}", err=True)
     return 0
 

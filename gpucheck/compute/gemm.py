@@ -171,13 +171,11 @@ class BurnConfig:
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "BurnConfig":
+        from ..workers.settings import set_given
+
         cfg = cls()
-        for key in ("duration_s", "window_s", "ref_every_s"):
-            if args.get(key) is not None:
-                setattr(cfg, key, float(args[key]))
-        for key in ("size", "repeats", "ref_rows", "seed", "max_events"):
-            if args.get(key) is not None:
-                setattr(cfg, key, int(args[key]))
+        set_given(cfg, args, float, ("duration_s", "window_s", "ref_every_s"))
+        set_given(cfg, args, int, ("size", "repeats", "ref_rows", "seed", "max_events"))
         if args.get("dtypes") is not None:
             cfg.dtypes = parse_dtypes(args["dtypes"])
         cfg.bitflip = dict(args["bitflip"]) if args.get("bitflip") is not None else None

@@ -303,6 +303,8 @@ def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: l
 
 
 def _partial(r: Result, progress: dict[str, Any]) -> None:
+    from ..workers.per_gpu import progress_evidence
+
     if not progress:
         return
     if progress.get("errors") is not None:
@@ -310,8 +312,7 @@ def _partial(r: Result, progress: dict[str, Any]) -> None:
     fe = progress.get("first_error")
     if fe:
         r.evidence.append("first error before it stopped: " + describe_error(fe))
-    r.evidence.append("last progress: " + ", ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in progress.items() if k != "first_error"))
+    r.evidence.append(progress_evidence(progress, leave_out=("first_error",)))
 
 
 def _fmt(x: float | None, unit: str = "") -> str:

@@ -90,20 +90,14 @@ class MemtestConfig:
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "MemtestConfig":
+        from ..workers.settings import set_given
+
         cfg = cls()
-        for key in ("fraction", "headroom_fraction", "stall_timeout_s"):
-            if args.get(key) is not None:
-                setattr(cfg, key, float(args[key]))
-        if args.get("duration_s") is not None:
-            cfg.duration_s = float(args["duration_s"])
-        for key in ("passes", "seed", "headroom_min_bytes", "round2_reserve_bytes", "chunk_bytes", "cpu_bytes",
-                    "cpu_chunk_bytes", "max_errors", "report_errors", "copy_bytes", "copy_repeats", "block",
-                    "blocks_per_sm"):
-            if args.get(key) is not None:
-                setattr(cfg, key, int(args[key]))
-        for key in ("confirm", "headroom_round"):
-            if args.get(key) is not None:
-                setattr(cfg, key, bool(args[key]))
+        set_given(cfg, args, float, ("fraction", "headroom_fraction", "stall_timeout_s", "duration_s"))
+        set_given(cfg, args, int, ("passes", "seed", "headroom_min_bytes", "round2_reserve_bytes", "chunk_bytes",
+                                   "cpu_bytes", "cpu_chunk_bytes", "max_errors", "report_errors", "copy_bytes",
+                                   "copy_repeats", "block", "blocks_per_sm"))
+        set_given(cfg, args, bool, ("confirm", "headroom_round"))
         if args.get("patterns") is not None:
             cfg.patterns = parse_patterns(args["patterns"])
         cfg.inject = dict(args["inject"]) if args.get("inject") else None

@@ -290,43 +290,16 @@ def judge(
     ignore = [int(x) for x in params.get("ignore_xids", []) or []]
     sel = set(selection) if selection is not None else None
     cls = classes if classes is not None else classify_all(events, gpu_map, ignore)
-
-    groups: dict[tuple[str, Any], list[XidEvent]] = defaultdict(list)
-    excluded = 0
-    for ev in events:
-        key = subject_key(ev, gpu_map)
-        if sel is not None and key[0] == "gpu" and key[1] not in sel:
-            excluded += 1
-            continue
-        groups[key].append(ev)
+    groups, excluded = _group_by_subject(events, gpu_map, sel)
     sx_groups: dict[str, list[SXidEvent]] = defaultdict(list)
     for sx in sxid_events:
         sx_groups[sx.pci_bus_id or "unknown"].append(sx)
 
-    results: list[Result] = []
-    # Node result: what was read, the window, what could not be recognised.
-    n_sig = sum(1 for v in groups.values() for e in v if e.xid is None)
-    n_x = sum(len(v) for v in groups.values()) - n_sig
-    if n_x or n_sig or sxid_events:
-        sig = f", {n_sig} fault signature(s) without an Xid number" if n_sig else ""
-        head = f"{n_x} Xid event(s){sig}, {len(sxid_events)} SXid event(s) {window_label}"
-    else:
-        head = f"no Xid or SXid events {window_label}"
-    summary = f"{head} (read {read_summary})"
     node_ev = [n for n in notes if n]
     if excluded:
         node_ev.append(f"{excluded} Xid event(s) on GPUs outside the selection were not judged")
-    if unrecognised:
-        summary += f"; {len(unrecognised)} Xid-like line(s) match no known form"
-        node_ev.extend(f"unrecognised: {u.raw}" for u in unrecognised)
-    warn = params.get("unrecognised_warn", True)
-    metrics = {"xid_events": n_x, "signature_events": n_sig, "sxid_events": len(sxid_events),
-               "unrecognised_lines": len(unrecognised)}
-    node = evaluate(check, NODE_RULES, metrics, facts={"read": summary}, units=dict.fromkeys(metrics, "count"),
-                    limits={"unrecognised_warn_limit": 0 if warn else None, "unrecognised_pass_limit": None if warn else 0},
-                    ok_summary=summary)
-    node.evidence = _evidence(node_ev, max_lines)
-    results.append(node)
+    results = [_node_result(check, groups, sxid_events, unrecognised, node_ev, params,
+                            read_summary, window_label, max_lines)]
 
     def order(k: tuple[str, Any]) -> tuple[int, str]:
         return (0, f"{k[1]:06d}") if k[0] == "gpu" else (1, str(k[1]))
@@ -350,3 +323,43 @@ def judge(
     for bus in sorted(sx_groups):
         results.append(_sxid_group_result(check, bus, sx_groups[bus], limit, max_lines))
     return results
+
+
+def _group_by_subject(events: list[XidEvent], gpu_map: GpuMap,
+                      sel: set[int] | None) -> tuple[dict[tuple[str, Any], list[XidEvent]], int]:
+    """The events per subject (a GPU, or a bus no GPU answers to), and how many fell on GPUs
+    outside the selection (left out)."""
+    groups: dict[tuple[str, Any], list[XidEvent]] = defaultdict(list)
+    excluded = 0
+    for ev in events:
+        key = subject_key(ev, gpu_map)
+        if sel is not None and key[0] == "gpu" and key[1] not in sel:
+            excluded += 1
+            continue
+        groups[key].append(ev)
+    return groups, excluded
+
+
+def _node_result(check: str, groups: dict[tuple[str, Any], list[XidEvent]], sxid_events: list[SXidEvent],
+                 unrecognised: list[Unrecognised], node_ev: list[str], params: dict[str, Any], read_summary: str,
+                 window_label: str, max_lines: int) -> Result:
+    """The node result: what was read, the window, what could not be recognised."""
+    n_sig = sum(1 for v in groups.values() for e in v if e.xid is None)
+    n_x = sum(len(v) for v in groups.values()) - n_sig
+    if n_x or n_sig or sxid_events:
+        sig = f", {n_sig} fault signature(s) without an Xid number" if n_sig else ""
+        head = f"{n_x} Xid event(s){sig}, {len(sxid_events)} SXid event(s) {window_label}"
+    else:
+        head = f"no Xid or SXid events {window_label}"
+    summary = f"{head} (read {read_summary})"
+    if unrecognised:
+        summary += f"; {len(unrecognised)} Xid-like line(s) match no known form"
+        node_ev.extend(f"unrecognised: {u.raw}" for u in unrecognised)
+    warn = params.get("unrecognised_warn", True)
+    metrics = {"xid_events": n_x, "signature_events": n_sig, "sxid_events": len(sxid_events),
+               "unrecognised_lines": len(unrecognised)}
+    node = evaluate(check, NODE_RULES, metrics, facts={"read": summary}, units=dict.fromkeys(metrics, "count"),
+                    limits={"unrecognised_warn_limit": 0 if warn else None, "unrecognised_pass_limit": None if warn else 0},
+                    ok_summary=summary)
+    node.evidence = _evidence(node_ev, max_lines)
+    return node

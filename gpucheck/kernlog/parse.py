@@ -386,6 +386,150 @@ class Parser:
         self.result.events.append(ev)
         return [ev]
 
+    def _unrecognised(self, line: str, stamp: Any) -> list[Item]:
+        u = Unrecognised(line, stamp.epoch)
+        self.result.unrecognised.append(u)
+        return [u]
+
+    # -- NVRM lines ----------------------------------------------------------------------------
+    def _xid(self, line: str, f: dict[str, Any], stamp: Any, seq: int) -> list[Item]:
+        """An NVRM Xid line parsed into `f`: a new event (an Xid 79 may merge into the last)."""
+        ev = XidEvent(
+            xid=f["xid"], pci_bus_id=f["pci_bus_id"], time=stamp.epoch, raw=line, text=f["text"],
+            pid=f["pid"], process=f["process"], gpu_instance=f["gpu_instance"],
+            compute_instance=f["compute_instance"], nvlink=f["nvlink"], recovery=f["recovery"],
+            caused_by=f["caused_by"], time_kind=stamp.kind, seq=seq, gpu_token=f["gpu_token"],
+        )
+        if ev.xid == 79:
+            added = self._add_79(ev)
+            return [added] if added is not None else []
+        self.result.events.append(ev)
+        return [ev]
+
+    def _bus_loss(self, line: str, msg: str, stamp: Any, seq: int) -> list[Item]:
+        """A "fallen off the bus" line: an implied Xid 79, on the bus its line (or the "The GPU"
+        line just before it) names, else on the ordinal or "GPU unknown"."""
+        bus = None
+        for rx in _BUS_LOSS_RES:
+            bm = rx.search(msg)
+            if bm:
+                bus = short_bus_id(bm.group("bus"))
+                break
+        if bus is None and self._pending_the_gpu is not None:
+            pbus, ptime, praw, pseq = self._pending_the_gpu
+            if seq - pseq <= 3:
+                bus = pbus
+                stamp_time = stamp.epoch if stamp.epoch is not None else ptime
+                ev = XidEvent(79, bus, stamp_time, line, text="GPU has fallen off the bus",
+                              implied=True, related=[praw], time_kind=stamp.kind, seq=seq)
+                self._pending_the_gpu = None
+                added = self._add_79(ev)
+                return [added] if added is not None else []
+        # Without an address the bus loss still counts: on "GPU unknown" (or the ordinal).
+        om = _ORDINAL_RE.search(msg) if bus is None else None
+        ev = XidEvent(79, bus, stamp.epoch, line, text="GPU has fallen off the bus",
+                      implied=True, time_kind=stamp.kind, seq=seq, gpu_token=om.group("ord") if om else None)
+        added = self._add_79(ev)
+        return [added] if added is not None else []
+
+    def _gpu_note(self, line: str, msg: str, stamp: Any, seq: int) -> bool:
+        """Remember a line that names a GPU for the lines after it ("The GPU at ...", a UUID
+        announcement, its serial); True when the line was one."""
+        tm = _THE_GPU_RE.search(msg)
+        if tm:
+            bus = short_bus_id(tm.group("bus"))
+            if bus is not None:
+                self._pending_the_gpu = (bus, stamp.epoch, line, seq)
+            return True
+        am = _ANNOUNCE_RE.search(msg)
+        if am:
+            bus = short_bus_id(am.group("bus"))
+            if bus is not None:
+                ann = GpuAnnouncement(bus, "GPU-" + am.group("uuid")[4:].lower(), time=stamp.epoch)
+                self.result.announcements[bus] = ann
+                self._last_announce, self._last_announce_seq = ann, seq
+            return True
+        sm = _SERIAL_RE.search(msg)
+        if sm:
+            if self._last_announce is not None and seq - self._last_announce_seq <= 2:
+                self._last_announce.serial = sm.group("serial")
+            return True
+        return False
+
+    def _nvrm(self, line: str, msg: str, stamp: Any, seq: int) -> list[Item]:
+        f = parse_xid_message(msg) if "Xid" in msg else None
+        if f is not None:
+            return self._xid(line, f, stamp, seq)
+        sig = self._signature(line, msg, stamp, seq)
+        if sig is not None:
+            return sig
+        if "fallen off the bus" in msg:
+            return self._bus_loss(line, msg, stamp, seq)
+        if self._gpu_note(line, msg, stamp, seq):
+            return []
+        if "Xid" in msg:  # an NVRM Xid line in a form we do not know
+            return self._unrecognised(line, stamp)
+        return []
+
+    # -- SXid lines (NVSwitch) -----------------------------------------------------------------
+    def _open_sxid_event(self, key: tuple[str | None, int], ev: SXidEvent) -> list[Item]:
+        self._open_sxid[key] = ev
+        self.result.sxid_events.append(ev)
+        return [ev]
+
+    def _sxid_continuation(self, line: str, sm2: re.Match, rest: str, stamp: Any, seq: int,
+                           sev: re.Match | None, dat: re.Match | None) -> list[Item]:
+        """A severity or data line: evidence of its open header, or an event of its own when
+        the header is outside what we read."""
+        bus, sxid = short_bus_id(sm2.group("bus")), int(sm2.group("sxid"))
+        key = (bus, sxid)
+        head = self._open_sxid.get(key)
+        if head is not None and self._near(head.time, head.seq, stamp.epoch, seq, SXID_CONT_WINDOW_S):
+            head.raw.append(line)
+            if sev:
+                head.severity = int(sev.group("sev"))
+            if dat:
+                head.data = _HEX_RE.findall(dat.group("data"))
+            return []
+        ev = SXidEvent(
+            sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
+            switch=_int_or_none(sm2.group("sw")), fatal=None, text=rest,
+            severity=int(sev.group("sev")) if sev else None,
+            data=_HEX_RE.findall(dat.group("data")) if dat else [],
+            time_kind=stamp.kind, seq=seq,
+        )
+        return self._open_sxid_event(key, ev)
+
+    def _sxid(self, line: str, msg: str, stamp: Any, seq: int) -> list[Item]:
+        sm2 = SXID_RE.search(msg)
+        bus = short_bus_id(sm2.group("bus")) if sm2 else None
+        if sm2 is None or bus is None:
+            return self._unrecognised(line, stamp)
+        sxid = int(sm2.group("sxid"))
+        rest = sm2.group("rest") or ""
+        key = (bus, sxid)
+        hm = _SXID_HEADER_RE.match(rest)
+        if hm:
+            text = hm.group("text")
+            lm = _LINK_RE.search(text)
+            ev = SXidEvent(
+                sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
+                switch=_int_or_none(sm2.group("sw")), fatal=hm.group("fatal") == "Fatal",
+                link=int(lm.group("link")) if lm else None, text=text, time_kind=stamp.kind, seq=seq,
+            )
+            return self._open_sxid_event(key, ev)
+        sev = _SXID_SEVERITY_RE.match(rest)
+        dat = _SXID_DATA_RE.match(rest)
+        if sev or dat:
+            return self._sxid_continuation(line, sm2, rest, stamp, seq, sev, dat)
+        # A header without Fatal/Non-fatal (older drivers): an event of unknown fatality.
+        lm = _LINK_RE.search(rest)
+        ev = SXidEvent(sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
+                       switch=_int_or_none(sm2.group("sw")), fatal=None,
+                       link=int(lm.group("link")) if lm else None, text=rest,
+                       time_kind=stamp.kind, seq=seq)
+        return self._open_sxid_event(key, ev)
+
     # -- the one entry point -------------------------------------------------------------------
     def feed(self, line: str, *, boot_time: float | None = None, ref_time: float | None = None) -> list[Item]:
         if len(line) > MAX_LINE_CHARS:
@@ -394,137 +538,14 @@ class Parser:
         stamp = parse_prefix(line, boot_time=boot_time, ref_time=ref_time)
         msg = stamp.message
         self._seq += 1
-        seq = self._seq
         self.result.lines += 1
-        new: list[Item] = []
-
         if "NVRM" in msg:
-            f = parse_xid_message(msg) if "Xid" in msg else None
-            if f is not None:
-                ev = XidEvent(
-                    xid=f["xid"], pci_bus_id=f["pci_bus_id"], time=stamp.epoch, raw=line, text=f["text"],
-                    pid=f["pid"], process=f["process"], gpu_instance=f["gpu_instance"],
-                    compute_instance=f["compute_instance"], nvlink=f["nvlink"], recovery=f["recovery"],
-                    caused_by=f["caused_by"], time_kind=stamp.kind, seq=seq, gpu_token=f["gpu_token"],
-                )
-                if ev.xid == 79:
-                    added = self._add_79(ev)
-                    if added is not None:
-                        new.append(added)
-                else:
-                    self.result.events.append(ev)
-                    new.append(ev)
-                return new
-            sig = self._signature(line, msg, stamp, seq)
-            if sig is not None:
-                return sig
-            if "fallen off the bus" in msg:
-                bus = None
-                for rx in _BUS_LOSS_RES:
-                    bm = rx.search(msg)
-                    if bm:
-                        bus = short_bus_id(bm.group("bus"))
-                        break
-                if bus is None and self._pending_the_gpu is not None:
-                    pbus, ptime, praw, pseq = self._pending_the_gpu
-                    if seq - pseq <= 3:
-                        bus = pbus
-                        stamp_time = stamp.epoch if stamp.epoch is not None else ptime
-                        ev = XidEvent(79, bus, stamp_time, line, text="GPU has fallen off the bus",
-                                      implied=True, related=[praw], time_kind=stamp.kind, seq=seq)
-                        self._pending_the_gpu = None
-                        added = self._add_79(ev)
-                        return [added] if added is not None else []
-                # Without an address the bus loss still counts: on "GPU unknown" (or the ordinal).
-                om = _ORDINAL_RE.search(msg) if bus is None else None
-                ev = XidEvent(79, bus, stamp.epoch, line, text="GPU has fallen off the bus",
-                              implied=True, time_kind=stamp.kind, seq=seq, gpu_token=om.group("ord") if om else None)
-                added = self._add_79(ev)
-                return [added] if added is not None else []
-            tm = _THE_GPU_RE.search(msg)
-            if tm:
-                bus = short_bus_id(tm.group("bus"))
-                if bus is not None:
-                    self._pending_the_gpu = (bus, stamp.epoch, line, seq)
-                return new
-            am = _ANNOUNCE_RE.search(msg)
-            if am:
-                bus = short_bus_id(am.group("bus"))
-                if bus is not None:
-                    ann = GpuAnnouncement(bus, "GPU-" + am.group("uuid")[4:].lower(), time=stamp.epoch)
-                    self.result.announcements[bus] = ann
-                    self._last_announce, self._last_announce_seq = ann, seq
-                return new
-            sm = _SERIAL_RE.search(msg)
-            if sm:
-                if self._last_announce is not None and seq - self._last_announce_seq <= 2:
-                    self._last_announce.serial = sm.group("serial")
-                return new
-            if "Xid" in msg:  # an NVRM Xid line in a form we do not know
-                u = Unrecognised(line, stamp.epoch)
-                self.result.unrecognised.append(u)
-                new.append(u)
-            return new
-
+            return self._nvrm(line, msg, stamp, self._seq)
         if "SXid" in msg:
-            sm2 = SXID_RE.search(msg)
-            bus = short_bus_id(sm2.group("bus")) if sm2 else None
-            if sm2 is None or bus is None:
-                u = Unrecognised(line, stamp.epoch)
-                self.result.unrecognised.append(u)
-                return [u]
-            sxid = int(sm2.group("sxid"))
-            rest = sm2.group("rest") or ""
-            key = (bus, sxid)
-            hm = _SXID_HEADER_RE.match(rest)
-            if hm:
-                text = hm.group("text")
-                lm = _LINK_RE.search(text)
-                ev = SXidEvent(
-                    sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
-                    switch=_int_or_none(sm2.group("sw")), fatal=hm.group("fatal") == "Fatal",
-                    link=int(lm.group("link")) if lm else None, text=text, time_kind=stamp.kind, seq=seq,
-                )
-                self._open_sxid[key] = ev
-                self.result.sxid_events.append(ev)
-                return [ev]
-            sev = _SXID_SEVERITY_RE.match(rest)
-            dat = _SXID_DATA_RE.match(rest)
-            if sev or dat:
-                head = self._open_sxid.get(key)
-                if head is not None and self._near(head.time, head.seq, stamp.epoch, seq, SXID_CONT_WINDOW_S):
-                    head.raw.append(line)
-                    if sev:
-                        head.severity = int(sev.group("sev"))
-                    if dat:
-                        head.data = _HEX_RE.findall(dat.group("data"))
-                    return []
-                # A continuation whose header is outside what we read: still an event.
-                ev = SXidEvent(
-                    sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
-                    switch=_int_or_none(sm2.group("sw")), fatal=None, text=rest,
-                    severity=int(sev.group("sev")) if sev else None,
-                    data=_HEX_RE.findall(dat.group("data")) if dat else [],
-                    time_kind=stamp.kind, seq=seq,
-                )
-                self._open_sxid[key] = ev
-                self.result.sxid_events.append(ev)
-                return [ev]
-            # A header without Fatal/Non-fatal (older drivers): an event of unknown fatality.
-            lm = _LINK_RE.search(rest)
-            ev = SXidEvent(sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
-                           switch=_int_or_none(sm2.group("sw")), fatal=None,
-                           link=int(lm.group("link")) if lm else None, text=rest,
-                           time_kind=stamp.kind, seq=seq)
-            self._open_sxid[key] = ev
-            self.result.sxid_events.append(ev)
-            return [ev]
-
+            return self._sxid(line, msg, stamp, self._seq)
         if _LOOKS_LIKE.search(msg):
-            u = Unrecognised(line, stamp.epoch)
-            self.result.unrecognised.append(u)
-            return [u]
-        return new
+            return self._unrecognised(line, stamp)
+        return []
 
 
 def parse_lines(lines, *, boot_time: float | None = None, ref_time: float | None = None) -> ParseResult:

@@ -56,14 +56,13 @@ class PoetConfig:
 
     @classmethod
     def from_args(cls, args: dict[str, Any]) -> "PoetConfig":
+        from ..workers.settings import set_given
+
         cfg = cls()
-        for key in ("duration_s", "rho_min", "rho_max", "dense_acc_roundoff", "bound_scale", "window_s"):
-            if args.get(key) is not None:
-                setattr(cfg, key, float(args[key]))
-        for key in ("size", "gpu_size", "cpu_blocks", "rows", "gpu_rows", "cpu_rows", "chain_steps", "verify_rows",
-                    "ortho_blocks", "q_pool", "seed", "max_events"):
-            if args.get(key) is not None:
-                setattr(cfg, key, int(args[key]))
+        set_given(cfg, args, float, ("duration_s", "rho_min", "rho_max", "dense_acc_roundoff", "bound_scale",
+                                     "window_s"))
+        set_given(cfg, args, int, ("size", "gpu_size", "cpu_blocks", "rows", "gpu_rows", "cpu_rows", "chain_steps",
+                                   "verify_rows", "ortho_blocks", "q_pool", "seed", "max_events"))
         if args.get("dtypes") is not None:
             cfg.dtypes = parse_dtypes(args["dtypes"])
         if args.get("blocks") is not None:
@@ -228,19 +227,19 @@ class PoetRunner:
         if self.chan.should_stop():
             raise _Stopped()
 
-    def run(self) -> dict[str, Any]:
-        from .ortho import make_problem
-
+    def _combos(self) -> dict[str, dict[str, Any]]:
+        """Per dtype/block combination: its problem sizes and running totals."""
         cfg, device = self.cfg, self.dev.type
-        plan = [(dt, b) for dt in cfg.dtypes for b in cfg.blocks]
-        combos: dict[str, dict[str, Any]] = {}
-        for dt, b in plan:
-            combos[f"{dt}/{b}"] = {
-                "dtype": dt, "block": b, "size": cfg.n_for(b, device), "rows": cfg.m_for(device),
-                "problems": 0, "launches": 0, "flops": 0.0, "seconds": 0.0, "violations": 0,
-                "max_ratio": {}, "checks": {},
-            }
-        out: dict[str, Any] = {
+        return {f"{dt}/{b}": {
+            "dtype": dt, "block": b, "size": cfg.n_for(b, device), "rows": cfg.m_for(device),
+            "problems": 0, "launches": 0, "flops": 0.0, "seconds": 0.0, "violations": 0,
+            "max_ratio": {}, "checks": {},
+        } for dt in cfg.dtypes for b in cfg.blocks}
+
+    def _header(self, combos: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The result's fixed part: device, backend, configuration, and the combos to fill."""
+        cfg = self.cfg
+        return {
             "device": self.device_info(), "backend": self.ops.name, "cuda_kernels": bool(self.ops.cuda_kernels),
             "backend_note": self.note,
             "config": {"duration_s": cfg.duration_s, "dtypes": cfg.dtypes, "blocks": cfg.blocks,
@@ -249,63 +248,77 @@ class PoetRunner:
                        "bound_scale": cfg.bound_scale, "dense_acc_roundoff": cfg.dense_acc_roundoff},
             "combos": combos, "stopped": None,
         }
+
+    def _solve(self, i: int, dt: str, b: int, c: dict[str, Any], out: dict[str, Any]) -> dict[str, Any] | None:
+        """Problem `i`, made and checked; None when the run ends here (`out` says why: asked to
+        stop, or out of memory)."""
+        from .ortho import make_problem
+
+        cfg = self.cfg
+        try:
+            prob = make_problem(self.torch, self.dev, self.pool, index=i, seed=cfg.seed * 1_000_003 + i,
+                                dtype=dt, b=b, n=c["size"], m=c["rows"], rho_min=cfg.rho_min,
+                                rho_max=cfg.rho_max, chain_steps=cfg.chain_steps)
+            return check_problem(self.torch, self.ops, prob, self.vcfg, inject=cfg.bitflip, beat=self._beat)
+        except _Stopped:  # asked to stop in the middle of a problem: it is dropped, not judged
+            out["stopped"] = self.chan.stop_reason
+            return None
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is caught; the rest re-raised
+            if not self._out_of_memory(e):
+                raise
+            # a sizing problem (--size/--rows too large, memory held by another process), not
+            # a GPU fault: could not judge, unless violations were already found
+            out["out_of_memory"] = (f"out of memory in problem {i} ({dt}, block {b}, n={c['size']}, "
+                                    f"m={c['rows']}): {str(e).splitlines()[0][:200]}")
+            return None
+
+    def _tally(self, c: dict[str, Any], res: dict[str, Any], elapsed: float, t0: float) -> None:
+        """One checked problem into its combo's totals and the run's violation events."""
+        c["problems"] += 1
+        c["launches"] += res["launches"]
+        c["flops"] += res["flops"]
+        c["seconds"] += elapsed
+        for name, r in res["ratios"].items():
+            if not (r <= c["max_ratio"].get(name, -1.0)):
+                c["max_ratio"][name] = r
+        for name, cnt in res["checks"].items():
+            c["checks"][name] = c["checks"].get(name, 0) + cnt
+        self.injected.extend(res["injected"])
+        for v in res["violations"]:
+            c["violations"] += 1
+            self.event_count += 1
+            if len(self.events) < max(1, self.cfg.max_events):
+                v["time_s"] = round(time.monotonic() - t0, 3)
+                self.events.append(v)
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        plan = [(dt, b) for dt in cfg.dtypes for b in cfg.blocks]
+        combos = self._combos()
+        out = self._header(combos)
         t0 = time.monotonic()
         deadline = t0 + cfg.duration_s
         w_start, w_flops = t0, 0.0
-        tflops_windows: list[float] = []
         i = 0
-        while True:
-            now = time.monotonic()
-            if now >= deadline:
-                break
+        while time.monotonic() < deadline:
             if self.chan.should_stop():
                 out["stopped"] = self.chan.stop_reason
                 break
             dt, b = plan[i % len(plan)]
             c = combos[f"{dt}/{b}"]
             p_start = time.monotonic()
-            try:
-                prob = make_problem(self.torch, self.dev, self.pool, index=i, seed=cfg.seed * 1_000_003 + i,
-                                    dtype=dt, b=b, n=c["size"], m=c["rows"], rho_min=cfg.rho_min,
-                                    rho_max=cfg.rho_max, chain_steps=cfg.chain_steps)
-                res = check_problem(self.torch, self.ops, prob, self.vcfg, inject=cfg.bitflip, beat=self._beat)
-            except _Stopped:  # asked to stop in the middle of a problem: it is dropped, not judged
-                out["stopped"] = self.chan.stop_reason
+            res = self._solve(i, dt, b, c, out)
+            if res is None:
                 break
-            except Exception as e:  # noqa: BLE001 - only out-of-memory is caught; the rest re-raised
-                if not self._out_of_memory(e):
-                    raise
-                # a sizing problem (--size/--rows too large, memory held by another process), not
-                # a GPU fault: could not judge, unless violations were already found
-                out["out_of_memory"] = (f"out of memory in problem {i} ({dt}, block {b}, n={c['size']}, "
-                                        f"m={c['rows']}): {str(e).splitlines()[0][:200]}")
-                break
-            elapsed = time.monotonic() - p_start
-            c["problems"] += 1
-            c["launches"] += res["launches"]
-            c["flops"] += res["flops"]
-            c["seconds"] += elapsed
-            for name, r in res["ratios"].items():
-                if not (r <= c["max_ratio"].get(name, -1.0)):
-                    c["max_ratio"][name] = r
-            for name, cnt in res["checks"].items():
-                c["checks"][name] = c["checks"].get(name, 0) + cnt
-            self.injected.extend(res["injected"])
-            for v in res["violations"]:
-                c["violations"] += 1
-                self.event_count += 1
-                if len(self.events) < max(1, cfg.max_events):
-                    v["time_s"] = round(time.monotonic() - t0, 3)
-                    self.events.append(v)
+            self._tally(c, res, time.monotonic() - p_start, t0)
             if cfg.hang_after_s is not None and time.monotonic() - t0 >= cfg.hang_after_s:
                 self._hang()
             i += 1
             now = time.monotonic()
             w_flops += res["flops"]
             if now - w_start >= cfg.window_s:
-                tflops_windows.append(w_flops / (now - w_start) / 1e12)
                 self.chan.progress({
-                    "dtype": f"{dt} b{b}", "tflops": tflops_windows[-1], "problems": i,
+                    "dtype": f"{dt} b{b}", "tflops": w_flops / (now - w_start) / 1e12, "problems": i,
                     "errors": self.event_count, "time_left_s": max(0.0, deadline - now),
                 })
                 w_start, w_flops = now, 0.0

@@ -119,6 +119,22 @@ class _Finding:
     evidence: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Comparisons:
+    """Per GPU of one fingerprint group: what was found, and which workloads were compared with
+    the reference, with the group's other GPUs, or only between the GPU's own two runs."""
+
+    findings: dict[int, list[_Finding]]
+    vs_ref: dict[int, list[str]]
+    vs_peers: dict[int, list[str]]
+    self_only: dict[int, list[str]]
+
+    @classmethod
+    def of(cls, members: list[int]) -> _Comparisons:
+        return cls({g: [] for g in members}, {g: [] for g in members}, {g: [] for g in members},
+                   {g: [] for g in members})
+
+
 def judge_node(check_id: str, outcomes: dict[int, Any], *, refs: dict[str, Any] | None, ref_source: str,
                injected: dict[int, list[str]] | None = None, not_run: dict[str, str] | None = None) -> list[Result]:
     """Per-GPU results (and a node result carrying the digest set for fleet comparison).
@@ -127,6 +143,28 @@ def judge_node(check_id: str, outcomes: dict[int, Any], *, refs: dict[str, Any] 
     refs: the loaded reference file, or None (no file). ref_source: where it came from, said in
     the evidence. not_run: workloads this device does not run, and why."""
     injected = injected or {}
+    results, runs = _usable_runs(check_id, outcomes, injected)
+    by_key: dict[str, list[int]] = {}
+    for g, run in runs.items():
+        by_key.setdefault(run.key, []).append(g)
+    stored = entries(refs)
+    for key, members in by_key.items():
+        entry = stored.get(key)
+        ref_digests: dict[str, str] = entry["digests"] if entry else {}
+        cmp = _compare_group(key, members, runs, entry)
+        for g in members:
+            results.append(_gpu_result(check_id, runs[g], cmp.findings[g], cmp.vs_ref[g], cmp.vs_peers[g],
+                                       cmp.self_only[g], entry, ref_digests, len(members), refs, ref_source,
+                                       injected.get(g, []), not_run or {}))
+    results.sort(key=lambda r: (r.gpu is None, r.gpu or 0))
+    if runs:
+        results.append(_node_result(check_id, runs, by_key))
+    return results
+
+
+def _usable_runs(check_id: str, outcomes: dict[int, Any],
+                 injected: dict[int, list[str]]) -> tuple[list[Result], dict[int, GpuRun]]:
+    """The GPUs whose workers returned digests, and a Result for each one that did not."""
     results: list[Result] = []
     runs: dict[int, GpuRun] = {}
     for g in sorted(outcomes):
@@ -135,87 +173,89 @@ def judge_node(check_id: str, outcomes: dict[int, Any], *, refs: dict[str, Any] 
             results.append(res)
         if run is not None:
             runs[g] = run
-    by_key: dict[str, list[int]] = {}
-    for g, run in runs.items():
-        by_key.setdefault(run.key, []).append(g)
-    stored = entries(refs)
+    return results, runs
 
-    for key, members in by_key.items():
-        entry = stored.get(key)
-        ref_digests: dict[str, str] = entry["digests"] if entry else {}
-        workloads = [w for w in runs[members[0]].asked if any(w in runs[g].complete for g in members)]
-        findings: dict[int, list[_Finding]] = {g: [] for g in members}
-        vs_ref: dict[int, list[str]] = {g: [] for g in members}
-        vs_peers: dict[int, list[str]] = {g: [] for g in members}
-        self_only: dict[int, list[str]] = {g: [] for g in members}
-        nondet_everywhere = set()
-        for w in workloads:
-            ran = [g for g in members if w in runs[g].complete]
-            if len(ran) > 1 and all(w in runs[g].nondeterministic for g in ran):
-                nondet_everywhere.add(w)
-        for w in workloads:
-            have = [g for g in members if w in runs[g].complete]
-            for g in have:
-                r = runs[g]
-                if w in r.nondeterministic:
-                    where = (" (on every GPU of this node: likely the software stack, not this GPU)"
-                             if w in nondet_everywhere else "")
-                    findings[g].append(_Finding(
-                        Status.FAIL, Action.INVESTIGATE, f"non-deterministic: two runs of {w} on this GPU differ{where}",
-                        [f"{w}: run 1 {r.run1[w]['digest']}, run 2 {r.run2[w]['digest']}; "
-                         + _parts_note(r.run1[w], r.run2[w])]))
-            if w in ref_digests:
-                ref = ref_digests[w]
-                for g in have:
-                    r = runs[g]
-                    bad = [i + 1 for i, run in enumerate((r.run1, r.run2)) if run[w]["digest"] != ref]
-                    vs_ref[g].append(w)
-                    if bad:
-                        got = r.run1[w]["digest"] if 1 in bad else r.run2[w]["digest"]
-                        findings[g].append(_Finding(
-                            Status.FAIL, Action.DRAIN,
-                            f"silent data corruption suspected in {w}: digest differs from the reference for "
-                            f"fingerprint {short_key(key)}",
-                            [f"{w}: this GPU {got} (run {', '.join(map(str, bad))}), reference {ref} "
-                             f"(recorded on {entry.get('host')} at {entry.get('recorded_at')})"]))
-                continue
-            v = mj.vote({g: runs[g].digest(w) for g in have})
-            if v["status"] == mj.SINGLE:
-                for g in have:
-                    self_only[g].append(w)
-            elif v["status"] == mj.AGREE:
-                for g in have:
-                    vs_peers[g].append(w)
-            elif v["status"] == mj.MAJORITY:
-                peer = next(g for g in have if runs[g].digest(w) == v["majority"])
-                for g in have:
-                    vs_peers[g].append(w)
-                    if g in v["outliers"]:
-                        findings[g].append(_Finding(
-                            Status.FAIL, Action.DRAIN,
-                            f"silent data corruption suspected in {w}: digest differs from the node majority "
-                            f"({v['agree']} of {v['of']} GPUs agree)",
-                            [f"{w}: this GPU {runs[g].digest(w)}, majority {v['majority']} (GPUs "
-                             f"{', '.join(map(str, v['groups'][v['majority']]))}); "
-                             + _parts_note(runs[g].run1[w], runs[peer].run1[w])]))
-            else:
-                sizes = " vs ".join(str(len(x)) for x in v["groups"].values())
-                split = "; ".join(f"{d[:SHORT]} on GPU(s) {', '.join(map(str, gs))}" for d, gs in v["groups"].items())
-                for g in have:
-                    vs_peers[g].append(w)
-                    findings[g].append(_Finding(
-                        Status.WARN, Action.INVESTIGATE,
-                        f"no majority for {w}: the {v['of']} GPUs with this fingerprint give {len(v['groups'])} "
-                        f"different digests ({sizes}); cannot tell which GPU is wrong",
-                        [f"{w}: {split}"]))
-        for g in members:
-            results.append(_gpu_result(check_id, runs[g], findings[g], vs_ref[g], vs_peers[g], self_only[g],
-                                       entry, ref_digests, len(members), refs, ref_source, injected.get(g, []),
-                                       not_run or {}))
-    results.sort(key=lambda r: (r.gpu is None, r.gpu or 0))
-    if runs:
-        results.append(_node_result(check_id, runs, by_key))
-    return results
+
+def _compare_group(key: str, members: list[int], runs: dict[int, GpuRun],
+                   entry: dict[str, Any] | None) -> _Comparisons:
+    """Every workload of one fingerprint group: each GPU's two runs with each other, then the
+    GPUs with the stored reference where it holds the workload, else with each other."""
+    ref_digests: dict[str, str] = entry["digests"] if entry else {}
+    workloads = [w for w in runs[members[0]].asked if any(w in runs[g].complete for g in members)]
+    cmp = _Comparisons.of(members)
+    nondet_everywhere = set()
+    for w in workloads:
+        ran = [g for g in members if w in runs[g].complete]
+        if len(ran) > 1 and all(w in runs[g].nondeterministic for g in ran):
+            nondet_everywhere.add(w)
+    for w in workloads:
+        have = [g for g in members if w in runs[g].complete]
+        _note_nondeterminism(w, have, runs, w in nondet_everywhere, cmp)
+        if w in ref_digests:
+            _compare_with_reference(w, have, runs, key, entry, cmp)
+        else:
+            _compare_with_peers(w, have, runs, cmp)
+    return cmp
+
+
+def _note_nondeterminism(w: str, have: list[int], runs: dict[int, GpuRun], everywhere: bool,
+                         cmp: _Comparisons) -> None:
+    for g in have:
+        r = runs[g]
+        if w in r.nondeterministic:
+            where = " (on every GPU of this node: likely the software stack, not this GPU)" if everywhere else ""
+            cmp.findings[g].append(_Finding(
+                Status.FAIL, Action.INVESTIGATE, f"non-deterministic: two runs of {w} on this GPU differ{where}",
+                [f"{w}: run 1 {r.run1[w]['digest']}, run 2 {r.run2[w]['digest']}; "
+                 + _parts_note(r.run1[w], r.run2[w])]))
+
+
+def _compare_with_reference(w: str, have: list[int], runs: dict[int, GpuRun], key: str, entry: dict[str, Any],
+                            cmp: _Comparisons) -> None:
+    ref = entry["digests"][w]
+    for g in have:
+        r = runs[g]
+        bad = [i + 1 for i, run in enumerate((r.run1, r.run2)) if run[w]["digest"] != ref]
+        cmp.vs_ref[g].append(w)
+        if bad:
+            got = r.run1[w]["digest"] if 1 in bad else r.run2[w]["digest"]
+            cmp.findings[g].append(_Finding(
+                Status.FAIL, Action.DRAIN,
+                f"silent data corruption suspected in {w}: digest differs from the reference for "
+                f"fingerprint {short_key(key)}",
+                [f"{w}: this GPU {got} (run {', '.join(map(str, bad))}), reference {ref} "
+                 f"(recorded on {entry.get('host')} at {entry.get('recorded_at')})"]))
+
+
+def _compare_with_peers(w: str, have: list[int], runs: dict[int, GpuRun], cmp: _Comparisons) -> None:
+    """A workload without a reference: the GPUs that ran it vote (one GPU compares only itself)."""
+    v = mj.vote({g: runs[g].digest(w) for g in have})
+    if v["status"] == mj.SINGLE:
+        for g in have:
+            cmp.self_only[g].append(w)
+        return
+    for g in have:
+        cmp.vs_peers[g].append(w)
+    if v["status"] == mj.MAJORITY:
+        peer = next(g for g in have if runs[g].digest(w) == v["majority"])
+        for g in have:
+            if g in v["outliers"]:
+                cmp.findings[g].append(_Finding(
+                    Status.FAIL, Action.DRAIN,
+                    f"silent data corruption suspected in {w}: digest differs from the node majority "
+                    f"({v['agree']} of {v['of']} GPUs agree)",
+                    [f"{w}: this GPU {runs[g].digest(w)}, majority {v['majority']} (GPUs "
+                     f"{', '.join(map(str, v['groups'][v['majority']]))}); "
+                     + _parts_note(runs[g].run1[w], runs[peer].run1[w])]))
+    elif v["status"] != mj.AGREE:
+        sizes = " vs ".join(str(len(x)) for x in v["groups"].values())
+        split = "; ".join(f"{d[:SHORT]} on GPU(s) {', '.join(map(str, gs))}" for d, gs in v["groups"].items())
+        for g in have:
+            cmp.findings[g].append(_Finding(
+                Status.WARN, Action.INVESTIGATE,
+                f"no majority for {w}: the {v['of']} GPUs with this fingerprint give {len(v['groups'])} "
+                f"different digests ({sizes}); cannot tell which GPU is wrong",
+                [f"{w}: {split}"]))
 
 
 def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list[str], vs_peers: list[str],
@@ -238,22 +278,7 @@ def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list
         summary = "; ".join(f.text for f in sorted(findings, key=lambda f: order.get(f.status, 2)))
     else:
         status, action = Status.PASS, Action.NONE
-        parts = []
-        if vs_ref:
-            parts.append(f"{', '.join(vs_ref)} bit-identical to the reference for fingerprint {sk}")
-        if vs_peers and not entry:
-            parts.append(f"no reference for fingerprint {sk}; compared {n_same} GPUs with each other (all agree); "
-                         "record one with `gpucheck repro record`")
-        elif vs_peers:
-            parts.append(f"{', '.join(vs_peers)} not in the reference: compared {n_same} GPUs with each other "
-                         "(all agree)")
-        if self_only and not entry:
-            parts.append(f"no reference for fingerprint {sk} and no other GPU to compare with: only checked that "
-                         "two runs give identical bits; record one with `gpucheck repro record`")
-        elif self_only:
-            parts.append(f"{', '.join(self_only)} not in the reference and no other GPU to compare with: only "
-                         "checked that two runs give identical bits")
-        summary = "; ".join(parts) + "; two runs identical"
+        summary = _pass_summary(sk, vs_ref, vs_peers, self_only, entry, n_same)
     res = Result(check_id, status, summary, gpu=r.gpu, action=action, injected=list(injected))
     for w in r.complete:
         res.metric(f"digest_{w}", r.digest(w)[:SHORT])
@@ -292,6 +317,30 @@ def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list
     if r.incomplete and res.status == Status.PASS:
         res.summary += f" (partial: {', '.join(r.incomplete)} not run twice)"
     return res
+
+
+def _pass_summary(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: list[str],
+                  entry: dict[str, Any] | None, n_same: int) -> str:
+    """A passing GPU's summary: what its workloads were compared with."""
+    parts = []
+    if vs_ref:
+        parts.append(f"{', '.join(vs_ref)} bit-identical to the reference for fingerprint {sk}")
+    peers = f"compared {n_same} GPUs with each other (all agree)"
+    parts += _beyond_reference(vs_peers, entry, sk, "; " + peers, ": " + peers)
+    alone = " and no other GPU to compare with: only checked that two runs give identical bits"
+    parts += _beyond_reference(self_only, entry, sk, alone, alone)
+    return "; ".join(parts) + "; two runs identical"
+
+
+def _beyond_reference(workloads: list[str], entry: dict[str, Any] | None, sk: str, no_ref: str,
+                      not_in_ref: str) -> list[str]:
+    """The summary part for workloads no reference holds: the fingerprint has none (then say how
+    to record one), or its reference lacks these workloads."""
+    if not workloads:
+        return []
+    if not entry:
+        return [f"no reference for fingerprint {sk}{no_ref}; record one with `gpucheck repro record`"]
+    return [f"{', '.join(workloads)} not in the reference{not_in_ref}"]
 
 
 def node_digest_sets(runs: dict[int, GpuRun], by_key: dict[str, list[int]]) -> dict[str, dict[str, str]]:

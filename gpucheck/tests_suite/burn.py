@@ -31,7 +31,7 @@ from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..inject import InjectionArgs, fraction, injections_for_gpu
 from ..result import Action, Key, Result, Rule, Status, evaluate
-from ..workers.per_gpu import LoadTime
+from ..workers.per_gpu import LoadTime, progress_evidence
 
 CHECK_ID = "burn.gemm"
 
@@ -72,7 +72,6 @@ _LEVEL_KEYS = (2, 3, 4)
 TIME = LoadTime(CHECK_ID, DEFAULTS, "burn")
 _params = TIME.params
 burn_duration = TIME.duration
-_promise = TIME.promise
 
 
 def _level(ctx: Context) -> int:
@@ -112,16 +111,14 @@ def _injection_args(ctx: Context, gpu: int) -> InjectionArgs:
     top_level=Level.BURN_IN,
 )
 def burn_gemm(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import deadline_problem, run_per_gpu
+    from ..workers.per_gpu import run_per_gpu
 
-    p = _params(ctx)
-    device = _device(ctx)
-    promise = _promise(ctx, p)
-    duration = promise.seconds
-    notes: list[str] = []
-    problem = deadline_problem(ctx, CHECK_ID, promise)
+    p, promise, problem = TIME.start(ctx)
     if problem is not None:
         return [problem]
+    device = _device(ctx)
+    duration = promise.seconds
+    notes: list[str] = []
     try:
         dtypes = parse_dtypes(ctx.options.dtypes or p[f"dtypes_level{_level(ctx)}"])
     except DtypeError as e:
@@ -137,7 +134,7 @@ def burn_gemm(ctx: Context) -> list[Result]:
 
     run = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device, p=p,
-        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
+        budget_s=TIME.pool_budget_s(p, duration),
         make_args=lambda g: {
             "duration_s": duration, "dtypes": dtypes, "size": size, "repeats": p["repeats"],
             "window_s": p["window_s"], "ref_rows": p["ref_rows"], "ref_every_s": p["ref_every_s"],
@@ -197,8 +194,7 @@ def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str
 def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: list[Any],
            outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
            injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.per_gpu import cut_short, finish_result, telemetry_summary, unfinished_result
-    from ..workers.pool import CANCELLED, OVER_BUDGET
+    from ..workers.per_gpu import finish_result, stopped_early, telemetry_summary, unfinished_result
 
     tel = {j.gpu: telemetry_summary(sampler, j.gpu, device) for j in jobs}
     data: dict[int, dict[str, Any]] = {}
@@ -231,11 +227,7 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: lis
         if r is None:
             r = _judge_data(p, device, g, oc.result, names.get(g), medians, t, node_clock, len(jobs), inj,
                             common_reasons(g))
-            if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
-                stopped = oc.result.get("stopped") or oc.kind
-                r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
-                                  f"of {promise.seconds:.0f} s: results are partial")
-                cut_short(r, promise, oc.result.get("seconds"), stopped)
+            stopped_early(r, oc, promise)
         out.append(finish_result(r, t, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
@@ -246,8 +238,7 @@ def _partial_metrics(r: Result, progress: dict[str, Any]) -> None:
     if progress.get("iterations") is not None:
         r.metric("iterations", int(progress["iterations"]), "count")
     if progress:
-        r.evidence.append("last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                        for k, v in progress.items()))
+        r.evidence.append(progress_evidence(progress))
 
 
 def _dtype_rules(dt: str) -> tuple[Rule, ...]:

@@ -27,7 +27,7 @@ from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..inject import InjectionArgs, choice, injections_for_gpu
 from ..result import Action, Result, Status, Threshold, judge
-from ..workers.per_gpu import LoadTime
+from ..workers.per_gpu import LoadTime, progress_evidence
 
 CHECK_ID = "poet.ortho"
 
@@ -79,7 +79,6 @@ _WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_block
 TIME = LoadTime(CHECK_ID, DEFAULTS, "POET problems")
 _params = TIME.params
 poet_duration = TIME.duration
-_promise = TIME.promise
 
 
 def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = None) -> InjectionArgs:
@@ -144,17 +143,15 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     top_level=Level.BURN_IN,
 )
 def poet_ortho(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import deadline_problem, run_per_gpu
+    from ..workers.per_gpu import run_per_gpu
     from ..busy import guarded_targets
 
-    p = _params(ctx)
-    device = "cpu" if ctx.device == "cpu" else "cuda"
-    promise = _promise(ctx, p)
-    duration = promise.seconds
-    notes: list[str] = []
-    problem = deadline_problem(ctx, CHECK_ID, promise)
+    p, promise, problem = TIME.start(ctx)
     if problem is not None:
         return [problem]
+    device = "cpu" if ctx.device == "cpu" else "cuda"
+    duration = promise.seconds
+    notes: list[str] = []
 
     def make_args(g: int | None) -> dict[str, Any]:
         return {"duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
@@ -175,7 +172,7 @@ def poet_ortho(ctx: Context) -> list[Result]:
 
     run = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.poet.worker:poet_worker", targets, device=device, p=p,
-        budget_s=duration + float(p["startup_timeout_s"]) + 30.0,
+        budget_s=TIME.pool_budget_s(p, duration),
         make_args=make_args,
         injection_args=lambda g: _injection_args(ctx, g, settings),
     )
@@ -222,8 +219,7 @@ def _violation_detail(v: dict[str, Any]) -> str:
 def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
                    injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
     """`promise`: a workers.per_gpu.Promise, or the promised seconds (a cut run is not a pass)."""
-    from ..workers.per_gpu import Promise, cut_short, finish_result, telemetry_summary, unfinished_result
-    from ..workers.pool import CANCELLED, OVER_BUDGET
+    from ..workers.per_gpu import Promise, finish_result, stopped_early, telemetry_summary, unfinished_result
 
     if not isinstance(promise, Promise):
         promise = Promise(float(promise), "the requested duration", "POET problems")
@@ -237,11 +233,7 @@ def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[st
         r = unfinished_result(CHECK_ID, g, oc, inj, worker="poet", setup_verb="run POET", partial=_partial)
         if r is None:
             r = judge_data(g, oc.result, inj)
-            if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
-                stopped = oc.result.get("stopped") or oc.kind
-                r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
-                                  f"of {promise.seconds:.0f} s: results are partial")
-                cut_short(r, promise, oc.result.get("seconds"), stopped)
+            stopped_early(r, oc, promise)
         out.append(finish_result(r, tel, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
@@ -250,8 +242,7 @@ def _partial(r: Result, progress: dict[str, Any]) -> None:
     if progress.get("problems") is not None:
         r.metric("problems", int(progress["problems"]), "count")
     if progress:
-        r.evidence.append("last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                        for k, v in progress.items()))
+        r.evidence.append(progress_evidence(progress))
 
 
 def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:

@@ -227,6 +227,25 @@ def cut_short(r: Result, promise: Promise, ran_s: float | None, why: str) -> Res
     return r
 
 
+def stopped_early(r: Result, oc: Any, promise: Promise) -> Result:
+    """A worker that returned data but was stopped (cancelled, over budget, or it said it
+    stopped): the evidence says after how long, and the result is cut short (cut_short)."""
+    from .pool import CANCELLED, OVER_BUDGET
+
+    if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
+        stopped = oc.result.get("stopped") or oc.kind
+        r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
+                          f"of {promise.seconds:.0f} s: results are partial")
+        cut_short(r, promise, oc.result.get("seconds"), stopped)
+    return r
+
+
+def progress_evidence(progress: dict[str, Any], leave_out: tuple[str, ...] = ()) -> str:
+    """A worker's last progress report as one evidence line (floats to 4 significant digits)."""
+    return "last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                         for k, v in progress.items() if k not in leave_out)
+
+
 def telemetry_summary(sampler: "Sampler | None", gpu: int, device: str) -> "TelemetrySummary":
     """The sampler's summary of one GPU (workers.sampler.summarize), with why Xid events were not
     watched; without a sampler, an empty summary that says why there is no telemetry."""
@@ -351,7 +370,19 @@ class LoadTime:
 
     def budget(self, ctx: Context) -> float:
         p = self.params(ctx)
-        return self.duration(ctx, p) + float(p["startup_timeout_s"]) + 30.0
+        return self.pool_budget_s(p, self.duration(ctx, p))
+
+    @staticmethod
+    def pool_budget_s(p: dict[str, Any], duration_s: float) -> float:
+        """The workers' budget for a load of `duration_s`: that plus their start-up timeout and 30 s."""
+        return duration_s + float(p["startup_timeout_s"]) + 30.0
+
+    def start(self, ctx: Context) -> tuple[dict[str, Any], Promise, Result | None]:
+        """The check's prologue: its parameters, the Promise its run makes, and the error Result
+        when what is left of the run's time cannot keep it (deadline_problem), else None."""
+        p = self.params(ctx)
+        promise = self.promise(ctx, p)
+        return p, promise, deadline_problem(ctx, self.check_id, promise)
 
     def promise(self, ctx: Context, p: dict[str, Any] | None = None) -> Promise:
         return promised(ctx, p or self.params(ctx), self.what)
