@@ -18,7 +18,7 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..result import Action, Key, Result, Rule, Status, evaluate, settle
 from ..telemetry.fields import judged_view
-from . import apply_unreadable, get, gpu_state_result, unreadable_fields
+from . import apply_unreadable, get, gpu_state_result, nvml_unjudged, unreadable_fields
 
 ID = "inventory"
 
@@ -90,6 +90,9 @@ GPU_RULES = (
 
 
 def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
+    unjudged = nvml_unjudged(ID, snap)  # NVML did not answer in time, or our own reader failed
+    if unjudged is not None:
+        return [unjudged]
     err = get(snap, "nvml", "error") or {}
     kind = err.get("kind", "other")
     msg = err.get("message", "")
