@@ -56,6 +56,9 @@ class RunRequest:
     check_patterns: list[str] = field(default_factory=list)
     skip_patterns: list[str] = field(default_factory=list)
     gpus: list[int] | None = None
+    # The GPUs were given by the scheduler (a Slurm hook: SLURM_JOB_GPUS), not typed by a user: one
+    # that NVML does not list is judged missing by the inventory check (a fault), not a usage error.
+    gpus_assigned: bool = False
     device: str = "auto"
     workers: int = 2
     injections: list[str] = field(default_factory=list)
@@ -390,13 +393,18 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None, interr
 
 
 def _check_gpus(req: RunRequest, snapshot: "Snapshot | None") -> None:
-    """UsageError when --gpus names a GPU (or CPU worker) this run does not have."""
+    """UsageError when --gpus names a GPU (or CPU worker) this run does not have: a user's typo
+    (`--gpus 9` on an 8-GPU node). Not when NVML could not be read (which GPUs exist is unknown:
+    the NVML checks judge that), nor for GPUs the scheduler assigned (`gpus_assigned`): a job's
+    GPU that NVML does not list is gone, and the inventory check fails the node for it."""
     if req.gpus is None:
         return
     if req.device == "cpu":
         known = list(range(req.workers))
         unit = "CPU worker"
     else:
+        if req.gpus_assigned or not ((snapshot or {}).get("nvml") or {}).get("ok", True):
+            return
         known = sorted(int(g["index"]) for g in (snapshot or {}).get("gpus", []))
         unit = "GPU"
     missing = [g for g in req.gpus if g not in known]
