@@ -164,7 +164,7 @@ def _collect_live(source: "TelemetrySource", timeout_s: float, *, interrupts: In
                   limited: bool = False) -> "Snapshot":
     """Read the source's snapshot in a daemon thread so that a hung driver cannot hang the gate
     (the thread stuck in the driver cannot be killed: as a daemon it cannot hold the process's
-    exit either, and the source's NVML is abandoned, never shut down at exit).
+    exit either, and the source's NVML is abandoned: not shut down at exit while it is stuck).
 
     - NVML that does not answer within `timeout_s` (`limited`: all that the run's time limit
       leaves it, telemetry_wait) gives a snapshot of kind "timeout": the NVML checks are `error`
@@ -193,20 +193,22 @@ def _collect_live(source: "TelemetrySource", timeout_s: float, *, interrupts: In
         if interrupts is not None and interrupts.reason:
             return source.unread("other", f"NVML not read: interrupted by {interrupts.reason}")
         if time.monotonic() >= hung_at:
-            return _unanswered(source, timeout_s, limited)
+            return _unanswered(source, th, timeout_s, limited)
     if "err" in box:
         return _failed_read(source, box["err"])
     snap: Snapshot = box["snap"]
     return snap
 
 
-def _unanswered(source: "TelemetrySource", timeout_s: float, limited: bool) -> "Snapshot":
-    """The snapshot of a read left behind in the driver: kind "timeout", the source abandoned."""
+def _unanswered(source: "TelemetrySource", thread: threading.Thread, timeout_s: float, limited: bool
+                ) -> "Snapshot":
+    """The snapshot of a read left behind in the driver (by `thread`): kind "timeout", the source
+    abandoned (its NVML not shut down at exit while the thread is stuck)."""
     from .telemetry import nvml as N
 
     abandon = getattr(source, "abandon", None)
     if abandon is not None:
-        abandon()
+        abandon(thread)
     if limited and timeout_s < 0.05:
         return source.unread(N.TIMEOUT, "NVML not read: the run's time limit leaves it no time")
     why = "all the run's time limit leaves it" if limited else "driver hang?"

@@ -67,8 +67,8 @@ class HungReplay(ReplayTelemetry):
         self.release.wait(60)
         return super().snapshot()
 
-    def abandon(self) -> None:
-        self.abandoned = True
+    def abandon(self, thread: threading.Thread) -> None:
+        self.abandoned = thread.is_alive()
 
 
 class RaisingReplay(ReplayTelemetry):
@@ -283,3 +283,60 @@ def test_a_real_nvml_failure_out_of_the_reader_is_still_judged(exc, kind):
     (inventory,) = v["results"]
     assert rc == 1 and inventory["status"] == "fail" and inventory["action"] == "reboot"
     assert inventory["metrics"]["nvml_error"]["value"] == kind
+
+
+def test_a_library_is_not_shut_down_at_exit_while_a_call_is_stuck_in_it():
+    from types import SimpleNamespace
+
+    calls: list[str] = []
+    fake = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: calls.append("shutdown"))
+    lib = N.Library(load=lambda: fake)
+    N.NvmlSession(lib)  # the hung reader's session: never closed
+    release = threading.Event()
+    stuck = threading.Thread(target=release.wait, args=(30,), daemon=True)
+    stuck.start()
+    lib.abandon(stuck)
+    try:
+        lib._shutdown_at_exit()
+        assert calls == [] and lib.abandoned  # nvmlShutdown would wait for the hung driver
+    finally:
+        release.set()
+        stuck.join(5)
+    assert not lib.abandoned  # the call came back: shut down at exit as before
+    lib._shutdown_at_exit()
+    assert calls == ["shutdown"]
+
+
+def test_a_lock_held_by_a_hung_call_never_holds_the_exit():
+    lib = N.Library(load=lambda: None)
+    held, release = threading.Event(), threading.Event()
+
+    def stuck_in_init():
+        with lib.lock:
+            held.set()
+            release.wait(30)
+
+    threading.Thread(target=stuck_in_init, daemon=True).start()
+    assert held.wait(5)
+    t0 = time.monotonic()
+    try:
+        lib._shutdown_at_exit()
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 5
+
+
+def test_the_xid_commands_nvml_map_abandons_a_hung_driver(monkeypatch):
+    from gpucheck.cli import xid as xid_cli
+
+    monkeypatch.setattr(xid_cli, "NVML_TIMEOUT_S", 0.1)
+    release = threading.Event()
+    try:
+        gpu_map, note = xid_cli._nvml_map(lambda: release.wait(30))
+        assert "did not answer" in note and N.live_library().abandoned
+    finally:
+        release.set()
+    for th in threading.enumerate():
+        if th.name == "xid-nvml-map":
+            th.join(5)
+    assert not N.live_library().abandoned

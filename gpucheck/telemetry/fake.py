@@ -95,7 +95,7 @@ class FakeTelemetry:
         base = self.snapshot()
         return unread(base, kind, message)
 
-    def abandon(self) -> None:
+    def abandon(self, thread: threading.Thread) -> None:
         """Nothing to shut down: the fake has no NVML."""
 
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> FakeSampling:

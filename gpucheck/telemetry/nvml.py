@@ -27,7 +27,8 @@ Everything here returns plain data and never lets an NVML exception escape:
                       failed read, never "not supported"
   timeout             no NVML code: the driver did not answer within the time the run could
                       give it (a hung call; the thread that made it is a daemon thread, left
-                      behind, and the library is never shut down at exit: `Library.abandon`)
+                      behind, and the library is not shut down at exit while it is stuck:
+                      `Library.abandon`)
   internal_error      no NVML code: gpucheck's own reader raised (a bug in its code, not an
                       NVML failure): nothing was judged
   =================== =========================================================================
@@ -216,13 +217,20 @@ class Library:
         self.initialised = False
         self.handles: dict[int, Any] = {}
         self._atexit = False
-        self.abandoned = False  # a call was left behind in a hung driver: never shut down at exit
+        self._left_behind: list[threading.Thread] = []  # threads stuck in a call that did not answer
 
-    def abandon(self) -> None:
-        """A call through this library did not answer in time and its (daemon) thread was left
-        behind: nvmlShutdown at interpreter exit would wait for the same hung driver (or for the
-        lock that thread holds) and block the process's exit, so it is not called."""
-        self.abandoned = True
+    def abandon(self, thread: threading.Thread) -> None:
+        """A call through this library made by (daemon) `thread` did not answer in time and the
+        thread was left behind: while it is still stuck, nvmlShutdown at interpreter exit would
+        wait for the same hung driver (or for the lock that thread holds) and block the process's
+        exit, so it is not called."""
+        # Never under self.lock: the thread left behind may hold it.
+        self._left_behind = [t for t in self._left_behind if t.is_alive()] + [thread]
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether a call left behind in the driver is still stuck there."""
+        return any(t.is_alive() for t in self._left_behind)
 
     def acquire(self) -> tuple[Any, NvmlFailure | None]:
         with self.lock:

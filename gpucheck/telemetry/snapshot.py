@@ -87,7 +87,7 @@ def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeo
     valid snapshot with nvml.ok false. With `timeout_s`, NVML is read in a helper thread and a
     driver that does not answer in time gives nvml.ok false, kind "timeout" (a stuck driver call
     cannot be interrupted: the thread is left behind as a daemon, which cannot hold the process's
-    exit, and NVML is not shut down at exit: nvml.Library.abandon)."""
+    exit, and NVML is not shut down at exit while it is stuck: nvml.Library.abandon)."""
     snap = _base(sysfs_root)
     if timeout_s is None:
         _fill_nvml(snap)
@@ -110,7 +110,7 @@ def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeo
         return done
     if "exc" in box:
         raise box["exc"]
-    N.live_library().abandon()
+    N.live_library().abandon(th)
     snap["nvml"] = {
         "ok": False,
         "error": {"kind": N.TIMEOUT, "message": f"NVML did not answer within {timeout_s:g} s (stuck driver call?)"},

@@ -57,9 +57,10 @@ class TelemetrySource(Protocol):
         """A snapshot for telemetry that could not be read at all (a hung driver, a signal):
         nvml.ok false with this failure, and what is known without NVML."""
 
-    def abandon(self) -> None:
-        """A read of this source did not answer in time and its daemon thread is left behind:
-        never shut its NVML down at exit (that would wait for the same hung driver)."""
+    def abandon(self, thread: threading.Thread) -> None:
+        """A read of this source (made by daemon `thread`) did not answer in time and the thread
+        is left behind: while it is stuck, never shut its NVML down at exit (that would wait for
+        the same hung driver)."""
 
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> SamplingSession:
         """A session that samples `gpus` under load (opened in the sampler's thread)."""
@@ -122,7 +123,7 @@ def bounded(fn: Callable[[], Any], timeout_s: float, cancel: threading.Event | N
             return None, f"interrupted while {what}"
         th.join(0.1)
     if th.is_alive():
-        (library or N.live_library()).abandon()
+        (library or N.live_library()).abandon(th)
         return None, f"NVML did not answer within {timeout_s:g} s (driver hang?)"
     if "error" in box:
         return None, f"{what} failed: {box['error']}"
@@ -167,8 +168,8 @@ class LiveTelemetry:
 
         return unreadable_snapshot(kind, message, self.sysfs_root)
 
-    def abandon(self) -> None:
-        N.live_library().abandon()
+    def abandon(self, thread: threading.Thread) -> None:
+        N.live_library().abandon(thread)
 
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> SamplingSession:
         return NvmlSampling(N.NvmlSession(), gpus, watch_xid)
@@ -206,8 +207,8 @@ class ReplayTelemetry:
 
         return unread(recorded_facts(self.doc), kind, message)
 
-    def abandon(self) -> None:
-        self.library.abandon()
+    def abandon(self, thread: threading.Thread) -> None:
+        self.library.abandon(thread)
 
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> SamplingSession:
         return NvmlSampling(N.NvmlSession(self.library), gpus, watch_xid)

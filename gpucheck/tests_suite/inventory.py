@@ -142,7 +142,6 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
         "extra_gpus": None if expected is None else max(count - expected, 0),
         "pci_gpu_count": len(pci),
         "pci_gpus_not_in_nvml": not_in_nvml if p["compare_pci_bus"] else None,
-        "selected_gpus_not_in_nvml": None if ctx.gpus is None else len(absent),
         "models": ", ".join(names) if names else None,
         "model_count": len(names),
         "expected_model": expected_model,
@@ -152,8 +151,11 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
         "driver_version_missing": int(snap.get("driver_version") is None),
         "cuda_version_missing": int(snap.get("cuda_driver_version") is None),
     }
+    if ctx.gpus is not None:  # the run's GPUs (a Slurm job's) that NVML does not list
+        metrics["selected_gpus_not_in_nvml"] = len(absent)
     off = {"missing_gpus": expected is None, "extra_gpus": expected is None,
-           "gpus_not_expected_model": not expected_model, "pci_gpus_not_in_nvml": not p["compare_pci_bus"]}
+           "gpus_not_expected_model": not expected_model, "pci_gpus_not_in_nvml": not p["compare_pci_bus"],
+           "selected_gpus_not_in_nvml": ctx.gpus is None}
     r = evaluate(
         ID, [rule for rule in NODE_RULES if not off.get(rule.metric)], metrics,
         facts={"mismatched": mismatched, "absent": ",".join(map(str, absent))},
