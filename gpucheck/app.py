@@ -3,7 +3,8 @@
 config -> selection -> telemetry (live NVML or a snapshot file) -> runner -> verdict -> outputs
 (stdout table or JSON, --output, --prom, history, last-pass cursor) -> exit code.
 
-Usage problems (bad level, unknown check, --gpus naming a missing GPU, a file that is not a
+Usage problems (bad level, unknown check, --gpus naming a GPU that NVML does not list (a user's
+typo: not a Slurm job's GPUs, which the inventory check judges), a file that is not a
 snapshot, an output path that cannot be written, an unsafe state directory, an --inject that no
 check can honour on this run) raise UsageError before any check runs: exit 2, one line. Once the
 checks have run, outputs never mask the verdict: a write that fails then is a loud warning and the
