@@ -3,7 +3,8 @@
 config -> selection -> telemetry (live NVML or a snapshot file) -> runner -> verdict -> outputs
 (stdout table or JSON, --output, --prom, history, last-pass cursor) -> exit code.
 
-Usage problems (bad level, unknown check, --gpus naming a missing GPU, a file that is not a
+Usage problems (bad level, unknown check, --gpus naming a GPU that NVML does not list (a user's
+typo: not a Slurm job's GPUs, which the inventory check judges), a file that is not a
 snapshot, an output path that cannot be written, an unsafe state directory, an --inject that no
 check can honour on this run) raise UsageError before any check runs: exit 2, one line. Once the
 checks have run, outputs never mask the verdict: a write that fails then is a loud warning and the
@@ -39,7 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .telemetry.model import Snapshot
     from .telemetry.source import TelemetrySource
 
-LIVE_TELEMETRY_TIMEOUT_S = 30.0
+LIVE_TELEMETRY_TIMEOUT_S = 30.0  # without a time limit: NVML not answering within this is hung
+# With a time limit: what reading NVML leaves (at most half of the checks' time) to the read-only
+# checks that do not read NVML (xid, the kernel log), so that a hung driver never starves them.
+KERNEL_LOG_RESERVE_S = 2.0
 LAST_PASS_CURSOR = "last-pass"  # gpucheck.kernlog.cursor
 
 
@@ -53,6 +57,9 @@ class RunRequest:
     check_patterns: list[str] = field(default_factory=list)
     skip_patterns: list[str] = field(default_factory=list)
     gpus: list[int] | None = None
+    # The GPUs were given by the scheduler (a Slurm hook: SLURM_JOB_GPUS), not typed by a user: one
+    # that NVML does not list is judged missing by the inventory check (a fault), not a usage error.
+    gpus_assigned: bool = False
     device: str = "auto"
     workers: int = 2
     injections: list[str] = field(default_factory=list)
@@ -141,38 +148,88 @@ def _output_problem(e: OSError, path: str) -> str:
     return output_problem(e, path)
 
 
-def _collect_live(source: "TelemetrySource", timeout_s: float, *, until: float | None = None,
-                  interrupts: Interrupts | None = None) -> "Snapshot":
-    """Read the source's snapshot in a daemon thread so that a hung driver cannot hang the gate.
-    Past `timeout_s` the driver is called hung (a snapshot the inventory check judges); a signal,
-    or the run's time limit (`until`, time.monotonic()) coming first, only stop the wait: the
-    runner then runs no check, so nothing is judged from the unread snapshot."""
+def telemetry_wait(checks: list[Check], until: float | None, now: float | None = None) -> float:
+    """How long the run waits for NVML to answer: LIVE_TELEMETRY_TIMEOUT_S, and with a time limit
+    (`until`, time.monotonic(): when checks must stop) no more than it leaves, less a reserve
+    (KERNEL_LOG_RESERVE_S, at most half of what is left) for the read-only checks that do not read
+    NVML (`xid`: the kernel log), so that a hung driver never starves them of the run's time."""
+    if until is None:
+        return LIVE_TELEMETRY_TIMEOUT_S
+    left = until - (time.monotonic() if now is None else now)
+    others = any(not c.spec.is_compute and Need.NVML not in c.spec.needs for c in checks)
+    reserve = min(KERNEL_LOG_RESERVE_S, 0.5 * left) if others else 0.0
+    return max(0.0, min(LIVE_TELEMETRY_TIMEOUT_S, left - reserve))
+
+
+def _collect_live(source: "TelemetrySource", timeout_s: float, *, interrupts: Interrupts | None = None,
+                  limited: bool = False) -> "Snapshot":
+    """Read the source's snapshot in a daemon thread so that a hung driver cannot hang the gate
+    (the thread stuck in the driver cannot be killed: as a daemon it cannot hold the process's
+    exit either, and the source's NVML is abandoned: not shut down at exit while it is stuck).
+
+    - NVML that does not answer within `timeout_s` (`limited`: all that the run's time limit
+      leaves it, telemetry_wait) gives a snapshot of kind "timeout": the NVML checks are `error`
+      (could not judge), and the run goes on to the checks that do not need NVML (xid).
+    - An exception out of the reader: NVML's own failure (pynvml's NVMLError, no library) is
+      classified and judged like any NVML failure (the inventory check); anything else is a bug in
+      gpucheck's reader: kind "internal_error", an `error` of the NVML checks naming it, never a
+      fault of the node.
+    - A signal only stops the wait: the runner then runs no check, so nothing is judged from the
+      unread snapshot."""
     box: dict[str, Any] = {}
     done = threading.Event()
 
     def target() -> None:
         try:
             box["snap"] = source.snapshot()
-        except Exception as e:  # the reader maps NVML errors itself; anything else is reported
-            box["err"] = f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - classified below: NVML's failure or our own bug
+            box["err"] = e
         finally:
             done.set()
 
     th = threading.Thread(target=target, name="telemetry", daemon=True)
     th.start()
     hung_at = time.monotonic() + timeout_s
-    while not done.wait(0.05):
-        now = time.monotonic()
+    while not done.wait(min(0.05, max(0.0, hung_at - time.monotonic()))):
         if interrupts is not None and interrupts.reason:
             return source.unread("other", f"NVML not read: interrupted by {interrupts.reason}")
-        if until is not None and now >= until:
-            return source.unread("other", "NVML not read: the run's time limit came first")
-        if now >= hung_at:
-            return source.unread("other", f"NVML did not answer within {timeout_s:.0f} s (driver hang?)")
+        if time.monotonic() >= hung_at:
+            return _unanswered(source, th, timeout_s, limited)
     if "err" in box:
-        return source.unread("other", f"reading telemetry failed: {box['err']}")
+        return _failed_read(source, box["err"])
     snap: Snapshot = box["snap"]
     return snap
+
+
+def _unanswered(source: "TelemetrySource", thread: threading.Thread, timeout_s: float, limited: bool
+                ) -> "Snapshot":
+    """The snapshot of a read left behind in the driver (by `thread`): kind "timeout", the source
+    abandoned (its NVML not shut down at exit while the thread is stuck)."""
+    from .telemetry import nvml as N
+
+    abandon = getattr(source, "abandon", None)
+    if abandon is not None:
+        abandon(thread)
+    if limited and timeout_s < 0.05:
+        return source.unread(N.TIMEOUT, "NVML not read: the run's time limit leaves it no time")
+    why = "all the run's time limit leaves it" if limited else "driver hang?"
+    return source.unread(N.TIMEOUT, f"NVML did not answer within {round(timeout_s, 1):g} s ({why})")
+
+
+def _failed_read(source: "TelemetrySource", e: Exception) -> "Snapshot":
+    """The snapshot of a read that raised `e` (see _collect_live)."""
+    import traceback
+
+    from .telemetry import nvml as N
+
+    if N.is_nvml_failure(e):
+        failure = N.classify(e)
+        return source.unread(failure.kind, f"reading telemetry failed: {failure.message}")
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    text = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    return source.unread(N.INTERNAL_ERROR, f"gpucheck's own telemetry reader failed ({text}{where}); "
+                                           "a bug in gpucheck, not a fault of the node")
 
 
 def _tested_units(ctx: Context) -> tuple[list[int], str]:
@@ -332,19 +389,25 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None, interr
 
         source = LiveTelemetry()
     if source.kind == "replay" or req.device != "cpu" or any(Need.NVML in c.spec.needs for c in checks):
-        return source, _collect_live(source, LIVE_TELEMETRY_TIMEOUT_S, until=until, interrupts=interrupts), \
-            source.verdict_kind
+        wait_s = telemetry_wait(checks, until)
+        snap = _collect_live(source, wait_s, interrupts=interrupts, limited=wait_s < LIVE_TELEMETRY_TIMEOUT_S)
+        return source, snap, source.verdict_kind
     return source, None, "none"
 
 
 def _check_gpus(req: RunRequest, snapshot: "Snapshot | None") -> None:
-    """UsageError when --gpus names a GPU (or CPU worker) this run does not have."""
+    """UsageError when --gpus names a GPU (or CPU worker) this run does not have: a user's typo
+    (`--gpus 9` on an 8-GPU node). Not when NVML could not be read (which GPUs exist is unknown:
+    the NVML checks judge that), nor for GPUs the scheduler assigned (`gpus_assigned`): a job's
+    GPU that NVML does not list is gone, and the inventory check fails the node for it."""
     if req.gpus is None:
         return
     if req.device == "cpu":
         known = list(range(req.workers))
         unit = "CPU worker"
     else:
+        if req.gpus_assigned or not ((snapshot or {}).get("nvml") or {}).get("ok", True):
+            return
         known = sorted(int(g["index"]) for g in (snapshot or {}).get("gpus", []))
         unit = "GPU"
     missing = [g for g in req.gpus if g not in known]

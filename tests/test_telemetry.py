@@ -438,7 +438,7 @@ def test_a_stuck_driver_call_times_out(monkeypatch, tmp_path):
     t0 = time.monotonic()
     snap = collect_snapshot(sysfs_root=tmp_path, timeout_s=0.1)
     assert time.monotonic() - t0 < 0.5
-    assert snap["nvml"]["ok"] is False and snap["nvml"]["error"]["kind"] == "other"
+    assert snap["nvml"]["ok"] is False and snap["nvml"]["error"]["kind"] == "timeout"
     assert "did not answer" in snap["nvml"]["error"]["message"]
     validate_snapshot(snap)
     for th in threading.enumerate():  # let the abandoned reader finish while the fake is installed

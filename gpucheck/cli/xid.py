@@ -194,6 +194,9 @@ def _nvml_map(reader: Any) -> tuple[Any, str | None]:
     th.start()
     th.join(NVML_TIMEOUT_S)
     if "r" not in box:
+        from ..telemetry.nvml import live_library
+
+        live_library().abandon(th)  # not shut down at exit while it is stuck: that call would hang too
         return GpuMap(), f"NVML did not answer within {NVML_TIMEOUT_S:g} s (stuck driver?)"
     return box["r"]
 

@@ -398,9 +398,11 @@ def _plan_request(hook: _Hook):
     gpus = None if opts.all_gpus else env.gpus
     plan.update(level=level, checks=checks, budget_s=budget, gpus=gpus, gpus_from=env.gpus_from,
                 gpus_note=env.gpus_note)
+    # The job's GPUs were given by Slurm: one that NVML does not list is judged (inventory: missing,
+    # fail), not a usage error.
     req = RunRequest(level=level, check_patterns=checks, skip_patterns=list(opts.skips), gpus=gpus,
-                     device=opts.device, workers=opts.workers, options=options, json=opts.as_json,
-                     strict=opts.strict, on_error="pass", config_path=opts.config_path,
+                     gpus_assigned=gpus is not None, device=opts.device, workers=opts.workers, options=options,
+                     json=opts.as_json, strict=opts.strict, on_error="pass", config_path=opts.config_path,
                      snapshot_path=_expand(opts.snapshot, env.node), state_dir=str(hook.state.root),
                      timeout_s=budget, history=True, force=opts.force)
     return req, prior_ecc

@@ -95,6 +95,9 @@ class FakeTelemetry:
         base = self.snapshot()
         return unread(base, kind, message)
 
+    def abandon(self, thread: threading.Thread) -> None:
+        """Nothing to shut down: the fake has no NVML."""
+
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> FakeSampling:
         return FakeSampling(self, watch_xid)
 

@@ -25,6 +25,12 @@ Everything here returns plain data and never lets an NVML exception escape:
                       message keeps NVML's own text
   not_in_capture      (replays only) the recording does not hold what the call asks for: a
                       failed read, never "not supported"
+  timeout             no NVML code: the driver did not answer within the time the run could
+                      give it (a hung call; the thread that made it is a daemon thread, left
+                      behind, and the library is not shut down at exit while it is stuck:
+                      `Library.abandon`)
+  internal_error      no NVML code: gpucheck's own reader raised (a bug in its code, not an
+                      NVML failure): nothing was judged
   =================== =========================================================================
 
 `NvmlSession.sample(index)` is the cheap per-second reading used by load samplers: device
@@ -52,6 +58,8 @@ DRIVER_NOT_LOADED = "driver_not_loaded"
 LIBRARY_NOT_FOUND = "library_not_found"
 OTHER = "other"
 NOT_IN_CAPTURE = "not_in_capture"
+TIMEOUT = "timeout"
+INTERNAL_ERROR = "internal_error"
 
 KINDS: tuple[str, ...] = (
     NOT_SUPPORTED,
@@ -62,7 +70,11 @@ KINDS: tuple[str, ...] = (
     LIBRARY_NOT_FOUND,
     OTHER,
     NOT_IN_CAPTURE,
+    TIMEOUT,
+    INTERNAL_ERROR,
 )
+# The kinds that say nothing about the GPUs: gpucheck could not read them (no verdict, exit 3).
+UNJUDGED_KINDS: tuple[str, ...] = (TIMEOUT, INTERNAL_ERROR)
 
 # NVML return code (pynvml constant) -> failure kind; every other code is OTHER.
 ERROR_KINDS: tuple[tuple[str, str], ...] = (
@@ -154,6 +166,15 @@ def classify(exc: BaseException) -> NvmlFailure:
     return NvmlFailure(OTHER, f"{type(exc).__name__}: {exc}")
 
 
+def is_nvml_failure(exc: BaseException) -> bool:
+    """Whether `exc` is NVML's own failure (pynvml's NVMLError and its subclasses, a missing
+    library or pynvml module, a replayed or classified failure), as opposed to an exception
+    raised by gpucheck's own code around NVML (a KeyError, a TypeError: a bug)."""
+    if isinstance(exc, (ImportError, NotInCapture, ReplayedFailure, NvmlCallError)):
+        return True
+    return any(c.__name__.startswith("NVMLError") for c in type(exc).__mro__)
+
+
 def failure_for_code(value: int, what: str = "") -> NvmlFailure:
     """An NvmlFailure for a per-item NVML return code (field values)."""
     where = f"{what}: " if what else ""
@@ -196,6 +217,20 @@ class Library:
         self.initialised = False
         self.handles: dict[int, Any] = {}
         self._atexit = False
+        self._left_behind: list[threading.Thread] = []  # threads stuck in a call that did not answer
+
+    def abandon(self, thread: threading.Thread) -> None:
+        """A call through this library made by (daemon) `thread` did not answer in time and the
+        thread was left behind: while it is still stuck, nvmlShutdown at interpreter exit would
+        wait for the same hung driver (or for the lock that thread holds) and block the process's
+        exit, so it is not called."""
+        # Never under self.lock: the thread left behind may hold it.
+        self._left_behind = [t for t in self._left_behind if t.is_alive()] + [thread]
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether a call left behind in the driver is still stuck there."""
+        return any(t.is_alive() for t in self._left_behind)
 
     def acquire(self) -> tuple[Any, NvmlFailure | None]:
         with self.lock:
@@ -235,12 +270,21 @@ class Library:
             pass
 
     def _shutdown_at_exit(self) -> None:
-        with self.lock:
-            if self.initialised:
+        if self.abandoned or not self.lock.acquire(timeout=1.0):  # a hung call holds it: leave it
+            return
+        try:
+            if self.initialised and not self.abandoned:
                 self._shutdown()
+        finally:
+            self.lock.release()
 
 
 _LIB = Library()
+
+
+def live_library() -> Library:
+    """The process-wide library of live NVML (the real pynvml)."""
+    return _LIB
 
 
 class NvmlSession:

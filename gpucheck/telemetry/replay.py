@@ -22,7 +22,8 @@ How a recording answers a call:
   "error": its failure at the handle;
 - NVML itself not working (nvml.ok false): its failure at nvmlInit. A recorded message that names
   NVML's return code ("... (NVML return code 9)") is raised with that code; one that names none is
-  raised as recorded (ReplayedFailure).
+  raised as recorded (ReplayedFailure), as is a failure of a kind that has no return code
+  (timeout, internal_error: gpucheck.telemetry.nvml).
 - any other NVML call (process lists, event sets): NotInCapture.
 
 `replay_snapshot(doc)` is the snapshot the checks judge: the recording's own facts (host, time,
@@ -109,6 +110,8 @@ def recorded_failure(kind: str, message: str | None, what: str) -> Exception:
     """The exception a replay raises for a recorded failure (see the module)."""
     if kind == N.NOT_IN_CAPTURE:
         return N.NotInCapture(message or f"{what}: not in this capture")
+    if kind in N.UNJUDGED_KINDS and not message:  # no NVML return code: the kind itself
+        return N.ReplayedFailure(kind, f"{what}: {kind}")
     if message:
         m = _CODE_SUFFIX.match(message)
         if m and N.kind_of_code(int(m.group(2))) == kind:

@@ -85,8 +85,9 @@ def utc_now_iso() -> str:
 def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeout_s: float | None = None) -> Snapshot:
     """Read NVML and sysfs into a snapshot. Never raises for NVML trouble: a broken driver gives a
     valid snapshot with nvml.ok false. With `timeout_s`, NVML is read in a helper thread and a
-    driver that does not answer in time gives nvml.ok false, kind "other" (a stuck driver call
-    cannot be interrupted; the thread is left behind as a daemon)."""
+    driver that does not answer in time gives nvml.ok false, kind "timeout" (a stuck driver call
+    cannot be interrupted: the thread is left behind as a daemon, which cannot hold the process's
+    exit, and NVML is not shut down at exit while it is stuck: nvml.Library.abandon)."""
     snap = _base(sysfs_root)
     if timeout_s is None:
         _fill_nvml(snap)
@@ -109,9 +110,10 @@ def collect_snapshot(sysfs_root: str | os.PathLike[str] = Path("/sys"), *, timeo
         return done
     if "exc" in box:
         raise box["exc"]
+    N.live_library().abandon(th)
     snap["nvml"] = {
         "ok": False,
-        "error": {"kind": N.OTHER, "message": f"NVML did not answer within {timeout_s:g} s (stuck driver call?)"},
+        "error": {"kind": N.TIMEOUT, "message": f"NVML did not answer within {timeout_s:g} s (stuck driver call?)"},
     }
     return snap
 

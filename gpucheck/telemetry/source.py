@@ -57,6 +57,11 @@ class TelemetrySource(Protocol):
         """A snapshot for telemetry that could not be read at all (a hung driver, a signal):
         nvml.ok false with this failure, and what is known without NVML."""
 
+    def abandon(self, thread: threading.Thread) -> None:
+        """A read of this source (made by daemon `thread`) did not answer in time and the thread
+        is left behind: while it is stuck, never shut its NVML down at exit (that would wait for
+        the same hung driver)."""
+
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> SamplingSession:
         """A session that samples `gpus` under load (opened in the sampler's thread)."""
 
@@ -97,9 +102,11 @@ class NvmlSampling:
 
 
 def bounded(fn: Callable[[], Any], timeout_s: float, cancel: threading.Event | None,
-            what: str = "reading the GPU's processes") -> tuple[Any, str | None]:
+            what: str = "reading the GPU's processes", library: N.Library | None = None) -> tuple[Any, str | None]:
     """fn() in a daemon thread: (value, None), or (None, why) when it raised, did not answer within
-    timeout_s, or `cancel` was set meanwhile."""
+    timeout_s, or `cancel` was set meanwhile. A call that did not answer is left behind (a daemon
+    thread cannot hold the process's exit) and its `library` is abandoned (never shut down at
+    exit: that would wait for the same hung driver)."""
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -116,6 +123,7 @@ def bounded(fn: Callable[[], Any], timeout_s: float, cancel: threading.Event | N
             return None, f"interrupted while {what}"
         th.join(0.1)
     if th.is_alive():
+        (library or N.live_library()).abandon(th)
         return None, f"NVML did not answer within {timeout_s:g} s (driver hang?)"
     if "error" in box:
         return None, f"{what} failed: {box['error']}"
@@ -131,7 +139,7 @@ def read_processes(library: N.Library | None, indices: Sequence[int], *, timeout
         with N.NvmlSession(library) as s:
             return {i: N.read_gpu_processes(s, i) for i in indices}
 
-    value, why = bounded(read_all, timeout_s, cancel)
+    value, why = bounded(read_all, timeout_s, cancel, library=library)
     if why is not None:
         return {i: N.GpuProcesses(i, None, N.NvmlFailure(N.OTHER, why)) for i in indices}
     done: dict[int, N.GpuProcesses] = value
@@ -159,6 +167,9 @@ class LiveTelemetry:
         from .snapshot import unreadable_snapshot
 
         return unreadable_snapshot(kind, message, self.sysfs_root)
+
+    def abandon(self, thread: threading.Thread) -> None:
+        N.live_library().abandon(thread)
 
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> SamplingSession:
         return NvmlSampling(N.NvmlSession(), gpus, watch_xid)
@@ -195,6 +206,9 @@ class ReplayTelemetry:
         from .snapshot import unread
 
         return unread(recorded_facts(self.doc), kind, message)
+
+    def abandon(self, thread: threading.Thread) -> None:
+        self.library.abandon(thread)
 
     def sampling(self, gpus: Sequence[int], watch_xid: bool = True) -> SamplingSession:
         return NvmlSampling(N.NvmlSession(self.library), gpus, watch_xid)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 from ..check import Context
 from ..result import Action, Basis, Result, Status, settle
 from ..telemetry.fields import judged_view
+from ..telemetry.nvml import UNJUDGED_KINDS
 
 # The failure kind of a field a converted capture (nvidia-smi -q) does not hold (docs/snapshot.md).
 NOT_IN_CAPTURE = "not_in_capture"
@@ -26,13 +27,29 @@ STATE_TEXT = {
 }
 
 
+def nvml_unjudged(check_id: str, snap: Mapping[str, Any]) -> Result | None:
+    """An `error` (could not judge: exit 3, never a pass and never a fault) when the snapshot was
+    not read for a reason that says nothing about the GPUs: NVML did not answer within the time
+    the run gave it, or gpucheck's own telemetry reader raised; else None."""
+    nv = snap.get("nvml") or {}
+    err = nv.get("error") or {}
+    if nv.get("ok") or err.get("kind") not in UNJUDGED_KINDS:
+        return None
+    message = " ".join(str(err.get("message") or err.get("kind")).split())
+    return Result(check_id, Status.ERROR, f"could not judge: {message}", evidence=[f"NVML: {err.get('kind')}"])
+
+
 def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:
     """A skip when the snapshot says NVML is not usable (the inventory check fails the node for
-    it when GPUs should be there)."""
+    it when GPUs should be there); an error when it was not read for a reason that says nothing
+    about the GPUs (nvml_unjudged)."""
     snap = ctx.snapshot or {}
     nv = snap.get("nvml") or {}
     if nv.get("ok"):
         return None
+    unjudged = nvml_unjudged(check_id, snap)
+    if unjudged is not None:
+        return [unjudged]
     err = nv.get("error") or {}
     kind = err.get("kind", "other")
     return [Result(check_id, Status.SKIP, f"NVML unavailable: {kind} (judged by the inventory check)",

@@ -1,14 +1,18 @@
 """inventory: are the GPUs that should be here present, visible to NVML and set up as expected?
 
 Node result (subject "node"): NVML usable; GPU count vs [node] expected_gpus; NVIDIA GPUs on the
-PCI bus (sysfs) that NVML does not report; one model across GPUs (and vs [node] expected_model);
-driver and CUDA versions reported.
+PCI bus (sysfs) that NVML does not report; GPUs of the run's selection that NVML does not list (a
+Slurm job's GPUs: gpucheck.app.RunRequest.gpus_assigned; a user's `--gpus` typo is a usage error
+before any check runs); one model across GPUs (and vs [node] expected_model); driver and CUDA
+versions reported.
 Per-GPU results: state (lost / reset required), persistence mode, ECC mode current and pending,
 MIG mode current and pending.
 
-When NVML is not usable the verdict comes from sysfs: NVIDIA GPUs on the bus (or an expected count
-above 0) mean the node is broken ("driver not loaded or GPU lost", fail, reboot); no NVIDIA device
-and no expected count is a machine without GPUs (skip).
+When NVML did not answer within the time the run gave it, or gpucheck's own reader failed, the
+result is `error` (could not judge). When NVML is otherwise not usable the verdict comes from
+sysfs: NVIDIA GPUs on the bus (or an expected count above 0) mean the node is broken ("driver not
+loaded or GPU lost", fail, reboot); no NVIDIA device and no expected count is a machine without
+GPUs (skip).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..result import Action, Key, Result, Rule, Status, evaluate, settle
 from ..telemetry.fields import judged_view
-from . import apply_unreadable, get, gpu_state_result, unreadable_fields
+from . import apply_unreadable, get, gpu_state_result, nvml_unjudged, unreadable_fields
 
 ID = "inventory"
 
@@ -67,6 +71,8 @@ NODE_RULES = (
          "count"),
     Rule("pci_gpus_not_in_nvml", ">", 0, Status.FAIL, Action.REBOOT,
          "NVIDIA GPU(s) on the PCI bus that NVML does not report (driver failed to bring them up) ({detail})", "count"),
+    Rule("selected_gpus_not_in_nvml", ">", 0, Status.FAIL, Action.REBOOT,
+         "GPU(s) {absent} of this run (the job's GPUs) missing: NVML does not list them ({detail})", "count"),
     Rule("model_count", ">", 1, Status.FAIL, Action.INVESTIGATE, "mixed GPU models: {models} ({detail})", "count"),
     Rule("gpus_not_expected_model", ">", 0, Status.FAIL, Action.INVESTIGATE,
          "GPU model is not the expected {expected_model!r}: GPUs {mismatched} ({detail})", "count"),
@@ -90,6 +96,9 @@ GPU_RULES = (
 
 
 def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
+    unjudged = nvml_unjudged(ID, snap)  # NVML did not answer in time, or our own reader failed
+    if unjudged is not None:
+        return [unjudged]
     err = get(snap, "nvml", "error") or {}
     kind = err.get("kind", "other")
     msg = err.get("message", "")
@@ -120,6 +129,7 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
     expected_model = ctx.config.expected_model if ctx.config is not None else None
     count = len(gpus)
     unseen, not_in_nvml = _bus_ids_not_in_nvml(gpus, pci) if p["compare_pci_bus"] else ([], 0)
+    absent = sorted(set(ctx.gpus or ()) - {g.get("index") for g in gpus})  # a job's GPU NVML lacks
     names = sorted({g.get("name") for g in gpus if g.get("state", "ok") == "ok" and g.get("name")})
     mismatched = [
         g.get("index") for g in gpus
@@ -141,14 +151,17 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
         "driver_version_missing": int(snap.get("driver_version") is None),
         "cuda_version_missing": int(snap.get("cuda_driver_version") is None),
     }
+    if ctx.gpus is not None:  # the run's GPUs (a Slurm job's) that NVML does not list
+        metrics["selected_gpus_not_in_nvml"] = len(absent)
     off = {"missing_gpus": expected is None, "extra_gpus": expected is None,
-           "gpus_not_expected_model": not expected_model, "pci_gpus_not_in_nvml": not p["compare_pci_bus"]}
+           "gpus_not_expected_model": not expected_model, "pci_gpus_not_in_nvml": not p["compare_pci_bus"],
+           "selected_gpus_not_in_nvml": ctx.gpus is None}
     r = evaluate(
         ID, [rule for rule in NODE_RULES if not off.get(rule.metric)], metrics,
-        facts={"mismatched": mismatched},
+        facts={"mismatched": mismatched, "absent": ",".join(map(str, absent))},
         units={"gpu_count": "count", "expected_gpus": "count", "missing_gpus": "count", "extra_gpus": "count",
-               "pci_gpu_count": "count", "pci_gpus_not_in_nvml": "count", "model_count": "count",
-               "gpus_not_expected_model": "count"},
+               "pci_gpu_count": "count", "pci_gpus_not_in_nvml": "count", "selected_gpus_not_in_nvml": "count",
+               "model_count": "count", "gpus_not_expected_model": "count"},
         ok_summary=(f"{count} GPU(s) {'(' + ', '.join(names) + ') ' if names else ''}visible to NVML"
                     f"{'' if expected is None else f', {expected} expected'}; driver {snap.get('driver_version')}, "
                     f"CUDA {snap.get('cuda_driver_version')}"),
@@ -234,7 +247,7 @@ def inventory(ctx: Context) -> list[Result]:
     gpus = snap.get("gpus") or []
     pci = snap.get("pci_nvidia_devices") or []
     expected = ctx.config.expected_gpus if ctx.config is not None else None
-    if not gpus and not pci and not expected:
+    if not gpus and not pci and not expected and not ctx.gpus:
         return [Result(ID, Status.SKIP, "no NVIDIA GPU on this machine (NVML reports none, none on the PCI bus)")]
     results = [_node(ctx, snap, p)]
     for g in sorted(ctx.selected_gpu_entries(), key=lambda g: g.get("index", 0)):
