@@ -168,8 +168,10 @@ def _collect_live(source: "TelemetrySource", timeout_s: float, *, interrupts: In
     exit either, and the source's NVML is abandoned: not shut down at exit while it is stuck).
 
     - NVML that does not answer within `timeout_s` (`limited`: all that the run's time limit
-      leaves it, telemetry_wait) gives a snapshot of kind "timeout": the NVML checks are `error`
-      (could not judge), and the run goes on to the checks that do not need NVML (xid).
+      leaves it, telemetry_wait, less than the hang limit) gives a snapshot of kind "timeout":
+      the NVML checks are `error` (could not judge), and the run goes on to the checks that do
+      not need NVML (xid). Not answering within the whole hang limit (LIVE_TELEMETRY_TIMEOUT_S)
+      is kind "hung": a hung driver, judged by the inventory check (GPUs on the bus: fail).
     - An exception out of the reader: NVML's own failure (pynvml's NVMLError, no library) is
       classified and judged like any NVML failure (the inventory check); anything else is a bug in
       gpucheck's reader: kind "internal_error", an `error` of the NVML checks naming it, never a
@@ -212,8 +214,11 @@ def _unanswered(source: "TelemetrySource", thread: threading.Thread, timeout_s: 
         abandon(thread)
     if limited and timeout_s < 0.05:
         return source.unread(N.TIMEOUT, "NVML not read: the run's time limit leaves it no time")
-    why = "all the run's time limit leaves it" if limited else "driver hang?"
-    return source.unread(N.TIMEOUT, f"NVML did not answer within {round(timeout_s, 1):g} s ({why})")
+    if limited:  # less than the hang limit: a slow driver is no fault, the NVML checks could not judge
+        return source.unread(N.TIMEOUT, f"NVML did not answer within {round(timeout_s, 1):g} s "
+                                        "(all the run's time limit leaves it)")
+    return source.unread(N.HUNG, f"NVML did not answer within {round(timeout_s, 1):g} s, the hang limit: "
+                                 "the driver is hung")
 
 
 def _failed_read(source: "TelemetrySource", e: Exception) -> "Snapshot":

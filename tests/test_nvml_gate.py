@@ -340,3 +340,29 @@ def test_the_xid_commands_nvml_map_abandons_a_hung_driver(monkeypatch):
         if th.name == "xid-nvml-map":
             th.join(5)
     assert not N.live_library().abandoned
+
+
+def test_a_driver_that_does_not_answer_within_the_whole_hang_limit_is_hung_and_fails_the_inventory():
+    """Waiting the whole hang limit (no time limit cut it short) and getting no answer is a hung
+    driver: kind `hung`, which the inventory check judges (GPUs on the bus: fail, reboot), unlike
+    a wait that the run's time limit cut short (kind `timeout`: could not judge)."""
+    from gpucheck.tests_suite.inventory import _no_nvml
+
+    release = threading.Event()
+    source = HungReplay(healthy(), release)
+    try:
+        limited = app._collect_live(source, 0.2, limited=True)
+        hung = app._collect_live(source, 0.2, limited=False)
+    finally:
+        release.set()
+    assert limited["nvml"]["error"]["kind"] == N.TIMEOUT
+    assert hung["nvml"]["error"]["kind"] == N.HUNG and N.HUNG not in N.UNJUDGED_KINDS
+    assert "the driver is hung" in hung["nvml"]["error"]["message"]
+    hung["pci_nvidia_devices"] = [{"bus_id": "0000:18:00.0", "class": "0x030200", "device": "0x2335",
+                                   "driver": "nvidia"}]
+
+    class Ctx:
+        config = None
+
+    (result,) = _no_nvml(Ctx(), hung)
+    assert result.status.value == "fail" and result.action.value == "reboot", result

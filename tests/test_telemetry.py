@@ -557,4 +557,4 @@ def test_unreadable_snapshot_keeps_the_pci_bus_for_the_inventory(tmp_path):
     out = run_checks(level1(), Context(snapshot=snap), install_signal_handlers=False)
     inv = [r for r in out.results if r.check == "inventory"]
     assert [(r.status, r.action) for r in inv] == [(Status.FAIL, Action.REBOOT)]
-    assert unreadable_snapshot("hung", "x", sysfs_root=tmp_path)["nvml"]["error"]["kind"] == "other"
+    assert unreadable_snapshot("frozen", "x", sysfs_root=tmp_path)["nvml"]["error"]["kind"] == "other"

@@ -26,9 +26,14 @@ Everything here returns plain data and never lets an NVML exception escape:
   not_in_capture      (replays only) the recording does not hold what the call asks for: a
                       failed read, never "not supported"
   timeout             no NVML code: the driver did not answer within the time the run could
-                      give it (a hung call; the thread that made it is a daemon thread, left
+                      give it, shorter than the hang limit (could not judge: a slow start of
+                      the driver is no fault; a hung call; the thread that made it is a daemon thread, left
                       behind, and the library is not shut down at exit while it is stuck:
                       `Library.abandon`)
+  hung                no NVML code: the driver did not answer within the full hang limit
+                      (gpucheck.app.LIVE_TELEMETRY_TIMEOUT_S, 30 s, waited only when the run's
+                      time limit leaves that much): a hung driver, judged by the inventory
+                      check like any NVML failure (GPUs on the PCI bus: fail, reboot)
   internal_error      no NVML code: gpucheck's own reader raised (a bug in its code, not an
                       NVML failure): nothing was judged
   =================== =========================================================================
@@ -59,6 +64,7 @@ LIBRARY_NOT_FOUND = "library_not_found"
 OTHER = "other"
 NOT_IN_CAPTURE = "not_in_capture"
 TIMEOUT = "timeout"
+HUNG = "hung"
 INTERNAL_ERROR = "internal_error"
 
 KINDS: tuple[str, ...] = (
@@ -71,6 +77,7 @@ KINDS: tuple[str, ...] = (
     OTHER,
     NOT_IN_CAPTURE,
     TIMEOUT,
+    HUNG,
     INTERNAL_ERROR,
 )
 # The kinds that say nothing about the GPUs: gpucheck could not read them (no verdict, exit 3).
