@@ -101,12 +101,21 @@ def test_bisect_builtin_whose_launcher_reaches_no_host_blames_no_node():
     assert p.returncode == 3 and result["broken"], result["notes"]
 
 
-def test_pairs_whose_launcher_fails_the_same_way_everywhere_is_exit_3():
-    """The guarantee that holds: a launcher that fails with one and the same exit everywhere
-    (not ssh's 255) is a broken setup, exit 3, no node bad."""
-    p = gpucheck("nccl", "pairs", "--json", "--seed", "1", "--launcher", "false {host} {qcmd}", "n[1-4]")
-    report = json.loads(p.stdout)
-    assert p.returncode == 3 and report["bad"] == []
+@pytest.mark.xfail(strict=True, reason="nccl pairs where gpucheck exits 3 on every host (e.g. no torch there) "
+                                       "is 'every pair failed the same way' (exit 3) only when the ranks' exits "
+                                       "race the same way in all pairs (about 1 run in 5); otherwise 3-4 of 4 "
+                                       "healthy hosts are named bad, exit 1")
+def test_pairs_where_every_host_fails_alike_blame_no_node_every_time():
+    """Every rank's program exits 3 at once on every host: a broken setup, never a bad node. Four
+    runs (the pair summaries depend on which rank's exit is seen first); today about four in five
+    runs blame nodes, so all four are exit 3 by chance well under 1% of the time."""
+    outcomes = []
+    for seed in ("1", "2", "3", "4"):
+        p = gpucheck("nccl", "pairs", "--json", "--seed", seed, "--launcher", "env H={host} sh -c {qcmd}",
+                     "--program", 'sh -c "exit 3" --', "n[1-4]")
+        report = json.loads(p.stdout)
+        outcomes.append((p.returncode, report["bad"]))
+    assert all(rc == 3 and not bad for rc, bad in outcomes), outcomes
 
 
 # -- 3. bisect: a test that fails by the size of the group blames nobody --------------------------
