@@ -240,17 +240,17 @@ def test_every_nvml_error_maps_to_one_kind(exc, kind):
     assert str(exc().value) in f.message
 
 
-def test_missing_pynvml_module_is_library_not_found(monkeypatch, tmp_path):
+def test_missing_pynvml_module_is_our_installation_problem_not_a_missing_driver(monkeypatch, tmp_path):
     def no_module():
         raise ImportError("No module named 'pynvml'")
 
     monkeypatch.setattr(N, "import_pynvml", no_module)
     monkeypatch.setattr(N._LIB, "module", None)
     s = N.NvmlSession()
-    assert not s.ok and s.error.kind == "library_not_found"
-    assert s.sample(0)["error"] == "library_not_found"
+    assert not s.ok and s.error.kind == "internal_error"
+    assert s.sample(0)["error"] == "internal_error"
     snap = collect_snapshot(sysfs_root=tmp_path)
-    assert snap["nvml"] == {"ok": False, "error": {"kind": "library_not_found", "message": snap["nvml"]["error"]["message"]}}
+    assert snap["nvml"] == {"ok": False, "error": {"kind": "internal_error", "message": snap["nvml"]["error"]["message"]}}
     assert "pynvml" in snap["nvml"]["error"]["message"]
 
 

@@ -20,7 +20,7 @@ Everything here returns plain data and never lets an NVML exception escape:
   reset_required      RESET_REQUIRED
   no_permission       NO_PERMISSION
   driver_not_loaded   DRIVER_NOT_LOADED
-  library_not_found   LIBRARY_NOT_FOUND, or the pynvml module itself is missing
+  library_not_found   LIBRARY_NOT_FOUND (libnvidia-ml: the driver's library is not installed)
   other               anything else (UNKNOWN, TIMEOUT, LIB_RM_VERSION_MISMATCH, ...); the
                       message keeps NVML's own text
   not_in_capture      (replays only) the recording does not hold what the call asks for: a
@@ -34,7 +34,8 @@ Everything here returns plain data and never lets an NVML exception escape:
                       (gpucheck.app.LIVE_TELEMETRY_TIMEOUT_S, 30 s, waited only when the run's
                       time limit leaves that much): a hung driver, judged by the inventory
                       check like any NVML failure (GPUs on the PCI bus: fail, reboot)
-  internal_error      no NVML code: gpucheck's own reader raised (a bug in its code, not an
+  internal_error      no NVML code: gpucheck's own reader raised, or the pynvml module
+                      (nvidia-ml-py, gpucheck's dependency) cannot be imported (a bug in its code, not an
                       NVML failure): nothing was judged
   =================== =========================================================================
 
@@ -157,8 +158,10 @@ def _with_code(message: str, value: int) -> str:
 
 def classify(exc: BaseException) -> NvmlFailure:
     """Map any exception raised around an NVML call to an NvmlFailure."""
-    if isinstance(exc, ImportError):
-        return NvmlFailure(LIBRARY_NOT_FOUND, f"the pynvml module (nvidia-ml-py) is not importable: {exc}")
+    if isinstance(exc, ImportError):  # gpucheck's own dependency, not the node's driver library
+        return NvmlFailure(INTERNAL_ERROR, f"the pynvml module (nvidia-ml-py, a dependency of gpucheck) is not "
+                                           f"importable: {exc}; an installation problem of gpucheck, not a fault "
+                                           "of the node")
     if isinstance(exc, NotInCapture):
         return NvmlFailure(NOT_IN_CAPTURE, str(exc))
     if isinstance(exc, ReplayedFailure):

@@ -36,7 +36,7 @@ def nvml_unjudged(check_id: str, snap: Mapping[str, Any]) -> Result | None:
     if nv.get("ok") or err.get("kind") not in UNJUDGED_KINDS:
         return None
     message = " ".join(str(err.get("message") or err.get("kind")).split())
-    return Result(check_id, Status.ERROR, f"could not judge: {message}", evidence=[f"NVML: {err.get('kind')}"])
+    return Result(check_id, Status.ERROR, f"could not judge: {message}", evidence=[f"NVML: {err.get('kind')}: {message}"])
 
 
 def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:

@@ -98,6 +98,7 @@ GPU_RULES = (
 def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
     unjudged = nvml_unjudged(ID, snap)  # NVML did not answer in time, or our own reader failed
     if unjudged is not None:
+        unjudged.evidence.extend(_pci_evidence(snap))
         return [unjudged]
     err = get(snap, "nvml", "error") or {}
     kind = err.get("kind", "other")
@@ -115,11 +116,14 @@ def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
         if r.status == Status.PASS:  # no GPU on the bus, none expected: nothing to judge
             r.status = Status.SKIP
     r.evidence.append(f"NVML: {kind}: {msg}" if msg else f"NVML: {kind}")
-    r.evidence.extend(
-        f"PCI {d.get('bus_id')} class {d.get('class')} device {d.get('device')} driver {d.get('driver') or 'none'}"
-        for d in pci
-    )
+    r.evidence.extend(_pci_evidence(snap))
     return [r]
+
+
+def _pci_evidence(snap: dict[str, Any]) -> list[str]:
+    """One line per NVIDIA device on the PCI bus, with the driver bound to it."""
+    return [f"PCI {d.get('bus_id')} class {d.get('class')} device {d.get('device')} driver {d.get('driver') or 'none'}"
+            for d in snap.get("pci_nvidia_devices") or []]
 
 
 def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
