@@ -74,9 +74,6 @@ def test_without_pynvml_the_verdict_still_names_the_missing_module_and_the_bound
 
 # -- 2. a launcher that reaches no host blames the nodes -----------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="nccl pairs with a launcher that reaches no host (ssh exit 255 "
-                                       "everywhere: the operator's setup) names random hosts 'bad' ('partners "
-                                       "fine in their other pairs') and exits 1 instead of 'setup broken', exit 3")
 def test_pairs_whose_launcher_reaches_no_host_blame_no_node():
     p = gpucheck("nccl", "pairs", "--json", "--seed", "1", "--launcher", SSH_BROKEN_EVERYWHERE, "n[1-4]")
     report = json.loads(p.stdout)
@@ -84,9 +81,6 @@ def test_pairs_whose_launcher_reaches_no_host_blame_no_node():
     assert p.returncode == 3 and report["exit_code"] == 3
 
 
-@pytest.mark.xfail(strict=True, reason="bisect --builtin with a launcher that reaches no host declares 7-8 of "
-                                       "8 nodes BAD (confidence 0.95, mostly exit 1): a group test that cannot run must "
-                                       "be 'the test is broken', exit 3, no node blamed (issue 19)")
 def test_bisect_builtin_whose_launcher_reaches_no_host_blames_no_node():
     p = gpucheck("bisect", "--json", "--builtin", "allreduce", "--no-bitwise", "--launcher", SSH_BROKEN_EVERYWHERE,
                  "n[1-8]")
@@ -97,10 +91,6 @@ def test_bisect_builtin_whose_launcher_reaches_no_host_blames_no_node():
     assert p.returncode == 3 and result["broken"], result["notes"]
 
 
-@pytest.mark.xfail(strict=True, reason="nccl pairs where gpucheck exits 3 on every host (e.g. no torch there) "
-                                       "is 'every pair failed the same way' (exit 3) only when the ranks' exits "
-                                       "race the same way in all pairs (about 1 run in 5); otherwise 3-4 of 4 "
-                                       "healthy hosts are named bad, exit 1")
 def test_pairs_where_every_host_fails_alike_blame_no_node_every_time():
     """Every rank's program exits 3 at once on every host: a broken setup, never a bad node. Four
     runs (the pair summaries depend on which rank's exit is seen first); today about four in five

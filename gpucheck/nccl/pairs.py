@@ -192,17 +192,21 @@ class Judgement:
     references: list[Reference] = field(default_factory=list)
     broken: str | None = None  # every pair failed the same way: the test or the setup, not the nodes
 
+    def _with(self, verdict: str) -> list[str]:
+        """The nodes scored `verdict`; none when the test is broken (no node is blamed then)."""
+        return [] if self.broken else [n for n, s in self.nodes.items() if s.verdict == verdict]
+
     @property
     def bad(self) -> list[str]:
-        return [n for n, s in self.nodes.items() if s.verdict == "bad"]
+        return self._with("bad")
 
     @property
     def suspects(self) -> list[str]:
-        return [n for n, s in self.nodes.items() if s.verdict == "suspect"]
+        return self._with("suspect")
 
     @property
     def unreachable(self) -> list[str]:
-        return [n for n, s in self.nodes.items() if s.verdict == "unreachable"]
+        return self._with("unreachable")
 
     @property
     def unmeasured(self) -> list[str]:
@@ -324,7 +328,10 @@ def _score_one(n: str, sc: NodeScore, mine: dict[str, list[PairJudgement]]) -> N
     for pj in bad:
         partner = _partner(pj, n)
         others = [x for x in mine.get(partner, []) if n not in x.outcome.nodes]
-        if others and sum(_is_bad_for(x, partner) for x in others) * 2 <= len(others):
+        # Fine means seen working: most of its other pairs passed (bandwidth judged ok, or data
+        # verified where no reference judged the bandwidth); a failure that named only the other
+        # node of a pair says nothing good about the partner.
+        if others and sum(x.verdict in ("ok", "unjudged") for x in others) * 2 > len(others):
             exonerating.append(partner)
     named = [pj for pj in bad if n in pj.outcome.blamed]
     if exonerating or named:
@@ -350,11 +357,19 @@ def same_reason(summary: str, nodes: Sequence[str]) -> str:
 
 
 def _broken(outcomes: list[PairOutcome]) -> str | None:
-    """Every pair failed (or could not run) for the same reason and none passed: that is the
-    test or the setup (a wrong launcher, gpucheck missing everywhere, no route), not every node."""
+    """No pair passed (of two or more): that is the test or the setup (a wrong launcher, ssh
+    refused everywhere, gpucheck missing everywhere, no route), not every node; and without one
+    pair that passed, no node can be told apart from its partners (which rank of a failing pair
+    exits first is a race, so their summaries need not even match)."""
     if any(o.status == "ok" for o in outcomes) or len(outcomes) < 2:
         return None
     reasons = {same_reason(o.summary, o.nodes) for o in outcomes}
-    if len(reasons) != 1:
-        return None
-    return f"every pair ({len(outcomes)}) failed the same way: {outcomes[0].summary}"
+    if len(reasons) == 1:
+        return f"every pair ({len(outcomes)}) failed the same way: {outcomes[0].summary}"
+    unreachable = sorted({h for o in outcomes for h in o.unreachable})
+    hosts = sorted({h for o in outcomes for h in o.nodes})
+    if unreachable and unreachable == hosts:
+        return (f"no pair passed: the launcher reached none of the {len(hosts)} hosts (check the launcher, ssh "
+                f"keys and user); first failure: {outcomes[0].summary}")
+    return (f"no pair passed ({len(outcomes)} failed or could not run): with no pair to compare with, no node "
+            f"can be told apart from the setup; first failure: {outcomes[0].summary}")

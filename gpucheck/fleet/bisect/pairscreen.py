@@ -61,7 +61,10 @@ class PairScreen:
             if not todo:
                 break
             self._repair(session, nodes, todo, judgement, width=len(pairs))
-        return self._screened(nodes, self._judgement(nodes))
+        judgement = self._judgement(nodes)
+        if judgement.broken:  # no pair passed: the launcher, the setup or the test, not the nodes
+            raise TestBroken(judgement.broken)
+        return self._screened(nodes, judgement)
 
     # -- rounds ---------------------------------------------------------------------------------
     def _round(self, session: Session, pairs: list[list[str]], controls: list[list[str]]) -> list[bool]:
