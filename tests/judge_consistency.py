@@ -24,7 +24,8 @@ from gpucheck.result import Action, Basis, Result, Status
 
 # The checks whose every result must follow its thresholds (the judges on the rule engine).
 CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action", "xid",
-                    "burn.gemm", "eud.bandwidth", "eud.power", "eud.memtest", "eud.dcgm"})
+                    "burn.gemm", "poet.ortho", "eud.bandwidth", "eud.power", "eud.memtest", "eud.dcgm",
+                    "nccl.intra"})
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
@@ -34,7 +35,10 @@ ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.eud.memtest", "judge_data", ()),
     ("gpucheck.eud.memtest", "judge_outcome", ()),
     ("gpucheck.tests_suite.burn", "_judge_data", ()),
+    ("gpucheck.tests_suite.poet", "judge_data", ()),
+    ("gpucheck.tests_suite.poet", "judge_outcomes", ()),
     ("gpucheck.eud.dcgm_parse", "map_results", ("gpucheck.eud.dcgm",)),
+    ("gpucheck.nccl.intra", "judge", ("gpucheck.nccl.checks",)),
     ("gpucheck.kernlog.judge", "judge", ()),
 )
 

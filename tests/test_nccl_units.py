@@ -439,8 +439,8 @@ def test_judge_against_the_sku_table():
 
 
 def test_judge_names_the_gpu_of_a_corrupting_or_hung_rank_and_unbalanced_ranks():
-    corr = {"kind": "corruption", "rank": 1, "op": "all_reduce", "bytes": 1024, "index": 5, "iter": 1,
-            "expected": 3.0, "got": 4.0, "summary": "data corruption in all_reduce on rank 1 (host x)"}
+    corr = {"kind": "corruption", "rank": 1, "op": "all_reduce", "bytes": 1024, "index": 5, "iter": 1, "nbad": 3,
+            "bad_iters": 1, "expected": 3.0, "got": 4.0, "summary": "data corruption in all_reduce on rank 1 (host x)"}
     rs = judge(_outcome("nccl", 372.0, ranks=2, status="fail", failure=corr), ops=["all_reduce"], params=PARAMS,
                devices=[2, 5], gpu_name=None, injected=["corrupt:rank=1"])
     first = rs[0]
@@ -455,6 +455,62 @@ def test_judge_names_the_gpu_of_a_corrupting_or_hung_rank_and_unbalanced_ranks()
                 params=PARAMS, devices=[0, 1, 2, 3], gpu_name=None)
     assert unb[0].status is Status.WARN and [r.gpu for r in unb[1:]] == [2]
     assert rank_spread([0.01, 0.01]) == (0.0, 0) and rank_spread([0.01]) == (None, None)
+
+
+def test_intra_judge_is_its_rule_tables_and_keeps_its_wording():
+    """nccl.intra on the rule engine (issue 18): the thresholds of a collective's result are
+    OP_RULES with the limits of this run, an unbalanced rank's result lists the limit its time was
+    compared with (RANK_RULES: the same spread rule said of one rank), a corruption is
+    CORRUPTION_RULES, a rank that stopped or exited names its basis. Before: a threshold list and
+    causes built by hand, and rank, corruption and hang results with no threshold at all."""
+    import judge_consistency as jc
+    from gpucheck.nccl import intra
+    from gpucheck.result import Basis
+
+    name = "NVIDIA H100 80GB HBM3"
+    (warn,) = judge(_outcome("nccl", 300.0), ops=["all_reduce"], params=PARAMS, devices=list(range(8)),
+                    gpu_name=name, baselines={"all_reduce": 400.0})
+    assert [(t.metric, t.op, t.limit, t.status) for t in warn.thresholds] == [
+        ("busbw_gbs", "<", 222.0, Status.FAIL), ("busbw_gbs", "<", 314.5, Status.WARN),
+        ("baseline_ratio", "<", 0.85, Status.WARN), ("rank_spread", ">", 1.0, Status.WARN)]
+    assert [r.metric for r in intra.OP_RULES] == [t.metric for t in warn.thresholds]
+    assert warn.summary == ("all_reduce bus bandwidth below expected 370 GB/s for 8xH100 SXM over NVLink 4 "
+                            "/ NVSwitch (busbw_gbs=300.0 GB/s < 314.5 GB/s); all_reduce bus bandwidth below this "
+                            "node's recorded baseline 400 GB/s (baseline_ratio=0.75 < 0.85)")
+    slow = judge(_outcome("gloo", 1.0, ranks=4, rank_min=[0.01, 0.01, 0.05, 0.01]), ops=["all_reduce"],
+                 params=PARAMS, devices=[0, 1, 2, 3], gpu_name=None)[1]
+    assert [(t.metric, t.op, t.limit) for t in slow.thresholds] == [("rank_time_s", ">", 0.01 + 1.0 * 0.01)]
+    assert (slow.status, slow.action, slow.gpu) == (Status.WARN, Action.INVESTIGATE, 2)
+    assert slow.summary == "rank 2 unbalanced in all_reduce: fastest iteration 50.000 ms vs median 10.000 ms of all ranks"
+    fast = judge(_outcome("gloo", 1.0, ranks=4, rank_min=[0.001, 0.03, 0.031, 0.04]), ops=["all_reduce"],
+                 params=PARAMS, devices=[4, 5, 6, 7], gpu_name=None)[1]
+    assert [(t.metric, t.op, t.limit) for t in fast.thresholds] == [("rank_time_s", "<", 0.04 - 1.0 * 0.0305)]
+    assert (fast.status, fast.gpu) == (Status.WARN, 4) and fast.summary.startswith("rank 0 unbalanced in all_reduce")
+    hung = {"kind": "timeout", "rank": 0, "host": "x", "summary": "timeout waiting for rank 0 on host x"}
+    (r,) = judge({**_outcome("nccl", 1.0, ranks=2), "status": "fail", "failure": hung, "summary": hung["summary"]},
+                 ops=["all_reduce"], params=PARAMS, devices=[2, 5], gpu_name=None)
+    assert (r.status, r.action, r.basis) == (Status.FAIL, Action.RESET_GPU, Basis.HANG)
+    exited = {"kind": "exit", "rank": 1, "host": "x", "summary": "rank 1 on host x exited during the test (gone)"}
+    (r,) = judge({**_outcome("nccl", 1.0, ranks=2), "status": "fail", "failure": exited, "summary": exited["summary"]},
+                 ops=["all_reduce"], params=PARAMS, devices=[2, 5], gpu_name=None)
+    assert (r.status, r.action, r.basis) == (Status.FAIL, Action.RESET_GPU, Basis.CRASH)
+    for res in (warn, slow, fast, r):
+        assert jc.disagreement(res) is None
+
+
+def test_a_corruption_report_without_its_count_is_never_a_pass():
+    """The ranks always send the count of wrong elements with a corruption (collective.py); a
+    report without it cannot be judged by the rule (wrong elements > 0): an error naming it."""
+    corr = {"kind": "corruption", "rank": 1, "op": "all_reduce", "index": 5, "summary": "data corruption in x"}
+    first = judge(_outcome("nccl", 372.0, ranks=2, status="fail", failure=corr), ops=["all_reduce"], params=PARAMS,
+                  devices=[2, 5], gpu_name=None)[0]
+    assert (first.status, first.action, first.gpu) == (Status.ERROR, Action.NONE, 5)
+    assert first.summary == ("could not judge a corruption report that gives no count of wrong elements: "
+                             "data corruption in x")
+    counted = judge(_outcome("nccl", 372.0, ranks=2, status="fail", failure={**corr, "nbad": 2}), ops=["all_reduce"],
+                    params=PARAMS, devices=[2, 5], gpu_name=None)[0]
+    assert (counted.status, counted.action, counted.summary) == (Status.FAIL, Action.DRAIN, "data corruption in x")
+    assert [(t.metric, t.op, t.limit) for t in counted.thresholds] == [("corrupt_nbad", ">", 0)]
 
 
 def test_baseline_from_history(tmp_path):

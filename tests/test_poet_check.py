@@ -120,6 +120,25 @@ def test_judge_pass_fail_and_could_not_judge():
     assert r.status == Status.ERROR and r.summary == "no POET problem finished: stopped (SIGTERM)"
 
 
+def test_the_judge_is_its_rule_table_and_its_summary_wording_is_kept():
+    """poet.ortho on the rule engine (issue 18): the thresholds a result lists are poet.RULES, the
+    status and action follow from them, the wording of the summary is the one it always had
+    (before: a threshold list and causes built by hand and folded by result.judge)."""
+    from gpucheck.tests_suite.poet import RULES
+
+    assert [(r.metric, r.op, r.limit, r.status, r.action) for r in RULES] == [
+        ("violations", ">", 0, Status.FAIL, Action.DRAIN)]
+    listed = [rule.resolve({}) for rule in RULES]
+    clean = judge_data(0, _data(), [])
+    assert clean.thresholds == listed and (clean.status, clean.action) == (Status.PASS, Action.NONE)
+    r = judge_data(1, _data(violation_count=3, violations=[]), [])  # counted, details not kept
+    assert r.thresholds == listed and (r.status, r.action) == (Status.FAIL, Action.DRAIN)
+    assert r.summary == "silent data corruption: 3 violation(s) (details not kept) (violations=3 > 0)"
+    v = {"invariant": "round_trip", "dtype": "bf16", "block": 64, "problem": 2, "op": "x", "error": 0.5, "bound": 0.1}
+    r = judge_data(1, _data(violation_count=1, violations=[v]), [])
+    assert r.summary == "silent data corruption: round_trip (bf16, block 64): error 0.5 > bound 0.1 (violations=1 > 0)"
+
+
 def test_judge_crashes_hangs_and_setup_errors():
     jobs = [WorkerJob(f"gpu{g}", gpu=g, device="cuda") for g in range(4)]
     outcomes = {

@@ -12,13 +12,39 @@ import socket
 import threading
 from typing import Any, Callable
 
-from ..result import Action, Result, Status, Threshold, judge as judge_metrics
+from ..result import Action, Basis, Key, Result, Rule, Status, evaluate, settle
 from .bandwidth import format_size, median
 from .collective import RankSpec
 from .expected import expected_busbw
 from .report import largest, merge
 
 CHECK_ID = "nccl.intra"
+
+# A rank's data check found wrong elements: fail, drain, named by the ranks' own summary.
+CORRUPTION_RULES: tuple[Rule, ...] = (
+    Rule("corrupt_nbad", ">", 0, Status.FAIL, Action.DRAIN, "{corruption}"),
+)
+# One collective (subject node/<op>), limits by key (None: the rule is off): the bus bandwidth
+# against the expected one (SKU table or config; fail and warn fractions of it), against the
+# node's recorded baseline, and the spread of the ranks' fastest iterations.
+OP_RULES: tuple[Rule, ...] = (
+    Rule("busbw_gbs", "<", Key("busbw_fail_gbs"), Status.FAIL, Action.INVESTIGATE,
+         "{collective} bus bandwidth below expected {expected} GB/s for {expected_source} ({detail})", "GB/s"),
+    Rule("busbw_gbs", "<", Key("busbw_warn_gbs"), Status.WARN, Action.INVESTIGATE,
+         "{collective} bus bandwidth below expected {expected} GB/s for {expected_source} ({detail})", "GB/s"),
+    Rule("baseline_ratio", "<", Key("baseline_warn_fraction"), Status.WARN, Action.INVESTIGATE,
+         "{collective} bus bandwidth below this node's recorded baseline {baseline} GB/s ({detail})"),
+    Rule("rank_spread", ">", Key("rank_spread_warn"), Status.WARN, Action.INVESTIGATE,
+         "ranks unbalanced in {collective} (rank {outlier} furthest from the others) ({detail})"),
+)
+# The rank furthest from the median, on its GPU: the same spread rule said of one rank. With the
+# fastest iteration t of that rank, min/max/median of all ranks and the warn fraction w,
+# (max - min) / median > w is t > min + w * median for a slow rank (t is the max) and
+# t < max - w * median for a fast one (t is the min); the other rule is off.
+RANK_RULES: tuple[Rule, ...] = (
+    Rule("rank_time_s", ">", Key("slow_above_s"), Status.WARN, Action.INVESTIGATE, "{unbalanced}", "s"),
+    Rule("rank_time_s", "<", Key("fast_below_s"), Status.WARN, Action.INVESTIGATE, "{unbalanced}", "s"),
+)
 
 
 def run_local(
@@ -100,13 +126,7 @@ def _judge_failure(outcome: dict[str, Any], devices: list[int], injected: list[s
     if status == "fail":
         if fail.get("kind") != "corruption":
             return None
-        r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=_gpu_of(devices, fail.get("rank")),
-                   action=Action.DRAIN, injected=injected)
-        for k in ("op", "bytes", "rank", "iter", "index", "expected", "got", "nbad", "bad_iters", "src_rank"):
-            if fail.get(k) is not None:
-                r.metric(f"corrupt_{k}" if k not in ("op", "bytes") else k, fail[k], "B" if k == "bytes" else "")
-        r.evidence.extend(_evidence(fail))
-        out.append(r)
+        out.append(_corruption_result(outcome, fail, devices, injected))
     return out
 
 
@@ -115,15 +135,39 @@ def _failure_results(outcome: dict[str, Any], devices: list[int], injected: list
     if outcome.get("status") == "error":
         return [Result(CHECK_ID, Status.ERROR, f"could not run the collectives: {outcome.get('summary')}",
                        evidence=_evidence(fail), injected=injected)]
+    # a rank that stopped answering (timeout) or exited during the test: no measurement to compare
     r = Result(CHECK_ID, Status.FAIL, outcome["summary"], gpu=_gpu_of(devices, fail.get("rank")),
-               action=Action.RESET_GPU if fail.get("rank") is not None else Action.INVESTIGATE, injected=injected)
+               action=Action.RESET_GPU if fail.get("rank") is not None else Action.INVESTIGATE, injected=injected,
+               basis=Basis.HANG if fail.get("kind") == "timeout" else Basis.CRASH)
     r.evidence.extend(_evidence(fail))
     return [r]
 
 
+def _corruption_result(outcome: dict[str, Any], fail: dict[str, Any], devices: list[int],
+                       injected: list[str]) -> Result:
+    """The corruption a rank's data check found (CORRUPTION_RULES), on the GPU of that rank. A
+    report without its count of wrong elements (the ranks always send one) is not judged a pass:
+    it is an error that says so."""
+    metrics: dict[str, Any] = {}
+    for k in ("op", "bytes", "rank", "iter", "index", "expected", "got", "nbad", "bad_iters", "src_rank"):
+        if fail.get(k) is not None:
+            metrics[f"corrupt_{k}" if k not in ("op", "bytes") else k] = fail[k]
+    r = evaluate(CHECK_ID, CORRUPTION_RULES, metrics, facts={"corruption": outcome["summary"]},
+                 units={"bytes": "B"} if "bytes" in metrics else {}, gpu=_gpu_of(devices, fail.get("rank")),
+                 ok_summary=f"could not judge a corruption report that gives no count of wrong elements: "
+                            f"{outcome['summary']}")
+    if "corrupt_nbad" not in metrics:
+        r.unjudged["corrupt_nbad"] = Status.ERROR
+        settle(r)
+    r.injected = list(injected)
+    r.evidence.extend(_evidence(fail))
+    return r
+
+
 def _judge_op(op: str, row: dict[str, Any], outcome: dict[str, Any], *, params: dict[str, Any], ranks: int,
               devices: list[int], gpu_name: str | None, baseline: float | None, injected: list[str]) -> list[Result]:
-    """One collective's result (subject node/<op>) and, for an unbalanced rank, one on its GPU."""
+    """One collective's result (subject node/<op>, OP_RULES) and, for an unbalanced rank, one on
+    its GPU (RANK_RULES)."""
     backend = outcome.get("backend") or "unknown"
     busbw = row["busbw_gbs"]
     rank_min = row.get("rank_min_s") or row["rank_time_s"]
@@ -137,41 +181,54 @@ def _judge_op(op: str, row: dict[str, Any], outcome: dict[str, Any], *, params: 
     }
     units = {"busbw_gbs": "GB/s", "algbw_gbs": "GB/s", "time_s": "s", "bytes": "B", "rank_time_s": "s",
              "rank_min_s": "s"}
-    thresholds, causes, notes = _bandwidth_rules(op, busbw, metrics, units, params=params, ranks=ranks,
-                                                 backend=backend, gpu_name=gpu_name, baseline=baseline)
+    limits, facts, notes = _bandwidth_limits(op, busbw, metrics, units, params=params, ranks=ranks,
+                                             backend=backend, gpu_name=gpu_name, baseline=baseline)
     spread, outlier = rank_spread(rank_min)
     metrics["rank_spread"] = None if spread is None else round(spread, 3)
-    thresholds.append(Threshold("rank_spread", ">", float(params["rank_spread_warn"]), Status.WARN))
-    causes["rank_spread"] = f"ranks unbalanced in {op} (rank {outlier} furthest from the others)"
+    limits["rank_spread_warn"] = float(params["rank_spread_warn"])
+    facts["outlier"] = outlier
     ok = (f"{op} {busbw:.4g} GB/s busbw ({row['algbw_gbs']:.4g} GB/s algbw) at {format_size(row['bytes'])} "
           f"on {ranks} ranks, data verified")
     if metrics.get("expected_busbw_gbs"):
         ok += f", expected {metrics['expected_busbw_gbs']:g} GB/s"
-    r = judge_metrics(CHECK_ID, thresholds, metrics, subject=f"node/{op}", units=units, ok_summary=ok,
-                      causes=causes, actions={"busbw_gbs": Action.INVESTIGATE})
+    r = evaluate(CHECK_ID, OP_RULES, metrics, limits=limits, facts=facts, units=units, subject=f"node/{op}",
+                 ok_summary=ok)
     if notes:
         r.summary += "; " + "; ".join(notes)
     r.evidence.append("per-rank time at the largest size (median / fastest iteration): " + ", ".join(
         f"rank {i}: {t * 1e3:.3f} / {m * 1e3:.3f} ms" for i, (t, m) in enumerate(zip(row["rank_time_s"], rank_min))))
     r.injected = list(injected)
     out = [r]
-    if spread is not None and spread > float(params["rank_spread_warn"]) and outlier is not None:
-        med = median(rank_min) or 0.0
-        rr = Result(CHECK_ID, Status.WARN,
-                    f"rank {outlier} unbalanced in {op}: fastest iteration {rank_min[outlier] * 1e3:.3f} ms vs "
-                    f"median {med * 1e3:.3f} ms of all ranks", gpu=_gpu_of(devices, outlier),
-                    action=Action.INVESTIGATE, injected=list(injected))
-        rr.metric("rank_time_s", rank_min[outlier], "s").metric("median_rank_time_s", med, "s")
-        out.append(rr)
+    if spread is not None and spread > limits["rank_spread_warn"] and outlier is not None:
+        rr = _unbalanced_rank(op, rank_min, outlier, limits["rank_spread_warn"], devices)
+        if rr.status == Status.WARN:  # the same rule as the spread's: only a float's last bit could part them
+            rr.injected = list(injected)
+            out.append(rr)
     return out
 
 
-def _bandwidth_rules(op: str, busbw: float, metrics: dict[str, Any], units: dict[str, str], *,
-                     params: dict[str, Any], ranks: int, backend: str, gpu_name: str | None,
-                     baseline: float | None) -> tuple[list[Threshold], dict[str, str], list[str]]:
-    """The expected-bandwidth (SKU table or config) and baseline rules for one collective."""
-    thresholds: list[Threshold] = []
-    causes: dict[str, str] = {}
+def _unbalanced_rank(op: str, rank_min: list[Any], outlier: int, warn: float, devices: list[int]) -> Result:
+    """The rank furthest from the median, on its GPU (RANK_RULES)."""
+    vals = [t for t in rank_min if t is not None]
+    med = median(vals) or 0.0
+    t = rank_min[outlier]
+    slow = t >= med
+    limits = {"slow_above_s": min(vals) + warn * med if slow else None,
+              "fast_below_s": None if slow else max(vals) - warn * med}
+    text = (f"rank {outlier} unbalanced in {op}: fastest iteration {t * 1e3:.3f} ms vs median {med * 1e3:.3f} ms "
+            "of all ranks")
+    return evaluate(CHECK_ID, RANK_RULES, {"rank_time_s": t, "median_rank_time_s": med}, limits=limits,
+                    facts={"unbalanced": text}, units={"rank_time_s": "s", "median_rank_time_s": "s"},
+                    gpu=_gpu_of(devices, outlier), ok_summary=f"rank {outlier} within the spread limit in {op}")
+
+
+def _bandwidth_limits(op: str, busbw: float, metrics: dict[str, Any], units: dict[str, str], *,
+                      params: dict[str, Any], ranks: int, backend: str, gpu_name: str | None,
+                      baseline: float | None) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The limits (None: off) and facts of the expected-bandwidth (SKU table or config) and
+    baseline rules for one collective, their metrics (into `metrics`), and notes for the summary."""
+    limits: dict[str, Any] = {"busbw_fail_gbs": None, "busbw_warn_gbs": None, "baseline_warn_fraction": None}
+    facts: dict[str, Any] = {"collective": op}
     notes: list[str] = []
     exp, exp_src = (None, "")
     if backend == "nccl":
@@ -181,21 +238,19 @@ def _bandwidth_rules(op: str, busbw: float, metrics: dict[str, Any], units: dict
     if exp:
         metrics["expected_busbw_gbs"] = exp
         units["expected_busbw_gbs"] = "GB/s"
-        thresholds += [
-            Threshold("busbw_gbs", "<", round(exp * float(params["fail_fraction"]), 3), Status.FAIL, "GB/s"),
-            Threshold("busbw_gbs", "<", round(exp * float(params["warn_fraction"]), 3), Status.WARN, "GB/s"),
-        ]
-        causes["busbw_gbs"] = f"{op} bus bandwidth below expected {exp:g} GB/s for {exp_src}"
+        limits["busbw_fail_gbs"] = round(exp * float(params["fail_fraction"]), 3)
+        limits["busbw_warn_gbs"] = round(exp * float(params["warn_fraction"]), 3)
+        facts.update({"expected": f"{exp:g}", "expected_source": exp_src})
     else:
         sku_key = f"{backend}/{gpu_name or ('cpu' if backend == 'gloo' else 'unknown GPU')}"
         notes.append(f"no expected-bandwidth table for {sku_key}; judged by data integrity and rank balance")
     if baseline:
         metrics["baseline_busbw_gbs"] = round(baseline, 4)
         units["baseline_busbw_gbs"] = "GB/s"
-        thresholds.append(Threshold("baseline_ratio", "<", float(params["baseline_warn_fraction"]), Status.WARN))
+        limits["baseline_warn_fraction"] = float(params["baseline_warn_fraction"])
         metrics["baseline_ratio"] = round(busbw / baseline, 3)
-        causes["baseline_ratio"] = f"{op} bus bandwidth below this node's recorded baseline {baseline:.4g} GB/s"
-    return thresholds, causes, notes
+        facts["baseline"] = f"{baseline:.4g}"
+    return limits, facts, notes
 
 
 def rank_spread(times: list[float | None]) -> tuple[float | None, int | None]:

@@ -26,7 +26,7 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..config import Limit
 from ..inject import InjectionArgs, choice, injections_for_gpu
-from ..result import Action, Result, Status, Threshold, judge
+from ..result import Action, Result, Rule, Status, evaluate
 from ..workers.per_gpu import LoadTime, progress_evidence
 
 CHECK_ID = "poet.ortho"
@@ -245,11 +245,43 @@ def _partial(r: Result, progress: dict[str, Any]) -> None:
         r.evidence.append(progress_evidence(progress))
 
 
+# Any violated invariant is silent data corruption: fail, drain (as the burn's SDC).
+RULES: tuple[Rule, ...] = (
+    Rule("violations", ">", 0, Status.FAIL, Action.DRAIN, "silent data corruption: {sdc_text} ({detail})", "count"),
+)
+
+
+def _sdc_text(events: list[dict[str, Any]], n_viol: int) -> str:
+    """The first violation (and how many more), or the count when none was kept."""
+    if events:
+        return describe_violation(events[0]) + (f"; {n_viol - 1} more violation(s)" if n_viol > 1 else "")
+    return f"{n_viol} violation(s) (details not kept)"
+
+
 def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
-    """One GPU's worker data -> its Result."""
+    """One GPU's worker data -> its Result: metrics and evidence here, status and action from RULES."""
     problems = int(d.get("problems", 0))
     n_viol = int(d.get("violation_count", 0))
     events = d.get("violations", [])
+    metrics, units, worst = _metrics(d, problems, n_viol)
+    evidence = _evidence(d, events, inj)
+    if n_viol == 0 and (problems == 0 or d.get("out_of_memory")):
+        # nothing judged, or a run cut short by a sizing problem: could not judge, never a pass
+        res = Result(CHECK_ID, Status.ERROR, _not_judged(d, problems), gpu=g, injected=list(inj))
+        res.metrics.update(metrics)
+        res.units.update(units)
+        res.evidence = evidence
+        return res
+    res = evaluate(CHECK_ID, RULES, metrics, facts={"sdc_text": _sdc_text(events, n_viol)}, units=units, gpu=g,
+                   ok_summary=_ok_summary(d, problems, worst))
+    res.evidence = evidence
+    res.injected = list(inj)
+    return res
+
+
+def _metrics(d: dict[str, Any], problems: int, n_viol: int) -> tuple[dict[str, Any], dict[str, str], dict[str, float]]:
+    """The counts, the effective TFLOP/s and the worst error/bound ratio per invariant (inf: a
+    ratio the worker could not compute, reported as None)."""
     combos = d.get("combos", {})
     metrics: dict[str, Any] = {"problems": problems, "violations": n_viol,
                                "launches": sum(int(c.get("launches", 0)) for c in combos.values()),
@@ -266,12 +298,16 @@ def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
     for name, r in sorted(worst.items()):
         metrics[f"max_ratio_{name}"] = round(r, 4) if r != float("inf") else None
         units[f"max_ratio_{name}"] = "of bound"
-    evidence: list[str] = []
+    return metrics, units, worst
+
+
+def _evidence(d: dict[str, Any], events: list[dict[str, Any]], inj: list[str]) -> list[str]:
+    """The device and backend, each dtype/block pair's tally, every violation, the injections."""
     dev = d.get("device", {})
     backend = ("CUDA kernels (gpucheck/kernels/poet.cu) through CuPy " + str(dev.get("cupy") or "")).strip() \
         if d.get("cuda_kernels") else "torch implementation"
-    evidence.append(f"device {dev.get('name')!r}; backend: {backend}; torch {dev.get('torch')}")
-    for key, c in combos.items():
+    evidence = [f"device {dev.get('name')!r}; backend: {backend}; torch {dev.get('torch')}"]
+    for c in d.get("combos", {}).values():
         mr = c.get("max_ratio") or {}
         top = ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(mr.items(), key=lambda kv: -(kv[1] or 0))[:3])
         evidence.append(f"{c['dtype']} block {c['block']}: {c['problems']} problems (n={c['size']}, m={c['rows']}), "
@@ -283,23 +319,23 @@ def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
     evidence.extend(f"injected {x}" for x in d.get("injected", []))
     if any(x.startswith("bitflip") for x in inj) and not d.get("injected"):
         evidence.append("the bitflip injection did not fire: the run ended before its problem")
-
     if d.get("out_of_memory"):
         evidence.append(str(d["out_of_memory"]))
-    if n_viol == 0 and (problems == 0 or d.get("out_of_memory")):
-        # nothing judged, or a run cut short by a sizing problem: could not judge, never a pass
-        if d.get("out_of_memory"):
-            summary = (f"could not run POET: {d['out_of_memory']} (a smaller --size/--rows, or GPU memory held "
-                       f"by another process?); {problems} problem(s) verified clean before that")
-        else:
-            why = f"stopped ({d['stopped']})" if d.get("stopped") else "the duration was too short for one problem"
-            summary = f"no POET problem finished: {why}"
-        res = Result(CHECK_ID, Status.ERROR, summary, gpu=g, injected=list(inj))
-        res.metrics.update(metrics)
-        res.units.update(units)
-        res.evidence = evidence
-        return res
+    return evidence
 
+
+def _not_judged(d: dict[str, Any], problems: int) -> str:
+    """Why a run with no violation is not a pass: out of memory, or no problem finished."""
+    if d.get("out_of_memory"):
+        return (f"could not run POET: {d['out_of_memory']} (a smaller --size/--rows, or GPU memory held "
+                f"by another process?); {problems} problem(s) verified clean before that")
+    why = f"stopped ({d['stopped']})" if d.get("stopped") else "the duration was too short for one problem"
+    return f"no POET problem finished: {why}"
+
+
+def _ok_summary(d: dict[str, Any], problems: int, worst: dict[str, float]) -> str:
+    """What a clean run verified: dtypes, blocks, path, invariants, the worst ratio, pairs not reached."""
+    combos = d.get("combos", {})
     dtypes = sorted({c["dtype"] for c in combos.values() if c.get("problems")})
     blocks = sorted({c["block"] for c in combos.values() if c.get("problems")})
     ok = (f"{problems} POET problems verified ({', '.join(dtypes)}; blocks {', '.join(map(str, blocks))}) on the "
@@ -313,18 +349,7 @@ def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
         ok += f"; not reached: {', '.join(missed)} (of {len(combos)} dtype/block pairs; a longer --duration runs all)"
     if d.get("backend_note"):
         ok += f"; {d['backend_note']}"
-    thresholds = [Threshold("violations", ">", 0, Status.FAIL, "count")]
-    causes = {}
-    if events:
-        more = f"; {n_viol - 1} more violation(s)" if n_viol > 1 else ""
-        causes["violations"] = f"silent data corruption: {describe_violation(events[0])}{more}"
-    elif n_viol:
-        causes["violations"] = f"silent data corruption: {n_viol} violation(s) (details not kept)"
-    res = judge(CHECK_ID, thresholds, metrics, gpu=g, units=units, ok_summary=ok, causes=causes,
-                actions={"violations": Action.DRAIN})
-    res.evidence = evidence
-    res.injected = list(inj)
-    return res
+    return ok
 
 
 CHECKS = [poet_ortho]
