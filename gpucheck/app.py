@@ -306,6 +306,7 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         until = limits(started, timeout_s).deadline
     telemetry, snapshot, source_kind = _telemetry(req, checks, until, interrupts)
     _check_gpus(req, snapshot)
+    gpus = _run_gpus(req, snapshot)
 
     state: State | None = None
     explicit_state = req.state_dir or config.run.get("state_dir")
@@ -327,7 +328,7 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         level=level,
         config=config,
         snapshot=snapshot,
-        gpus=req.gpus,
+        gpus=gpus,
         device=req.device,
         workers=req.workers,
         injections=injections,
@@ -398,6 +399,23 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None, interr
         snap = _collect_live(source, wait_s, interrupts=interrupts, limited=wait_s < LIVE_TELEMETRY_TIMEOUT_S)
         return source, snap, source.verdict_kind
     return source, None, "none"
+
+
+def _run_gpus(req: RunRequest, snapshot: "Snapshot | None") -> list[int] | None:
+    """The GPUs the run tests: --gpus, except scheduler-given indices on a node with MIG enabled
+    on a GPU. There Slurm's GRES indices count MIG instances, not the GPUs NVML numbers (a job's
+    `SLURM_JOB_GPUS=12` on a node of 8 GPUs split in 7): they name no GPU this run could test, so
+    every GPU is tested (said on stderr), never a GPU judged missing for an index that was never
+    one."""
+    if req.gpus is None or not req.gpus_assigned or req.device == "cpu":
+        return req.gpus
+    mig = [g.get("index") for g in (snapshot or {}).get("gpus") or []
+           if ((g.get("mig_mode") or {}).get("current")) is True]
+    if not mig:
+        return req.gpus
+    _warn(f"gpucheck: MIG is enabled on GPU {','.join(map(str, mig))}: the scheduler's GPU indices "
+          f"({','.join(map(str, req.gpus))}) count MIG instances, not GPUs; testing every GPU", None)
+    return None
 
 
 def _check_gpus(req: RunRequest, snapshot: "Snapshot | None") -> None:

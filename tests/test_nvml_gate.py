@@ -365,3 +365,25 @@ def test_a_driver_that_does_not_answer_within_the_whole_hang_limit_is_hung_and_f
 
     (result,) = _no_nvml(Ctx(), hung)
     assert result.status.value == "fail" and result.action.value == "reboot", result
+
+
+def test_a_mig_nodes_gres_indices_never_drain_it_as_missing_gpus(tmp_path, capsys):
+    """On a node with MIG enabled, Slurm's GRES indices count MIG instances (a job's
+    SLURM_JOB_GPUS=12 on 8 GPUs split in 7): no GPU is missing, so the node is never drained for
+    it; every GPU is tested instead, and stderr says why."""
+    snap = healthy()
+    for g in snap["gpus"]:
+        g["mig_mode"] = {"current": True, "pending": True}
+    path = tmp_path / "mig.json"
+    path.write_text(json.dumps(snap))
+    calls: list[list[str]] = []
+    opts = slurm.HookOptions("prolog", snapshot=str(path), state_dir=str(tmp_path / "state"))
+    out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "12,13"},
+                         runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    assert not calls, out.log_line
+    assert out.exit_code == 0, out.log_line
+    (node,) = [r for r in by_check(out.verdict)["inventory"] if r.get("gpu") is None]
+    assert "selected_gpus_not_in_nvml" not in node["metrics"]
+    tested = {r.get("gpu") for rs in by_check(out.verdict).values() for r in rs if r.get("gpu") is not None}
+    assert tested == {g["index"] for g in snap["gpus"]}
+    assert "count MIG instances" in capsys.readouterr().err
