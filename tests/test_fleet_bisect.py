@@ -2,8 +2,10 @@
 through the CLI.
 
 Bounds checked: binary splitting finds k bad nodes among N in at most k*log2(N/k) + 4k + 1 search
-tests (one a round); the grid finds one bad node among m x n in exactly two rounds of m + n
-tests; flaky tests with repeats still name the right nodes."""
+tests (one a round); told at most K (--max-bad), every placement of k <= K within the whole set
+plus Hwang's ceil(log2 C(N, K)) + K - 1, and more than K still all found; the grid finds one bad
+node among m x n in exactly two rounds of m + n tests; flaky tests with repeats still name the
+right nodes."""
 
 from __future__ import annotations
 

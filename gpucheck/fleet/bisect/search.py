@@ -245,7 +245,8 @@ class Search:
         nodes left are tested together: a failure means more bad nodes than max_bad, and the
         search goes on without the bound (and says so)."""
         max_bad = self.max_bad or 0
-        u, found, cleared = list(nodes), [], 0
+        u, cleared = list(nodes), 0
+        found: list[str] = []
         while u:
             d = max_bad - len(self.found)
             if d <= 0:
