@@ -8,15 +8,20 @@ The group test fails when the group holds a bad node (with --flaky, each result 
 with probability 2 %). For every N in 64..4096 and k in 1, 2, 4, 8, 16 it runs, over 5 random
 placements of the k bad nodes, each strategy:
 
-- binary --parallel 1: generalized binary splitting, one test a round (fewest tests);
+- binary --parallel 1: generalized binary splitting, one test a round (fewest tests), the
+  number of bad nodes unknown (estimated as the search goes);
+- binary --parallel 1 --max-bad k: the same told that there are at most k bad nodes (Hwang's
+  generalized binary splitting for at most k: the whole set, then at most
+  ceil(log2 C(N, k)) + k - 1 tests);
 - binary (--parallel 0): the whole set, then every failing group in four parts at once;
 - grid: rows of sqrt(N), then columns, then (several bad rows) the search of the crossings;
 
 and prints the worst search tests / search rounds, the worst tests / rounds in all (with the
 verification, the re-tests and the control groups), next to the issue's goals (tests within
-k*log2(N/k) + k, rounds within log2(N) + 3) and the information-theoretic floor
+k*log2(N/k) + k, rounds within log2(N) + 3), the information-theoretic floor
 ceil(log2 C(N, k)): no sequence of yes/no tests can tell every placement of k bad nodes among N
-apart with fewer, whatever the algorithm. A run is counted only if it names exactly the bad nodes.
+apart with fewer, whatever the algorithm, and Hwang's bound for `--max-bad k`: the whole set,
+then ceil(log2 C(N, k)) + k - 1. A run is counted only if it names exactly the bad nodes.
 """
 
 from __future__ import annotations
@@ -32,10 +37,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpucheck.fleet.bisect import GroupOutcome, bisect  # noqa: E402
+from gpucheck.fleet.bisect.search import splitting_bound  # noqa: E402
 
 NS = (64, 128, 256, 512, 1024, 2048, 4096)
 KS = (1, 2, 4, 8, 16)
-STRATEGIES = {"binary --parallel 1": ("binary", 1), "binary": ("binary", 0), "grid": ("grid", 0)}
+# name: (strategy, parallel, told --max-bad k)
+STRATEGIES = {"binary --parallel 1": ("binary", 1, False), "binary --parallel 1 --max-bad k": ("binary", 1, True),
+              "binary": ("binary", 0, False), "grid": ("grid", 0, False)}
 
 
 def simulated(bad: frozenset[str], flake: float = 0.0, seed: int = 0):
@@ -57,13 +65,15 @@ def placements(n: int, k: int, seeds: int, neighbours: bool) -> list[frozenset[s
     return [frozenset(random.Random(seed).sample(nodes, k)) for seed in range(seeds)]
 
 
-def measure(n: int, k: int, strategy: str, parallel: int, *, seeds: int, neighbours: bool = False) -> dict:
+def measure(n: int, k: int, strategy: str, parallel: int, *, seeds: int, neighbours: bool = False,
+            max_bad: int | None = None) -> dict:
     nodes = [f"n{i:04d}" for i in range(n)]
     worst = {"search_tests": 0, "search_rounds": 0, "tests": 0, "rounds": 0}
     for bad in placements(n, k, seeds, neighbours):
-        r = bisect(nodes, simulated(bad), strategy=strategy, parallel=parallel)
+        r = bisect(nodes, simulated(bad), strategy=strategy, parallel=parallel, max_bad=max_bad)
         if set(r.bad_nodes) != bad or r.exit_code != 1:
-            raise AssertionError(f"{strategy} --parallel {parallel} N={n} k={k}: named {r.bad_nodes}")
+            raise AssertionError(f"{strategy} --parallel {parallel} --max-bad {max_bad} N={n} k={k}: "
+                                 f"named {r.bad_nodes}")
         for key in worst:
             worst[key] = max(worst[key], getattr(r, key))
     return worst
@@ -74,9 +84,11 @@ def table(seeds: int, neighbours: bool) -> list[dict]:
     for n in NS:
         for k in KS:
             row = {"N": n, "k": k, "goal_tests": round(k * math.log2(n / k) + k),
-                   "floor_tests": math.ceil(math.log2(math.comb(n, k))), "goal_rounds": math.ceil(math.log2(n)) + 3}
-            for name, (strategy, parallel) in STRATEGIES.items():
-                row[name] = measure(n, k, strategy, parallel, seeds=seeds, neighbours=neighbours)
+                   "floor_tests": math.ceil(math.log2(math.comb(n, k))), "goal_rounds": math.ceil(math.log2(n)) + 3,
+                   "hwang_tests": 1 + splitting_bound(n, k)}
+            for name, (strategy, parallel, told) in STRATEGIES.items():
+                row[name] = measure(n, k, strategy, parallel, seeds=seeds, neighbours=neighbours,
+                                    max_bad=k if told else None)
             rows.append(row)
     return rows
 
@@ -85,12 +97,12 @@ def flaky(runs: int) -> list[dict]:
     """N=256, k=2, every result wrong with probability 2 %, --repeats 3, --group-size 16."""
     out = []
     nodes = [f"n{i:04d}" for i in range(256)]
-    for name, (strategy, parallel) in STRATEGIES.items():
+    for name, (strategy, parallel, told) in STRATEGIES.items():
         right, tests, rounds = 0, [], []
         for seed in range(runs):
             bad = frozenset(random.Random(100 + seed).sample(nodes, 2))
             r = bisect(nodes, simulated(bad, 0.02, seed), strategy=strategy, parallel=parallel, repeats=3,
-                       group_size=16)
+                       group_size=16, max_bad=2 if told else None)
             right += set(r.bad_nodes) == bad and r.exit_code == 1
             tests.append(r.tests)
             rounds.append(r.rounds)
@@ -106,11 +118,12 @@ def _cell(m: dict) -> str:
 def print_markdown(rows: list[dict], title: str) -> None:
     print(f"\n{title}\n")
     names = list(STRATEGIES)
-    print("| N | k | goal: tests / rounds | floor: tests | " + " | ".join(names) + " |")
-    print("|---|---|---|---|" + "---|" * len(names))
+    print("| N | k | goal: tests / rounds | floor: tests | Hwang: tests | " + " | ".join(names) + " |")
+    print("|---|---|---|---|---|" + "---|" * len(names))
     for r in rows:
         cells = " | ".join(_cell(r[name]) for name in names)
-        print(f"| {r['N']} | {r['k']} | {r['goal_tests']} / {r['goal_rounds']} | {r['floor_tests']} | {cells} |")
+        print(f"| {r['N']} | {r['k']} | {r['goal_tests']} / {r['goal_rounds']} | {r['floor_tests']} | "
+              f"{r['hwang_tests']} | {cells} |")
 
 
 def main() -> int:

@@ -2,11 +2,14 @@
 through the CLI.
 
 Bounds checked: binary splitting finds k bad nodes among N in at most k*log2(N/k) + 4k + 1 search
-tests (one a round); the grid finds one bad node among m x n in exactly two rounds of m + n
-tests; flaky tests with repeats still name the right nodes."""
+tests (one a round); told at most K (--max-bad), every placement of k <= K within the whole set
+plus Hwang's ceil(log2 C(N, K)) + K - 1, and more than K still all found; the grid finds one bad
+node among m x n in exactly two rounds of m + n tests; flaky tests with repeats still name the
+right nodes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -98,6 +101,67 @@ def test_max_bad_lets_the_parallel_search_infer_the_last_part():
     known = bisect(nodes, simulated(bad), strategy="binary", max_bad=2)
     assert set(known.bad_nodes) == bad and known.verified
     assert known.search_rounds == free.search_rounds and known.search_tests < free.search_tests
+
+
+def hwang_bound(n: int, k: int) -> int:
+    """Tests generalized binary splitting may need for at most k bad nodes among n once the n
+    failed together: ceil(log2 C(n, k)) + k - 1 (Hwang's bound)."""
+    return math.ceil(math.log2(math.comb(n, k))) + k - 1
+
+
+@pytest.mark.parametrize("max_bad", [1, 2, 3])
+def test_max_bad_sequential_names_every_placement_within_hwangs_bound(max_bad):
+    """--parallel 1 --max-bad K: Hwang's generalized binary splitting for at most K bad nodes.
+    Every placement of k <= K bad nodes among 16 (neighbours at the front included): exactly
+    the bad nodes, the whole set then at most ceil(log2 C(16, K)) + K - 1 tests, no probe (old:
+    the estimate from the share found, 9 search tests for K = 2; and one bad node at the front
+    with K = 1 never saw a group pass: "the test is broken", exit 3)."""
+    nodes = nodes_of(16)
+    bound = 1 + hwang_bound(16, max_bad)
+    for k in range(max_bad + 1):
+        for bad in itertools.combinations(nodes, k):
+            r = bisect(nodes, simulated(set(bad)), strategy="binary", parallel=1, max_bad=max_bad)
+            assert set(r.bad_nodes) == set(bad) and r.verified and not r.broken, (bad, r.bad_nodes, r.broken)
+            assert r.exit_code == (1 if bad else 0) and not r.notes
+            assert r.search_tests <= bound, (bad, r.search_tests, bound)
+            assert r.search_rounds == r.search_tests  # one test a round
+            assert not any(t.phase == "probe" for t in r.records)
+
+
+@pytest.mark.parametrize("n,k", [(1024, 8), (4096, 16)])
+def test_max_bad_sequential_stays_within_hwangs_bound_at_scale(n, k):
+    """Random placements and a rack at the front, the middle, the end: within Hwang's bound,
+    which is within k - 1 of the floor ceil(log2 C(N, k))."""
+    nodes = nodes_of(n)
+    racks = [set(nodes[s:s + k]) for s in (0, (n - k) // 2, n - k)]
+    for bad in [set(random.Random(seed).sample(nodes, k)) for seed in range(2)] + racks:
+        r = bisect(nodes, simulated(bad), strategy="binary", parallel=1, max_bad=k)
+        assert set(r.bad_nodes) == bad and r.verified and r.exit_code == 1 and not r.notes
+        assert r.search_tests <= 1 + hwang_bound(n, k), (r.search_tests, hwang_bound(n, k))
+
+
+@pytest.mark.parametrize("n,max_bad", [(16, 1), (16, 2), (16, 3), (64, 2)])
+def test_more_bad_nodes_than_max_bad_are_still_all_found(n, max_bad):
+    """K is a promise the search does not rely on: with K + 1 to K + 3 bad nodes (at random, at
+    the front, at the end), the nodes left still fail once K are found, and the search goes on
+    without the bound; every bad node is named, and a note says K was exceeded."""
+    nodes = nodes_of(n)
+    for k in (max_bad + 1, max_bad + 3):
+        for bad in [set(random.Random(seed).sample(nodes, k)) for seed in range(8)] + [set(nodes[:k]),
+                                                                                     set(nodes[-k:])]:
+            r = bisect(nodes, simulated(bad), strategy="binary", parallel=1, max_bad=max_bad)
+            assert set(r.bad_nodes) == bad and r.verified and r.exit_code == 1, (bad, r.bad_nodes, r.notes)
+            assert any(note.startswith(f"more than --max-bad {max_bad} bad node(s)") for note in r.notes), r.notes
+
+
+def test_max_bad_does_not_hide_a_test_that_never_passes():
+    """A test that fails on every group with --max-bad: the bounded search finds K "bad" nodes,
+    the rest still fails, the probes fail too: broken, exit 3, nobody blamed."""
+    r = bisect(nodes_of(1024), lambda group: GroupOutcome(False, "exit 1"), strategy="binary", parallel=1,
+               max_bad=4)
+    assert r.bad == [] and r.exit_code == 3 and r.broken and "no group passed" in r.broken
+    assert r.tests <= 1 + hwang_bound(1024, 4) + 1 + 3
+    assert [t.phase for t in r.records[-3:]] == ["probe"] * 3
 
 
 @pytest.mark.parametrize("rows,cols", [(4, 4), (16, 16), (64, 64), (8, 32)])
@@ -263,6 +327,15 @@ def test_command_test_table_hang_and_dry_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "round 1: 8 row group(s)" in out and "row 8: n[57-64]" in out
     assert not (tmp_path / "calls.log").exists()  # nothing ran
+
+
+def test_command_test_max_bad_exceeded_names_every_bad_node(tmp_path, capsys):
+    """--parallel 1 --max-bad 1 with two bad nodes: both named (exit 1), the note says so."""
+    rc = main(["bisect", "n[1-16]", "--test", _script(tmp_path, ["n3", "n12"]), "--parallel", "1",
+               "--max-bad", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1 and out.rstrip().endswith("bad nodes: n[3,12]")
+    assert "note: more than --max-bad 1 bad node(s): the nodes left still failed together after 1 were found" in out
 
 
 def test_fault_of_two_nodes_together_is_exit_3(tmp_path, capsys):

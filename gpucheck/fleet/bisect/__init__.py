@@ -160,6 +160,7 @@ class _Run:
         else:
             found = binary_strategy(self.s, universe, min_group=st["min_group"], max_bad=st["max_bad"],
                                     good=self.good)
+        self.notes += found.search.notes
         if found.suspects and not self.s.passed_any:
             raise TestBroken(no_pass_reason(self.s))
         self.search_counts = (self.s.tests, self.s.rounds)

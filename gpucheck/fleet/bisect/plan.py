@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from .search import splitting_bound
 from .strategies import grid_layout
 
 
@@ -26,10 +27,8 @@ def plan_text(nodes: list[str], *, strategy: str, group_size: int | None, min_gr
                      "once: the j-th node of every row (only columns that cross a failing row)")
         lines.append(f"one bad node: {len(rows)} + {max(len(r) for r in rows)} tests in 2 rounds")
     elif parallel == 1:
-        k = max_bad or 1
-        est = k * math.log2(max(n / k, 1)) + 2 * k + 1
         lines.append("test the whole set, then split (Hwang's generalized binary splitting), one test a round")
-        lines.append(f"about {est:.0f} tests for {k} bad node(s) (k*log2(N/k) + 2k + 1), as many rounds")
+        lines += _splitting_cost(n, max_bad)
     else:
         depth = math.ceil(math.log(max(n, 2), 4))
         lines.append("round 1: the whole set; then every failing group split in 4, all parts at once"
@@ -39,3 +38,12 @@ def plan_text(nodes: list[str], *, strategy: str, group_size: int | None, min_gr
     lines.append(f"confirm: the other nodes together, and each suspect {repeats} time(s) with known-good nodes "
                  "next to a control group of known-good nodes")
     return lines
+
+
+def _splitting_cost(n: int, max_bad: int | None) -> list[str]:
+    if max_bad is None:
+        est = math.log2(max(n, 1)) + 3
+        return [f"about {est:.0f} tests for 1 bad node(s) (k*log2(N/k) + 2k + 1), as many rounds"]
+    return [f"at most {max_bad} bad node(s): the whole set, then at most {splitting_bound(n, max_bad)} tests "
+            "(ceil(log2 C(N, K)) + K - 1), as many rounds; then the nodes not found bad together (the "
+            "verification): if they still fail, more than K are bad and the search goes on without the bound"]

@@ -4,11 +4,16 @@ Two ways, chosen by how many tests may run at once (Session.parallel):
 
 sequential (parallel 1): Hwang's generalized binary splitting, fewest tests. With d bad nodes
     expected among n undecided, test a group of 2^a nodes, a = floor(log2((n - d + 1) / d)):
-    a healthy group is cleared, a failing one is halved down to one bad node. d is not known:
-    it starts at 1 and is then estimated from the share of bad nodes among the nodes decided so
-    far, never above the number found (so the estimate of the total at most doubles), or given
-    by --max-bad. With d = 1 every node not found bad is tested together (the remainder), and a
-    healthy remainder ends the search (and counts as the verification). One test a round.
+    a healthy group is cleared, a failing one is halved down to one bad node, which leaves with
+    the nodes found good on the way; n <= 2d - 2 nodes are tested one by one. One test a round.
+    --max-bad K (at most K bad nodes): d = K - (found so far), at most
+    splitting_bound(N, K) = ceil(log2 C(N, K)) + K - 1 tests after the whole set failed. Once
+    K are found the nodes not found bad are tested together: a pass ends the search (and counts
+    as the verification); a failure means more than K, and the search goes on as below on the
+    rest, with a note. K not given: d starts at 1 and is then estimated from the share of bad
+    nodes among the nodes decided so far, never above the number found (so the estimate of the
+    total at most doubles); with d = 1 every node not found bad is tested together (the
+    remainder), and a healthy remainder ends the search (and counts as the verification).
 parallel (parallel 0 or > 1): every failing block is split in four parts and all the parts of
     all the blocks are tested in one round (they share no node): a bad node among N is found in
     ceil(log4 N) rounds whatever the number of bad nodes, for about twice the tests. When
@@ -17,8 +22,10 @@ parallel (parallel 0 or > 1): every failing block is split in four parts and all
 
 Groups smaller than `min_group` (a collective needs two nodes) are padded with known-good
 nodes, each group of a round with different ones so that the round stays one round. When no
-group has passed after max(8, 2 log2 N + 2) tests, three small groups spread over the list are
-tested: if they fail too, the test fails whatever the nodes: TestBroken (no node blamed).
+group has passed after max(8, 2 log2 N + 2) tests (sequential with --max-bad K: and not before
+the bounded search and the test of the rest, splitting_bound(N, K) + 2), three small groups
+spread over the list are tested: if they fail too, the test fails whatever the nodes:
+TestBroken (no node blamed).
 """
 
 from __future__ import annotations
@@ -58,6 +65,13 @@ def futility_limit(n: int) -> int:
     return max(8, 2 * math.ceil(math.log2(max(n, 2))) + 2)
 
 
+def splitting_bound(n: int, k: int) -> int:
+    """The most tests generalized binary splitting needs to find at most k bad nodes among n that
+    fail together (Hwang's bound, ceil(log2 C(n, k)) + k - 1), the test of the n not counted."""
+    k = max(1, min(k, n))
+    return (math.comb(n, k) - 1).bit_length() + k - 1  # bit_length of C - 1: ceil(log2 C), exact
+
+
 class Search:
     """Adaptive group testing over `universe` (the nodes of the bisection). `good` is the shared
     list of known-good nodes (grown by every passing test); `found` the nodes judged bad."""
@@ -73,6 +87,8 @@ class Search:
         self.repeats = repeats  # > 1: every test is a majority vote (after a contradiction)
         self.max_bad = max_bad
         self.found: set[str] = set()
+        self.over_max_bad = False  # more than max_bad bad nodes turned up: searching without the bound
+        self.notes: list[str] = []  # for the result (max_bad exceeded)
         self._probed = False
         self.unexplained: list[list[str]] = []  # failing blocks whose parts all passed
 
@@ -127,7 +143,7 @@ class Search:
         """No group has passed after many tests: either the bad nodes sit where the search looked
         first (neighbours at the front), or the test fails whatever the nodes. Three small groups
         spread over the list tell: one passes, the search goes on; all fail, the test is broken."""
-        if self.s.passed_any or self._probed or self.s.tests < futility_limit(len(self.universe)):
+        if self.s.passed_any or self._probed or self.s.tests < self._futility_limit():
             return
         self._probed = True
         rest = [n for n in self.universe if n not in self.found]
@@ -141,6 +157,15 @@ class Search:
         if not any(ok):
             raise TestBroken(no_pass_reason(self.s) + f"; {len(probes)} small groups spread over the list "
                                                       "failed too")
+
+    def _futility_limit(self) -> int:
+        """futility_limit(N); with --max-bad and one test at a time, not before the bounded search
+        (the whole set, then at most splitting_bound(N, K) tests) and the test of the rest have run,
+        so that K neighbours where the search looks first cost no probes."""
+        limit = futility_limit(len(self.universe))
+        if self.max_bad is None or self.parallel:
+            return limit
+        return max(limit, splitting_bound(len(self.universe), self.max_bad) + 2)
 
     def _found(self, node: str, into: list[str]) -> None:
         into.append(node)
@@ -206,37 +231,77 @@ class Search:
         return frontier
 
     # -- sequential: generalized binary splitting -----------------------------------------------
+    def splitting(self, nodes: list[str], *, known_bad: bool) -> list[str]:
+        """The bad nodes of `nodes`, one test at a time: for at most --max-bad of them when it is
+        given (and not yet exceeded), else with the number estimated as the search goes."""
+        if self.max_bad is not None and not self.over_max_bad:
+            return self._bounded(nodes, known_bad=known_bad)
+        return self._unbounded(nodes, known_bad=known_bad, found=[], cleared=0)
+
+    def _bounded(self, nodes: list[str], *, known_bad: bool) -> list[str]:
+        """Hwang's generalized binary splitting for at most d = max_bad - (found so far) bad
+        nodes: groups of 2^a, a = floor(log2((n - d + 1) / d)), each failing one halved down to
+        one bad node; n <= 2d - 2 nodes are tested one by one. Once the max_bad are found, the
+        nodes left are tested together: a failure means more bad nodes than max_bad, and the
+        search goes on without the bound (and says so)."""
+        max_bad = self.max_bad or 0
+        u, cleared = list(nodes), 0
+        found: list[str] = []
+        while u:
+            d = max_bad - len(self.found)
+            if d <= 0:
+                break
+            if len(u) <= 2 * d - 2:
+                self._one_by_one(u, found)
+                u = []
+                break
+            cleared, u, hit = self._split_once(u, d, known_bad, found, cleared)
+            known_bad = known_bad and not hit  # the rest of a failing set still fails if g passed
+        if not u or (not known_bad and self.test(self._remainder(u), "remainder")):
+            if len(self.found) > max_bad:  # the nodes tested one by one held more
+                self._over_max_bad(f"the search found {len(self.found)}")
+            return found
+        self._over_max_bad(f"the nodes left still failed together after {len(self.found)} were found; "
+                           "the rest was searched without the bound")
+        return self._unbounded(u, known_bad=True, found=found, cleared=cleared)
+
+    def _over_max_bad(self, why: str) -> None:
+        self.over_max_bad = True
+        self.notes.append(f"more than --max-bad {self.max_bad} bad node(s): {why}")
+
     def _estimate(self, found: int, cleared: int, n: int) -> int:
-        if self.max_bad is not None:
-            return self.max_bad - len(self.found)
         if not found:
             return 1
         share = found / (found + cleared)
         return max(1, min(int(round(share * n)), found))
 
-    def splitting(self, nodes: list[str], *, known_bad: bool) -> list[str]:
+    def _unbounded(self, nodes: list[str], *, known_bad: bool, found: list[str], cleared: int) -> list[str]:
+        """Generalized binary splitting with d estimated from the share of bad nodes among those
+        decided so far; with d = 1 the remainder is tested together and a pass ends the search."""
         u = list(nodes)
-        found: list[str] = []
-        cleared = 0
         while u:
             n = len(u)
             d = self._estimate(len(found), cleared, n)
-            if d <= 0:
-                break
-            if d == 1 and not known_bad and self.max_bad is None:
+            if d == 1 and not known_bad:
                 if self.test(self._remainder(u), "remainder"):
                     break
                 known_bad = True
             if n <= 2 * d - 2:
-                for x in u:
-                    if self.test([x], avoid=u):
-                        cleared += 1
-                    else:
-                        self._found(x, found)
+                cleared += self._one_by_one(u, found)
                 break
             cleared, u, hit = self._split_once(u, d, known_bad, found, cleared)
             known_bad = known_bad and not hit  # the rest of a failing set still fails if g passed
         return found
+
+    def _one_by_one(self, u: list[str], found: list[str]) -> int:
+        """Test each node of `u` alone (padded); returns how many passed."""
+        cleared = 0
+        for x in u:
+            if self.test([x], avoid=u):
+                cleared += 1
+            else:
+                self._found(x, found)
+        return cleared
 
     def _remainder(self, u: list[str]) -> list[str]:
         """What the remainder test holds: the undecided nodes, or (top-level search) every node
