@@ -25,7 +25,7 @@ from gpucheck.result import Action, Basis, Result, Status
 # The checks whose every result must follow its thresholds (the judges on the rule engine).
 CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action", "xid",
                     "burn.gemm", "poet.ortho", "eud.bandwidth", "eud.power", "eud.memtest", "eud.dcgm",
-                    "nccl.intra"})
+                    "nccl.intra", "repro.bitwise"})
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
@@ -39,6 +39,7 @@ ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.tests_suite.poet", "judge_outcomes", ()),
     ("gpucheck.eud.dcgm_parse", "map_results", ("gpucheck.eud.dcgm",)),
     ("gpucheck.nccl.intra", "judge", ("gpucheck.nccl.checks",)),
+    ("gpucheck.repro.judge", "judge_node", ()),
     ("gpucheck.kernlog.judge", "judge", ()),
 )
 

@@ -187,3 +187,79 @@ def test_plan_record():
     assert problems[0][0] == Status.FAIL and "non-deterministic" in problems[0][1] and C in problems[0][1]
     _, problems, _ = plan_record(ID, {0: oc(0, {"setup_error": "no CUDA"})})
     assert problems == [(Status.ERROR, "GPU 0: could not run the workloads: no CUDA")]
+
+
+def test_the_judge_is_its_rule_table_and_keeps_its_wording():
+    """repro.bitwise on the rule engine (issue 18): per GPU, the count of each finding is a metric,
+    the thresholds listed are RULES, status and action follow from them (tests/judge_consistency.py),
+    the summary is the one it always had (per workload, in order; fails before warns); a worker
+    that hung or crashed names its basis. Before: findings folded by hand, no count, no threshold,
+    no basis."""
+    import judge_consistency as jc
+    from gpucheck.repro.judge import RULES
+    from gpucheck.result import Basis
+
+    assert [(r.metric, r.op, r.limit, r.status, r.action) for r in RULES] == [
+        ("reference_mismatches", ">", 0, Status.FAIL, Action.DRAIN),
+        ("majority_outliers", ">", 0, Status.FAIL, Action.DRAIN),
+        ("nondeterministic_workloads", ">", 0, Status.FAIL, Action.INVESTIGATE),
+        ("workloads_without_majority", ">", 0, Status.WARN, Action.INVESTIGATE)]
+    listed = [rule.resolve({}) for rule in RULES]
+    # gemm.bf16 has a reference (A); gemm.fp32 and transformer.step go to the node's vote.
+    D = "d" * 64
+    rows = [({"gemm.bf16": B, "gemm.fp32": C, "transformer.step": A}, {"gemm.fp32": A}),
+            ({"gemm.bf16": A, "gemm.fp32": C, "transformer.step": A}, {}),
+            ({"gemm.bf16": A, "gemm.fp32": C, "transformer.step": B}, {}),
+            ({"gemm.bf16": A, "gemm.fp32": C, "transformer.step": B}, {}),
+            ({"gemm.bf16": A, "gemm.fp32": D, "transformer.step": C}, {})]
+    outcomes = [oc(g, result(d1, run2={**d1, **flaky})) for g, (d1, flaky) in enumerate(rows)]
+    gpus, node = judge(outcomes + [oc(5, None, kind=HUNG, error="hang: no heartbeat for 60.0 s"),
+                                   oc(6, None, kind=CRASHED, error="RuntimeError: CUDA error: illegal address"),
+                                   oc(7, None, kind=CRASHED, error="MemoryError")],
+                       refs((FP, {"gemm.bf16": A})))
+    tie = ("no majority for transformer.step: the 5 GPUs with this fingerprint give 3 different digests "
+           "(2 vs 2 vs 1); cannot tell which GPU is wrong")
+    counts = ("reference_mismatches", "majority_outliers", "nondeterministic_workloads", "workloads_without_majority")
+    want = {
+        0: (Status.FAIL, Action.DRAIN, (1, 0, 1, 1),
+            f"silent data corruption suspected in gemm.bf16: digest differs from the reference for fingerprint "
+            f"{short_key(KEY)}; non-deterministic: two runs of gemm.fp32 on this GPU differ; {tie}"),
+        1: (Status.WARN, Action.INVESTIGATE, (0, 0, 0, 1), tie),
+        4: (Status.FAIL, Action.DRAIN, (0, 1, 0, 1),
+            "silent data corruption suspected in gemm.fp32: digest differs from the node majority (4 of 5 GPUs "
+            f"agree); {tie}"),
+    }
+    for g, (status, action, n, summary) in want.items():
+        r = gpus[g]
+        assert (r.status, r.action, r.summary) == (status, action, summary)
+        assert tuple(r.metrics[c] for c in counts) == n and all(r.units[c] == "count" for c in counts)
+        assert r.thresholds == listed and r.basis is None and jc.disagreement(r) is None
+    assert (gpus[5].status, gpus[5].action, gpus[5].basis) == (Status.FAIL, Action.RESET_GPU, Basis.HANG)
+    assert (gpus[6].status, gpus[6].action, gpus[6].basis) == (Status.FAIL, Action.RESET_GPU, Basis.CRASH)
+    assert (gpus[7].status, gpus[7].action, gpus[7].basis) == (Status.FAIL, Action.INVESTIGATE, Basis.CRASH)
+    assert all(jc.disagreement(r) is None for r in [*gpus.values(), *node])
+    clean, _ = judge([oc(0, result({"gemm.bf16": A})), oc(1, result({"gemm.bf16": A}))], refs((FP, {"gemm.bf16": A})))
+    assert all(r.thresholds == listed and (r.status, r.action) == (Status.PASS, Action.NONE)
+               and [r.metrics[c] for c in counts] == [0, 0, 0, 0] for r in clean.values())
+
+
+def test_a_reference_file_others_can_change_warns_by_its_rule(tmp_path, monkeypatch):
+    """The reference file's permission problems are a counted metric judged by REFERENCE_RULES
+    (before: a warn built by hand that listed no threshold)."""
+    import judge_consistency as jc
+    from gpucheck.check import Context, Level
+    from gpucheck.inject import parse_injection
+    from gpucheck.repro import store
+    from gpucheck.tests_suite.repro import REFERENCE_RULES, repro_bitwise
+
+    path = tmp_path / "refs{0}.json"  # braces in a path name nothing: a fact is not a template
+    path.write_text(__import__("json").dumps(refs((FP, {"gemm.bf16": A}))))
+    monkeypatch.setattr(store, "permission_problems", lambda p: [f"{p} is writable by group or others"])
+    ctx = Context(level=Level.QUICK, device="cpu", workers=1, options={"reference": str(path)},
+                  injections=[parse_injection("bitflip:gpu=x")])  # an injection error: no worker is started
+    warn = next(r for r in repro_bitwise.run(ctx) if r.subject == "reference")
+    assert (warn.status, warn.action) == (Status.WARN, Action.INVESTIGATE)
+    assert warn.summary == (f"reference file {path} can be changed by other users: whoever can write it decides "
+                            "which digests pass")
+    assert warn.metrics == {"reference_permission_problems": 1} and warn.evidence == [f"{path} is writable by group or others"]
+    assert warn.thresholds == [rule.resolve({}) for rule in REFERENCE_RULES] and jc.disagreement(warn) is None

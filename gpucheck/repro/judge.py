@@ -1,7 +1,9 @@
 """From the workers' digests to per-GPU results (the check) and to a record decision (`repro
 record`). Pure: plain data in, Results or records out; no torch, no processes.
 
-Per GPU, in this order of strength:
+Per GPU, the comparisons count the workloads of each finding (metrics `reference_mismatches`,
+`majority_outliers`, `nondeterministic_workloads`, `workloads_without_majority`) and RULES judge
+the counts (result.evaluate), in this order of strength:
 
 - fail, drain: "silent data corruption suspected in <workload>: digest differs from the reference
   for <fingerprint>" when a reference for the GPU's fingerprint holds that workload;
@@ -19,12 +21,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..result import Action, Result, Status, strongest_action, worst_status
+from ..result import Action, Basis, Result, Rule, Status, evaluate
 from . import majority as mj
 from .fingerprint import canonical, closest, describe, fingerprint_key, short_key
 from .store import entries
 
 SHORT = 16  # hex characters of a digest shown in metrics
+
+# The findings, each a count of this GPU's workloads (a per-GPU metric, unit "count").
+REFERENCE_MISMATCHES = "reference_mismatches"  # a run's digest differs from the stored reference
+MAJORITY_OUTLIERS = "majority_outliers"  # no reference: the digest differs from the node's majority
+NONDETERMINISTIC = "nondeterministic_workloads"  # the GPU's two runs differ
+WITHOUT_MAJORITY = "workloads_without_majority"  # no reference, and the node's GPUs split without a majority
+FINDINGS = (REFERENCE_MISMATCHES, MAJORITY_OUTLIERS, NONDETERMINISTIC, WITHOUT_MAJORITY)
+
+# One rule per finding. The summary names the findings per workload, in the order of the
+# workloads (for each: its two runs, then its comparison), every fail before every warn, as it
+# always has: the three fail rules are one finding whose cause, {faults}, is the texts of this
+# GPU's fail findings in that order (a count of 0 adds none); {ties}, the no-majority texts.
+RULES: tuple[Rule, ...] = (
+    Rule(REFERENCE_MISMATCHES, ">", 0, Status.FAIL, Action.DRAIN, "{faults}", "count", finding="faults"),
+    Rule(MAJORITY_OUTLIERS, ">", 0, Status.FAIL, Action.DRAIN, "{faults}", "count", finding="faults"),
+    Rule(NONDETERMINISTIC, ">", 0, Status.FAIL, Action.INVESTIGATE, "{faults}", "count", finding="faults"),
+    Rule(WITHOUT_MAJORITY, ">", 0, Status.WARN, Action.INVESTIGATE, "{ties}", "count"),
+)
 
 
 @dataclass
@@ -82,7 +102,7 @@ def usable(check_id: str, gpu: int, outcome: Any, injected: list[str]) -> tuple[
         return None, Result(check_id, Status.FAIL,
                             f"hang: the reproducibility worker stopped answering and was killed ({outcome.error}); "
                             "a GPU that hangs a kernel is unhealthy", gpu=gpu, action=Action.RESET_GPU,
-                            injected=injected)
+                            injected=injected, basis=Basis.HANG)
     if outcome.kind == CRASHED:
         err = outcome.error or "unknown error"
         if err.startswith("WorkloadError"):
@@ -90,7 +110,8 @@ def usable(check_id: str, gpu: int, outcome: Any, injected: list[str]) -> tuple[
         else:
             cuda = "cuda" in err.lower() or "cublas" in err.lower()
             r = Result(check_id, Status.FAIL, f"reproducibility worker crashed: {err}", gpu=gpu,
-                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=injected)
+                       action=Action.RESET_GPU if cuda else Action.INVESTIGATE, injected=injected,
+                       basis=Basis.CRASH)
         if outcome.traceback:
             r.evidence.extend(outcome.traceback.strip().splitlines()[-12:])
         return None, r
@@ -113,8 +134,9 @@ def usable(check_id: str, gpu: int, outcome: Any, injected: list[str]) -> tuple[
 
 @dataclass
 class _Finding:
-    status: Status
-    action: Action
+    """One workload's finding on one GPU: `kind` is the metric that counts it (FINDINGS)."""
+
+    kind: str
     text: str
     evidence: list[str] = field(default_factory=list)
 
@@ -205,7 +227,7 @@ def _note_nondeterminism(w: str, have: list[int], runs: dict[int, GpuRun], every
         if w in r.nondeterministic:
             where = " (on every GPU of this node: likely the software stack, not this GPU)" if everywhere else ""
             cmp.findings[g].append(_Finding(
-                Status.FAIL, Action.INVESTIGATE, f"non-deterministic: two runs of {w} on this GPU differ{where}",
+                NONDETERMINISTIC, f"non-deterministic: two runs of {w} on this GPU differ{where}",
                 [f"{w}: run 1 {r.run1[w]['digest']}, run 2 {r.run2[w]['digest']}; "
                  + _parts_note(r.run1[w], r.run2[w])]))
 
@@ -220,7 +242,7 @@ def _compare_with_reference(w: str, have: list[int], runs: dict[int, GpuRun], ke
         if bad:
             got = r.run1[w]["digest"] if 1 in bad else r.run2[w]["digest"]
             cmp.findings[g].append(_Finding(
-                Status.FAIL, Action.DRAIN,
+                REFERENCE_MISMATCHES,
                 f"silent data corruption suspected in {w}: digest differs from the reference for "
                 f"fingerprint {short_key(key)}",
                 [f"{w}: this GPU {got} (run {', '.join(map(str, bad))}), reference {ref} "
@@ -241,7 +263,7 @@ def _compare_with_peers(w: str, have: list[int], runs: dict[int, GpuRun], cmp: _
         for g in have:
             if g in v["outliers"]:
                 cmp.findings[g].append(_Finding(
-                    Status.FAIL, Action.DRAIN,
+                    MAJORITY_OUTLIERS,
                     f"silent data corruption suspected in {w}: digest differs from the node majority "
                     f"({v['agree']} of {v['of']} GPUs agree)",
                     [f"{w}: this GPU {runs[g].digest(w)}, majority {v['majority']} (GPUs "
@@ -252,7 +274,7 @@ def _compare_with_peers(w: str, have: list[int], runs: dict[int, GpuRun], cmp: _
         split = "; ".join(f"{d[:SHORT]} on GPU(s) {', '.join(map(str, gs))}" for d, gs in v["groups"].items())
         for g in have:
             cmp.findings[g].append(_Finding(
-                Status.WARN, Action.INVESTIGATE,
+                WITHOUT_MAJORITY,
                 f"no majority for {w}: the {v['of']} GPUs with this fingerprint give {len(v['groups'])} "
                 f"different digests ({sizes}); cannot tell which GPU is wrong",
                 [f"{w}: {split}"]))
@@ -262,7 +284,53 @@ def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list
                 self_only: list[str], entry: dict[str, Any] | None, ref_digests: dict[str, str], n_same: int,
                 refs: dict[str, Any] | None, ref_source: str, injected: list[str],
                 not_run: dict[str, str]) -> Result:
+    """One GPU's result: its metrics (digests and the count of each finding) judged by RULES."""
     sk = short_key(r.key)
+    metrics, units = _gpu_metrics(r, findings, ref_digests)
+    faults = [f.text for f in findings if f.kind != WITHOUT_MAJORITY]
+    ties = [f.text for f in findings if f.kind == WITHOUT_MAJORITY]
+    ok = _pass_summary(sk, vs_ref, vs_peers, self_only, entry, n_same)
+    if r.incomplete:
+        ok += f" (partial: {', '.join(r.incomplete)} not run twice)"
+    res = evaluate(check_id, RULES, metrics, units=units, gpu=r.gpu, ok_summary=ok,
+                   facts={"faults": "; ".join(faults) or None, "ties": "; ".join(ties) or None})
+    res.injected = list(injected)
+    res.evidence = [f"fingerprint {sk}: {describe(r.fingerprint)}"]
+    for f in findings:
+        res.evidence.extend(f.evidence)
+    res.evidence += _coverage(sk, vs_ref, vs_peers, self_only, entry, n_same)
+    res.evidence += _reference_evidence(r, entry, ref_digests, refs, ref_source)
+    if r.incomplete:
+        res.evidence.append(f"stopped early ({r.stopped}): not run twice: {', '.join(r.incomplete)}")
+    for w, why in not_run.items():
+        res.evidence.append(f"{w} not run: {why}")
+    for w in r.complete:
+        res.evidence.append(f"{w}: {r.run1[w]['outputs']} outputs, {r.run1[w]['bytes']} bytes, "
+                            f"{r.run1[w]['seconds']:.3f} s + {r.run2[w]['seconds']:.3f} s, digest {r.digest(w)}")
+    res.evidence.extend(f"injected {x}" for x in r.injected_at)
+    return res
+
+
+def _gpu_metrics(r: GpuRun, findings: list[_Finding],
+                 ref_digests: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The digests (and the reference's) per workload, the fingerprint, the workloads compared,
+    the run time, and the count of each finding (FINDINGS)."""
+    metrics: dict[str, Any] = {}
+    for w in r.complete:
+        metrics[f"digest_{w}"] = r.digest(w)[:SHORT]
+        if w in ref_digests:
+            metrics[f"reference_{w}"] = ref_digests[w][:SHORT]
+    metrics.update({"fingerprint": short_key(r.key), "workloads": len(r.complete), "runtime_s": round(r.seconds, 3)})
+    units = {"workloads": "count", "runtime_s": "s"}
+    for kind in FINDINGS:
+        metrics[kind] = sum(1 for f in findings if f.kind == kind)
+        units[kind] = "count"
+    return metrics, units
+
+
+def _coverage(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: list[str], entry: dict[str, Any] | None,
+              n_same: int) -> list[str]:
+    """What each workload was compared with: the reference, the node's other GPUs, or only itself."""
     coverage = []
     if vs_ref:
         coverage.append(f"{', '.join(vs_ref)} compared with the reference for fingerprint {sk}")
@@ -271,26 +339,15 @@ def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list
                         + (" (no reference for them)" if entry else ""))
     if self_only:
         coverage.append(f"{', '.join(self_only)} compared only between two runs on this GPU")
-    if findings:
-        status = worst_status(f.status for f in findings)
-        action = strongest_action(f.action for f in findings if f.status == status)
-        order = {Status.FAIL: 0, Status.WARN: 1}
-        summary = "; ".join(f.text for f in sorted(findings, key=lambda f: order.get(f.status, 2)))
-    else:
-        status, action = Status.PASS, Action.NONE
-        summary = _pass_summary(sk, vs_ref, vs_peers, self_only, entry, n_same)
-    res = Result(check_id, status, summary, gpu=r.gpu, action=action, injected=list(injected))
-    for w in r.complete:
-        res.metric(f"digest_{w}", r.digest(w)[:SHORT])
-        if w in ref_digests:
-            res.metric(f"reference_{w}", ref_digests[w][:SHORT])
-    res.metric("fingerprint", sk)
-    res.metric("workloads", len(r.complete), "count")
-    res.metric("runtime_s", round(r.seconds, 3), "s")
-    ev = [f"fingerprint {sk}: {describe(r.fingerprint)}"]
-    for f in findings:
-        ev.extend(f.evidence)
-    ev.extend(coverage)
+    return coverage
+
+
+def _reference_evidence(r: GpuRun, entry: dict[str, Any] | None, ref_digests: dict[str, str],
+                        refs: dict[str, Any] | None, ref_source: str) -> list[str]:
+    """Where the reference came from, or, without one, the closest stored fingerprint and how to
+    record one; the workloads the reference lacks."""
+    sk = short_key(r.key)
+    ev = []
     if entry is None:
         ev.append(f"no reference for this fingerprint in {ref_source}")
         others = [e["fingerprint"] for e in entries(refs).values()]
@@ -305,18 +362,7 @@ def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list
     missing_ref = [w for w in r.complete if entry is not None and w not in ref_digests]
     if missing_ref:
         ev.append(f"not in the reference for {sk}: {', '.join(missing_ref)}")
-    if r.incomplete:
-        ev.append(f"stopped early ({r.stopped}): not run twice: {', '.join(r.incomplete)}")
-    for w, why in not_run.items():
-        ev.append(f"{w} not run: {why}")
-    for w in r.complete:
-        ev.append(f"{w}: {r.run1[w]['outputs']} outputs, {r.run1[w]['bytes']} bytes, "
-                  f"{r.run1[w]['seconds']:.3f} s + {r.run2[w]['seconds']:.3f} s, digest {r.digest(w)}")
-    ev.extend(f"injected {x}" for x in r.injected_at)
-    res.evidence = ev
-    if r.incomplete and res.status == Status.PASS:
-        res.summary += f" (partial: {', '.join(r.incomplete)} not run twice)"
-    return res
+    return ev
 
 
 def _pass_summary(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: list[str],

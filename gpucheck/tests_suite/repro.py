@@ -33,9 +33,17 @@ from typing import Any
 from ..check import Context, Level, Need, define
 from ..repro import DEFAULT_REFERENCE_PATH
 from ..inject import injections_for_gpu
-from ..result import Action, Result, Status
+from ..result import Action, Result, Rule, Status, evaluate
 
 CHECK_ID = "repro.bitwise"
+
+# A reference file that users other than root can change (store.permission_problems, counted):
+# whoever can write it decides which digests pass. The per-GPU rules: gpucheck.repro.judge.RULES.
+REFERENCE_RULES: tuple[Rule, ...] = (
+    Rule("reference_permission_problems", ">", 0, Status.WARN, Action.INVESTIGATE,
+         "reference file {reference} can be changed by other users: whoever can write it decides which digests "
+         "pass", "count"),
+)
 
 DEFAULTS: dict[str, Any] = {
     "reference": DEFAULT_REFERENCE_PATH,  # the reference file; missing = no reference
@@ -225,10 +233,7 @@ def repro_bitwise(ctx: Context) -> list[Result]:
     if refs is not None:
         problems = store.permission_problems(path)
         if problems:
-            pre.append(Result(CHECK_ID, Status.WARN,
-                              f"reference file {path} can be changed by other users: whoever can write it "
-                              "decides which digests pass", subject="reference", action=Action.INVESTIGATE,
-                              evidence=problems))
+            pre.append(_reference_permissions(path, problems))
     source = f"the reference file {path}" if refs is not None else f"{path} (no such file)"
     try:
         col = collect(ctx, p)
@@ -250,6 +255,15 @@ def repro_bitwise(ctx: Context) -> list[Result]:
     if col.guard is not None:
         col.guard.annotate(out)
     return sorted(out, key=lambda r: (r.gpu is None, r.gpu or 0))
+
+
+def _reference_permissions(path: str, problems: list[str]) -> Result:
+    """The reference file's permission problems, judged by REFERENCE_RULES (subject reference)."""
+    r = evaluate(CHECK_ID, REFERENCE_RULES, {"reference_permission_problems": len(problems)},
+                 units={"reference_permission_problems": "count"}, facts={"reference": path},
+                 subject="reference", ok_summary=f"reference file {path}: only root can change it")
+    r.evidence = list(problems)
+    return r
 
 
 def _cut_short(results: list[Result], col: Collected) -> None:
