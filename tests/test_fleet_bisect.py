@@ -517,3 +517,30 @@ def test_force_reaches_the_hosts():
                            min_busbw=None, bitwise=True, bitwise_args=[], force=True, repeats=1, flake_rate=0.05)
     assert "--force" in test.args and "--force" in test.bitwise.extra_args
     assert "--ops all_gather,all_reduce" in test.command(["n1", "n2"])
+
+
+def test_the_bitwise_probe_starts_at_most_its_fan_out_at_once(monkeypatch):
+    """A whole-set test of a large node list probes every node: never one launcher process per
+    node at once (4,096 ssh clients), at most PROBE_FANOUT."""
+    import threading
+    import time as _time
+
+    from gpucheck.fleet.bisect import builtin as B
+    from gpucheck.nccl.launch import Launcher
+
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def probe(self, node):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        _time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+            self.verdicts[node] = None
+            self.errors[node] = "not run"
+
+    monkeypatch.setattr(B.BitwiseProbe, "_probe", probe)
+    p = B.BitwiseProbe(Launcher("ip netns exec {host} {cmd}"))
+    p.check([f"n{i:04d}" for i in range(300)])
+    assert len(p.verdicts) == 300 and peak[0] <= B.PROBE_FANOUT

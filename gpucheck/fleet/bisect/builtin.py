@@ -33,6 +33,9 @@ from .session import GroupOutcome
 DEFAULT_OPS = ("all_gather", "all_reduce")
 
 
+PROBE_FANOUT = 64  # bitwise checks started at once (one launcher process each), as a sweep's default fan-out
+
+
 class BitwiseProbe:
     """The bitwise part of the built-in test: every node runs `gpucheck run --json --check
     repro.bitwise` once (through the collective's launcher); a node whose own verdict fails, or
@@ -79,7 +82,7 @@ class BitwiseProbe:
 
         todo = [n for n in nodes if n not in self.verdicts]
         if todo:
-            with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            with ThreadPoolExecutor(max_workers=min(len(todo), PROBE_FANOUT)) as pool:
                 list(pool.map(self._probe, todo))
         with self._lock:
             verdicts = {n: v for n, v in self.verdicts.items() if v is not None}
