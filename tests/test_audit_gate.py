@@ -1,8 +1,8 @@
 """Audit of issue 13 (the gate tells the truth): defects found by pushing on the merged fixes.
 
-Each test marked xfail(strict=True) reproduces a defect that still exists: it fails today (so the
-suite stays green) and will XPASS, failing the suite, once the defect is fixed; the fixer then
-removes the mark. The unmarked tests pin guarantees that hold but had no test of their own.
+Each defect's test was committed marked xfail(strict=True), failing on the code of the time, and
+the mark was removed with the fix: every one is fixed now, so each test guards its fix. The other
+tests pin guarantees that held but had no test of their own.
 
 Ordered by severity: a bad node passed or a healthy one failed first, then the rest.
 """

@@ -1,8 +1,7 @@
 """Audit of issue 14 (safe as root, on hostile input): defects found by pushing on the merged fixes.
 
-xfail(strict=True) tests reproduce defects that still exist (they fail today and will XPASS,
-failing the suite, once fixed: the fixer removes the mark); unmarked tests pin guarantees that
-hold but had no test of their own. Device nodes are private ones (os.mknod in a temporary
+Each defect's test was committed marked xfail(strict=True) and the mark was removed with the fix
+(all are fixed); the other tests pin guarantees that held but had no test of their own. Device nodes are private ones (os.mknod in a temporary
 folder); every process started here is ended by its own PID or process group.
 """
 

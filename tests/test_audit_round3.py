@@ -1,7 +1,7 @@
 """Audit, round 3: what landed with the fleet localization rework (issue 19), the NVML gate and
-fixb, tried as a new user and as an attacker would. Each xfail(strict) test reproduces a defect
-of today's code and passes once it is fixed; the plain tests pin guarantees that hold and had no
-test of their own."""
+fixb, tried as a new user and as an attacker would. Each defect's test was committed
+xfail(strict), failing on the code of the time, and the mark removed with its fix (all fixed);
+the other tests pin guarantees that held and had no test of their own."""
 
 from __future__ import annotations
 

@@ -544,3 +544,20 @@ def test_the_bitwise_probe_starts_at_most_its_fan_out_at_once(monkeypatch):
     p = B.BitwiseProbe(Launcher("ip netns exec {host} {cmd}"))
     p.check([f"n{i:04d}" for i in range(300)])
     assert len(p.verdicts) == 300 and peak[0] <= B.PROBE_FANOUT
+
+
+@pytest.mark.parametrize("busbw", [float("nan"), float("inf"), -1.0])
+def test_a_group_whose_rank_reports_an_impossible_busbw_is_broken_never_judged(monkeypatch, busbw):
+    """bisect --builtin: a busbw no measurement gives (json.loads lets NaN, Infinity and
+    negatives through) is not a measurement: the group test is broken (no node blamed), never
+    a pass (NaN < --min-busbw is false) or a slow group."""
+    from gpucheck.fleet.bisect.builtin import CollectiveTest
+    from gpucheck.nccl import launch as L
+
+    def run_group(hosts, launcher, args, *, deadline_s, index=0, **kw):
+        return {"status": "ok", "summary": "ok", "launch_errors": {}, "failure": None,
+                "results": [{"op": "all_reduce", "bytes": 1 << 24, "busbw_gbs": busbw, "algbw_gbs": 5.0}]}
+
+    monkeypatch.setattr(L, "run_group", run_group)
+    out = CollectiveTest(L.Launcher(), [], deadline_s=10.0, ops=("all_reduce",), min_busbw=5.0)(["n1", "n2"])
+    assert not out.healthy and out.broken and "not a finite, non-negative bandwidth" in out.broken

@@ -119,10 +119,23 @@ def _measured(rnd: int, nodes: tuple[str, str], group: dict[str, Any], ops: list
     missing = [op for op, row in rows.items() if row is None]
     if missing:
         return P.PairOutcome(rnd, nodes, "error", summary=f"no {', '.join(missing)} measurement", injected=injected)
+    impossible = [f"{op} busbw {row.get('busbw_gbs')!r}" for op, row in rows.items()
+                  if not real_bandwidth(row.get("busbw_gbs"))]
+    if impossible:  # not a measurement (a broken timer, a corrupt or hostile rank): not examined
+        return P.PairOutcome(rnd, nodes, "error", summary=f"no usable measurement: {', '.join(impossible)} is not "
+                             "a finite, non-negative bandwidth", injected=injected)
     first = rows[ops[0]]
     return P.PairOutcome(rnd, nodes, "ok", busbw_gbs=first["busbw_gbs"], algbw_gbs=first["algbw_gbs"],
                          time_s=first["time_s"], bytes=first["bytes"], summary=group.get("summary", ""),
                          injected=injected, op_busbw={op: row["busbw_gbs"] for op, row in rows.items()})
+
+
+def real_bandwidth(value: Any) -> bool:
+    """A bandwidth a rank could have measured: a finite number, not negative (json.loads lets NaN,
+    Infinity and negatives through)."""
+    import math
+
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def exit_code(j: P.Judgement, interrupted: str | None) -> int:

@@ -139,7 +139,11 @@ class CollectiveTest:
         broken = _cannot_judge(out)
         if broken:
             return GroupOutcome(False, broken, dt, broken=broken)
-        problems, metrics = self._judge(out)
+        try:
+            problems, metrics = self._judge(out)
+        except _Impossible as e:  # not a measurement: nothing about the nodes is known from it
+            why = f"no usable measurement: {e}"
+            return GroupOutcome(False, why, dt, broken=why)
         blamed = _blamed(out, nodes)
         if self.bitwise is not None:
             bad, unjudged = self.bitwise.check(list(nodes))
@@ -155,6 +159,7 @@ class CollectiveTest:
                             metrics)
 
     def _judge(self, out: dict[str, Any]) -> tuple[list[str], dict[str, float]]:
+        from ...nccl.pairs_run import real_bandwidth
         from ...nccl.report import largest
 
         problems = [f"{h}: {w}" for h, w in (out.get("launch_errors") or {}).items()]
@@ -166,10 +171,16 @@ class CollectiveTest:
             if row is None:
                 problems.append(f"no {op} measurement")
                 continue
+            if not real_bandwidth(row.get("busbw_gbs")):
+                raise _Impossible(f"{op} busbw {row.get('busbw_gbs')!r} is not a finite, non-negative bandwidth")
             metrics[op] = row["busbw_gbs"]
             if self.min_busbw is not None and row["busbw_gbs"] < self.min_busbw:
                 problems.append(f"slow: {op} busbw {row['busbw_gbs']:.3g} GB/s < --min-busbw {self.min_busbw:g}")
         return problems, metrics
+
+
+class _Impossible(ValueError):
+    """A rank reported a bandwidth no measurement gives (NaN, infinite, negative)."""
 
 
 def _blamed(out: dict[str, Any], nodes: list[str]) -> list[str]:
