@@ -561,3 +561,29 @@ def test_a_group_whose_rank_reports_an_impossible_busbw_is_broken_never_judged(m
     monkeypatch.setattr(L, "run_group", run_group)
     out = CollectiveTest(L.Launcher(), [], deadline_s=10.0, ops=("all_reduce",), min_busbw=5.0)(["n1", "n2"])
     assert not out.healthy and out.broken and "not a finite, non-negative bandwidth" in out.broken
+
+
+@pytest.mark.parametrize("strategy, parallel, max_bad", [("binary", 0, None), ("binary", 1, 1), ("grid", 0, None)])
+def test_a_failure_no_node_explains_is_never_a_healthy_node_set(strategy, parallel, max_bad):
+    """The group test fails once (its first run: a flaky test, an intermittent node) and then
+    passes on every group: the failure that started the bisection is not explained, so the nodes
+    are not declared healthy: exit 3 with the reason, no node blamed (never 0 'no bad node')."""
+    from gpucheck.fleet.bisect import GroupOutcome, bisect
+
+    calls = [0]
+
+    def test(group):
+        calls[0] += 1
+        return GroupOutcome(calls[0] > 1, "failed once" if calls[0] == 1 else "ok")
+
+    r = bisect([f"n{i}" for i in range(1, 17)], test, strategy=strategy, parallel=parallel, max_bad=max_bad)
+    assert r.bad_nodes == [] and r.exit_code == 3, (r.notes, r.exit_code)
+    assert r.unexplained and "no node explains the failure" in r.unexplained
+    assert r.to_dict()["unexplained"] == r.unexplained
+
+
+def test_a_search_without_failures_still_passes():
+    from gpucheck.fleet.bisect import GroupOutcome, bisect
+
+    r = bisect([f"n{i}" for i in range(1, 17)], lambda group: GroupOutcome(True, "ok"))
+    assert r.exit_code == 0 and r.unexplained is None

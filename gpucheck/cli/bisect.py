@@ -172,6 +172,8 @@ def _print_bisect(result, as_json: bool) -> int:
                    f"{found}; could not localize the fault")
     elif result.bad:
         click.echo(f"bad nodes: {fold(result.bad_nodes)}")
+    elif result.unexplained:
+        click.echo(f"no bad node found, but the failure is not explained: {plain(result.unexplained)}")
     elif result.unjudged:
         click.echo(f"bandwidth not judged for {fold(result.unjudged)}: no reference pair (give --min-busbw)")
     else:

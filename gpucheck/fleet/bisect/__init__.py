@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 from ...processes import Interrupted
+from ..nodeset import fold
 from .command import CommandTest
 from .confirm import Confirmation
 from .plan import plan_text
@@ -92,6 +93,11 @@ def bisect(
     return result
 
 
+# Phases that are not the search: the reference pairs (judged on their own), the confirmation and
+# its control groups, the final verification.
+NOT_SEARCH_PHASES = frozenset({"pairs", "re-pair", "control", "confirm", "verify"})
+
+
 class _Run:
     """One bisection: screen, search, confirm; builds the BisectResult."""
 
@@ -138,7 +144,23 @@ class _Run:
         bad, cleared = conf.judge(suspects, results)
         conf.reverify(bad, cleared)
         self.settings["group_size"] = gsize if self.strategy == "grid" else st["group_size"]
-        return self._result(bad, cleared, verified=conf.verified, csize=conf.csize)
+        result = self._result(bad, cleared, verified=conf.verified, csize=conf.csize)
+        result.unexplained = self._unexplained(result)
+        return result
+
+    def _unexplained(self, result: BisectResult) -> str | None:
+        """Why a search that saw failures ends with no bad node (a flaky test or an intermittent
+        node: the failure is not explained, so the nodes are not declared healthy), or None."""
+        if result.bad or not result.verified:
+            return None
+        failed = [r for r in self.s.records if not r.healthy and r.phase not in NOT_SEARCH_PHASES]
+        if not failed:
+            return None
+        why = (f"{len(failed)} search test(s) failed (first: {fold(failed[0].nodes)}: {failed[0].detail or 'failed'}), "
+               "yet every node passed again: a flaky test or an intermittent node; no node explains the failure "
+               "(--repeats N votes on each result)")
+        self.notes.append(why)
+        return why
 
     def _result(self, bad: list[Suspect], cleared: list[Suspect], *, verified: bool, csize: int) -> BisectResult:
         bad = self._screened_bad() + bad

@@ -61,6 +61,7 @@ class BisectResult:
     broken: str | None = None  # why the group test cannot judge the nodes (no node is blamed)
     command: str | None = None  # the group test, for people (the --test command)
     bandwidth: dict[str, Any] | None = None  # the built-in test's bandwidth reference and verdicts
+    unexplained: str | None = None  # search tests failed, yet no node is bad: a flaky test or node
 
     @property
     def bad_nodes(self) -> list[str]:
@@ -74,7 +75,7 @@ class BisectResult:
             return 3  # no single bad node explains the failure, whatever was found
         if self.bad:
             return 1
-        return 3 if self.unjudged else 0
+        return 3 if (self.unjudged or self.unexplained) else 0
 
     @property
     def unjudged(self) -> list[str]:
@@ -100,6 +101,7 @@ class BisectResult:
             "broken": self.broken,
             "command": self.command,
             "bandwidth": self.bandwidth,
+            "unexplained": self.unexplained,
             "exit_code": self.exit_code,
         }
 
