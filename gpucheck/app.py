@@ -409,12 +409,15 @@ def _run_gpus(req: RunRequest, snapshot: "Snapshot | None") -> list[int] | None:
     one."""
     if req.gpus is None or not req.gpus_assigned or req.device == "cpu":
         return req.gpus
-    mig = [g.get("index") for g in (snapshot or {}).get("gpus") or []
-           if ((g.get("mig_mode") or {}).get("current")) is True]
-    if not mig:
+    gpus = (snapshot or {}).get("gpus") or []
+    mig = [g.get("index") for g in gpus if ((g.get("mig_mode") or {}).get("current")) is True]
+    unknown = [g.get("index") for g in gpus if "mig_mode" in (g.get("errors") or {})]
+    if not mig and not unknown:
         return req.gpus
-    _warn(f"gpucheck: MIG is enabled on GPU {','.join(map(str, mig))}: the scheduler's GPU indices "
-          f"({','.join(map(str, req.gpus))}) count MIG instances, not GPUs; testing every GPU", None)
+    where = (f"MIG is enabled on GPU {','.join(map(str, mig))}" if mig else
+             f"whether MIG is enabled could not be read on GPU {','.join(map(str, unknown))}")
+    _warn(f"gpucheck: {where}: the scheduler's GPU indices ({','.join(map(str, req.gpus))}) may count MIG "
+          "instances, not GPUs; testing every GPU", None)
     return None
 
 

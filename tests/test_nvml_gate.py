@@ -386,4 +386,23 @@ def test_a_mig_nodes_gres_indices_never_drain_it_as_missing_gpus(tmp_path, capsy
     assert "selected_gpus_not_in_nvml" not in node["metrics"]
     tested = {r.get("gpu") for rs in by_check(out.verdict).values() for r in rs if r.get("gpu") is not None}
     assert tested == {g["index"] for g in snap["gpus"]}
-    assert "count MIG instances" in capsys.readouterr().err
+    assert "MIG is enabled on GPU" in capsys.readouterr().err
+
+
+def test_a_node_whose_mig_mode_cannot_be_read_never_drains_for_gres_indices(tmp_path, capsys):
+    """Whether MIG is on could not be read (the read failed, not 'not supported'): the GRES
+    indices may count MIG instances, so they are not judged as missing GPUs either."""
+    snap = healthy()
+    for g in snap["gpus"]:
+        g["mig_mode"] = {"current": None, "pending": None}
+        g.setdefault("errors", {})["mig_mode"] = "other"
+    path = tmp_path / "mig-unknown.json"
+    path.write_text(json.dumps(snap))
+    calls: list[list[str]] = []
+    opts = slurm.HookOptions("prolog", snapshot=str(path), state_dir=str(tmp_path / "state"))
+    out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "12"},
+                         runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    assert not calls and out.judgement != "unhealthy", out.log_line
+    (node,) = [r for r in by_check(out.verdict)["inventory"] if r.get("gpu") is None]
+    assert "selected_gpus_not_in_nvml" not in node["metrics"]
+    assert "could not be read" in capsys.readouterr().err
