@@ -10,6 +10,7 @@ import sys
 import click
 
 from .. import __version__
+from ..argv import option_value
 
 # name -> "module:attribute" of a click command. One line per subcommand.
 SUBCOMMANDS: dict[str, str] = {
@@ -100,20 +101,9 @@ def _could_not_judge(args: list[str], e: Exception) -> int:
         why = f"{type(e).__name__}: {e}{_where(e)}"
     else:
         why = f"internal error: {type(e).__name__}: {e}{_where(e)}"
-    fail_closed = _last_value(args, "--on-error") == "fail"
+    fail_closed = option_value(args, "--on-error") == "fail"
     _say(f"{_command_name(args)}: could not judge: {why}" + (" (--on-error fail: exit 1)" if fail_closed else ""))
     return 1 if fail_closed else 3
-
-
-def _last_value(args: list[str], name: str) -> str | None:
-    """The last value of option `name` in raw arguments (`--name V` or `--name=V`)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg[len(name) + 1:]
-    return value
 
 
 def _command_word(args: list[str]) -> str | None:

@@ -40,6 +40,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from ..argv import option_value
 from .slurm import JobEnv, Logger, Runner, default_runner, drain, find_scontrol, job_env, syslog_logger
 
 JOBS_CURSOR = "slurm-jobs"
@@ -99,17 +100,6 @@ def hook_options(kind: str, values: Mapping[str, Any]) -> HookOptions:
         workers=values["workers"], drain=not values["no_drain"], scontrol=values["scontrol"],
         as_json=values["as_json"], all_gpus=values["all_gpus"], force=values["force"],
     )
-
-
-def option_value(args: list[str], name: str) -> str | None:
-    """The last value of `name` in raw arguments (`--name V` or `--name=V`)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(name + "="):
-            value = arg[len(name) + 1:]
-    return value
 
 
 def options_from_args(kind: str, args: list[str]) -> HookOptions:
