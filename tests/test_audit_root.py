@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from node_session import run_node_command
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -155,58 +156,17 @@ def test_escape_sequences_from_a_node_never_reach_the_terminal(monkeypatch):
 
 # -- 5. a sweep stopped in its first seconds leaves gpucheck running on the nodes ------------------------
 
-def _kill_group_of(pid_file: Path) -> None:
-    try:
-        os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)
-    except (OSError, ValueError):
-        pass
-
-
 def test_a_session_that_ends_in_its_first_seconds_still_stops_the_node_command(tmp_path):
-    from gpucheck.fleet.sweep import die_with_session
-
-    marker, pid_file = tmp_path / "finished", tmp_path / "pid"
-    command = die_with_session(f"echo $$ > {pid_file}; sleep 6; touch {marker}", 600)
-    p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        time.sleep(0.5)
-        p.stdin.close()  # the ssh session ends: the sweep was stopped half a second after it began
-        try:
-            p.wait(timeout=4)
-        except subprocess.TimeoutExpired:
-            pass
-        still_running = p.poll() is None
-    finally:
-        _kill_group_of(pid_file)  # coreutils timeout runs the command in a process group of its own
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
-    assert not still_running and not marker.exists()
+    # the ssh session ends: the sweep was stopped half a second after it began
+    rc, finished = run_node_command(tmp_path, "sleep 6; touch {marker}", end_session_after_s=0.5, wait_s=4)
+    still_running = rc is None
+    assert not still_running and not finished
 
 
 def test_a_session_that_ends_later_stops_the_node_command(tmp_path):
     """Holds: past the first seconds, the end of the session stops the node's command (SIGTERM)."""
-    from gpucheck.fleet.sweep import die_with_session
-
-    marker, pid_file = tmp_path / "finished", tmp_path / "pid"
-    command = die_with_session(f"echo $$ > {pid_file}; sleep 8; touch {marker}", 600)
-    p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        time.sleep(2.5)
-        p.stdin.close()
-        rc = p.wait(timeout=5)
-    finally:
-        _kill_group_of(pid_file)
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
-    assert rc == 143 and not marker.exists()
+    rc, finished = run_node_command(tmp_path, "sleep 8; touch {marker}", end_session_after_s=2.5, wait_s=5)
+    assert rc == 143 and not finished
 
 
 # -- 6. the Slurm wrapper sources a settings file in another user's folder (through a link) ----------

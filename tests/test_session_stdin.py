@@ -4,16 +4,12 @@ without one (ssh -n, srun --input=none, exec mode) the command is left to its ti
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-from pathlib import Path
-
 import pytest
+from node_session import run_node_command
 
 from gpucheck.fleet.fanout import (NodeRun, SrunSettings, SshSettings, session_stdin, srun_reads_no_stdin,
                                    ssh_reads_no_stdin)
-from gpucheck.fleet.sweep import SweepPlan, die_with_session, run_sweep
+from gpucheck.fleet.sweep import SweepPlan, run_sweep
 
 
 @pytest.mark.parametrize("options, none", [
@@ -60,46 +56,14 @@ def test_a_sweep_tells_the_node_whether_to_watch_its_input(tmp_path, monkeypatch
         assert ("read -r" in seen["n1"]) is watched
 
 
-def _kill_group_of(pid_file: Path) -> None:
-    try:
-        os.killpg(os.getpgid(int(pid_file.read_text())), signal.SIGKILL)
-    except (OSError, ValueError):
-        pass
-
-
 def test_a_command_without_a_session_input_runs_to_its_end(tmp_path):
     """ssh -n: end-of-file at once, and the command still runs to its end with its own status."""
-    marker, pid_file = tmp_path / "finished", tmp_path / "pid"
-    command = die_with_session(f"echo $$ > {pid_file}; sleep 1; touch {marker}; exit 7", 600, session_stdin=False)
-    p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        p.stdin.close()  # at once, as ssh -n does
-        rc = p.wait(timeout=60)
-    finally:
-        _kill_group_of(pid_file)
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
-    assert rc == 7 and marker.exists()
+    rc, finished = run_node_command(tmp_path, "sleep 1; touch {marker}; exit 7", end_session_after_s=0,
+                                    wait_s=60, session_stdin=False)
+    assert rc == 7 and finished
 
 
 def test_a_session_that_ends_at_once_stops_the_node_command(tmp_path):
     """The worst moment: the session ends before the watcher has even started."""
-    marker, pid_file = tmp_path / "finished", tmp_path / "pid"
-    command = die_with_session(f"echo $$ > {pid_file}; sleep 5; touch {marker}", 600)
-    p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        p.stdin.close()
-        rc = p.wait(timeout=30)
-    finally:
-        _kill_group_of(pid_file)
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()
-    assert rc == 143 and not marker.exists()  # stopped by SIGTERM before its end
+    rc, finished = run_node_command(tmp_path, "sleep 5; touch {marker}", end_session_after_s=0, wait_s=30)
+    assert rc == 143 and not finished  # stopped by SIGTERM before its end
