@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import click
 import pytest
+from capped_run import private_device
 
 from gpucheck import app
 from gpucheck.config import read_on_error
@@ -36,13 +36,6 @@ ENV = {"SLURMD_NODENAME": "gpu7", "SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "ali
 
 def gpucheck_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-
-
-def private_device(folder: Path, name: str, major: int, minor: int) -> Path:
-    """A character device of our own (never the system's /dev nodes)."""
-    path = folder / name
-    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-    return path
 
 
 # -- 1. the last-pass Xid cursor moves after a run that judged only some GPUs ------------------------

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import signal
 import stat
 import subprocess
 import sys
@@ -18,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from capped_run import private_device, run_gpucheck
 from node_session import run_node_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,33 +26,6 @@ HANG_DOC = ROOT / "tests" / "fixtures" / "hang" / "node-4ranks-rank2-hung.json"
 
 def gpucheck_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
-
-
-def private_device(folder: Path, name: str, major: int, minor: int) -> Path:
-    path = folder / name
-    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-    return path
-
-
-def run_gpucheck(argv: list[str], *, seconds: float, env: dict[str, str] | None = None,
-                 memory_bytes: int = 1 << 30) -> tuple[int | None, str]:
-    """(exit code, stderr) of `gpucheck ARGV`; None when it had not ended after `seconds` (then its
-    process group is killed). Its address space is capped, so a file read without end fails fast
-    instead of eating the machine's memory."""
-
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
-    p = subprocess.Popen([sys.executable, "-m", "gpucheck", *argv], env=env or gpucheck_env(),
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, preexec_fn=cap)
-    try:
-        _, err = p.communicate(timeout=seconds)
-        return p.returncode, err
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        return None, "(still running: killed)"
 
 
 # -- 1. a node-set group name reaches a shell (ClusterShell's upcall group sources) --------------------

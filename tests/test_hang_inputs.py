@@ -6,15 +6,11 @@ file (exit 2)."""
 from __future__ import annotations
 
 import os
-import resource
-import signal
-import stat
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
+from capped_run import private_device, run_gpucheck
 
 from gpucheck.cli.main import main
 from gpucheck.hang.topology import TopologyError, load_groups
@@ -23,28 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HANG_DOC = ROOT / "tests" / "fixtures" / "hang" / "node-4ranks-rank2-hung.json"
 
 
-def run_gpucheck(argv: list[str], *, seconds: float, memory_bytes: int) -> tuple[int | None, str]:
-    """(exit code, stderr) of `gpucheck ARGV` with its address space capped (a file read without
-    end fails fast); None when it had not ended after `seconds` (its process group is killed)."""
-
-    def cap() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-
-    p = subprocess.Popen([sys.executable, "-m", "gpucheck", *argv], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, preexec_fn=cap)
-    try:
-        _, err = p.communicate(timeout=seconds)
-        return p.returncode, err
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.communicate()
-        return None, "(still running: killed)"
-
-
 def test_hang_groups_from_a_zero_device_is_refused(tmp_path):
-    zero = tmp_path / "groups.json"
-    os.mknod(zero, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # our own /dev/zero
+    zero = private_device(tmp_path, "groups.json", 1, 5)  # our own /dev/zero
     rc, err = run_gpucheck(["hang", "--from", str(HANG_DOC), "--groups", str(zero)], seconds=30,
                            memory_bytes=768 << 20)
     assert rc == 2 and "groups.json" in err and "character device" in err, err[-400:]
