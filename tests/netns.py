@@ -280,3 +280,19 @@ def running_lab(n: int, pythonpath: str, names: bool = False):
         else:
             os.environ["PYTHONPATH"] = old
         assert left == [], f"namespaces left behind: {left}"
+
+
+@contextlib.contextmanager
+def running_ssh_lab(n: int, pythonpath: str, root):
+    """running_lab with names resolving on every host and a real sshd in each (keys and the
+    client's ssh_config under `root`, kept as `lab.ssh_root`); every sshd still running is
+    stopped on exit."""
+    with running_lab(n, pythonpath, names=True) as lab:
+        for h in lab.hosts:
+            lab.start_sshd(h, root)
+        lab.ssh_root = root
+        try:
+            yield lab
+        finally:
+            for h in list(lab.sshd):
+                lab.stop_sshd(h)

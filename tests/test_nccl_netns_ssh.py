@@ -40,16 +40,8 @@ if _why:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ssh")
-    with netns.running_lab(4, ENV["PYTHONPATH"], names=True) as lab:
-        for h in lab.hosts:
-            lab.start_sshd(h, root)
-        lab.ssh_root = root
-        try:
-            yield lab
-        finally:
-            for h in list(lab.sshd):
-                lab.stop_sshd(h)
+    with netns.running_ssh_lab(4, ENV["PYTHONPATH"], tmp_path_factory.mktemp("ssh")) as lab:
+        yield lab
 
 
 def _pairs(lab, *args: str, timeout_s: int = 20) -> tuple[subprocess.CompletedProcess, float]:

@@ -248,16 +248,8 @@ def lab(tmp_path_factory):
         pytest.skip(why)
     import netns
 
-    root = tmp_path_factory.mktemp("ssh")
-    with netns.running_lab(2, ENV["PYTHONPATH"], names=True) as lab:
-        for h in lab.hosts:
-            lab.start_sshd(h, root)
-        lab.ssh_root = root
-        try:
-            yield lab
-        finally:
-            for h in list(lab.sshd):
-                lab.stop_sshd(h)
+    with netns.running_ssh_lab(2, ENV["PYTHONPATH"], tmp_path_factory.mktemp("ssh")) as lab:
+        yield lab
 
 
 def _pairs_running(lab, mark: str) -> subprocess.Popen:
