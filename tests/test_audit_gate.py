@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 import pytest
 from capped_run import private_device
+from xid_log import xid79_config
 
 from gpucheck import app
 from gpucheck.config import read_on_error
@@ -46,14 +47,7 @@ def _live_node_with_an_xid_on_gpu1(tmp_path: Path, monkeypatch) -> Path:
     snap = load_snapshot(HEALTHY)
     snap.pop("kernel_log", None)
     monkeypatch.setattr(app, "_collect_live", lambda *a, **k: json.loads(json.dumps(snap)))
-    bus = snap["gpus"][1]["pci_bus_id"].rsplit(".", 1)[0]  # 0000:2a:00
-    when = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 5))
-    log = tmp_path / "kern.log"
-    log.write_text(f"{when} node kernel: NVRM: Xid (PCI:{bus}): 79, pid=42, name=python3, "
-                   "GPU has fallen off the bus.\n")
-    config = tmp_path / "config.toml"
-    config.write_text(f'[checks.xid]\nfiles = ["{log}"]\n')
-    return config
+    return xid79_config(tmp_path, snap["gpus"][1]["pci_bus_id"].rsplit(".", 1)[0])  # 0000:2a:00
 
 
 def test_a_prolog_on_some_gpus_never_hides_another_gpus_xid_from_the_next_prolog(tmp_path, monkeypatch):
@@ -88,13 +82,7 @@ def test_a_hung_nvml_never_starves_the_prolog_of_its_xid_check(tmp_path, monkeyp
 
     release = threading.Event()
     monkeypatch.setattr(telemetry_snapshot, "collect_snapshot", lambda *a, **k: release.wait(60) and {})
-    when = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 5))
-    log = tmp_path / "kern.log"
-    log.write_text(f"{when} node kernel: NVRM: Xid (PCI:0000:2a:00): 79, pid=42, name=python3, "
-                   "GPU has fallen off the bus.\n")
-    config = tmp_path / "config.toml"
-    config.write_text(f'[checks.xid]\nfiles = ["{log}"]\n')
-    opts = slurm.HookOptions("prolog", config_path=str(config), state_dir=str(tmp_path / "state"), budget_s=4.0,
+    opts = slurm.HookOptions("prolog", config_path=str(xid79_config(tmp_path)), state_dir=str(tmp_path / "state"), budget_s=4.0,
                              skips=["repro.bitwise"])
     try:
         out = slurm.run_hook(opts, ENV, runner=lambda argv: (0, "", ""), log=lambda p, m: None)

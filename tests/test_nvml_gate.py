@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from xid_log import xid79_config
 
 from gpucheck import app
 from gpucheck.cli.main import main
@@ -29,17 +30,6 @@ ENV = {"SLURMD_NODENAME": "gpu7", "SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "ali
 
 def healthy() -> dict:
     return json.loads(HEALTHY.read_text())
-
-
-def xid79_config(tmp_path: Path, bus: str = "0000:2a:00") -> Path:
-    """A config whose xid check reads a kernel log holding Xid 79 on `bus`, a few seconds ago."""
-    when = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 5))
-    log = tmp_path / "kern.log"
-    log.write_text(f"{when} node kernel: NVRM: Xid (PCI:{bus}): 79, pid=42, name=python3, "
-                   "GPU has fallen off the bus.\n")
-    config = tmp_path / "config.toml"
-    config.write_text(f'[checks.xid]\nfiles = ["{log}"]\n')
-    return config
 
 
 def run_json(req: app.RunRequest) -> tuple[int, dict]:
