@@ -83,6 +83,8 @@ KINDS: tuple[str, ...] = (
 )
 # The kinds that say nothing about the GPUs: gpucheck could not read them (no verdict, exit 3).
 UNJUDGED_KINDS: tuple[str, ...] = (TIMEOUT, INTERNAL_ERROR)
+# The kinds that no NVML return code stands for (gpucheck's own: how long it waited, its own failure).
+NO_CODE_KINDS: tuple[str, ...] = (TIMEOUT, HUNG, INTERNAL_ERROR)
 
 # NVML return code (pynvml constant) -> failure kind; every other code is OTHER.
 ERROR_KINDS: tuple[tuple[str, str], ...] = (

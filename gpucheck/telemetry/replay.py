@@ -110,7 +110,7 @@ def recorded_failure(kind: str, message: str | None, what: str) -> Exception:
     """The exception a replay raises for a recorded failure (see the module)."""
     if kind == N.NOT_IN_CAPTURE:
         return N.NotInCapture(message or f"{what}: not in this capture")
-    if kind in (*N.UNJUDGED_KINDS, N.HUNG) and not message:  # no NVML return code: the kind itself
+    if kind in N.NO_CODE_KINDS and not message:  # no NVML return code: the kind itself
         return N.ReplayedFailure(kind, f"{what}: {kind}")
     if message:
         m = _CODE_SUFFIX.match(message)
