@@ -110,8 +110,12 @@ def test_prolog_budget_runs_every_read_only_check_before_repro(capsys, tmp_path)
     """`gpucheck slurm prolog --device cpu --budget 2s`: repro.bitwise's torch workers used to eat
     the budget, and xid became "not run". Now the read-only checks run first, and repro gets what
     is left: not started when that cannot hold its workers' start-up, stopped at the deadline
-    otherwise; either way an error (could not judge, exit 3), which the hook only logs."""
-    rc = main(["slurm", "prolog", "--device", "cpu", "--budget", "2s", "--no-drain", "--json",
+    otherwise; either way an error (could not judge, exit 3), which the hook only logs.
+
+    Eight workers, as on an 8-GPU node: with the default two, an idle 2-core machine can finish
+    one worker's runs inside the 2 s and not the other's, and the GPU that finished rightly
+    passes (a race this test is not about)."""
+    rc = main(["slurm", "prolog", "--device", "cpu", "--workers", "8", "--budget", "2s", "--no-drain", "--json",
                "--state-dir", str(tmp_path)])
     stdout, err = capsys.readouterr()
     v = json.loads(stdout)
