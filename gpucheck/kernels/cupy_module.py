@@ -105,7 +105,10 @@ def occupancy(name: str, kernel: str, block: int, dynamic_smem: int = 0) -> int:
 
     fn = _function(name, kernel)
     try:
-        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, int(block), int(dynamic_smem)))
+        # `fn` is a cupy.RawKernel: its CUfunction handle is `fn.kernel.ptr` (RawKernel.kernel, a
+        # cupy.cuda.function.Function, cupy/_core/raw.pyx); a RawKernel has no `ptr` of its own.
+        handle = fn.kernel.ptr
+        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, int(block), int(dynamic_smem)))
     except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as e:
         raise KernelError(name, kernel, f"occupancy query for blocks of {block} threads failed: {e}") from e
 
@@ -114,8 +117,8 @@ _functions: dict[tuple[str, int, str], Any] = {}
 
 
 def _function(name: str, kernel: str) -> Any:
-    """The kernel's `cupy.RawModule.get_function` result, looked up once per device: a launch
-    costs one device query and a dict lookup."""
+    """The kernel's `cupy.RawModule.get_function` result (a `cupy.RawKernel`), looked up once per
+    device: a launch costs one device query and a dict lookup."""
     dev = _device(name)
     key = (name, dev, kernel)
     fn = _functions.get(key)
