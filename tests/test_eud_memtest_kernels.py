@@ -80,7 +80,7 @@ def test_one_fill_and_one_check_kernel_per_pattern_family_over_16_byte_units():
     # every pattern maps to one of the families, and the backend's argument builders have the
     # kernels' exact C types (fakecupy.check_args refuses what CuPy would pass otherwise)
     assert {P.kernel_pattern(k, 1).family for k in range(8)} == set(FAMILIES)
-    buf = type("Buf", (), {"memptr": 1, "data": type("D", (), {"ptr": 64})()})()
+    buf = type("Buf", (), {"data": type("D", (), {"ptr": 64})()})()  # an array as CuPy passes it: its data.ptr
     for kind in range(8):
         kp = P.kernel_pattern(kind, (1 << 64) - 1)
         fakecupy.check_args("fill", params[f"memtest_fill_{kp.family}"],

@@ -84,7 +84,7 @@ def test_the_backend_selection_picks_the_cupy_kernels_and_compiles_them_once(fak
     # a device CuPy does not see: the torch path with the reason, or an error where cupy was asked for
     ops, note = select_backend(torch, torch.device("cuda", 1), "auto")
     assert isinstance(ops, TorchOps) and not ops.cuda_kernels
-    assert note == "CuPy 14.0.0+fakecupy sees 1 GPU(s), not cuda:1: the CUDA kernels were not exercised (torch path)"
+    assert note == "CuPy 14.2.0+fakecupy sees 1 GPU(s), not cuda:1: the CUDA kernels were not exercised (torch path)"
     with pytest.raises(CupyUnavailable, match="sees 1 GPU"):
         select_backend(torch, torch.device("cuda", 1), "cupy")
 
@@ -185,8 +185,8 @@ def test_a_launch_beyond_the_kernels_launch_bounds_is_refused_as_the_driver_does
 
 def test_launches_go_on_torchs_current_stream(fake):
     made = []
-    external = fake.cuda.ExternalStream
-    fake.cuda.ExternalStream = lambda ptr, dev: made.append((ptr, dev)) or external(ptr, dev)
+    external = fake.module.cuda.ExternalStream
+    fake.module.cuda.ExternalStream = lambda ptr, dev: made.append((ptr, dev)) or external(ptr, dev)
     ops = _ops()
     p = _problem("fp32", 32)
     G = ops.cnp(p.t_in.Q, "fp32")

@@ -184,9 +184,10 @@ class CupyBackend:
         cp = self.cp
         try:
             mem = cp.cuda.Memory(words * 8)
-        except cp.cuda.memory.OutOfMemoryError as e:
-            raise MemoryError(str(e)) from None
-        except cp.cuda.runtime.CUDARuntimeError as e:  # cudaErrorMemoryAllocation: out of memory
+        # cudaErrorMemoryAllocation: out of memory. The only error cupy.cuda.Memory raises for it
+        # (CuPy 14: cupy/cuda/memory.pyx Memory.__init__ -> runtime.malloc, a plain cudaMalloc);
+        # cupy.cuda.memory.OutOfMemoryError is the memory pool's, which gpucheck never uses.
+        except cp.cuda.runtime.CUDARuntimeError as e:
             if is_oom(e):
                 raise MemoryError(str(e)) from None
             raise

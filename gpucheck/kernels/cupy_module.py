@@ -23,12 +23,20 @@ from typing import Any, Sequence
 
 from . import source
 
-# Compile options: C++17, no fast-math (the checks compare against exact bounds). Note that
-# CuPy's RawModule appends "-ftz=true" after these (cupy.cuda.compiler._compile_with_cache_cuda,
-# CuPy 13 and 14) and NVRTC honours the last occurrence, so an "-ftz=false" here has no effect:
-# fp32 arithmetic written in C (e.g. __fmaf_rn, +) compiles to its .ftz form on the GPU (fp32
-# subnormal inputs and results flushed to zero), unlike the IEEE emulation of the CPU tests.
-# Only inline PTX without .ftz keeps gradual underflow under CuPy.
+# Compile options: C++17, no fast-math (the checks compare against exact bounds). CuPy 14.2's
+# RawModule passes NVRTC more than these, in this order (cupy/_core/core.pyx
+# assemble_cupy_compiler_options, cupy/cuda/compiler.py _compile_with_cache_cuda and
+# _compile_using_nvrtc_no_warning): -I of its bundled CCCL (cub, thrust, libcudacxx); these
+# options (plus --std=c++17 only when they name no standard); -I of CuPy's and of the CUDA
+# headers (CuPy compiles nothing without CUDA headers: RuntimeError); -ftz=true; -arch=sm_XX (XX: the device's compute capability, capped at NVRTC's
+# newest; compute_XX, i.e. PTX, with CUPY_COMPILE_WITH_PTX=1); --device-as-default-execution-space
+# (and --pch, --device-debug --generate-line-info only with CUPY_NVRTC_USE_PCH /
+# CUPY_CUDA_COMPILE_WITH_DEBUG). CuPy 13 appends -ftz=true too. NVRTC honours the last
+# occurrence of an option, so an "-ftz=false" here has no effect: fp32 arithmetic written in C
+# (e.g. __fmaf_rn, +) compiles to its .ftz form on the GPU (fp32 subnormal inputs and results
+# flushed to zero), unlike the IEEE emulation of the CPU tests. Only inline PTX without .ftz
+# keeps gradual underflow under CuPy. tests/cupy_options.py reads the full list from the
+# installed CuPy; tests/test_cupy_options.py checks this comment against it and NVRTC.
 OPTIONS: tuple[str, ...] = ("--std=c++17",)
 
 _lock = threading.Lock()
@@ -105,7 +113,10 @@ def occupancy(name: str, kernel: str, block: int, dynamic_smem: int = 0) -> int:
 
     fn = _function(name, kernel)
     try:
-        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, int(block), int(dynamic_smem)))
+        # `fn` is a cupy.RawKernel: its CUfunction handle is `fn.kernel.ptr` (RawKernel.kernel, a
+        # cupy.cuda.function.Function, cupy/_core/raw.pyx); a RawKernel has no `ptr` of its own.
+        handle = fn.kernel.ptr
+        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(handle, int(block), int(dynamic_smem)))
     except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as e:
         raise KernelError(name, kernel, f"occupancy query for blocks of {block} threads failed: {e}") from e
 
@@ -114,8 +125,8 @@ _functions: dict[tuple[str, int, str], Any] = {}
 
 
 def _function(name: str, kernel: str) -> Any:
-    """The kernel's `cupy.RawModule.get_function` result, looked up once per device: a launch
-    costs one device query and a dict lookup."""
+    """The kernel's `cupy.RawModule.get_function` result (a `cupy.RawKernel`), looked up once per
+    device: a launch costs one device query and a dict lookup."""
     dev = _device(name)
     key = (name, dev, kernel)
     fn = _functions.get(key)
