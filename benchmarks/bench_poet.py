@@ -18,8 +18,9 @@
     applies around the dense GEMM; on a GPU once with the CUDA kernels and once all-torch), against
     a plain dense x . W^T of the same size; ratio = forward time / dense time (the public POET code
     reports about 1.25x of a plain linear layer for forward plus backward in its fast path).
-(c) what ptxas reports for the kernels for sm_80 and sm_90 (registers, spills, static shared
-    memory) and the resident blocks per SM that allows on an H100/H200: no GPU needed (NVRTC).
+(c) what the kernels compile to for sm_80 and sm_90 (registers, spills, static shared memory,
+    the resident blocks per SM that allows on an A100 / an H100 or H200, and the static counts of
+    HMMA, LDSM, LDS and STS in the SASS): no GPU needed (NVRTC, ptxas, nvdisasm; tests/sass.py).
 (d) what one verified problem of the check costs (gpucheck.poet.invariants.check_problem: every
     kernel operation twice, both units, and the float64 verification), at the check's sizes (on
     a GPU n = m = 4096 on the CuPy kernels; on a CPU n = 2 b, m = 64 on the torch path): ms per
@@ -66,27 +67,32 @@ def timeit(fn, sync, seconds: float, window_s: float = 0.1) -> float:
 
 
 def resources() -> int:
-    """(c): ptxas's report for poet.cu (tests/ptxas.py over NVRTC)."""
+    """(c): what poet.cu compiles to, per kernel, for sm_80 and sm_90 (tests/sass.py: NVRTC with CuPy's
+    options -> ptxas -> nvdisasm): ptxas's figures, the resident blocks per SM they allow, and the
+    static instruction counts of the tensor-core path in the SASS."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import ptxas  # noqa: PLC0415
+    import sass  # noqa: PLC0415
 
-    from gpucheck import kernels
     from gpucheck.poet.cupy_ops import block_of
 
-    print("## (c) ptxas resources (NVRTC, --std=c++17; blocks/SM for H100/H200: 64 Ki registers, 228 KiB smem)\n")
-    print("| arch | kernel | threads | registers | spills (st/ld bytes) | smem bytes | blocks/SM | warps/SM |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for arch in ("sm_80", "sm_90"):
+    print("## (c) machine code (NVRTC with CuPy's options, ptxas, nvdisasm; blocks/SM from registers (per warp, "
+          "in units of 256) and shared memory (+ 1 KiB per block): sm_80 on an A100 (164 KiB), sm_90 on an "
+          "H100/H200 (228 KiB); instructions: static counts in the SASS)\n")
+    print("| arch | kernel | threads | registers | spills (st/ld bytes) | smem bytes | blocks/SM | warps/SM | "
+          "HMMA | LDSM | LDS | STS |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for arch, gpu in (("sm_80", sass.AMPERE), ("sm_90", sass.HOPPER)):
         try:
-            rep = ptxas.report(kernels.source("poet"), "poet", arch)
+            fns = sass.compile_source("poet", arch)
         except (FileNotFoundError, OSError) as e:
             print(f"(c) not measured: {e}\n")
             return 0
-        for kernel in sorted(rep):
-            r, threads = rep[kernel], block_of(kernel)[0]
-            blocks = ptxas.blocks_per_sm(r, threads)
-            print(f"| {arch} | {kernel} | {threads} | {r['registers']} | {r['spill_stores']}/{r['spill_loads']} | "
-                  f"{r['smem']} | {blocks} | {blocks * threads // 32} |")
+        for kernel in sorted(fn for fn, f in fns.items() if f.registers is not None):
+            f, threads = fns[kernel], block_of(kernel)[0]
+            blocks = sass.blocks_per_sm(f.registers, f.smem, threads, gpu)
+            print(f"| {arch} | {kernel} | {threads} | {f.registers} | {f.spill_stores}/{f.spill_loads} | {f.smem} | "
+                  f"{blocks} | {blocks * threads // 32} | {f.count('HMMA')} | {f.count('LDSM')} | {f.count('LDS')} | "
+                  f"{f.count('STS')} |")
     print()
     return 0
 
@@ -243,7 +249,7 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=None, help="n = features (default 4096 on cuda, 1024 on cpu)")
     ap.add_argument("--seconds", type=float, default=None, help="per measurement (default 1.0 cuda, 0.5 cpu)")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
-    ap.add_argument("--resources-only", action="store_true", help="only (c): ptxas's report, no device")
+    ap.add_argument("--resources-only", action="store_true", help="only (c): the machine code, no device")
     ap.add_argument("--check-only", action="store_true", help="only (d): ms per verified problem")
     ap.add_argument("--problems", type=int, default=5, help="problems per (dtype, block) for (d)")
     a = ap.parse_args()

@@ -252,6 +252,51 @@ inline void emu_mma_m16n8k16(emu_mma_kind kind, float (&d)[4], const unsigned (&
     for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
 
+// ---- ldmatrix ----------------------------------------------------------------------------------
+//
+// ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{,.trans}.shared.b16 as the PTX ISA defines it ("Warp-level
+// matrix load instruction: ldmatrix"): a warp-collective load of `num` (1, 2 or 4) 8 x 8 matrices of
+// 16-bit elements. Lanes 8i .. 8i + 7 supply the addresses of rows 0 .. 7 of matrix i (the other
+// lanes' addresses are not used: lanes 0-7 for .x1, 0-15 for .x2); each row is 8 contiguous
+// elements (16 bytes) and its address must be 16-byte aligned. Lane l (g = l / 4, t = l % 4)
+// receives in r[i] the elements (g, 2t) (low half) and (g, 2t + 1) of matrix i, or with .trans
+// (2t, g) and (2t + 1, g). Emulated with one exchange: each address lane reads its own 16-byte
+// row (so no lane reads shared memory after the warp has moved on) and publishes it; each lane
+// then picks its elements. A misaligned row address, a partial warp or another `num` aborts with
+// a message.
+inline void emu_ldmatrix(unsigned num, bool trans, unsigned* r, const void* row) {
+    const char* what = trans ? "ldmatrix.trans" : "ldmatrix";
+    if (num != 1 && num != 2 && num != 4) {
+        fprintf(stderr, "cudaemu: %s.x%u: only .x1, .x2 and .x4 exist\n", what, num);
+        abort();
+    }
+    unsigned words[4] = {0, 0, 0, 0};
+    if (emu_lane < 8 * num) {
+        if ((uintptr_t)row % 16 != 0) {
+            fprintf(stderr, "cudaemu: %s: lane %u's row address %p is not 16-byte aligned\n", what, emu_lane, row);
+            abort();
+        }
+        memcpy(words, row, 16);
+    }
+    const auto all = emu_warp_exchange(0xffffffffu, what, words, 4);
+    if (emu_warp->lanes != 32) {
+        fprintf(stderr, "cudaemu: %s in a partial warp of %u lanes\n", what, emu_warp->lanes);
+        abort();
+    }
+    const unsigned g = emu_lane / 4, t = emu_lane % 4;
+    for (unsigned i = 0; i < num; ++i) {
+        unsigned short lo, hi;  // element c of row q of matrix i: 16-bit element c of lane 8i + q's row
+        if (trans) {
+            memcpy(&lo, (const char*)all[8 * i + 2 * t] + 2 * g, 2);
+            memcpy(&hi, (const char*)all[8 * i + 2 * t + 1] + 2 * g, 2);
+        } else {
+            memcpy(&lo, (const char*)all[8 * i + g] + 4 * t, 2);
+            memcpy(&hi, (const char*)all[8 * i + g] + 4 * t + 2, 2);
+        }
+        r[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+}
+
 // Run `body` (a call of the kernel) as a grid of blocks of threads.
 template <class F> void emu_launch(dim3 grid, dim3 block, F body) {
     gridDim = grid;

@@ -344,7 +344,8 @@ def test_the_launch_constants_are_poet_cu_s():
     assert (d["POET_THREADS"], d["POET_TN"], d["POET_TK"], d["POET_BD_TM"], d["POET_CNP_TM"]) == \
         (co.THREADS, co.TN, co.TK, co.BD_TM, co.CNP_TM)
     assert (d["POET_MMA_THREADS"], d["POET_MMA_TM"], d["POET_MMA_TN"], d["POET_MMA_KC"], d["POET_MMA_BMAX"],
-            d["POET_MMA_PAD"]) == (co.MMA_THREADS, co.MMA_TM, co.MMA_TN, co.MMA_KC, co.MMA_BMAX, co.MMA_PAD)
+            d["POET_MMA_PAD"], d["POET_MMA_MIN_BLOCKS"]) == (co.MMA_THREADS, co.MMA_TM, co.MMA_TN, co.MMA_KC,
+                                                          co.MMA_BMAX, co.MMA_PAD, co.MMA_MIN_BLOCKS)
     # a thread owns (TM/32) x 4 outputs: 8 threads across the 32 tile columns, 32 down the rows
     assert co.THREADS == (co.TN // 4) * 32 and co.THREADS <= co.MAX_BLOCK_THREADS
     assert co.BD_TM % 32 == 0 and co.CNP_TM % 32 == 0
@@ -359,7 +360,7 @@ def test_static_shared_memory_fits_every_launch():
     assert co.tile_shared_bytes(co.BD_TM) == 4 * (32 * 129 + 32 * 33) == 20736
     assert co.tile_shared_bytes(co.CNP_TM) == 4 * (32 * 65 + 32 * 33) == 12544
     assert max(co.tile_shared_bytes(tm) for tm in (co.BD_TM, co.CNP_TM)) <= co.MAX_STATIC_SHARED
-    assert co.mma_shared_bytes() == 2 * (64 * 264 + 32 * 72) + 8 * 256 == 40448 <= co.MAX_STATIC_SHARED
+    assert co.mma_shared_bytes() == 2 * (64 * 136 + 64 * 40) + 8 * 256 == 24576 <= co.MAX_STATIC_SHARED
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])

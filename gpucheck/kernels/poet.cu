@@ -204,19 +204,28 @@ POET_CNP_ENTRY(poet_cnp_step_f16, gc_f16)
 // ---- (3) block-diagonal apply on tensor cores ---------------------------------------------------
 //
 // b: a multiple of 32 up to POET_MMA_BMAX (checked by gpucheck.poet.cupy_ops.bd_plan).
-// One thread block = one diagonal block j (blockIdx.x) x POET_MMA_TM rows (blockIdx.y). It stages
-// the block's input and output indices in shared memory, gathers its operand stripe
-// A[row0 .. row0 + TM, in_idx[j b .. j b + b]] once into shared memory (raw 16-bit values, 16-byte
-// vector loads where the columns are contiguous and aligned; along the rows for a transposed
-// operand, so that loads coalesce either way), then computes all b output columns from it in
-// passes of POET_MMA_TN columns: per pass, G's columns are staged in chunks of POET_MMA_KC inner
-// indices as B(k, n) = [n][k] (the column-major B fragment is then one 32-bit load), and each warp
-// accumulates its 16 rows x 32 columns with mma.sync over the inner dimension in k order (fixed:
-// the result is deterministic). Results are rounded once to the storage dtype (gc_f32_to_*), as
-// (1) does, and written through out_idx (pairs of columns as one 32-bit store when there is no
+// One thread block = one diagonal block j (blockIdx.x) x POET_MMA_TM rows (blockIdx.y), taken in
+// sub-tiles of st rows: st = 64 for b <= 128, 32 above, so that a sub-tile's operand stripe (st x b
+// 16-bit values) fits one shared buffer of 64 x (128 + 8) either way. Per sub-tile the block gathers
+// its stripe A[rows, in_idx[j b .. j b + b]] once into shared memory (raw 16-bit values: 16-byte
+// vector loads where the columns are contiguous and aligned, otherwise two columns per thread and
+// tile, 8 loads in flight), then computes all b output columns from it in passes of pw columns
+// (pw = 32 when st = 64, 64 when st = 32: a warp owns 16 rows x 32 columns of a pass). Per pass, G
+// is staged in chunks of kcm inner indices (64 when st = 64, 32 when st = 32) as it lies in memory,
+// a window of G's rows copied 16 bytes at a time: k-major (B(k, n) = G[k][n]) without transpose,
+// n-major (B(k, n) = G[n][k]) with it. Each warp accumulates its 16 x 32 outputs with mma.sync over
+// the inner dimension in k order (fixed: the result is deterministic), its fragments loaded with
+// ldmatrix: per k16 step one gc_ldmatrix_x4 for the A fragment (16 x 16 of the stripe, row-major)
+// and two for the B fragments of its four n8 tiles (gc_ldmatrix_x4_trans from a k-major chunk,
+// gc_ldmatrix_x4 from an n-major one). Results are rounded once to the storage dtype (gc_f32_to_*),
+// as (1) does, and written through out_idx (pairs of columns as one 32-bit store when there is no
 // scatter and the rows are contiguous).
-// Shared rows are padded by 8 elements (16 bytes): the fragment loads of the 8 groups x 4 threads
-// of a warp hit 32 different banks for every b.
+// Banks: every shared row is padded by 8 elements (16 bytes), so that its stride (b + 8, pw + 8 or
+// kcm + 8 elements) is an odd number of 16-byte units: the 8 rows of an 8 x 8 matrix (one ldmatrix
+// phase) lie in 8 different 16-byte bank groups. Stores go in tiles of 8 rows x 4 units (16-byte
+// vectors, or 32-bit column pairs) per warp, lane l on row l % 8: a quarter warp's 16-byte stores
+// hit 8 rows of one unit, a warp's 32-bit stores 8 rows x 4 words, conflict-free for the same reason
+// (tests/test_poet_ldmatrix.py counts the wavefronts of every shared access of the kernel).
 
 #define POET_MMA_THREADS 128
 #define POET_MMA_TM 64
@@ -224,117 +233,227 @@ POET_CNP_ENTRY(poet_cnp_step_f16, gc_f16)
 #define POET_MMA_KC 64
 #define POET_MMA_BMAX 256
 #define POET_MMA_PAD 8
+// resident blocks per SM that __launch_bounds__ caps the registers for: 65536 / (8 x 128) = 64
+#define POET_MMA_MIN_BLOCKS 8
+#define POET_MMA_WARPS (POET_MMA_THREADS / 32)
+// the stripe buffer: 64 rows of up to 128 (+ 8) columns, or 32 rows of up to 256 (+ 8)
+#define POET_MMA_XS (POET_MMA_TM * (POET_MMA_BMAX / 2 + POET_MMA_PAD))
+// a G chunk: [64][32 + 8] (k-major, st = 64) is the largest of its four shapes
+#define POET_MMA_GS (POET_MMA_KC * (POET_MMA_TN + POET_MMA_PAD))
+static_assert(POET_MMA_XS >= POET_MMA_TM / 2 * (POET_MMA_BMAX + POET_MMA_PAD), "stripe buffer too small");
+static_assert(POET_MMA_GS >= POET_MMA_TN * (POET_MMA_KC + POET_MMA_PAD) &&
+                  POET_MMA_GS >= POET_MMA_KC / 2 * (2 * POET_MMA_TN + POET_MMA_PAD) &&
+                  POET_MMA_GS >= 2 * POET_MMA_TN * (POET_MMA_KC / 2 + POET_MMA_PAD),
+              "G chunk buffer too small");
 
 struct alignas(16) poet_mma_smem {
-    gc_u16 xs[POET_MMA_TM][POET_MMA_BMAX + POET_MMA_PAD];  // the gathered operand stripe
-    gc_u16 gs[POET_MMA_TN][POET_MMA_KC + POET_MMA_PAD];    // B(k0 + kk, c0 + n) at [n][kk]
-    int in_s[POET_MMA_BMAX];                               // in_idx of the block's b columns
-    int out_s[POET_MMA_BMAX];                              // out_idx of the block's b columns
+    gc_u16 xs[POET_MMA_XS];    // the operand stripe of a sub-tile: [st][b + 8]
+    gc_u16 gs[POET_MMA_GS];    // a chunk of B: [kc][pw + 8] (k-major) or [pw][kcm + 8] (n-major)
+    int in_s[POET_MMA_BMAX];   // in_idx of the block's b columns
+    int out_s[POET_MMA_BMAX];  // out_idx of the block's b columns
 };
+
+// The shape of the work for block size b, the same in every thread but wr and wc.
+struct poet_mma_geom {
+    int st;       // rows per sub-tile: 64 (b <= 128) or 32
+    int pw;       // output columns per pass: 32 or 64
+    int kcm;      // inner indices per staged chunk of G: 64 or 32
+    int xs_rs;    // stripe row stride: b + 8
+    int gs_rs;    // chunk row stride: pw + 8 (k-major) or kcm + 8 (n-major)
+    int wr, wc;   // this warp's first row in the sub-tile and first column in the pass
+    bool kmajor;  // B = G, staged k-major and read with ldmatrix .trans; otherwise B = G^T, n-major
+};
+
+__device__ __forceinline__ poet_mma_geom poet_mma_geometry(int b, int transpose) {
+    poet_mma_geom q;
+    q.st = b <= POET_MMA_BMAX / 2 ? POET_MMA_TM : POET_MMA_TM / 2;
+    q.pw = POET_MMA_TN * (POET_MMA_TM / q.st);
+    q.kcm = POET_MMA_KC * q.st / POET_MMA_TM;
+    q.kmajor = transpose == 0;
+    q.xs_rs = b + POET_MMA_PAD;
+    q.gs_rs = (q.kmajor ? q.pw : q.kcm) + POET_MMA_PAD;
+    const int warp = threadIdx.x / 32, row_warps = q.st / 16;
+    q.wr = 16 * (warp % row_warps);
+    q.wc = POET_MMA_TN * (warp / row_warps);
+    return q;
+}
+
+// The tiles of a rows x units copy (rows 32 or 64, units a multiple of 4): tile i covers rows
+// 8 (i mod rows/8) .. + 7 and units 4 (i div rows/8) .. + 3; lane l takes row l % 8, unit l / 8.
+__device__ __forceinline__ void poet_mma_tile_slot(int tile, int rows, int& r, int& u) {
+    const int bits = rows > 32 ? 3 : 2, lane = threadIdx.x % 32;
+    r = ((tile & ((1 << bits) - 1)) << 3) + lane % 8;
+    u = ((tile >> bits) << 2) + lane / 8;
+}
+
+// dst[r][8u .. 8u + 7] = src[r][8u .. 8u + 7] for r < rows, u < units (16-byte aligned rows), zeros
+// for rows r >= valid: one 16-byte load and store per thread and tile, POET_MMA_VEC tiles in flight.
+#define POET_MMA_VEC 4
+__device__ __forceinline__ void poet_mma_copy_tiles(gc_u16* dst, int dst_rs, const gc_u16* __restrict__ src,
+                                                    gc_i64 src_rs, int rows, int units, int valid) {
+    const int tiles = (rows / 8) * (units / 4);
+    for (int t0 = threadIdx.x / 32; t0 < tiles; t0 += POET_MMA_VEC * POET_MMA_WARPS) {
+        gc_v16 val[POET_MMA_VEC];
+        for (int i = 0; i < POET_MMA_VEC; ++i) {
+            const int tile = t0 + i * POET_MMA_WARPS;
+            int r, u;
+            poet_mma_tile_slot(tile, rows, r, u);
+            val[i] = gc_v16{{0u, 0u, 0u, 0u}};
+            if (tile < tiles && r < valid) val[i] = gc_ld_v16(src + r * src_rs + 8 * u);
+        }
+        for (int i = 0; i < POET_MMA_VEC; ++i) {
+            const int tile = t0 + i * POET_MMA_WARPS;
+            int r, u;
+            poet_mma_tile_slot(tile, rows, r, u);
+            if (tile < tiles) gc_st_v16(dst + r * dst_rs + 8 * u, val[i]);
+        }
+    }
+}
+
+// The stripe without vector loads: xs[r][2p], xs[r][2p + 1] = A(s0 + r, in_s[2p]), A(s0 + r,
+// in_s[2p + 1]) as one 32-bit store, the units of the tiles being column pairs p (a transposed
+// operand, x_rs = 1, reads 8 adjacent rows per column: coalesced either way). POET_MMA_BATCH tiles
+// (8 loads) in flight per thread; a warp's st b / 256 tiles (b / 4 or b / 8) are a multiple of the
+// batch for every b that is a multiple of 32. X points at row s0; rows r >= valid are zeros.
+#define POET_MMA_BATCH 4
+__device__ __forceinline__ void poet_mma_gather_pairs(poet_mma_smem& sm, const poet_mma_geom& q,
+                                                      const gc_u16* __restrict__ X, gc_i64 x_rs, gc_i64 x_cs,
+                                                      int valid, int b) {
+    const int tiles = (q.st / 8) * (b / 8);
+    for (int t0 = threadIdx.x / 32; t0 < tiles; t0 += POET_MMA_BATCH * POET_MMA_WARPS) {
+        gc_u32 val[POET_MMA_BATCH];
+        for (int i = 0; i < POET_MMA_BATCH; ++i) {
+            int r, p;
+            poet_mma_tile_slot(t0 + i * POET_MMA_WARPS, q.st, r, p);
+            const gc_u16* xr = X + r * x_rs;
+            const gc_u16 lo = r < valid ? xr[(gc_i64)sm.in_s[2 * p] * x_cs] : (gc_u16)0;
+            const gc_u16 hi = r < valid ? xr[(gc_i64)sm.in_s[2 * p + 1] * x_cs] : (gc_u16)0;
+            val[i] = (gc_u32)lo | ((gc_u32)hi << 16);
+        }
+        for (int i = 0; i < POET_MMA_BATCH; ++i) {
+            int r, p;
+            poet_mma_tile_slot(t0 + i * POET_MMA_WARPS, q.st, r, p);
+            gc_st_u32(&sm.xs[r * q.xs_rs + 2 * p], val[i]);
+        }
+    }
+}
+
+// The stripe of the sub-tile at row s0: xs[r][kk] = A(s0 + r, in_s[kk]) for r < st, kk < b (0 for
+// rows >= m). `contiguous`: no gather, unit column stride, 16-byte aligned rows: 8 columns per load.
+__device__ __forceinline__ void poet_mma_gather(poet_mma_smem& sm, const poet_mma_geom& q, const gc_u16* X,
+                                                gc_i64 x_rs, gc_i64 x_cs, bool contiguous, int m, int s0,
+                                                int colbase, int b) {
+    if (contiguous)
+        poet_mma_copy_tiles(sm.xs, q.xs_rs, X + (gc_i64)s0 * x_rs + colbase, x_rs, q.st, b / 8, m - s0);
+    else
+        poet_mma_gather_pairs(sm, q, X + (gc_i64)s0 * x_rs, x_rs, x_cs, m - s0, b);
+}
+
+// One chunk of B for the pass at column c0 (pwv columns) and inner indices k0 .. k0 + kc, copied
+// from G as it lies: k-major, rows k0.. and columns c0.. of G; n-major, rows c0.. and columns k0...
+__device__ __forceinline__ void poet_mma_stage_g(poet_mma_smem& sm, const poet_mma_geom& q,
+                                                 const gc_u16* __restrict__ G, int b, bool aligned, int c0,
+                                                 int pwv, int k0, int kc) {
+    const int rows = q.kmajor ? kc : pwv, cols = q.kmajor ? pwv : kc;
+    const gc_u16* src = G + (q.kmajor ? (gc_i64)k0 * b + c0 : (gc_i64)c0 * b + k0);
+    if (aligned) {
+        poet_mma_copy_tiles(sm.gs, q.gs_rs, src, b, rows, cols / 8, rows);
+    } else {
+        for (int e = threadIdx.x; e < rows * cols; e += POET_MMA_THREADS) {
+            const int r = e / cols, c = e - r * cols;
+            sm.gs[r * q.gs_rs + c] = src[(gc_i64)r * b + c];
+        }
+    }
+}
+
+// The element offsets of this lane's ldmatrix rows (lane l addresses row l % 8 of matrix l / 8) at
+// k = 0: `a` in the stripe, of the warp's A blocks (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15),
+// (8-15, 8-15) (a[0..3]); `b` in the G chunk, of (k 0-7, n-tile 0), (k 8-15, tile 0), (k 0-7, tile 1),
+// (k 8-15, tile 1) (the b of tiles 0 and 1); b_k16 the step to the next k16, b_n16 to tiles 2 and 3.
+struct poet_mma_rows {
+    int a, b, b_k16, b_n16;
+};
+
+__device__ __forceinline__ poet_mma_rows poet_mma_lane_rows(const poet_mma_geom& q, int lane) {
+    const int lr = lane % 8, lm = lane / 8;
+    poet_mma_rows o;
+    o.a = (q.wr + lr + 8 * (lm & 1)) * q.xs_rs + 8 * (lm >> 1);
+    o.b = q.kmajor ? (lr + 8 * (lm & 1)) * q.gs_rs + q.wc + 8 * (lm >> 1)
+                   : (q.wc + lr + 8 * (lm >> 1)) * q.gs_rs + 8 * (lm & 1);
+    o.b_k16 = q.kmajor ? 16 * q.gs_rs : 16;
+    o.b_n16 = q.kmajor ? 16 : 16 * q.gs_rs;
+    return o;
+}
+
+// acc += the stripe's k0 .. k0 + kc columns . the staged chunk, one k16 step at a time (kc a multiple
+// of 32): three ldmatrix and four mma per step. KMAJOR: the chunk is k-major (ldmatrix .trans).
+template <class T, bool KMAJOR>
+__device__ __forceinline__ void poet_mma_chunk(const poet_mma_smem& sm, const poet_mma_rows& lr, int k0, int kc,
+                                               float (&acc)[4][4]) {
+#pragma unroll 2
+    for (int ks = 0; ks < kc; ks += 16) {
+        gc_u32 a[4], b01[4], b23[4];
+        gc_ldmatrix_x4(a, sm.xs + lr.a + k0 + ks);
+        const gc_u16* bp = sm.gs + lr.b + (ks / 16) * lr.b_k16;
+        if (KMAJOR) {
+            gc_ldmatrix_x4_trans(b01, bp);
+            gc_ldmatrix_x4_trans(b23, bp + lr.b_n16);
+        } else {
+            gc_ldmatrix_x4(b01, bp);
+            gc_ldmatrix_x4(b23, bp + lr.b_n16);
+        }
+        const gc_u32 f0[2] = {b01[0], b01[1]}, f1[2] = {b01[2], b01[3]};
+        const gc_u32 f2[2] = {b23[0], b23[1]}, f3[2] = {b23[2], b23[3]};
+        gc_mma_16816(acc[0], a, f0, acc[0], T());
+        gc_mma_16816(acc[1], a, f1, acc[1], T());
+        gc_mma_16816(acc[2], a, f2, acc[2], T());
+        gc_mma_16816(acc[3], a, f3, acc[3], T());
+    }
+}
+
+// One pass: acc (this warp's 16 rows x 32 columns c0 + wc ..) = stripe . B[:, c0 + wc ..], k in order.
+template <class T>
+__device__ __forceinline__ void poet_mma_pass(poet_mma_smem& sm, const poet_mma_geom& q,
+                                              const gc_u16* __restrict__ G, int b, bool g_aligned, int c0,
+                                              float (&acc)[4][4]) {
+    const poet_mma_rows lr = poet_mma_lane_rows(q, threadIdx.x % 32);
+    const int pwv = b - c0 < q.pw ? b - c0 : q.pw;
+    const bool active = q.wc < pwv;  // a warp whose columns the last pass of b = 160, 224 lacks
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < b; k0 += q.kcm) {
+        const int kc = b - k0 < q.kcm ? b - k0 : q.kcm;
+        poet_mma_stage_g(sm, q, G, b, g_aligned, c0, pwv, k0, kc);
+        __syncthreads();
+        if (active && q.kmajor) poet_mma_chunk<T, true>(sm, lr, k0, kc, acc);
+        else if (active) poet_mma_chunk<T, false>(sm, lr, k0, kc, acc);
+        __syncthreads();
+    }
+}
 
 __device__ __forceinline__ gc_u16 poet_bits(float v, gc_bf16) { return gc_f32_to_bf16(v); }
 __device__ __forceinline__ gc_u16 poet_bits(float v, gc_f16) { return gc_f32_to_f16(v); }
 
-// xs[r][kk] = A(row0 + r, in_s[kk]) for r < TM, kk < b (0 for rows >= m). Each thread issues a
-// batch of independent loads before it stores any (POET_MMA_BATCH 16-bit values, or 2 vectors),
-// so that enough loads are in flight to hide memory latency; TM * b is a multiple of the batch
-// times the thread count for every b that is a multiple of 32 (64 b / (128 * 8) = b / 16).
-#define POET_MMA_BATCH 8
-__device__ __forceinline__ void poet_mma_gather_scalar(poet_mma_smem& sm, const gc_u16* __restrict__ X,
-                                                       gc_i64 x_rs, gc_i64 x_cs, int m, int row0, int b) {
-    const bool by_rows = x_rs == 1;  // a transposed operand: rows adjacent in memory vary fastest
-    for (int e0 = threadIdx.x; e0 < POET_MMA_TM * b; e0 += POET_MMA_BATCH * POET_MMA_THREADS) {
-        gc_u16 val[POET_MMA_BATCH];
-        for (int u = 0; u < POET_MMA_BATCH; ++u) {
-            const int e = e0 + u * POET_MMA_THREADS;
-            const int r = by_rows ? e % POET_MMA_TM : e / b, kk = by_rows ? e / POET_MMA_TM : e % b;
-            const int row = row0 + r;
-            val[u] = row < m ? X[(gc_i64)row * x_rs + (gc_i64)sm.in_s[kk] * x_cs] : (gc_u16)0;
-        }
-        for (int u = 0; u < POET_MMA_BATCH; ++u) {
-            const int e = e0 + u * POET_MMA_THREADS;
-            const int r = by_rows ? e % POET_MMA_TM : e / b, kk = by_rows ? e / POET_MMA_TM : e % b;
-            sm.xs[r][kk] = val[u];
-        }
-    }
-}
-
-__device__ __forceinline__ void poet_mma_gather(poet_mma_smem& sm, const gc_u16* __restrict__ X, gc_i64 x_rs,
-                                                gc_i64 x_cs, bool contiguous, int m, int row0, int colbase,
-                                                int b) {
-    const int tid = threadIdx.x;
-    if (contiguous) {  // no gather, unit column stride, 16-byte aligned rows: 8 columns per load
-        const int per_row = b >> 3;
-        for (int e0 = tid; e0 < POET_MMA_TM * per_row; e0 += 2 * POET_MMA_THREADS) {
-            gc_v16 val[2];
-            for (int u = 0; u < 2; ++u) {
-                const int e = e0 + u * POET_MMA_THREADS, r = e / per_row, v = e - r * per_row;
-                const int row = row0 + r;
-                val[u] = gc_v16{{0u, 0u, 0u, 0u}};
-                if (row < m) val[u] = gc_ld_v16(X + (gc_i64)row * x_rs + colbase + 8 * v);
-            }
-            for (int u = 0; u < 2; ++u) {
-                const int e = e0 + u * POET_MMA_THREADS, r = e / per_row, v = e - r * per_row;
-                gc_st_v16(&sm.xs[r][8 * v], val[u]);
-            }
-        }
-    } else {
-        // a transposed operand (x_rs == 1): consecutive rows are adjacent in memory, so rows vary
-        // fastest across the threads; otherwise the block's columns do
-        poet_mma_gather_scalar(sm, X, x_rs, x_cs, m, row0, b);
-    }
-}
-
-// gs[n][kk] = B(k0 + kk, c0 + n) for n < TN, kk < kc, with B = G (or G^T with transpose).
-__device__ __forceinline__ void poet_mma_stage_g(poet_mma_smem& sm, const gc_u16* __restrict__ G, int b,
-                                                 int transpose, bool aligned, int c0, int k0, int kc) {
-    const int tid = threadIdx.x;
-    const int vecs = kc >> 3;  // 8-element pieces per staged row
-    if (aligned && transpose) {  // B(k, n) = G[n][k]: rows of G, contiguous along k
-        for (int e = tid; e < POET_MMA_TN * vecs; e += POET_MMA_THREADS) {
-            const int n = e / vecs, v = e - n * vecs;
-            gc_st_v16(&sm.gs[n][8 * v], gc_ld_v16(G + (gc_i64)(c0 + n) * b + k0 + 8 * v));
-        }
-    } else if (aligned) {  // B(k, n) = G[k][n]: contiguous along n, transposed into [n][k]
-        for (int e = tid; e < kc * (POET_MMA_TN / 8); e += POET_MMA_THREADS) {
-            const int kk = e / (POET_MMA_TN / 8), v = e % (POET_MMA_TN / 8);
-            const gc_v16 val = gc_ld_v16(G + (gc_i64)(k0 + kk) * b + c0 + 8 * v);
-            for (int i = 0; i < 4; ++i) {
-                sm.gs[8 * v + 2 * i][kk] = (gc_u16)(val.w[i] & 0xffffu);
-                sm.gs[8 * v + 2 * i + 1][kk] = (gc_u16)(val.w[i] >> 16);
-            }
-        }
-    } else {
-        for (int e = tid; e < POET_MMA_TN * kc; e += POET_MMA_THREADS) {
-            const int n = e / kc, kk = e - n * kc;
-            sm.gs[n][kk] = transpose ? G[(gc_i64)(c0 + n) * b + k0 + kk] : G[(gc_i64)(k0 + kk) * b + c0 + n];
-        }
-    }
-}
-
-// One pass: acc (this warp's 16 rows x 32 columns c0 .. c0 + 31) = stripe . B[:, c0 .. c0 + 31].
+// The warp's results of a pass, rounded to the storage dtype, to Y through out_idx.
 template <class T>
-__device__ __forceinline__ void poet_mma_pass(poet_mma_smem& sm, const gc_u16* __restrict__ G, int b,
-                                              int transpose, bool g_aligned, int c0, float (&acc)[4][4]) {
-    const int lane = threadIdx.x % 32, r0 = (threadIdx.x / 32) * 16;
-    const int g = lane / 4, t = lane % 4;
-    for (int i = 0; i < 4; ++i)
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    for (int k0 = 0; k0 < b; k0 += POET_MMA_KC) {
-        const int kc = b - k0 < POET_MMA_KC ? b - k0 : POET_MMA_KC;
-        poet_mma_stage_g(sm, G, b, transpose, g_aligned, c0, k0, kc);
-        __syncthreads();
-        for (int ks = 0; ks < kc; ks += 16) {
-            const gc_u16* x0 = &sm.xs[r0 + g][k0 + ks + 2 * t];
-            const gc_u16* x1 = &sm.xs[r0 + g + 8][k0 + ks + 2 * t];
-            const gc_u32 a[4] = {gc_ld_u32(x0), gc_ld_u32(x1), gc_ld_u32(x0 + 8), gc_ld_u32(x1 + 8)};
-            for (int nt = 0; nt < 4; ++nt) {
-                const gc_u16* gp = &sm.gs[nt * 8 + g][ks + 2 * t];
-                const gc_u32 bf[2] = {gc_ld_u32(gp), gc_ld_u32(gp + 8)};
-                gc_mma_16816(acc[nt], a, bf, acc[nt], T());
+__device__ __forceinline__ void poet_mma_store(const poet_mma_smem& sm, const poet_mma_geom& q,
+                                               gc_u16* __restrict__ Y, gc_i64 y_rs, gc_i64 y_cs, bool y_pairs,
+                                               int m, int s0, int colbase, int c0, const float (&acc)[4][4]) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int nt = 0; nt < 4; ++nt) {
+        for (int h = 0; h < 2; ++h) {
+            const int row = s0 + q.wr + g + 8 * h;
+            const int lc = c0 + q.wc + nt * 8 + 2 * t;  // this lane's two columns lc, lc + 1 of the block
+            if (row < m) {
+                const gc_u16 v0 = poet_bits(acc[nt][2 * h], T()), v1 = poet_bits(acc[nt][2 * h + 1], T());
+                if (y_pairs) {
+                    gc_st_u32(Y + (gc_i64)row * y_rs + colbase + lc, (gc_u32)v0 | ((gc_u32)v1 << 16));
+                } else {
+                    Y[(gc_i64)row * y_rs + (gc_i64)sm.out_s[lc] * y_cs] = v0;
+                    Y[(gc_i64)row * y_rs + (gc_i64)sm.out_s[lc + 1] * y_cs] = v1;
+                }
             }
         }
-        __syncthreads();
     }
 }
 
@@ -352,35 +471,23 @@ __device__ __forceinline__ void poet_bd_mma_impl(
         sm.out_s[i] = out_idx ? out_idx[colbase + i] : colbase + i;
     }
     __syncthreads();
+    const poet_mma_geom q = poet_mma_geometry(b, transpose);
     const bool x_vec = !in_idx && x_cs == 1 && (x_rs & 7) == 0 && ((gc_u64)X & 15u) == 0;
-    poet_mma_gather(sm, X, x_rs, x_cs, x_vec, m, row0, colbase, b);
     const bool g_aligned = ((gc_u64)G & 15u) == 0;
     const bool y_pairs = !out_idx && y_cs == 1 && (y_rs & 1) == 0 && ((gc_u64)Y & 3u) == 0;
-    const int lane = tid % 32, r0 = (tid / 32) * 16;
-    const int g = lane / 4, t = lane % 4;
-    for (int c0 = 0; c0 < b; c0 += POET_MMA_TN) {
-        float acc[4][4];
-        poet_mma_pass<T>(sm, Gb, b, transpose, g_aligned, c0, acc);  // starts with a barrier: the stripe is in
-        for (int nt = 0; nt < 4; ++nt) {
-            for (int h = 0; h < 2; ++h) {
-                const int row = row0 + r0 + g + 8 * h;
-                const int lc = c0 + nt * 8 + 2 * t;  // this lane's two columns lc, lc + 1 of the block
-                if (row < m) {
-                    const gc_u16 v0 = poet_bits(acc[nt][2 * h], T()), v1 = poet_bits(acc[nt][2 * h + 1], T());
-                    if (y_pairs) {
-                        gc_st_u32(Y + (gc_i64)row * y_rs + colbase + lc, (gc_u32)v0 | ((gc_u32)v1 << 16));
-                    } else {
-                        Y[(gc_i64)row * y_rs + (gc_i64)sm.out_s[lc] * y_cs] = v0;
-                        Y[(gc_i64)row * y_rs + (gc_i64)sm.out_s[lc + 1] * y_cs] = v1;
-                    }
-                }
-            }
+    for (int s0 = row0; s0 < row0 + POET_MMA_TM && s0 < m; s0 += q.st) {
+        // the stripe is free: the previous sub-tile's last pass ended with a barrier
+        poet_mma_gather(sm, q, X, x_rs, x_cs, x_vec, m, s0, colbase, b);
+        for (int c0 = 0; c0 < b; c0 += q.pw) {
+            float acc[4][4];
+            poet_mma_pass<T>(sm, q, Gb, b, g_aligned, c0, acc);  // its first barrier: the stripe is in
+            if (q.wc < b - c0) poet_mma_store<T>(sm, q, Y, y_rs, y_cs, y_pairs, m, s0, colbase, c0, acc);
         }
     }
 }
 
 #define POET_MMA_ENTRY(NAME, TAG)                                                                     \
-    extern "C" __global__ void __launch_bounds__(POET_MMA_THREADS) NAME(                              \
+    extern "C" __global__ void __launch_bounds__(POET_MMA_THREADS, POET_MMA_MIN_BLOCKS) NAME(         \
         const TAG::storage* X, gc_i64 x_rs, gc_i64 x_cs, const TAG::storage* G, TAG::storage* Y,      \
         gc_i64 y_rs, gc_i64 y_cs, const int* in_idx, const int* out_idx, int m, int b, int k,         \
         int transpose) {                                                                              \

@@ -146,3 +146,41 @@ __device__ __forceinline__ void gc_mma_16816(float (&d)[4], const gc_u32 (&a)[4]
                                              const float (&c)[4], gc_f16) {
     gc_mma_16816_f16(d, a, b, c);
 }
+
+// ---- ldmatrix: four 8 x 8 matrices of 16-bit elements from shared memory into mma fragments -----
+// gc_ldmatrix_x4(r, row): ldmatrix.sync.aligned.m8n8.x4.shared.b16 (sm_75 and later), a
+// warp-collective load (PTX ISA, "Warp-level matrix load instruction: ldmatrix"). Lane l supplies
+// `row`, the address of row l % 8 of matrix l / 8: 8 contiguous 16-bit elements in shared memory,
+// 16-byte aligned. Every lane receives, in r[i], two elements of matrix i: (g, 2t) in the low half
+// and (g, 2t + 1) in the high half, with g = lane / 4 and t = lane % 4, which is the register of an
+// mma A or B fragment covering that 8 x 8 block (see the fragment table above: a[0..3] are the
+// blocks (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) of A; b[0], b[1] the blocks
+// (k 0-7), (k 8-15) of an n8 column of B stored n-major). gc_ldmatrix_x4_trans (.trans): each matrix
+// transposed on the way, r[i] = (2t, g) low and (2t + 1, g) high: the B fragment of a k-major B.
+// Every lane of the warp calls it together, with the same shared memory synchronised before it.
+// In emulation (tests/cudaemu.h, emu_ldmatrix) the lanes exchange their rows the same way.
+#ifdef GC_EMULATION
+__device__ __forceinline__ void gc_ldmatrix_x4(gc_u32 (&r)[4], const gc_u16* row) { emu_ldmatrix(4, false, r, row); }
+__device__ __forceinline__ void gc_ldmatrix_x4_trans(gc_u32 (&r)[4], const gc_u16* row) {
+    emu_ldmatrix(4, true, r, row);
+}
+#else
+__device__ __forceinline__ void gc_ldmatrix_x4(gc_u32 (&r)[4], const gc_u16* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((gc_u32)__cvta_generic_to_shared(row)));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void gc_ldmatrix_x4_trans(gc_u32 (&r)[4], const gc_u16* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((gc_u32)__cvta_generic_to_shared(row)));
+#else
+    __trap();
+#endif
+}
+#endif

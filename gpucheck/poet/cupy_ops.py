@@ -30,11 +30,12 @@ BD_TM = 128  # rows per tile of poet_bd_apply (POET_BD_TM)
 CNP_TM = 64  # rows per tile of poet_cnp_step (POET_CNP_TM)
 # poet_bd_mma (tensor cores): 4 warps, 64 rows x one whole diagonal block per thread block
 MMA_THREADS = 128  # POET_MMA_THREADS
-MMA_TM = 64  # POET_MMA_TM: rows per thread block
-MMA_TN = 32  # POET_MMA_TN: output columns per pass
-MMA_KC = 64  # POET_MMA_KC: inner-dimension chunk of G staged per pass
-MMA_BMAX = 256  # POET_MMA_BMAX: the largest block size (the operand stripe is MMA_TM x MMA_BMAX)
+MMA_TM = 64  # POET_MMA_TM: rows per thread block (sub-tiles of 64 rows for b <= 128, of 32 above)
+MMA_TN = 32  # POET_MMA_TN: output columns per warp and pass
+MMA_KC = 64  # POET_MMA_KC: inner-dimension chunk of G staged per pass (32 with sub-tiles of 32 rows)
+MMA_BMAX = 256  # POET_MMA_BMAX: the largest block size
 MMA_PAD = 8  # POET_MMA_PAD: 16-bit elements of padding per shared row
+MMA_MIN_BLOCKS = 8  # POET_MMA_MIN_BLOCKS: __launch_bounds__' resident blocks per SM (registers <= 64)
 MMA_DTYPES = ("bf16", "fp16")  # fp32 has no tensor-core kernel (tf32 would round its inputs)
 MMA_MIN_CC = 80  # mma.sync m16n8k16 with bf16: compute capability 8.0 and later
 SUFFIX = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -65,9 +66,10 @@ def tile_shared_bytes(tm: int) -> int:
 
 
 def mma_shared_bytes() -> int:
-    """Static shared memory of poet_bd_mma (struct poet_mma_smem): the operand stripe and the G
-    pass (16-bit, padded rows), and the block's input and output indices (int)."""
-    return 2 * (MMA_TM * (MMA_BMAX + MMA_PAD) + MMA_TN * (MMA_KC + MMA_PAD)) + 4 * 2 * MMA_BMAX
+    """Static shared memory of poet_bd_mma (struct poet_mma_smem): the operand stripe of a
+    sub-tile (64 rows of up to 128 columns or 32 of up to 256, 16-bit, padded rows), a chunk of G
+    (64 x 32 or 32 x 64, padded), and the block's input and output indices (int)."""
+    return 2 * (MMA_TM * (MMA_BMAX // 2 + MMA_PAD) + MMA_KC * (MMA_TN + MMA_PAD)) + 4 * 2 * MMA_BMAX
 
 
 def block_of(kernel: str) -> tuple[int, int, int]:
