@@ -9,6 +9,8 @@
 # Through the device tool (the command runs in the repository root; $OUT comes back):
 #   run  command: bash scripts/gpu-validate.sh --part 1 "$OUT"     timeout_s: 540
 #   run  command: bash scripts/gpu-validate.sh --part 2 "$OUT"     timeout_s: 240   (then give_back)
+# Before part 2, the tool's status says the device time left: below 180 + 40 s, add --budget (that
+# time - 40). Each call returns that part's two files (the tool empties $OUT before each command).
 # Nothing must travel on the lent image (Python 3.12 with torch, CuPy, nvidia-ml-py, numpy, pytest,
 # click, rich, psutil; nvcc, nvdisasm, cuobjdump): no step imports ClusterShell or jsonschema, and
 # the kit never runs pip against an index. Where the env step says "missing: NAME", it prints the
@@ -39,8 +41,10 @@
 # .tmp file in OUTDIR and renaming it, so a kill at any moment leaves what was done before (at
 # most one .tmp file per part, never under the final names). The steps work in a private
 # temporary folder, removed at the end. A step's processes that escape its process group (setsid)
-# are found by a token in their environment and killed when the step ends. SIGTERM or SIGINT stops
-# the running step's whole process group, records it, writes both files and exits 143 / 130.
+# are found by a token in their environment and killed when the step ends. A step past its time
+# gets SIGINT (pytest then prints its summary, benchmarks clean up), SIGKILL 5 s later. SIGTERM or
+# SIGINT to the kit stops the running step's whole process group the same way, records it, writes
+# both files and exits 143 / 130.
 # OUTDIR must be this user's own: a link, a folder others can write, or one that holds a link or a
 # special file is refused (exit 2), so that nothing is ever written through a planted link.
 #
@@ -48,11 +52,12 @@
 # -ac, -lgc, -c or -mig; only nvidia-smi -q, -q -x, --query-gpu and topo -m).
 #
 # Exit status: 0 when every step that ran exited 0 and no core step was skipped for time, 1 when
-# a step failed or ran out of time or a core step was skipped for time, 2 for a usage error or a refused OUTDIR (one line on stderr), 130/143 when
-# interrupted. GV_TIME_SCALE (tests only): a number in (0, 1] that every limit, the budget, the
+# a step failed or ran out of time or a core step was skipped for time, 2 for a usage error or a
+# refused OUTDIR (one line on stderr), 130/143 when interrupted. GV_TIME_SCALE (tests only): a number in (0, 1] that every limit, the budget, the
 # spare and the reserve are multiplied by, so that the suite runs a part in seconds; it can only
 # shorten a part, never lengthen it.
 
+{  # the whole script is read before any of it runs: an edit of this file cannot change a run under way
 set -u
 set -o pipefail
 
@@ -60,7 +65,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
 BUDGET_S=(0 480 180)   # per part
 SPARE_S=(0 10 15)      # per part: the kit's own time (start, figures, archives) between the steps
 RESERVE_S=5            # kept before the deadline for the step's figures and the last archive
-GRACE_S=5              # a step past its time gets SIGTERM, then SIGKILL this much later (inside its time)
+GRACE_S=5              # a step past its time gets SIGINT, then SIGKILL this much later (inside its time)
 MIN_STEP_S=5           # a step that cannot get min(its limit, this) is skipped for time
 FIG_S=3                # the figures of one step (scripts/gpu_validate.py figures)
 HEARTBEAT_S=30         # the archive is rewritten this often during a long step
@@ -75,11 +80,11 @@ PLAN=(
   '1|telemetry|20|core|"$GV_PY" -m gpucheck telemetry dump -o "$GV_DIR/telemetry.json"'
   '1|run-level1|30|core|"$GV_PY" -m gpucheck run --level 1 -v --output "$GV_DIR/run-level1.json" --no-history --state-dir "$GV_TMP/state" --timeout "${GV_INNER_S}s"'
   '1|pytest-poet|160|core|gv_pytest tests/test_poet_gpu.py'
-  '1|pytest-eud|60|core|gv_pytest tests/test_eud_gpu.py'
-  '1|bench-poet|50|core|"$GV_PY" benchmarks/bench_poet.py --device cuda --seconds 0.25 --problems 2'
-  '1|bench-memtest|45|core|"$GV_PY" benchmarks/bench_memtest.py --device cuda --fraction 0.5 --rounds 3 --json >"$GV_DIR/bench-memtest.json"'
+  '1|pytest-eud|75|core|gv_pytest tests/test_eud_gpu.py'
+  '1|bench-poet|45|core|"$GV_PY" benchmarks/bench_poet.py --device cuda --seconds 0.25 --problems 2'
+  '1|bench-memtest|45|core|"$GV_PY" benchmarks/bench_memtest.py --device cuda --fraction 0.9 --rounds 3 --json >"$GV_DIR/bench-memtest.json"'
   '1|bench-burn|55|core|"$GV_PY" benchmarks/bench_burn.py --device cuda --dtype bf16,fp8 --size 8192 --seconds 6 --rounds 1 --breakdown --json >"$GV_DIR/bench-burn.json"'
-  '1|sass|30|core|gv_sass'
+  '1|sass|20|core|gv_sass'
   '1|bench-copy|20|extra|"$GV_PY" benchmarks/bench_copy_bandwidth.py --h2d 256M --d2d 1G --repeats 10 --json >"$GV_DIR/bench-copy.json"'
   '2|run-level2|120|core|"$GV_PY" -m gpucheck run --level 2 -v --output "$GV_DIR/run-level2.json" --no-history --state-dir "$GV_TMP/state" --timeout "${GV_INNER_S}s"'
   '2|pytest-busy|45|core|gv_pytest tests/test_busy_gpu.py'
@@ -310,6 +315,11 @@ STATE=running
 TOKEN="gv$$x${RANDOM}${RANDOM}"   # in every step's environment: how its escaped processes are found
 CHILD=""
 EXIT=0
+# A step past its time gets SIGINT, which Python turns into KeyboardInterrupt: pytest prints its
+# summary and writes its XML, benchmarks run their clean-up. (A script's background job starts with
+# SIGINT ignored, and Python would keep it so; timeout installs its own SIGINT handler, so the
+# command it starts has SIGINT at its default again.)
+STEP_SIG=INT
 
 write_tsv() {
   local i
@@ -354,7 +364,7 @@ publish() {  # the archive (first), then the summary: the summary never names a 
 alive() {  # PID still running (not a zombie). Not bash's kill -0: it answers yes for a child it reaped
   local stat
   [ -d /proc/self ] || { ps -p "$1" >/dev/null 2>&1; return; }
-  read -r stat <"/proc/$1/stat" 2>/dev/null || return 1
+  { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
   stat=${stat##*) }
   [ "${stat%% *}" != Z ]
 }
@@ -375,9 +385,9 @@ sweep() {  # SIGKILL every process whose environment holds a step token of this 
 }
 
 # shellcheck disable=SC2317  # run by a trap
-stop_group() {  # SIGTERM the step's process group, SIGKILL after 2 s
+stop_group() {  # STEP_SIG to the step's timeout (it passes it to its process group), SIGKILL after 2 s
   local pg=$1 n=0
-  kill -TERM -- "-$pg" 2>/dev/null || kill -TERM "$pg" 2>/dev/null
+  kill -"$STEP_SIG" "$pg" 2>/dev/null
   while alive "$pg" && [ "$n" -lt 40 ]; do sleep 0.05; n=$((n + 1)); done
   kill -KILL -- "-$pg" 2>/dev/null
   wait "$pg" 2>/dev/null
@@ -388,6 +398,10 @@ figures() {  # step index: the key figures of its outputs (scripts/gpu_validate.
   secs "$FIG_MS"
   line=$(cd "$ROOT" && GV_TOKEN="$TOKEN-$i" timeout -k 0.5 "$REPLY" "$GV_PY" scripts/gpu_validate.py figures \
     "${NAMES[$i]}" "$PDIR" 2>/dev/null </dev/null | head -n 1)
+  if [ -z "$line" ] && [ "${RCS[$i]}" != 0 ]; then  # no figures from a step that failed: its last words
+    line=$(grep -v '^[[:space:]]*$' "$PDIR/${NAMES[$i]}.log" | tail -n 1 | cut -c 1-200)
+    line="last line: ${line:-(no output)}"
+  fi
   line=${line//$'\t'/ }
   FIGS[i]=${line//|//}
 }
@@ -402,7 +416,7 @@ launch() {  # step index, its time in ms: the step's bash under timeout (its own
   secs "$term"
   # shellcheck disable=SC2016  # the command is expanded by the step's bash
   GV_STEP=${NAMES[$i]} GV_INNER_S=$((inner < 1 ? 1 : inner)) GV_TOKEN="$TOKEN-$i" TMPDIR="$GV_TMP" \
-    timeout -k "$grace_s" "$REPLY" bash -c 'eval "$1"' "gv-${NAMES[$i]}" "${CMDS[$i]}" \
+    timeout -s "$STEP_SIG" -k "$grace_s" "$REPLY" bash -c 'eval "$1"' "gv-${NAMES[$i]}" "${CMDS[$i]}" \
     >"$PDIR/${NAMES[$i]}.log" 2>&1 </dev/null &
   CHILD=$!
 }
@@ -494,3 +508,4 @@ done
 STATE=finished
 finish
 exit "$EXIT"
+}

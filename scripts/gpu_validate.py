@@ -14,10 +14,12 @@ the figures that benchmarks/RESULTS.md lists as open, or nothing when there are 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import platform
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -40,13 +42,18 @@ NOT_NEEDED: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _version(module: str) -> str | None:
-    """The module's version, or None when it cannot be imported."""
+def _version(module: str, dist: str) -> str | None:
+    """The installed version of `dist` when `module` imports, else None."""
     try:
         m = importlib.import_module(module)
     except Exception:  # noqa: BLE001 - any import failure means: not usable here
         return None
-    return str(getattr(m, "__version__", "?"))
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:  # another distribution of it (cupy-cuda12x, ...)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return str(getattr(m, "__version__", "?"))
 
 
 def wheel_command(dist: str) -> str:
@@ -86,12 +93,12 @@ def env() -> int:
     print("python", platform.python_version(), sys.executable)
     missing = []
     for module, dist, why in NEEDED:
-        v = _version(module)
+        v = _version(module, dist)
         print(f"{module} {v if v is not None else 'MISSING'} ({dist}: {why})")
         if v is None:
             missing.append(dist)
     for module, dist, why in NOT_NEEDED:
-        v = _version(module)
+        v = _version(module, dist)
         print(f"{module} {v if v is not None else 'absent'}: not needed by any step ({why})")
     print(*_torch_lines(), sep="\n")
     print(_nvrtc_line())
@@ -204,7 +211,11 @@ def fig_memtest(d: Path) -> str:
 
 def fig_copy(d: Path) -> str:
     doc = _json(d / "bench-copy.json")
-    gpus = ((doc or {}).get("result") or {}).get("gpus") or {} if isinstance(doc, dict) else {}
+    if not isinstance(doc, dict):
+        return ""
+    gpus = (doc.get("result") or {}).get("gpus") or {}
+    if not gpus:
+        return "no GPU measured"
     return "; ".join(f"gpu{g} h2d {_f((r.get('h2d') or {}).get('gbps'), 1)} d2h {_f((r.get('d2h') or {}).get('gbps'), 1)}"
                      f" d2d {_f((r.get('d2d') or {}).get('gbps'), 0)} GB/s" for g, r in sorted(gpus.items()))
 

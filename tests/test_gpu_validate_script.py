@@ -576,3 +576,33 @@ def test_only_a_core_step_skipped_for_time_makes_the_part_fail(tmp_path):
         assert p.returncode == rc, (step, p.stdout, p.stderr)
         md = _md_rows((out / "gpu-validate-part2.md").read_text())
         assert md == {step: [kind, {"extra": "75", "core": "45"}[kind], "-", "-", "-", "skipped-for-time", ""]}, md
+
+
+def test_a_step_past_its_time_or_stopped_gets_to_clean_up(tmp_path):
+    """SIGINT first (Python's KeyboardInterrupt: pytest's summary and XML, the benchmarks' finally
+    blocks), though a script's background job starts with SIGINT ignored."""
+    mark = tmp_path / "sleeping"
+    (tmp_path / "stand.py").write_text(
+        "import pathlib, sys, time\ntry:\n    print('started', flush=True)\n"
+        f"    pathlib.Path({str(mark)!r}).touch()\n    time.sleep(300)\n"
+        "except KeyboardInterrupt:\n    print('cleaned up', flush=True)\n    sys.exit(130)\n")
+    py = _exe(tmp_path, "python3", f'exec "{sys.executable}" "{tmp_path / "stand.py"}"\n')
+    out = tmp_path / "out"
+    p = _run("--part", "2", "--only", "run-level2", str(out), env=_env(tmp_path, py, GV_TIME_SCALE="0.02"))
+    assert p.returncode == 1 and _check_outdir(out, parts=(2,))[2]["run-level2"][5] == "timeout", p.stdout
+    assert _archived_log(out, 2, "run-level2").split() == ["started", "cleaned", "up"]
+    mark.unlink()
+    out = tmp_path / "out2"
+    proc = subprocess.Popen(["bash", str(SCRIPT), "--part", "2", "--only", "run-level2", str(out)], cwd=ROOT,
+                            env={**os.environ, **_env(tmp_path, py)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not mark.exists():
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _archived_log(out, 2, "run-level2").split() == ["started", "cleaned", "up"]
