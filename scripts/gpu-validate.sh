@@ -357,7 +357,12 @@ publish() {  # the archive (first), then the summary: the summary never names a 
     tar -czf "$tmp" -C "$WORK" --exclude='*.sass' --exclude='*.cubin' "$PNAME" 2>/dev/null
     rc=$?
   fi
-  if [ "$rc" -le 1 ]; then mv -f -- "$tmp" "$OUTABS/$ARCHIVE"; else rm -f -- "$tmp"; echo "gpu-validate: tar failed ($rc)" >&2; fi
+  if [ "$rc" -le 1 ]; then
+    mv -f -- "$tmp" "$OUTABS/$ARCHIVE"
+  else
+    rm -f -- "$tmp"
+    echo "gpu-validate: tar failed ($rc): $ARCHIVE keeps its last contents" | tee -a "$PDIR/kit.log" >&2
+  fi
   publish_md
 }
 
@@ -449,7 +454,7 @@ run_step() {  # step index
   publish_md
   t0=$NOW_MS
   launch "$i" "$allowed"
-  wait_step
+  wait_step 2>/dev/null  # not bash's "Killed" line for a step that needed SIGKILL: the summary says it
   rc=$REPLY
   now_ms
   shown $((NOW_MS - t0)); SECS[i]=$REPLY
@@ -476,7 +481,7 @@ on_signal() {  # signal name, exit status
   trap '' TERM INT
   local i
   if [ -n "$CHILD" ]; then
-    stop_group "$CHILD"
+    stop_group "$CHILD" 2>/dev/null
     CHILD=""
   fi
   for i in "${!NAMES[@]}"; do
