@@ -46,7 +46,8 @@
 //    conversions (cvt without .ftz) and the bf16 ones (bit arithmetic). x86 flushes fp64 as well,
 //    which the GPU never does (no gpucheck kernel computes in fp64); a result that rounds to
 //    exactly 2^-126 from below is kept (x86 detects tininess after rounding; the GPU's choice is
-//    not documented).
+//    not documented). An fp32 atomicAdd computes in the thread's mode, like the GPU's
+//    atom.add.f32 only with GC_EMU_FTZ=1 (it always flushes).
 //
 // Warps: the threads of a block are grouped into warps of 32 by linear thread index (x fastest),
 // as on the GPU. A warp-collective operation (__syncwarp, __shfl*_sync, __ballot_sync,
@@ -64,8 +65,9 @@
 //    row address a multiple of 16), before the exchange, so that a misaligned one faults;
 //  - read the bytes where they are, at the time the lanes meet (memcpy from the address, not a
 //    copy taken earlier), so that shared memory not yet written shows the poison;
-//  - compute no fp32 value under the thread's FTZ mode unless the instruction has .ftz (wrap the
-//    arithmetic in an emu_fp_scope(false), after the exchange, as emu_mma_m16n8k16 does).
+//  - compute no fp32 value under the thread's FTZ mode unless the instruction has .ftz: wrap the
+//    arithmetic in an emu_fp_scope(false) after the exchange, and fence its operands in and its
+//    results out of the scope as emu_mma_m16n8k16 does (the compiler knows nothing of MXCSR).
 #pragma once
 #define GC_EMULATION 1
 #ifndef GC_EMU_FTZ

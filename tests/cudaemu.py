@@ -194,12 +194,12 @@ def _code_only(text: str) -> str:
     return _COMMENT_OR_STRING.sub(blank, text)
 
 
-def _registrable(code: str, at: int, decl: re.Match | None) -> bool:
+def _registrable(code: str, at: int, decl: re.Match) -> bool:
     """Whether the __shared__ at `at` declares one variable of static size, outside a macro."""
     start = code.rfind("\n", 0, at) + 1
     before = code[max(0, start - 2):start].rstrip("\n")
     line = code[start:at]
-    return (decl is not None and not before.endswith("\\") and not line.lstrip().startswith("#")
+    return (not before.endswith("\\") and not line.lstrip().startswith("#")
             and "extern" not in line.split() and "," not in re.sub(r"<[^<>]*>", "", decl.group("type"))
             and not code[at:decl.end()].rstrip(";").rstrip().endswith("\\"))
 
@@ -212,7 +212,7 @@ def register_shared(text: str) -> str:
     out, pos = [], 0
     for m in re.finditer(r"\b__shared__\b", code):
         decl = _SHARED_DECL.match(code, m.start())
-        if not _registrable(code, m.start(), decl):
+        if decl is None or not _registrable(code, m.start(), decl):
             end = code.find("\n", m.start())
             line = code[code.rfind("\n", 0, m.start()) + 1:len(code) if end < 0 else end]
             raise ValueError(f"cudaemu cannot register this __shared__ declaration (one variable of static "

@@ -216,10 +216,11 @@ extern "C" __global__ void underflow(const float* a, float* out) {
     out[6] = gc_f16_to_f32(gc_f32_to_f16(a[3]));  // an fp16 subnormal, both ways
     out[7] = gc_bf16_to_f32(gc_f32_to_bf16(a[4]));  // a bf16 subnormal, both ways (bit arithmetic)
 }
-extern "C" __global__ void f16_all(const gc_u16* h, float* f, gc_u16* back) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    f[i] = gc_f16_to_f32(h[i]);
-    back[i] = gc_f32_to_f16(f[i]);
+extern "C" __global__ void f16_all(const gc_u16* h, float* f, gc_u16* back, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        f[i] = gc_f16_to_f32(h[i]);
+        back[i] = gc_f32_to_f16(f[i]);
+    }
 }
 // One warp's mma with every element of A and B 2^-70 (bf16), C 0: 16 products of 2^-140 sum to
 // 2^-136, a subnormal fp32 result the tensor cores keep (mma.sync has no .ftz).
@@ -257,7 +258,9 @@ extern "C" void emu_shared_peek(EMU_LAUNCH_PARAMS, float* f, gc_u32* u, gc_u16* 
 extern "C" void emu_run_position(EMU_LAUNCH_PARAMS, int* p, int* c) { EMU_LAUNCH(run_position(p, c)); }
 extern "C" void emu_chain(EMU_LAUNCH_PARAMS, int* x) { EMU_LAUNCH(chain(x)); }
 extern "C" void emu_underflow(EMU_LAUNCH_PARAMS, const float* a, float* o) { EMU_LAUNCH(underflow(a, o)); }
-extern "C" void emu_f16_all(EMU_LAUNCH_PARAMS, const gc_u16* h, float* f, gc_u16* b) { EMU_LAUNCH(f16_all(h, f, b)); }
+extern "C" void emu_f16_all(EMU_LAUNCH_PARAMS, const gc_u16* h, float* f, gc_u16* b, int n) {
+    EMU_LAUNCH(f16_all(h, f, b, n));
+}
 extern "C" void emu_mma_tiny(EMU_LAUNCH_PARAMS, float* d) { EMU_LAUNCH(mma_tiny(d)); }
 extern "C" void emu_dot_pair(EMU_LAUNCH_PARAMS, const float* a, const float* b, float* r, float* e, int n) {
     EMU_LAUNCH(dot_pair(a, b, r, e, n));
@@ -345,8 +348,8 @@ def test_a_misaligned_typed_access_faults_with_its_type_and_source_line(guards):
     with pytest.raises(cudaemu.KernelFault) as caught:
         guards.emu_wide_copy(1, 1, 1, 16, 1, 1, cudaemu.ptr(src), cudaemu.ptr(wide), 8)
     msg = str(caught.value)
-    assert re.search(r"(load of|reference binding to) misaligned address 0x[0-9a-f]+ for type 'const struct wide', which requires "
-                     r"16-byte alignment: a misaligned address on the GPU", msg), msg
+    assert re.search(r"(load of|reference binding to) misaligned address 0x[0-9a-f]+ for type 'const struct wide', "
+                     r"which requires 16-byte alignment: a misaligned address on the GPU", msg), msg
     assert msg.rstrip().endswith("dst[threadIdx.x] = p[threadIdx.x];"), msg
 
 
@@ -378,9 +381,27 @@ def test_shared_memory_read_before_written_holds_the_poison(guards, monkeypatch,
         assert (u[64:] == 0xFFFFFFFF).all() and (h[64:] == 0xFFFF).all()
 
 
+def test_every_shared_declaration_is_registered_or_refused():
+    """cudaemu.py puts EMU_SHARED after each __shared__ declaration (so that it is poisoned before
+    every block); one it could not register is refused rather than left unpoisoned."""
+    text = ("// __shared__ in a comment is no declaration\n"
+            "__shared__ alignas(16) foo<a, b> t[3][4];\n  __shared__ volatile int v;\n")
+    assert cudaemu.register_shared(text) == text.replace("[3][4];", "[3][4]; EMU_SHARED(t);").replace(
+        "int v;", "int v; EMU_SHARED(v);")
+    for bad in ("extern __shared__ float d[];", "__shared__ float a[4], b[4];", "__shared__ int z = 3;",
+                "#define S __shared__ float x[3];", "  int q; \\\n  __shared__ float y[2]; \\\n",
+                "__shared__ float e[];"):
+        with pytest.raises(ValueError, match="cudaemu cannot register this __shared__ declaration"):
+            cudaemu.register_shared(bad)
+    for name in kernels.names():  # every __shared__ of the shipped kernels (outside comments)
+        declared = re.findall(r"__shared__\s+[\w:<>, ]+?\s(\w+)\s*[\[;]", cudaemu._code_only(kernels.source(name)))
+        registered = re.findall(r"EMU_SHARED\((\w+)\);", cudaemu.register_shared(kernels.source(name)))
+        assert registered == declared and declared, name
+
+
 def _positions(lib, n):
     pos, counter = np.full(n, -1, np.int32), np.zeros(1, np.int32)
-    lib.emu_run_position(n, 1, 1, 32, 1, 1, cudaemu.ptr(pos), cudaemu.ptr(counter))
+    lib.emu_run_position(n, 1, 1, 1, 1, 1, cudaemu.ptr(pos), cudaemu.ptr(counter))
     return pos
 
 
@@ -401,7 +422,7 @@ def test_a_kernel_that_counts_on_block_order_fails(guards, monkeypatch):
     the grid's) the result is wrong; in grid order, as the emulator used to run, it looked right."""
     def run():
         x = np.ones(9, np.int32)
-        guards.emu_chain(8, 1, 1, 32, 1, 1, cudaemu.ptr(x))
+        guards.emu_chain(8, 1, 1, 1, 1, 1, cudaemu.ptr(x))
         return x
 
     monkeypatch.setenv(cudaemu.SEED_ENV, "grid")
@@ -450,7 +471,7 @@ def test_fp16_conversions_keep_subnormals_under_the_flush(guards):
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     f = np.zeros(h.size, np.float32)
     back = np.zeros(h.size, np.uint16)
-    guards.emu_f16_all(h.size // 256, 1, 1, 256, 1, 1, cudaemu.ptr(h), cudaemu.ptr(f), cudaemu.ptr(back))
+    guards.emu_f16_all(2, 1, 1, 64, 1, 1, cudaemu.ptr(h), cudaemu.ptr(f), cudaemu.ptr(back), h.size)
     want = h.view(np.float16).astype(np.float32)
     assert np.array_equal(f, want, equal_nan=True)
     number = ~np.isnan(want)
@@ -481,3 +502,49 @@ def test_the_stage_floor_holds_at_the_bottom_of_fp32_only_without_the_flush(guar
         lib.emu_dot_pair(1, 1, 1, rows, 1, 1, cudaemu.ptr(a), cudaemu.ptr(b), cudaemu.ptr(c_rn), cudaemu.ptr(c_ieee), n)
         assert (np.abs(c_ieee - exact) <= bound).all()
         assert bool((np.abs(c_rn - exact) <= bound).all()) is not flushes
+
+
+def _entry(ptx: str, name: str) -> str:
+    body = ptx[ptx.index(f".entry {name}("):]
+    return body[:body.index("\n}")]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_guard_kernels_are_the_instructions_the_emulator_models(arch):
+    """NVRTC with gpucheck's options plus what CuPy appends (-ftz=true): the arithmetic that the
+    emulator flushes compiles to .ftz forms (mul, fma, add), gc_fmaf and the fp16 conversions to
+    forms without .ftz, the mma to mma.sync, and the vector helpers and the alignas(16) struct
+    to 16-byte vector accesses (which fault on the GPU when misaligned)."""
+    _require_nvrtc()
+    from gpucheck.kernels.cupy_module import OPTIONS
+
+    ptx = nvrtc.compile_ptx(kernels.PRELUDE_FOR_TESTS() + GUARD_KERNELS, "guards", arch,
+                            OPTIONS + cudaemu.CUPY_APPENDED_OPTIONS)
+    flushed = _entry(ptx, "underflow")
+    for op in ("mul.ftz.f32", "fma.rn.ftz.f32", "add.ftz.f32", "fma.rn.f32 ", "cvt.rn.f16.f32 ", "cvt.f32.f16 "):
+        assert op in flushed, op
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in _entry(ptx, "mma_tiny")
+    for name in ("v16_copy", "wide_copy"):
+        assert "ld.global.v4.u32" in _entry(ptx, name), name
+
+
+@pytest.mark.gpu
+def test_the_gpu_flushes_what_the_emulator_flushes(guards):
+    """On the GPU machine (pytest -m gpu): the guard kernels compiled as gpucheck compiles through
+    CuPy give the emulator's bits: the underflow kernel (flushed and kept values) and the mma's
+    subnormal result."""
+    cupy = pytest.importorskip("cupy")
+    try:
+        cc = int(cupy.cuda.Device(0).compute_capability)
+    except cupy.cuda.runtime.CUDARuntimeError as e:
+        pytest.skip(f"no CUDA device: {e}")
+    from gpucheck.kernels.cupy_module import OPTIONS
+
+    mod = cupy.RawModule(code=kernels.PRELUDE_FOR_TESTS() + GUARD_KERNELS, options=OPTIONS)
+    out = cupy.full(8, -1.0, cupy.float32)
+    mod.get_function("underflow")((1,), (32,), (cupy.asarray(TINY), out))
+    assert np.array_equal(out.get().view(np.uint32), _underflow(guards).view(np.uint32))
+    if cc >= 80:
+        d = cupy.zeros(32 * 4, cupy.float32)
+        mod.get_function("mma_tiny")((1,), (32,), (d,))
+        assert (d.get() == np.float32(2.0**-136)).all()
