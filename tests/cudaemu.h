@@ -123,6 +123,7 @@ inline thread_local unsigned emu_warp_parity = 0;  // which exchange buffer this
 #define __restrict__ __restrict
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))  // after `static`, where alignas may not go
 
 // ---- faults ------------------------------------------------------------------------------------
 

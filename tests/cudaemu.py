@@ -181,7 +181,7 @@ class EmuLibrary(ctypes.CDLL):
 
 # ---- __shared__ registration (cudaemu.h: "Shared memory holds junk") ------------------------------
 _COMMENT_OR_STRING = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
-_SHARED_DECL = re.compile(r"__shared__\s+(?P<type>(?:alignas\s*\([^()]*\)\s*)?[A-Za-z_][\w:<>, *&]*?)\s*"
+_SHARED_DECL = re.compile(r"__shared__\s+(?P<type>(?:__align__\s*\([^()]*\)\s*)?[A-Za-z_][\w:<>, *&]*?)\s*"
                           r"\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\[\];]+\]\s*)*);")
 
 
@@ -216,7 +216,8 @@ def register_shared(text: str) -> str:
             end = code.find("\n", m.start())
             line = code[code.rfind("\n", 0, m.start()) + 1:len(code) if end < 0 else end]
             raise ValueError(f"cudaemu cannot register this __shared__ declaration (one variable of static "
-                             f"size per declaration, no initializer, not in a macro): {line.strip()!r}")
+                             f"size per declaration, no initializer, not in a macro, alignment as __align__(n)): "
+                             f"{line.strip()!r}")
         out.append(text[pos:decl.end()])
         out.append(f" EMU_SHARED({decl.group('name')});")
         pos = decl.end()

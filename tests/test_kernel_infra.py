@@ -187,7 +187,7 @@ extern "C" __global__ void fault_among_waiters(const gc_u8* src, int* out, int b
 extern "C" __global__ void shared_peek(float* f, gc_u32* u, gc_u16* h) {
     __shared__ float sf[64];
     __shared__ gc_u32 su[64];
-    __shared__ gc_u16 sh[64];
+    __shared__ __align__(16) gc_u16 sh[64];  // CUDA's alignment spelling, as NVRTC and the emulator take it
     const int t = threadIdx.x;
     if (blockIdx.x == 0) { sf[t] = 1.0f; su[t] = 7u; sh[t] = (gc_u16)0x3c00u; }
     __syncthreads();
@@ -385,12 +385,13 @@ def test_every_shared_declaration_is_registered_or_refused():
     """cudaemu.py puts EMU_SHARED after each __shared__ declaration (so that it is poisoned before
     every block); one it could not register is refused rather than left unpoisoned."""
     text = ("// __shared__ in a comment is no declaration\n"
-            "__shared__ alignas(16) foo<a, b> t[3][4];\n  __shared__ volatile int v;\n")
+            "__shared__ foo<a, b> t[3][4];\n  __shared__ volatile int v;\n"
+            "__shared__ __align__(16) gc_u16 w[8 * 8];\n")
     assert cudaemu.register_shared(text) == text.replace("[3][4];", "[3][4]; EMU_SHARED(t);").replace(
-        "int v;", "int v; EMU_SHARED(v);")
+        "int v;", "int v; EMU_SHARED(v);").replace("[8 * 8];", "[8 * 8]; EMU_SHARED(w);")
     for bad in ("extern __shared__ float d[];", "__shared__ float a[4], b[4];", "__shared__ int z = 3;",
                 "#define S __shared__ float x[3];", "  int q; \\\n  __shared__ float y[2]; \\\n",
-                "__shared__ float e[];"):
+                "__shared__ float e[];", "__shared__ alignas(16) float f[4];"):
         with pytest.raises(ValueError, match="cudaemu cannot register this __shared__ declaration"):
             cudaemu.register_shared(bad)
     for name in kernels.names():  # every __shared__ of the shipped kernels (outside comments)
