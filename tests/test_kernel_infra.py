@@ -498,11 +498,14 @@ def test_the_stage_floor_holds_at_the_bottom_of_fp32_only_without_the_flush(guar
     exact = (a.astype(np.float64) * b.astype(np.float64)).sum(1)
     bound = acc_coeff(n, U32) * (np.abs(a.astype(np.float64)) * np.abs(b.astype(np.float64))).sum(1) \
         + stage_floor("fp32", n)
+    kept = []
     for lib, flushes in ((guards, True), (guards_ieee, False)):
         c_rn, c_ieee = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
         lib.emu_dot_pair(1, 1, 1, rows, 1, 1, cudaemu.ptr(a), cudaemu.ptr(b), cudaemu.ptr(c_rn), cudaemu.ptr(c_ieee), n)
         assert (np.abs(c_ieee - exact) <= bound).all()
         assert bool((np.abs(c_rn - exact) <= bound).all()) is not flushes
+        kept.append(c_ieee)
+    assert np.array_equal(kept[0].view(np.uint32), kept[1].view(np.uint32))  # gc_fmaf: the same bits either way
 
 
 def _entry(ptx: str, name: str) -> str:
