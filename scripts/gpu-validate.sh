@@ -24,8 +24,9 @@
 # when the deadline still leaves them time. A step gets min(its limit, what the deadline leaves
 # after the reserve); one that cannot get min(its limit, 5 s) is recorded skipped-for-time, not run.
 #   part 1 (480 s): env (versions, GPU, nvidia-smi -q read-only), telemetry (gpucheck telemetry
-#     dump: the snapshot to commit as a fixture), run-level1, pytest-poet (tests/test_poet_gpu.py),
-#     pytest-eud (tests/test_eud_gpu.py), bench-poet, bench-memtest, bench-burn (bf16, fp8), sass
+#     dump: the snapshot to commit as a fixture), run-level1, pytest-poet (tests/test_poet_gpu.py,
+#     and tests/test_kernel_infra.py's GPU bits against the emulator's), pytest-eud
+#     (tests/test_eud_gpu.py), bench-poet, bench-memtest, bench-burn (bf16, fp8), sass
 #     (ptxas resources and SASS of every kernel source by the machine's nvcc/nvdisasm);
 #     extra: bench-copy
 #   part 2 (180 s): run-level2, pytest-busy (tests/test_busy_gpu.py); extra: pytest-power
@@ -79,7 +80,7 @@ PLAN=(
   '1|env|20|core|gv_env'
   '1|telemetry|20|core|"$GV_PY" -m gpucheck telemetry dump -o "$GV_DIR/telemetry.json"'
   '1|run-level1|30|core|"$GV_PY" -m gpucheck run --level 1 -v --output "$GV_DIR/run-level1.json" --no-history --state-dir "$GV_TMP/state" --timeout "${GV_INNER_S}s"'
-  '1|pytest-poet|160|core|gv_pytest tests/test_poet_gpu.py'
+  '1|pytest-poet|160|core|gv_pytest tests/test_poet_gpu.py tests/test_kernel_infra.py'
   '1|pytest-eud|75|core|gv_pytest tests/test_eud_gpu.py'
   '1|bench-poet|45|core|"$GV_PY" benchmarks/bench_poet.py --device cuda --seconds 0.25 --problems 2'
   '1|bench-memtest|45|core|"$GV_PY" benchmarks/bench_memtest.py --device cuda --fraction 0.9 --rounds 3 --json >"$GV_DIR/bench-memtest.json"'

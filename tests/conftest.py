@@ -8,6 +8,10 @@ it must fail loudly rather than pass quietly. GPU-marked tests are deselected by
 
 Every result of the judges on the rule engine, in every test, must follow from the thresholds it
 lists or name its basis (tests/judge_consistency.py): a test that produces one that does not fails.
+
+The CUDA emulator (tests/cudaemu.py) runs the blocks of every grid in an order shuffled by
+GPUCHECK_EMU_SEED (a random one per session unless set): the header names it, and so does every
+failed test once an emulated kernel has run, so that GPUCHECK_EMU_SEED=<seed> repeats the orders.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 
 import pytest
 
+import cudaemu
 import judge_consistency
 
 
@@ -34,10 +39,18 @@ def _results_follow_their_thresholds():
                     pytrace=False)
 
 
+def pytest_report_header(config):
+    return f"cudaemu: blocks run in the order of {cudaemu.SEED_ENV}={cudaemu.block_order_seed()}"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
+    if report.failed and cudaemu.LAUNCHES:
+        seed = os.environ.get(cudaemu.SEED_ENV, "")
+        report.sections.append(("cudaemu block order", f"emulated kernels ran their blocks in the order of "
+                                                        f"{cudaemu.SEED_ENV}={seed}; set it to repeat them"))
     if not os.environ.get("GPUCHECK_NO_SKIP") or not report.skipped:
         return
     if hasattr(report, "wasxfail"):  # an expected failure is not a skipped test

@@ -131,13 +131,14 @@ def _ctypes_type(ctype: str) -> Any:
     return ctypes.c_void_p if ctype.endswith("*") else np.ctypeslib.as_ctypes_type(np.dtype(SCALARS[_base(ctype)]))
 
 
-def _emulator(code: str) -> tuple[Any, dict[str, tuple[tuple[str, str], ...]]]:
-    """The emulated kernels of `code` with one launcher `emu_<kernel>` per entry point."""
+def _emulator(code: str, options: tuple[str, ...]) -> tuple[Any, dict[str, tuple[tuple[str, str], ...]]]:
+    """The emulated kernels of `code` with one launcher `emu_<kernel>` per entry point, flushing fp32
+    subnormals to zero exactly when CuPy compiling with `options` would (cudaemu.gpu_flushes_subnormals)."""
     params = kernel_params(code)
     driver = "".join(
         f'extern "C" void emu_{k}(EMU_LAUNCH_PARAMS, {", ".join(f"{t} {n}" for t, n in ps)}) '
         f'{{ EMU_LAUNCH({k}({", ".join(n for _, n in ps)})); }}\n' for k, ps in params.items())
-    lib = cudaemu.build_text("fakecupy", code, driver)
+    lib = cudaemu.build_text("fakecupy", code, driver, ftz=cudaemu.gpu_flushes_subnormals(options))
     for k, ps in params.items():
         fn = getattr(lib, f"emu_{k}")
         fn.argtypes = [ctypes.c_uint] * 6 + [_ctypes_type(t) for t, _ in ps]
@@ -458,7 +459,7 @@ def _kernel_classes(fake: FakeCupy) -> dict[str, type]:
 
         def compile(self) -> None:
             if self._lib is None:
-                self._lib, self._params = _emulator(self.code)
+                self._lib, self._params = _emulator(self.code, self.options)
 
         def get_function(self, name: str) -> RawKernel:
             self.compile()

@@ -195,6 +195,25 @@ def test_write_back_steps_write_the_inverse_in_both_directions(emu):
     assert int(buf[77]) == int(~pat[77]) ^ (1 << 9)
 
 
+def test_a_chunk_off_its_16_byte_alignment_faults_as_on_the_gpu(emu):
+    """The kernels move 16-byte units (mt_u128, alignas(16): ld/st.global.v2.u64): a chunk 8 bytes
+    off a 16-byte boundary is a "misaligned address" fault on the GPU, and in the emulation, whose
+    typed-access check names the unit's type, for the fill's stores and the check's and scrub's
+    loads alike."""
+    raw = np.zeros(2 * 256 + 2, np.uint64)
+    start = 1 if raw.ctypes.data % 16 == 0 else 0
+    buf = raw[start:start + 512]
+    assert buf.ctypes.data % 16 == 8
+    access = r"misaligned address 0x[0-9a-f]+ for type '(const )?struct mt_u128', which requires 16-byte alignment"
+    with pytest.raises(cudaemu.KernelFault, match=r"memtest_fill_pair: store to " + access):
+        fill(emu, buf, 0, 0, 1)
+    stats, errs = _step()
+    with pytest.raises(cudaemu.KernelFault, match=r"memtest_check_pair: (load of|reference binding to) " + access):
+        check(emu, buf, 0, 0, 1, stats, errs, 8)
+    with pytest.raises(cudaemu.KernelFault, match=r"memtest_scrub: (load of|reference binding to) " + access):
+        _launch(emu, "memtest_scrub", mc.scrub_args(np, buf, buf.size // 2), grid=2, block=32)
+
+
 def test_the_scrub_reads_and_rewrites_every_word(emu):
     buf = np.arange(2048, dtype=np.uint64)
     _launch(emu, "memtest_scrub", mc.scrub_args(np, buf, buf.size // 2), grid=2, block=32)

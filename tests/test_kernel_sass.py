@@ -85,10 +85,15 @@ extern "C" __global__ void fma_k(const float* a, float* c) {
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_code_is_compiled_with_cupys_options(arch):
-    """CuPy appends -ftz=true: fp32 FMAs flush subnormals (FFMA.FTZ), in the CUDA-core kernels as
-    on the GPU; the same FMA compiled without CuPy's options does not."""
+    """CuPy appends -ftz=true: fp32 arithmetic written in C flushes subnormals (FFMA.FTZ for
+    __fmaf_rn, FADD.FTZ for +), as the same FMA compiled without CuPy's options does not. POET's
+    CUDA-core tiles accumulate with gc_fmaf (inline fma.rn.f32) so that its bounds' gradual
+    underflow holds: plain FFMA only, while the Horner step's C-level diagonal adds flush."""
     assert sass.CUPY_NVRTC_OPTIONS[:len(OPTIONS)] == OPTIONS and "-ftz=true" in sass.CUPY_NVRTC_OPTIONS
-    assert _code("poet", arch)["poet_bd_apply_f32"].count("FFMA.FTZ") > 0
+    poet = _code("poet", arch)
+    for name in ("poet_bd_apply_f32", "poet_cnp_step_f32"):
+        assert poet[name].count("FFMA") > 0 and poet[name].count("FFMA.FTZ") == 0, name
+    assert poet["poet_cnp_step_f32"].count("FADD.FTZ") > 0
     assert sass.compile_text(FMA_KERNEL, "fma", arch)["fma_k"].count("FFMA.FTZ") == 1
     plain = sass.compile_text(FMA_KERNEL, "fma", arch, OPTIONS)["fma_k"]
     assert plain.count("FFMA.FTZ") == 0 and plain.count("FFMA") == 1

@@ -4,9 +4,15 @@ GPU runs, against the torch/float64 reference for every dtype, and the whole per
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
 import cudaemu
+import nvrtc
+from gpucheck import kernels
+from gpucheck.kernels.cupy_module import OPTIONS
 from gpucheck.poet.bounds import STORE_ROUNDOFF, U32, acc_coeff, cnp_coeff, stage_floor
 from gpucheck.poet.invariants import VerifyConfig, check_problem
 
@@ -121,6 +127,43 @@ def test_the_whole_check_runs_on_the_emulated_kernels(lib, dtype):
     out = check_problem(torch, EmuOps(lib), p, VerifyConfig(ortho_blocks=2), inject={"op": "output", "problem": 1})
     assert out["violations"] and out["violations"][0]["invariant"] == "kernel_reference"
     assert out["violations"][0]["op"] == "bd_apply Z·BD(G_out)·Π_out" and out["violations"][0]["where"] == "row 20, col 21"
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_bound_holds_at_the_bottom_of_fp32_under_the_gpus_flush_to_zero(lib, dtype):
+    """Operands whose products (about 2^-126) and sums are subnormal or just above, on the kernels
+    as the GPU runs them under CuPy's -ftz=true (the emulator flushes as it does): the kernel_reference
+    bound, with its floor of 2^-150 per operation, holds because the kernels accumulate with gc_fmaf
+    (fma.rn.f32, no .ftz). With __fmaf_rn (fma.rn.ftz.f32) the subnormal products vanish and the
+    error is about 2^-126 (tests/test_kernel_infra.py: the dot product at the same scale). fp16
+    cannot hold these values."""
+    assert cudaemu.gpu_flushes_subnormals()
+    ops = EmuOps(lib)
+    g = torch.Generator().manual_seed(11)
+    st = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    m, k, b = 40, 2, 32
+    X = (torch.randn(m, k * b, generator=g) * 2.0**-64).to(st)
+    G = (torch.randn(k, b, b, generator=g) * 2.0**-62).to(st)
+    tiny = (X.double() @ torch.block_diag(*G.double())).abs()
+    assert bool((tiny < 2.0**-126).float().mean() > 0.1)  # many outputs subnormal in fp32
+    for kw in (dict(), dict(transpose=True)):
+        Y = ops.bd(X, G, unit="cuda", **kw)
+        _assert_bd_within_bound(dtype, Y, X, G, **kw)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_kernels_keep_gradual_underflow_under_cupys_options(arch):
+    """The PTX of poet.cu compiled with gpucheck's options plus what CuPy appends (-ftz=true): every
+    fp32 fma without .ftz (gc_fmaf), no flushing multiply; the only .ftz operations are the CNP's
+    additions of its Horner constants, which no subnormal changes (gpucheck.poet.bounds,
+    "Underflow")."""
+    if nvrtc.find_library() is None:
+        if os.environ.get("GPUCHECK_REQUIRE_NVRTC"):
+            pytest.fail("GPUCHECK_REQUIRE_NVRTC is set but libnvrtc was not found (pip install nvidia-cuda-nvrtc)")
+        pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")
+    ptx = nvrtc.compile_ptx(kernels.source("poet"), "poet", arch, OPTIONS + cudaemu.CUPY_APPENDED_OPTIONS)
+    assert set(re.findall(r"\b([a-z]+(?:\.[a-z0-9]+)*\.ftz(?:\.[a-z0-9]+)*)", ptx)) == {"add.ftz.f32"}
+    assert ptx.count("fma.rn.f32") >= 2 * 32  # the bd and cnp tiles' inner loops, unrolled
 
 
 def test_launch_plans_refuse_what_the_kernels_cannot_do():

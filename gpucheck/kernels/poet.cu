@@ -13,9 +13,11 @@
 //     (mma.sync m16n8k16, fp32 accumulation; sm_80 and later): the independent second unit the
 //     POET invariants compare (1) with. fp32 has no tensor-core path (it stays on (1)).
 //
-// (1) and (2) are tiled matmuls on static shared memory with fp32 FMA accumulation (__fmaf_rn,
-// so that the emulation rounds exactly like the device); loads and stores of the storage dtype go
-// through gc_load / gc_store. 256 threads per block (POET_THREADS); a thread owns RM x 4 outputs.
+// (1) and (2) are tiled matmuls on static shared memory with fp32 FMA accumulation (gc_fmaf:
+// fma.rn.f32, rounded exactly as the emulation rounds, and with gradual underflow although CuPy
+// compiles with -ftz=true: gpucheck.poet.bounds' floor counts on it); loads and stores of the
+// storage dtype go through gc_load / gc_store. 256 threads per block (POET_THREADS); a thread
+// owns RM x 4 outputs.
 // Grid: bd_apply (k * b/32, ceil(m/128)); cnp_step (k * b/32, ceil(b/64)); bd_mma (k, ceil(m/64)),
 // 128 threads. Every kernel has a fixed reduction order: the same inputs give the same bits.
 
@@ -56,7 +58,7 @@ __device__ __forceinline__ void poet_tile_mm(const LoadA& la, const LoadB& lb, i
             for (int i = 0; i < RM; ++i) a[i] = As[kk][ty * RM + i];
             for (int j = 0; j < 4; ++j) bv[j] = Bs[kk][tx * 4 + j];
             for (int i = 0; i < RM; ++i)
-                for (int j = 0; j < 4; ++j) acc[i][j] = __fmaf_rn(a[i], bv[j], acc[i][j]);
+                for (int j = 0; j < 4; ++j) acc[i][j] = gc_fmaf(a[i], bv[j], acc[i][j]);
         }
         __syncthreads();
     }

@@ -7,7 +7,10 @@
 //     as an OS thread, so the kernels' indexing and arithmetic execute on the CPU in tests.
 // Rules for kernel sources: no #include (NVRTC has no standard headers here), extern "C" entry
 // points (no templates at the entry; templates inside are fine), static __shared__ sizes only,
-// no early `return` before a __syncthreads(). Warp-level operations (__syncwarp, __shfl*_sync,
+// one __shared__ variable per declaration and no initializer (the emulator registers each one to
+// fill it with junk before every block), no early `return` before a __syncthreads(), nothing that
+// counts on the order the blocks run in (the emulator shuffles it), no access at an address that
+// is not a multiple of its size (the emulator faults, as the GPU does). Warp-level operations (__syncwarp, __shfl*_sync,
 // __ballot_sync, __any_sync, __all_sync, gc_mma_16816_* below) only with the full warp
 // converged (mask 0xffffffff, every lane of the warp calling): the emulator runs them with a
 // barrier among the warp's 32 lanes and refuses any other mask; no __activemask, no partial
@@ -71,20 +74,49 @@ __device__ __forceinline__ gc_u64 gc_mix64(gc_u64 seed, gc_u64 i) {
 
 // 16 bytes moved as one (ld/st.v4.u32 on the device): for vectorised loads and stores of
 // 16-byte-aligned data, and 32-bit words of 16-bit arrays. Only at addresses that are multiples
-// of their size.
+// of their size: the GPU faults on any other ("misaligned address"), and so does the emulation
+// (tests/cudaemu.h: emu_check_align).
 struct alignas(16) gc_v16 {
     gc_u32 w[4];
 };
 #ifdef GC_EMULATION
-__device__ __forceinline__ gc_v16 gc_ld_v16(const void* p) { gc_v16 v; memcpy(&v, p, 16); return v; }
-__device__ __forceinline__ void gc_st_v16(void* p, gc_v16 v) { memcpy(p, &v, 16); }
-__device__ __forceinline__ gc_u32 gc_ld_u32(const void* p) { gc_u32 v; memcpy(&v, p, 4); return v; }
-__device__ __forceinline__ void gc_st_u32(void* p, gc_u32 v) { memcpy(p, &v, 4); }
+__device__ __forceinline__ gc_v16 gc_ld_v16(const void* p) {
+    emu_check_align(p, 16, "gc_ld_v16 (a 16-byte vector load)");
+    gc_v16 v; memcpy(&v, p, 16); return v;
+}
+__device__ __forceinline__ void gc_st_v16(void* p, gc_v16 v) {
+    emu_check_align(p, 16, "gc_st_v16 (a 16-byte vector store)");
+    memcpy(p, &v, 16);
+}
+__device__ __forceinline__ gc_u32 gc_ld_u32(const void* p) {
+    emu_check_align(p, 4, "gc_ld_u32 (a 32-bit load)");
+    gc_u32 v; memcpy(&v, p, 4); return v;
+}
+__device__ __forceinline__ void gc_st_u32(void* p, gc_u32 v) {
+    emu_check_align(p, 4, "gc_st_u32 (a 32-bit store)");
+    memcpy(p, &v, 4);
+}
 #else
 __device__ __forceinline__ gc_v16 gc_ld_v16(const void* p) { return *(const gc_v16*)p; }
 __device__ __forceinline__ void gc_st_v16(void* p, gc_v16 v) { *(gc_v16*)p = v; }
 __device__ __forceinline__ gc_u32 gc_ld_u32(const void* p) { return *(const gc_u32*)p; }
 __device__ __forceinline__ void gc_st_u32(void* p, gc_u32 v) { *(gc_u32*)p = v; }
+#endif
+
+// a * b + c in fp32, rounded once to nearest, with IEEE gradual underflow (fma.rn.f32 without
+// .ftz) whatever -ftz the source is compiled with. CuPy appends -ftz=true, which makes __fmaf_rn
+// and fp32 arithmetic written in C flush subnormal inputs and results to zero; a kernel whose
+// error bound counts on gradual underflow (the POET kernels: gpucheck.poet.bounds, ACC_FLOOR)
+// accumulates with this. On the device: inline PTX; in emulation: an IEEE fma under the emulated
+// flush to zero (tests/cudaemu.h: emu_fmaf_ieee).
+#ifdef GC_EMULATION
+__device__ __forceinline__ float gc_fmaf(float a, float b, float c) { return emu_fmaf_ieee(a, b, c); }
+#else
+__device__ __forceinline__ float gc_fmaf(float a, float b, float c) {
+    float d;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(d) : "f"(a), "f"(b), "f"(c));
+    return d;
+}
 #endif
 
 // ---- tensor cores: one warp-level matrix multiply-accumulate ------------------------------------

@@ -8,6 +8,24 @@ Model (Higham, "Accuracy and Stability of Numerical Algorithms", ch. 2-3):
 - a result stored in a narrower format adds u_s |value| (round to nearest), or an absolute half
   spacing of the subnormals where the value is below the format's smallest normal.
 Every bound here is a worst case: no safety factor, no probabilistic sqrt(n) argument.
+
+Underflow. The floors (ACC_FLOOR = 2^-150 per fp32 operation, SUBNORMAL_HALF_SPACING) assume
+gradual underflow: fl(x) = x(1 + d) + e with |d| <= u and |e| <= 2^-150, e = 0 unless the result
+is subnormal. CuPy compiles every kernel with -ftz=true, which flushes fp32 subnormal inputs and
+results of the C-level arithmetic (add/mul/fma .ftz) to zero; there a flushed result errs by up to
+2^-126 and a flushed input a_k costs |a_k b_k| < 2^-126 |b_k|, which no constant floor bounds. The
+floors hold on the GPU all the same because no fp32 operation of the POET kernels that can take or
+give a subnormal flushes:
+- the CUDA-core accumulation is gc_fmaf (prelude.cuh: fma.rn.f32, no .ftz), the tensor cores'
+  mma.sync has no .ftz, and the stores and loads convert by bit arithmetic (bf16), by cvt without
+  .ftz (fp16) or not at all (fp32);
+- the only .ftz operations left (tests/test_poet_kernels.py checks the PTX) add the Horner constant
+  c in {1, 2} to a diagonal element x (cnp: q + 2, acc + c). A subnormal x is below half an ulp of
+  c (2^-24), so flushing it changes no rounded sum; and x + c is never subnormal: |x| < 1/2 gives
+  |x + c| > 1/2, and |x| >= 1/2 makes x a multiple of 2^-24, as c is, so a nonzero x + c is at
+  least 2^-24.
+tests/test_kernel_infra.py shows the difference under the emulated flush: a dot product at the
+bottom of fp32's range stays within stage_floor with gc_fmaf and leaves it with __fmaf_rn.
 """
 
 from __future__ import annotations
@@ -31,7 +49,8 @@ SUBNORMAL_HALF_SPACING: dict[str, float] = {"fp32": 2.0**-150, "bf16": 2.0**-134
 # to nearest (alignment with truncation, Fasi et al. 2021): budgeted at one ulp, 2 u32, which also
 # covers round-toward-zero. A config may override it (`dense_acc_roundoff`).
 DENSE_ACC_ROUNDOFF = 2.0**-23
-# Per-element rounding floor of the accumulator (fp32 subnormals), per operation.
+# Per-element rounding floor of the accumulator (fp32 subnormals), per operation: gradual
+# underflow, which the kernels keep under CuPy's -ftz=true (module docstring, "Underflow").
 ACC_FLOOR = 2.0**-150
 # Tensor cores (mma.sync, bf16/fp16 products, fp32 accumulation): not IEEE. Each instruction adds
 # its exact products and the accumulator in fused groups of g products, aligning every term to
