@@ -288,24 +288,26 @@ def _kill_marked(marker: str) -> None:
 
 
 def test_the_deadline_cuts_a_hanging_step_and_skips_the_rest(tmp_path):
+    """A step whose own limit is longer than what the part's deadline leaves is cut at the deadline
+    (status `deadline`, run for less than its limit), and the steps after it are skipped for time.
+    pytest-poet's 160 s limit exceeds the whole 100 s part (x 0.05: 8 s against 5 s), so the cut
+    happens however slowly a loaded machine starts the step."""
     marker = uuid.uuid4().hex
     py = _exe(tmp_path, "python3", 'echo "hanging: $*"; setsid sleep 300 & sleep 300\n')
     out = tmp_path / "out"
     t0 = time.monotonic()
-    p = _run("--part", "1", "--budget", "100", str(out),  # 100 s x 0.05: a part of 5 s
+    p = _run("--part", "1", "--budget", "100", "--only", "pytest-poet,pytest-eud,bench-poet", str(out),
              env=_env(tmp_path, py, GV_TIME_SCALE="0.05", GV_TEST_MARK=marker))
     wall = time.monotonic() - t0
     try:
         assert p.returncode == 1, (p.stdout, p.stderr)
-        assert wall <= 5.0 + 1.5, wall
+        assert wall <= 5.0 + 3.0, wall
         tsv = _check_outdir(out, parts=(1,))[1]
         statuses = [row[5] for row in tsv.values()]
-        assert statuses[:3] == ["timeout"] * 3, statuses  # env, telemetry, run-level1: each at its own limit
-        cut = statuses.index("deadline")
-        row = list(tsv.values())[cut]
+        assert statuses == ["deadline", "skipped-for-time", "skipped-for-time"], statuses
+        row = list(tsv.values())[0]
         assert float(row[2]) < float(row[1]) and float(row[3]) <= float(row[2]) + 0.5  # given what was left
-        assert statuses[cut + 1:] == ["skipped-for-time"] * (len(statuses) - cut - 1) and cut < len(statuses) - 1
-        assert _processes_with(marker) == []  # the steps' `setsid sleep`s were found by their token and killed
+        assert _processes_with(marker) == []  # the step's `setsid sleep` was found by its token and killed
     finally:
         _kill_marked(marker)
 

@@ -18,9 +18,17 @@ from gpucheck.state import State
 from gpucheck.tests_suite import xid as xid_mod
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"
-# Five minutes ago: the check reads this machine's clock and boot time; its events must come after
-# the boot (a window since boot) and a window start ahead of the clock is ignored.
-T0 = (int(time.time()) - 300) // 60 * 60
+
+
+def _boot_epoch() -> float:
+    with open("/proc/stat") as f:
+        return float(next(line for line in f if line.startswith("btime ")).split()[1])
+
+
+# Five minutes ago, and never before this machine's boot: the check reads this machine's clock and
+# boot time; its events must come after the boot (a window since boot; a freshly booted CI machine
+# has no five minutes behind it) and a window start ahead of the clock is ignored.
+T0 = max((int(time.time()) - 300) // 60 * 60, (int(_boot_epoch()) // 60 + 1) * 60)
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-66666666-7777-8888-9999-000000000000"
 SNAP = {
