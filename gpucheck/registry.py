@@ -1,6 +1,6 @@
 """Where checks come from. The core imports no check at import time: modules are listed by name
 and imported on demand (`gpucheck list`, `gpucheck run`). Each module exposes `CHECKS`, a list of
-`gpucheck.check.Check`.
+`gpucheck.core.check.Check`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import fnmatch
 import importlib
 from typing import Iterable
 
-from .check import Check, Level
+from .core.check import Check, Level
 
 CHECK_MODULES: tuple[str, ...] = (
     "gpucheck.tests_suite.inventory",

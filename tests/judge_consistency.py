@@ -2,7 +2,7 @@
 it lists, the metrics it reports and what it could not examine gives back its status and action,
 or the result names the basis that decided it instead (a lost GPU, a hang, a crash: result.Basis).
 
-The re-evaluation below is written apart from gpucheck.result.outcome on purpose: it is the
+The re-evaluation below is written apart from gpucheck.core.result.outcome on purpose: it is the
 contract, read from docs/verdict.md and result.Rule, not the engine's code run twice.
 
 `install()` (tests/conftest.py calls it once per session) wraps the entry points of the judges on
@@ -20,7 +20,7 @@ import math
 import operator
 from typing import Any, Callable, Iterable
 
-from gpucheck.result import Action, Basis, Result, Status
+from gpucheck.core.result import Action, Basis, Result, Status
 
 # The checks whose every result must follow its thresholds (the judges on the rule engine).
 CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action", "xid",
@@ -28,7 +28,7 @@ CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlin
                     "nccl.intra", "repro.bitwise"})
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("gpucheck.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
+    ("gpucheck.core.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
     ("gpucheck.eud.bandwidth", "judge_bandwidth", ()),
     ("gpucheck.eud.bandwidth", "judge_outcome", ()),
     ("gpucheck.eud.power_judge", "judge_power", ("gpucheck.eud.power",)),
@@ -40,7 +40,7 @@ ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.eud.dcgm_parse", "map_results", ("gpucheck.eud.dcgm",)),
     ("gpucheck.nccl.intra", "judge", ("gpucheck.nccl.checks",)),
     ("gpucheck.repro.judge", "judge_node", ()),
-    ("gpucheck.kernlog.judge", "judge", ()),
+    ("gpucheck.xid.judge", "judge", ()),
 )
 
 FOUND: list[str] = []  # disagreements seen since the last reset (conftest fails the test on any)

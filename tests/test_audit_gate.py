@@ -24,10 +24,10 @@ from capped_run import private_device
 from xid_log import xid79_config
 
 from gpucheck import app
-from gpucheck.config import read_on_error
+from gpucheck.core.config import read_on_error
 from gpucheck.fleet import slurm
-from gpucheck.state import State
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck.core.state import State
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -78,7 +78,7 @@ def test_a_run_on_some_gpus_never_hides_another_gpus_xid(tmp_path, monkeypatch, 
 
 
 def test_a_hung_nvml_never_starves_the_prolog_of_its_xid_check(tmp_path, monkeypatch):
-    from gpucheck.telemetry import snapshot as telemetry_snapshot
+    from gpucheck.platform.telemetry import snapshot as telemetry_snapshot
 
     release = threading.Event()
     monkeypatch.setattr(telemetry_snapshot, "collect_snapshot", lambda *a, **k: release.wait(60) and {})
@@ -173,7 +173,7 @@ def test_the_table_prints_bus_ids_as_they_are(tmp_path):
     prints a passing result's summary nowhere: the full table, -v, does.)"""
     import io
 
-    from gpucheck.output import print_verdict
+    from gpucheck.render.live import print_verdict
 
     captured: list[dict] = []
     assert app.execute(app.RunRequest(snapshot_path=str(HEALTHY), history=False, json=True),

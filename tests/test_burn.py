@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Context, Level
+from gpucheck.core.check import Context, Level
 from gpucheck.compute.gemm import (
     DTYPES,
     BurnConfig,
@@ -24,12 +24,12 @@ from gpucheck.compute.gemm import (
     parse_dtypes,
     reference_tolerance,
 )
-from gpucheck.config import Config
+from gpucheck.core.config import Config
 from gpucheck.data.sku import lookup
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry.fake import FakeTelemetry
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry.fake import FakeTelemetry
 from gpucheck.tests_suite import burn as burn_mod
 from gpucheck.tests_suite.burn import burn_gemm
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome, torch_device
@@ -333,7 +333,7 @@ def test_sigterm_stops_the_workers_and_keeps_a_partial_verdict():
 
 
 def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail(monkeypatch):
-    from gpucheck import check as check_mod
+    from gpucheck.core import check as check_mod
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"},
                          {"index": 1, "uuid": "GPU-11111111-fake", "name": "NVIDIA H100 80GB HBM3", "state": "lost"}]}

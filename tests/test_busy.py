@@ -1,6 +1,6 @@
-"""The load-test guard (gpucheck.busy): a GPU that a job is using is not loaded.
+"""The load-test guard (gpucheck.workers.busy): a GPU that a job is using is not loaded.
 
-The reader (gpucheck.telemetry.nvml.read_gpu_processes) runs against the real pynvml module with
+The reader (gpucheck.platform.telemetry.nvml.read_gpu_processes) runs against the real pynvml module with
 its functions monkeypatched (test_telemetry.FakeNode); every load check runs on "GPUs" with the
 worker pool (or the ranks, or dcgmi) replaced by a recorder, so the tests see which GPUs would
 have been loaded, on a machine without GPUs."""
@@ -20,15 +20,15 @@ import pynvml
 import pytest
 from test_telemetry import FakeNode, _clean_nvml_state, h100  # noqa: F401 - the fixture is autouse
 
-from gpucheck import busy
-from gpucheck.check import Context, Level
+from gpucheck.workers import busy
+from gpucheck.core.check import Context, Level
 from gpucheck.cli.main import main
-from gpucheck.config import Config
-from gpucheck.result import Status
-from gpucheck.telemetry import nvml as N
-from gpucheck.telemetry.fake import FakeTelemetry
-from gpucheck.telemetry.nvml import GpuProcess, GpuProcesses, NvmlFailure
-from gpucheck.verdict import exit_code_for
+from gpucheck.core.config import Config
+from gpucheck.core.result import Status
+from gpucheck.platform.telemetry import nvml as N
+from gpucheck.platform.telemetry.fake import FakeTelemetry
+from gpucheck.platform.telemetry.nvml import GpuProcess, GpuProcesses, NvmlFailure
+from gpucheck.core.verdict import exit_code_for
 
 GIB = 1 << 30
 JOB_PID = 4711  # a job's process in the fakes: never this test's own PID
@@ -338,7 +338,7 @@ def _busy_node(monkeypatch):
 
 
 def test_burn_command_exits_3_naming_the_pid_and_force_loads(monkeypatch, started, tmp_path, capsys):
-    from gpucheck import check as check_mod
+    from gpucheck.core import check as check_mod
 
     _busy_node(monkeypatch)
     monkeypatch.setattr(check_mod, "_torch_has_cuda", lambda spec: True)  # a CUDA build of torch, as on a GPU node

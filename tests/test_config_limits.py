@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpucheck.cli.main import main
-from gpucheck.config import Config, ConfigError, conventional_limit, kind_of, limit_of, load_config
+from gpucheck.core.config import Config, ConfigError, conventional_limit, kind_of, limit_of, load_config
 from gpucheck.registry import all_checks
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app, registry
-from gpucheck.check import Context, Level, Need
-from gpucheck.config import load_config
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck.core.check import Context, Level, Need
+from gpucheck.core.config import load_config
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "checks.md"

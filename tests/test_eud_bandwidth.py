@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
+from gpucheck.core.check import Context, Level
+from gpucheck.core.config import Config
 from gpucheck.data.bandwidth import lookup
 from gpucheck.eud import bandwidth as bw
 from gpucheck.eud import copybw
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,17 +23,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 np = pytest.importorskip("numpy")
 
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
+from gpucheck.core.check import Context, Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.eud import bandwidth as bw  # noqa: E402
 from gpucheck.eud import copybw  # noqa: E402
 from gpucheck.eud import memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
 from gpucheck.eud.memtest_worker import CupyBackend, MemtestConfig, run_memtest  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
-from gpucheck.result import Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
+from gpucheck.core.result import Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers.pool import LocalChannel, WorkerJob  # noqa: E402
 
 
@@ -50,7 +50,7 @@ def cupy():
 
 @pytest.fixture(scope="module")
 def snapshot():
-    from gpucheck.telemetry.snapshot import collect_snapshot
+    from gpucheck.platform.telemetry.snapshot import collect_snapshot
 
     snap = collect_snapshot(timeout_s=60)
     if not snap["gpus"]:

@@ -17,15 +17,15 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
+from gpucheck.core.check import Context, Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.eud import memtest as mt  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
 from gpucheck.eud.memtest_worker import MemtestConfig, NumpyBackend, run_memtest  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
 from gpucheck.kernels import splitmix64  # noqa: E402
-from gpucheck.result import Action, Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.result import Action, Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

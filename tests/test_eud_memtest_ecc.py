@@ -32,15 +32,15 @@ from test_eud_memtest_fakecupy import (  # noqa: E402,F401 - fixtures and helper
     fake,
 )
 
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
+from gpucheck.core.check import Context, Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.eud import memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_ecc as E  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
-from gpucheck.result import Action, Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
+from gpucheck.core.result import Action, Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers import pool  # noqa: E402
 from gpucheck.workers.pool import LocalChannel  # noqa: E402
 

@@ -16,16 +16,16 @@ np = pytest.importorskip("numpy")
 
 import cudaemu  # noqa: E402
 import fakecupy  # noqa: E402
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
+from gpucheck.core.check import Context, Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.eud import memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_cupy  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
 from gpucheck.kernels import cupy_module, source  # noqa: E402
-from gpucheck.result import Action, Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.result import Action, Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers import pool  # noqa: E402
 from gpucheck.workers.pool import CRASHED, OK, LocalChannel, WorkerJob, WorkerOutcome  # noqa: E402
 
@@ -299,7 +299,7 @@ def _in_process_workers(target, jobs, *, sampler=None, **_):
 
 
 def _cuda_ctx(injections=()):
-    from gpucheck.telemetry.fake import FakeTelemetry
+    from gpucheck.platform.telemetry.fake import FakeTelemetry
 
     snapshot = {"gpus": [{"index": i, "uuid": f"GPU-0000000{i}-fake", "name": "Fake GPU", "state": "ok"}
                          for i in range(2)]}

@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
+from gpucheck.core.check import Context, Level
+from gpucheck.core.config import Config
 from gpucheck.eud import power as power_mod
 from gpucheck.eud.power import power_check
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry.fake import FakeTelemetry
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry.fake import FakeTelemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 # Short and quick: 2 s of 64x64 GEMMs, sampled at 10 Hz, 0.3 s warm-up.

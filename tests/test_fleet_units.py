@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli.main import main
-from gpucheck.fleet import compare, fanout, slurm
-from gpucheck.fleet.fanout import NodeRun
-from gpucheck.fleet.nodeset import NodeSetError, fold, parse_node_map, parse_nodeset
+from gpucheck.fleet import compare, slurm
+from gpucheck.platform import fanout
+from gpucheck.platform.fanout import NodeRun
+from gpucheck.platform.nodeset import NodeSetError, fold, parse_node_map, parse_nodeset
 from gpucheck.fleet.sweep import (NodeOutcome, SweepPlan, VerdictSpool, apply_fleet, build_report, classify,
                                   die_with_session, failing_text, one_line, parse_verdict, remote_command,
                                   report_chunks, run_sweep)
@@ -432,7 +433,7 @@ def _fake_fanout(monkeypatch, answers: dict[str, NodeRun]) -> None:
 def test_a_report_that_cannot_be_written_never_masks_the_sweep_result(tmp_path, monkeypatch, capsys):
     """The sweep found a bad node (exit 1); writing --report then fails (a full disk): the old
     command exited 2, a usage error, hiding the bad node from a script that reads the exit code."""
-    from gpucheck import safeio
+    from gpucheck.platform import safeio
 
     _fake_fanout(monkeypatch, {"n1": NodeRun("n1", 0, json.dumps(full_verdict("n1"))),
                                "n2": NodeRun("n2", 255, "", "No route")})

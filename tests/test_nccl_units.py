@@ -19,8 +19,8 @@ from gpucheck.nccl.collective import corruption_summary, timeout_summary
 from gpucheck.nccl.intra import baselines_from_history, judge, rank_spread
 from gpucheck.nccl.launch import DEFAULT_SSH, Launcher, parse_addrs
 from gpucheck.nccl.report import merge, parse_events
-from gpucheck.result import Action, Result, Status
-from gpucheck.state import State
+from gpucheck.core.result import Action, Result, Status
+from gpucheck.core.state import State
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -465,7 +465,7 @@ def test_intra_judge_is_its_rule_tables_and_keeps_its_wording():
     causes built by hand, and rank, corruption and hang results with no threshold at all."""
     import judge_consistency as jc
     from gpucheck.nccl import intra
-    from gpucheck.result import Basis
+    from gpucheck.core.result import Basis
 
     name = "NVIDIA H100 80GB HBM3"
     (warn,) = judge(_outcome("nccl", 300.0), ops=["all_reduce"], params=PARAMS, devices=list(range(8)),

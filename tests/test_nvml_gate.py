@@ -19,8 +19,8 @@ from xid_log import xid79_config
 from gpucheck import app
 from gpucheck.cli.main import main
 from gpucheck.fleet import slurm
-from gpucheck.telemetry import nvml as N
-from gpucheck.telemetry.source import ReplayTelemetry
+from gpucheck.platform.telemetry import nvml as N
+from gpucheck.platform.telemetry.source import ReplayTelemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -121,7 +121,7 @@ def test_a_hung_nvml_alone_is_could_not_judge_never_a_pass(tmp_path):
 def test_a_hung_nvml_in_a_prolog_on_the_jobs_gpus_still_lets_xid_drain(tmp_path, monkeypatch):
     """A job with GPUs (SLURM_JOB_GPUS) on a node whose NVML hangs: the job's GPUs cannot be checked
     against NVML, which is no usage error (that would skip every check and pass the node)."""
-    from gpucheck.telemetry import snapshot as telemetry_snapshot
+    from gpucheck.platform.telemetry import snapshot as telemetry_snapshot
 
     release = threading.Event()
     monkeypatch.setattr(telemetry_snapshot, "collect_snapshot", lambda *a, **k: release.wait(60) and {})
@@ -250,7 +250,7 @@ def test_our_own_reader_bug_is_an_error_not_a_failed_node(tmp_path):
 
 
 def test_a_bug_deep_in_the_reader_is_named_with_where_it_happened(monkeypatch):
-    from gpucheck.telemetry import snapshot as telemetry_snapshot
+    from gpucheck.platform.telemetry import snapshot as telemetry_snapshot
 
     def broken(s, index):
         return {"index": index} | None  # TypeError: our own parsing, not NVML

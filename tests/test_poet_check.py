@@ -13,11 +13,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
+from gpucheck.core.check import Context, Level
+from gpucheck.core.config import Config
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
 from gpucheck.tests_suite import poet as poet_mod
 from gpucheck.tests_suite.poet import describe_violation, judge_data, judge_outcomes, poet_ortho
 from gpucheck.workers.pool import CRASHED, HUNG, OK, WorkerJob, WorkerOutcome
@@ -177,12 +177,12 @@ def test_backend_selection_without_cupy(monkeypatch):
 
 
 def test_cuda_without_cuda_is_could_not_judge(monkeypatch):
-    from gpucheck import check as check_mod
+    from gpucheck.core import check as check_mod
 
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a usable GPU")
-    from gpucheck.telemetry.fake import FakeTelemetry
+    from gpucheck.platform.telemetry.fake import FakeTelemetry
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"}]}
     ctx = Context(level=Level.STANDARD, config=Config(checks={"poet.ortho": dict(FAST_CFG)}), device="cuda",

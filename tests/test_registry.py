@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from gpucheck.check import Level
+from gpucheck.core.check import Level
 from gpucheck.registry import CHECK_MODULES, MODULE_MIN_LEVEL, all_checks
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app as app_mod
-from gpucheck.check import Context, Level, Need, RunOptions, Slice, define, missing_need
+from gpucheck.core.check import Context, Level, Need, RunOptions, Slice, define, missing_need
 from gpucheck.cli.main import main
-from gpucheck.result import Result, Status
-from gpucheck.runner import limits, run_checks
-from gpucheck.verdict import SCHEMA, build_verdict, verdict_level
+from gpucheck.core.result import Result, Status
+from gpucheck.core.runner import limits, run_checks
+from gpucheck.core.verdict import SCHEMA, build_verdict, verdict_level
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -304,8 +304,8 @@ def test_no_gpu_at_all_and_device_auto_leaves_compute_skips_plain(capsys):
 def test_gpus_in_nvml_but_a_cpu_only_torch_is_not_healthy(capsys, monkeypatch):
     """A GPU node (NVML shows 8 GPUs) whose torch is a CPU-only build: `run --level 2` used to
     skip every compute check and exit 0."""
-    from gpucheck import check as check_mod
-    from gpucheck.telemetry.snapshot import load_snapshot
+    from gpucheck.core import check as check_mod
+    from gpucheck.platform.telemetry.snapshot import load_snapshot
 
     snap = load_snapshot(str(SNAPS / "h100-healthy.json"))
     monkeypatch.setattr(app_mod, "_collect_live", lambda *a, **k: snap)

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import app, state as state_mod
-from gpucheck.config import read_on_error
+from gpucheck import app
+from gpucheck.core import state as state_mod
+from gpucheck.core.config import read_on_error
 from gpucheck.fleet import slurm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,7 +102,7 @@ def _read_on_error_capped(path: Path) -> tuple[int | None, str]:
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
 
-    code = f"from gpucheck.config import read_on_error\nprint(read_on_error({str(path)!r}))\n"
+    code = f"from gpucheck.core.config import read_on_error\nprint(read_on_error({str(path)!r}))\n"
     p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=cap)
     try:
@@ -168,7 +169,7 @@ def test_failing_writes_never_change_an_unhealthy_judgement(tmp_path, monkeypatc
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    from gpucheck import safeio
+    from gpucheck.platform import safeio
 
     monkeypatch.setattr(safeio, "replace_private", full)  # cursors (the state directory's files)
     monkeypatch.setattr(safeio, "write_output", full)  # --output / the old hook's temporary file

@@ -131,7 +131,7 @@ def test_resume_exit_codes():
 
 
 def test_resumes_sweep_test_judges_the_candidates_and_stops_on_a_signal():
-    from gpucheck.processes import Interrupted
+    from gpucheck.platform.processes import Interrupted
 
     seen = []
 
@@ -175,9 +175,9 @@ def test_record_refuses_a_reference_path_it_cannot_write(tmp_path):
 # -- no function over ~80 lines in the modules of this shape ------------------------------------------------
 
 OWNED = ["gpucheck/cli/sweep.py", "gpucheck/cli/slurm.py", "gpucheck/cli/repro.py", "gpucheck/repro/record.py",
-         "gpucheck/runner.py", "gpucheck/fleet/remote.py", "gpucheck/fleet/sweep.py", "gpucheck/fleet/hook.py",
-         "gpucheck/fleet/slurm.py", "gpucheck/fleet/fanout.py", *sorted(
-             str(p.relative_to(ROOT)) for p in (ROOT / "gpucheck" / "kernlog" / "sources").glob("*.py"))]
+         "gpucheck/core/runner.py", "gpucheck/fleet/remote.py", "gpucheck/fleet/sweep.py", "gpucheck/fleet/hook.py",
+         "gpucheck/fleet/slurm.py", "gpucheck/platform/fanout.py", *sorted(
+             str(p.relative_to(ROOT)) for p in (ROOT / "gpucheck" / "platform" / "kernlog" / "sources").glob("*.py"))]
 
 
 @pytest.mark.parametrize("path", OWNED)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.kernlog import capture_for_snapshot, sources
-from gpucheck.kernlog.sources import LogPaths, iter_relevant_lines, read_kernel_log, read_kmsg
+from gpucheck.platform.kernlog import capture_for_snapshot, sources
+from gpucheck.platform.kernlog.sources import LogPaths, iter_relevant_lines, read_kernel_log, read_kmsg
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."

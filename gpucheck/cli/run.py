@@ -23,7 +23,7 @@ def parse_duration(text: str | None) -> float | None:
     """A duration option ('90', '30s', '5m', '1h30m') -> seconds; click.BadParameter otherwise."""
     if text is None:
         return None
-    from ..durations import parse_duration as parse
+    from ..platform.durations import parse_duration as parse
 
     try:
         return parse(text)
@@ -139,7 +139,7 @@ def run_command(level, checks, skips, **kw) -> int:
 def _listed_budget(check) -> float:
     """A check's time budget at its own level with the default settings (budgets that depend on
     the run, a burn's duration, are computed rather than shown as the static default)."""
-    from ..check import Context
+    from ..core.check import Context
 
     try:
         return round(check.spec.budget(Context(level=check.spec.level)), 1)
@@ -153,8 +153,8 @@ def _listed_budget(check) -> float:
 @click.option("--defaults", is_flag=True, help="Also show each check's thresholds and their defaults.")
 def list_command(level, as_json, defaults) -> int:
     """Show every check: id, level, needs, time budget, what it detects."""
-    from ..check import Level
-    from ..config import limit_of
+    from ..core.check import Level
+    from ..core.config import limit_of
     from ..registry import all_checks
 
     checks = all_checks()
@@ -199,14 +199,14 @@ def list_command(level, as_json, defaults) -> int:
     return 0
 
 
-def _range_text(limit) -> str:  # a gpucheck.config.Limit
+def _range_text(limit) -> str:  # a gpucheck.core.config.Limit
     return limit.describe(limit.kind)
 
 
 @click.command("schema")
 def schema_command() -> int:
     """Print the verdict JSON Schema."""
-    from ..verdict import SCHEMA
+    from ..core.verdict import SCHEMA
 
     click.echo(json.dumps(SCHEMA, indent=2))
     return 0

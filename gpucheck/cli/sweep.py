@@ -21,7 +21,7 @@ DEFAULT_NODE_TIMEOUT = "10m"
 
 
 def _nodes(text: str, param: str = "NODESET") -> list[str]:
-    from ..fleet.nodeset import NodeSetError, parse_nodeset
+    from ..platform.nodeset import NodeSetError, parse_nodeset
 
     try:
         return parse_nodeset(text)
@@ -160,7 +160,7 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     """
     from ..app import _check_writable, UsageError
     from ..fleet.sweep import VerdictSpool, report_chunks, save_report, spool_folder, sweep_report
-    from ..processes import stop_on_signals
+    from ..platform.processes import stop_on_signals
 
     nodes = _nodes(nodeset)
     plan = build_plan(nodes, **kw)

@@ -31,11 +31,11 @@ import statistics
 import time
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
 from ..data.bandwidth import BandwidthSku, lookup
-from ..inject import fraction
-from ..result import Action, Basis, Key, Result, Rule, Status, evaluate
+from ..core.inject import fraction
+from ..core.result import Action, Basis, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.bandwidth"
 MiB = 1 << 20
@@ -58,7 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat_timeout_s": 60.0,
     "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init of every GPU
 }
-# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# What a setting may be where gpucheck.core.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {k: Limit("int", 1) for k in ("h2d_bytes", "d2d_bytes", "p2p_bytes", "repeats", "cpu_bytes",
                                         "cpu_repeats")}
@@ -78,7 +78,7 @@ def _budget(ctx: Context) -> float:
 
 def _min_slice(ctx: Context) -> Any:
     """One worker (it measures every GPU in turn): at least its torch import."""
-    from ..check import Slice
+    from ..core.check import Slice
     from ..workers.per_gpu import TORCH_IMPORT_CPU_S
 
     return Slice(TORCH_IMPORT_CPU_S, f"at least {TORCH_IMPORT_CPU_S:g} s to start its worker")
@@ -114,7 +114,7 @@ def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], 
     min_slice_fn=_min_slice,
 )
 def bandwidth(ctx: Context) -> list[Result]:
-    from ..busy import guarded_targets
+    from ..workers.busy import guarded_targets
     from ..workers.per_gpu import pool_budget, stop_timings
     from ..workers.pool import WorkerJob, run_workers
 

@@ -29,9 +29,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..check import Context, Level, Slice, define
-from ..config import Limit
-from ..result import Action, Result, Rule, Status, evaluate, settle
+from ..core.check import Context, Level, Slice, define
+from ..core.config import Limit
+from ..core.result import Action, Result, Rule, Status, evaluate, settle
 from .dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 
 DEFAULTS: dict[str, Any] = {
@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "term_grace_s": 30.0,  # SIGTERM -> SIGKILL on timeout (dcgmi stops the diag in the host engine)
     "check_settings": True,  # compare site settings before and after the run
 }
-# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# What a setting may be where gpucheck.core.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {
     "diag_level_level3": Limit("int", 1, 4),  # dcgmi diag -r 1-4
@@ -264,10 +264,10 @@ def dcgm_check(ctx: Context) -> list[Result]:
 
 
 def _gpus_not_in_use(ctx: Context) -> tuple[list[int] | None, Any]:
-    """The load-test guard (gpucheck.busy) for DCGM, which runs on a GPU list: the GPUs for
+    """The load-test guard (gpucheck.workers.busy) for DCGM, which runs on a GPU list: the GPUs for
     `dcgmi diag -i` (None: all, as asked; []: none may be loaded) and the guard, whose skips name
     the GPUs in use. The node's GPUs are the selection, else every GPU of the telemetry snapshot."""
-    from ..busy import guard_context, unknown_gpus
+    from ..workers.busy import guard_context, unknown_gpus
 
     asked = ctx.gpus if ctx.gpus is not None else sorted(
         int(g["index"]) for g in (ctx.snapshot or {}).get("gpus", []) if isinstance(g.get("index"), int))

@@ -35,10 +35,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..inject import InjectionArgs, injections_for_gpu
-from ..result import Action, Key, Result, Rule, Status, evaluate, settle
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
+from ..core.inject import InjectionArgs, injections_for_gpu
+from ..core.result import Action, Key, Result, Rule, Status, evaluate, settle
 from .memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
 from .patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 
@@ -77,7 +77,7 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout_s": 120.0,  # spawn + CuPy import + kernel compile + CUDA init
     "sample_interval_s": 1.0,  # NVML sampling period (Xid events during the test)
 }
-# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# What a setting may be where gpucheck.core.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {
     **{k: Limit("int", 1) for k in ("passes_level2", "passes_level3", "max_errors", "copy_bytes",
@@ -153,7 +153,7 @@ def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
 
 def _min_slice(ctx: Context) -> Any:
     """The promised pattern loop, if any (no start-up floor: NumPy or CuPy, not torch)."""
-    from ..check import Slice
+    from ..core.check import Slice
     from ..workers.per_gpu import duration_slice
 
     p = _params(ctx)
@@ -216,9 +216,9 @@ def _bitflip_spec(inj: Any, patterns: list[str]) -> dict[str, Any]:
     top_level=Level.BURN_IN,
 )
 def memtest(ctx: Context) -> list[Result]:
-    from ..check import compute_skip
+    from ..core.check import compute_skip
     from ..workers.per_gpu import deadline_problem, run_per_gpu, telemetry_summary
-    from ..busy import guarded_targets
+    from ..workers.busy import guarded_targets
 
     p = _params(ctx)
     device = _device(ctx)

@@ -29,10 +29,10 @@ import statistics
 import time
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..inject import InjectionArgs, choice, fraction, injections_for_gpu
-from ..result import Result, Status
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
+from ..core.inject import InjectionArgs, choice, fraction, injections_for_gpu
+from ..core.result import Result, Status
 from .power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
 
 DEFAULTS: dict[str, Any] = {
@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat_timeout_s": 30.0,
     "startup_timeout_s": 120.0,
 }
-# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# What a setting may be where gpucheck.core.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {
     **{k: Limit("int", 1) for k in ("size", "cpu_size", "repeats", "min_load_samples", "hw_min_samples",
@@ -135,7 +135,7 @@ def apply_injections(samples: list[dict[str, Any]], spec: dict[str, Any]) -> lis
     """Samples as if the hardware had done what `spec` says (pure: returns new dicts)."""
     if not spec:
         return samples
-    from ..telemetry.throttle import bit
+    from ..platform.telemetry.throttle import bit
 
     out = []
     for s in samples:
@@ -207,7 +207,7 @@ def power_check(ctx: Context) -> list[Result]:
                            f"{err.get('message', '')}), so power, clocks and clock-event reasons cannot be read")]
 
     from ..workers.per_gpu import deadline_problem, run_per_gpu
-    from ..busy import guarded_targets
+    from ..workers.busy import guarded_targets
 
     duration = power_duration(ctx, p)
     warmup = float(p["warmup_s"])

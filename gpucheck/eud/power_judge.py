@@ -29,11 +29,11 @@ import math
 import statistics
 from typing import Any, Iterable
 
-from ..result import Action, Key, Result, Rule, Status, evaluate
+from ..core.result import Action, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.power"
 
-# NVML clock-event reasons that mean hardware cut the clocks (names as in gpucheck.telemetry.throttle).
+# NVML clock-event reasons that mean hardware cut the clocks (names as in gpucheck.platform.telemetry.throttle).
 HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 # Reasons that are the normal state of a loaded GPU or a software policy: evidence only.
 SW_REASONS = ("sw_power_cap", "sw_thermal_slowdown")

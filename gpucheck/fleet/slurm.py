@@ -194,7 +194,7 @@ class ResumeDecision:
 
 
 def node_states(nodes: list[str], *, scontrol: str, runner: Runner) -> dict[str, NodeState]:
-    from .nodeset import fold
+    from ..platform.nodeset import fold
 
     rc, out, err = runner([scontrol, "-o", "show", "node", fold(nodes)])
     if rc != 0 and not out.strip():
@@ -231,11 +231,11 @@ def resume_nodes(
     """Resume the nodes of `nodes` that gpucheck drained and that pass `test` now.
 
     test(candidates) -> {node: (passes, why)}: a sweep of the candidates. A stop (SIGTERM/SIGINT,
-    gpucheck.processes) resumes nothing more: test() raising Interrupted (with the nodes that
+    gpucheck.platform.processes) resumes nothing more: test() raising Interrupted (with the nodes that
     answered as `partial`), or a signal while resuming, makes every candidate not yet resumed
     `interrupted` (`still-bad` when its answer was bad).
     """
-    from ..processes import Interrupted, stopping
+    from ..platform.processes import Interrupted, stopping
 
     states = node_states(nodes, scontrol=scontrol, runner=runner)
     candidates, decisions = plan_resume(nodes, states)
@@ -290,7 +290,7 @@ def sweep_test(nodes: list[str], opts: Any, sweep: Callable[[Any], Any]) -> Call
     of the candidates with the remote options `opts` (gpucheck.fleet.remote.RemoteOptions); a
     node passes when its outcome is not bad. A stop raises processes.Interrupted with the
     answers of the nodes that answered."""
-    from ..processes import Interrupted
+    from ..platform.processes import Interrupted
     from .remote import build_plan
 
     def test(candidates: list[str]) -> dict[str, tuple[bool, str]]:

@@ -412,7 +412,7 @@ def document(report: dict[str, Any], *, source: dict[str, Any], started: float,
     import time
 
     from .. import __version__
-    from ..verdict import iso_utc
+    from ..core.verdict import iso_utc
 
     now = time.time() if now is None else now
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "gpucheck_version": __version__,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..result import Result, Status
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
+from ..core.result import Result, Status
 from .bandwidth import align_size, normalize_op, parse_ops, parse_sizes
 from .intra import CHECK_ID, baselines_from_history, judge, run_local
 
@@ -33,7 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "expected_all_gather_gbs": 0.0,
     "expected_all_to_all_gbs": 0.0,
 }
-# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# What a setting may be where gpucheck.core.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {k: Limit("int", 1) for k in ("iters", "cpu_iters")}
 
@@ -151,9 +151,9 @@ def intra_check(ctx: Context) -> list[Result]:
 
 
 def _without_busy_gpus(ctx: Context, plan: dict[str, Any]):
-    """The load-test guard (gpucheck.busy): GPUs a job is using get no rank (plan updated); their
+    """The load-test guard (gpucheck.workers.busy): GPUs a job is using get no rank (plan updated); their
     skips are in the returned guard."""
-    from ..busy import guard_context
+    from ..workers.busy import guard_context
 
     guard = guard_context(ctx, "cpu" if plan["cpu"] else "cuda", CHECK_ID, plan["devices"])
     plan["devices"] = list(guard.loaded)

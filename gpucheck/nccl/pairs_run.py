@@ -53,7 +53,7 @@ def run_plan(plan: list[list[P.Pair]], lau: Launcher, args: list[str], *, deadli
 
     On a stop (SIGTERM/SIGINT) raises Interrupted with the outcomes of the pairs that finished
     before it as `partial`: the pairs it cut short are left out, and no further round starts."""
-    from ..processes import Interrupted, stopping
+    from ..platform.processes import Interrupted, stopping
 
     outcomes: list[P.PairOutcome] = []
     index = 0

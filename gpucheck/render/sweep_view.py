@@ -106,7 +106,7 @@ def worst_causes(outcomes: Iterable[Any], strict: bool) -> list[tuple[str, str, 
 
 
 def worst_cause_lines(outcomes: list[Any], strict: bool, width: int) -> list[Any]:
-    from ..fleet.nodeset import fold
+    from ..platform.nodeset import fold
 
     groups = worst_causes(outcomes, strict)
     if not groups:

@@ -21,7 +21,7 @@ class ReportError(Exception):
 def build_report(paths: list[str], *, generated: str | None = None) -> str:
     """The HTML page for the input files, in the order given (ReportError for an input that
     cannot be used, or a missing plotly)."""
-    from ..verdict import iso_utc
+    from ..core.verdict import iso_utc
     from .inputs import display_name, load_input
     from .page import render_page
 

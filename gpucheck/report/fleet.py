@@ -204,7 +204,7 @@ def bisect_section(inp: Input) -> Section:
 
 
 def _members(label: Any) -> frozenset[str]:
-    from ..fleet.nodeset import NodeSetError, parse_nodeset
+    from ..platform.nodeset import NodeSetError, parse_nodeset
 
     try:
         return frozenset(parse_nodeset(str(label)))

@@ -64,7 +64,7 @@ def record_references(req: RecordRequest, say: Say) -> RecordOutcome:
     """Run the workloads, judge whether they may be recorded, record them (unless a dry run)."""
     from ..repro.judge import plan_record
     from ..repro.workloads import WorkloadError
-    from ..result import Status
+    from ..core.result import Status
     from ..tests_suite.repro import collect
 
     check, ctx, p, path = _prepare(req)
@@ -127,7 +127,7 @@ def _prepare(req: RecordRequest) -> tuple[Any, Any, dict[str, Any], str]:
 def _can_run(check: Any, ctx: Any, say: Say, path: str) -> bool:
     """Whether the check's needs are met here (else an error message); warns about a reference
     file that others could change."""
-    from ..check import missing_need
+    from ..core.check import missing_need
     from ..repro import store
 
     for need in check.spec.needs:
@@ -163,7 +163,7 @@ def _write(path: str, records: list[Any], not_run: dict[str, str], summary: dict
     """Add the records to the reference file: refused on a conflict with what it holds (exit 1),
     exit 2 when it cannot be written."""
     from ..repro import store
-    from ..safeio import describe_error
+    from ..platform.safeio import describe_error
 
     try:
         res = store.record(path, records, host=socket.gethostname())

@@ -1,4 +1,4 @@
-"""The node-local diagnostic checks. Each module exposes `CHECKS`, a list of `gpucheck.check.Check`.
+"""The node-local diagnostic checks. Each module exposes `CHECKS`, a list of `gpucheck.core.check.Check`.
 
 The helpers below are shared by the level-1 checks that judge the telemetry snapshot
 (inventory, ecc, memory-remap, clocks, pcie, nvlink, recovery-action). They import nothing heavy.
@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from ..check import Context
-from ..result import Action, Basis, Result, Status, settle
-from ..telemetry.fields import judged_view
-from ..telemetry.nvml import UNJUDGED_KINDS
+from ..core.check import Context
+from ..core.result import Action, Basis, Result, Status, settle
+from ..platform.telemetry.fields import judged_view
+from ..platform.telemetry.nvml import UNJUDGED_KINDS
 
 # The failure kind of a field a converted capture (nvidia-smi -q) does not hold (docs/snapshot.md).
 NOT_IN_CAPTURE = "not_in_capture"
@@ -187,14 +187,14 @@ def latest_metrics_by(ctx: Context, check_id: str, key: str) -> dict[Any, tuple[
 
 def snapshot_time(ctx: Context) -> float | None:
     """The snapshot's capture time, seconds since the epoch."""
-    from ..telemetry.snapshot import snapshot_epoch
+    from ..platform.telemetry.snapshot import snapshot_epoch
 
     return snapshot_epoch(ctx.snapshot or {})
 
 
 def previous_interval(prev: tuple[dict[str, Any], Any] | None, now: float | None) -> tuple[float | None, str | None]:
     """Seconds between the previous reading and `now`, or (None, why not)."""
-    from ..telemetry.snapshot import parse_time
+    from ..platform.telemetry.snapshot import parse_time
 
     if prev is None:
         return None, "no previous reading in the history"

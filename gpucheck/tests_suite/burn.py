@@ -25,12 +25,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
-from ..inject import InjectionArgs, fraction, injections_for_gpu
-from ..result import Action, Key, Result, Rule, Status, evaluate
+from ..core.inject import InjectionArgs, fraction, injections_for_gpu
+from ..core.result import Action, Key, Result, Rule, Status, evaluate
 from ..workers.per_gpu import LoadTime, progress_evidence
 
 CHECK_ID = "burn.gemm"
@@ -61,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init
     "sample_interval_s": 1.0,  # NVML sampling period
 }
-# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# What a setting may be where gpucheck.core.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {k: Limit("int", 1) for k in ("size", "cpu_size", "repeats", "ref_rows")}
 
@@ -125,7 +125,7 @@ def burn_gemm(ctx: Context) -> list[Result]:
         return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
     size = int(ctx.options.size or (p["cpu_size"] if device == "cpu" else p["size"]))
 
-    from ..busy import guarded_targets  # the pool is imported only to run
+    from ..workers.busy import guarded_targets  # the pool is imported only to run
     targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "burned")  # GPUs in use: skipped
     if not targets:
         if results:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..result import Key, Result, Rule, Status, evaluate
-from ..telemetry.throttle import is_set, reason_names
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
+from ..core.result import Key, Result, Rule, Status, evaluate
+from ..platform.telemetry.throttle import is_set, reason_names
 from . import apply_unreadable, each_gpu, get
 
 ID = "clocks"

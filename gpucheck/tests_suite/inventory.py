@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..result import Action, Key, Result, Rule, Status, evaluate, settle
-from ..telemetry.fields import judged_view
+from ..core.check import Context, Level, Need, define
+from ..core.result import Action, Key, Result, Rule, Status, evaluate, settle
+from ..platform.telemetry.fields import judged_view
 from . import apply_unreadable, get, gpu_state_result, nvml_unjudged, unreadable_fields
 
 ID = "inventory"

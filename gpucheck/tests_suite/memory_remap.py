@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..result import Action, Key, Result, Rule, Status, evaluate
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
+from ..core.result import Action, Key, Result, Rule, Status, evaluate
 from . import apply_unreadable, each_gpu, get
 
 ID = "memory-remap"

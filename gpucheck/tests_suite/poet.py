@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..inject import InjectionArgs, choice, injections_for_gpu
-from ..result import Action, Result, Rule, Status, evaluate
+from ..core.check import Context, Level, Need, define
+from ..core.config import Limit
+from ..core.inject import InjectionArgs, choice, injections_for_gpu
+from ..core.result import Action, Result, Rule, Status, evaluate
 from ..workers.per_gpu import LoadTime, progress_evidence
 
 CHECK_ID = "poet.ortho"
@@ -57,7 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init (the kernel compile comes after)
     "sample_interval_s": 1.0,
 }
-# What a setting may be where gpucheck.config.conventional_limit is not enough: sizes and counts
+# What a setting may be where gpucheck.core.config.conventional_limit is not enough: sizes and counts
 # of work are at least 1 (0 would examine nothing).
 LIMITS = {
     **{k: Limit("int", 1) for k in ("size", "rows", "cpu_blocks", "cpu_rows", "chain_steps", "verify_rows",
@@ -144,7 +144,7 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
 )
 def poet_ortho(ctx: Context) -> list[Result]:
     from ..workers.per_gpu import run_per_gpu
-    from ..busy import guarded_targets
+    from ..workers.busy import guarded_targets
 
     p, promise, problem = TIME.start(ctx)
     if problem is not None:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..result import Action, Key, Result, Rule, Status, evaluate
+from ..core.check import Context, Level, Need, define
+from ..core.result import Action, Key, Result, Rule, Status, evaluate
 from . import apply_unreadable, each_gpu
 
 ID = "recovery-action"

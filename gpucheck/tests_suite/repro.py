@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..check import Context, Level, Need, define
+from ..core.check import Context, Level, Need, define
 from ..repro import DEFAULT_REFERENCE_PATH
-from ..inject import injections_for_gpu
-from ..result import Action, Result, Rule, Status, evaluate
+from ..core.inject import injections_for_gpu
+from ..core.result import Action, Result, Rule, Status, evaluate
 
 CHECK_ID = "repro.bitwise"
 
@@ -91,7 +91,7 @@ class Collected:
     injected: dict[int, list[str]] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)  # skips and errors for GPUs not run
     elapsed_s: float = 0.0
-    guard: Any = None  # gpucheck.busy.Guard: GPUs in use were not run; --force notes
+    guard: Any = None  # gpucheck.workers.busy.Guard: GPUs in use were not run; --force notes
 
 
 def selected_workloads(ctx: Context, p: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -149,7 +149,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
                                       f"not {inj.get('gpu')!r}; nothing was run", subject="injection",
                                       injected=[str(inj)]))
             return col
-    from ..busy import guarded_targets  # the pool is imported only to run
+    from ..workers.busy import guarded_targets  # the pool is imported only to run
     targets, col.results, col.guard = guarded_targets(ctx, device, CHECK_ID, "tested")  # GPUs in use: skipped
     jobs = []
     driver = (ctx.snapshot or {}).get("driver_version") if device == "cuda" else None

@@ -1,7 +1,7 @@
 """Worker processes for compute checks: one spawned process per GPU, supervised by the parent.
 
 `gpucheck.workers.pool` is the reusable supervisor (`run_workers`), `gpucheck.workers.sampler` the
-NVML sampling thread that runs beside it, `gpucheck.workers.display` a live rich table for long
+NVML sampling thread that runs beside it, `gpucheck.render.burn_display` a live rich table for long
 burns. Nothing here imports torch: workers import it themselves, in their own process.
 """
 

@@ -153,7 +153,7 @@ class Confirmation:
         return bad, cleared
 
     def _retest_lines(self, node: str) -> list[str]:
-        from ..nodeset import fold
+        from ...platform.nodeset import fold
 
         controls = {r.round: r for r in self.session.records if r.phase == "control"}
         lines = []

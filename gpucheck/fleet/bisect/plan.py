@@ -10,7 +10,7 @@ from .strategies import grid_layout
 
 def plan_text(nodes: list[str], *, strategy: str, group_size: int | None, min_group: int,
               repeats: int, max_bad: int | None, parallel: int = 0, pairs_first: bool = False) -> list[str]:
-    from ..nodeset import fold
+    from ...platform.nodeset import fold
 
     n = len(nodes)
     lines = [f"{n} node(s): {fold(nodes)}; strategy {strategy}"]

@@ -84,7 +84,7 @@ class BisectResult:
         return [n for n in (self.bandwidth or {}).get("unjudged", []) if n not in bad]
 
     def to_dict(self) -> dict[str, Any]:
-        from ..nodeset import fold
+        from ...platform.nodeset import fold
 
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION,

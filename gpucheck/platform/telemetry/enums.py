@@ -7,7 +7,7 @@ constant the installed pynvml does not have (an older nvidia-ml-py) is left out:
 needs it reads as not supported by this pynvml, a value it would name reads as "unknown".
 
 `pynvml_module()` imports pynvml on first use (it loads no NVML library: that happens at
-nvmlInit), so importing gpucheck.telemetry stays free of it.
+nvmlInit), so importing gpucheck.platform.telemetry stays free of it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The GPU reader: one GPU's snapshot entry from an NVML session (live NVML, or a replay).
 
-`read_gpu(session, index)` makes the NVML calls, maps each failure (gpucheck.telemetry.nvml) and
-fills a GpuEntry (gpucheck.telemetry.model, docs/snapshot.md):
+`read_gpu(session, index)` makes the NVML calls, maps each failure (gpucheck.platform.telemetry.nvml) and
+fills a GpuEntry (gpucheck.platform.telemetry.model, docs/snapshot.md):
 - a value NVML does not support on this GPU/driver is None (never 0, never "healthy");
 - a read that failed for another reason is None too, and the entry's "errors" map names the field
   and the failure kind (no_permission, other, not_in_capture, ...);

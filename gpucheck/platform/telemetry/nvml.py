@@ -7,8 +7,8 @@ Everything here returns plain data and never lets an NVML exception escape:
 - NVML is initialised once per process however many sessions are open, and shut down once, when
   the last session that was opened is closed (or at interpreter exit for sessions that never are).
 - A session reads through a backend: the live pynvml module, or the replay of a recorded snapshot
-  (gpucheck.telemetry.replay), which answers the same pynvml calls from the recording. The readers
-  (gpucheck.telemetry.snapshot.read_gpu, `sample`, `read_gpu_processes`) cannot tell them apart.
+  (gpucheck.platform.telemetry.replay), which answers the same pynvml calls from the recording. The readers
+  (gpucheck.platform.telemetry.snapshot.read_gpu, `sample`, `read_gpu_processes`) cannot tell them apart.
 - Every NVMLError maps to one `NvmlFailure` kind (codes from pynvml's NVML_ERROR_* constants):
 
   =================== =========================================================================
@@ -538,7 +538,7 @@ class XidWatch:
             self._set = None
 
 
-# -- running processes: what the load-test guard (gpucheck.busy) reads ------------------------------
+# -- running processes: what the load-test guard (gpucheck.workers.busy) reads ------------------------------
 # Each list is read with the newest call this pynvml and driver have: the _v3 struct first, then
 # _v2, then the unversioned name (older pynvml maps it to v1). A call missing from pynvml or from
 # the driver (FUNCTION_NOT_FOUND) falls through to the next; any other failure is the answer.

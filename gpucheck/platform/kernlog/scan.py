@@ -30,7 +30,7 @@ class Window:
 
 def cursor_epoch(cursor: Any) -> float | None:
     """The time of a last-pass cursor's node mark ({"time": ISO, "epoch": float}), or None when
-    it has no time that parses to a finite epoch (gpucheck.kernlog.cursor)."""
+    it has no time that parses to a finite epoch (gpucheck.platform.kernlog.cursor)."""
     return mark_epoch(cursor)
 
 
@@ -87,7 +87,7 @@ def resolve_window(since: str, *, now: float, boot_time: float | None, state: An
 
 
 def _last_pass_window(now: float, boot_time: float | None, state: Any) -> Window:
-    """The window from the cursor's node mark (gpucheck.kernlog.cursor); the cursor read rides
+    """The window from the cursor's node mark (gpucheck.platform.kernlog.cursor); the cursor read rides
     along (`Window.cursor`) for the GPU marks, so that it is read once."""
     if state is None:
         return _whole_boot("last-pass", now, boot_time, "no state directory: no last-pass cursor")

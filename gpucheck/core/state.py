@@ -3,7 +3,7 @@
 /var/lib/gpucheck as root, $XDG_STATE_HOME/gpucheck (default ~/.local/state/gpucheck) otherwise,
 or --state-dir. Created 0700 (its files 0600) whatever the umask; as root it must be owned by
 root and not writable by group or others, and so must every folder on the way to it (a sticky
-one such as /tmp excepted): gpucheck.safeio.check_private_dir, RefusedPath otherwise. Every file
+one such as /tmp excepted): gpucheck.platform.safeio.check_private_dir, RefusedPath otherwise. Every file
 in it is opened with O_NOFOLLOW and used only when it is a regular file.
 
 History lines are appended all or nothing: one write() of the whole line on an O_APPEND
@@ -11,7 +11,7 @@ descriptor under an exclusive lock, fsync, and on any error (a full disk, a shor
 signal) the file is truncated back to its previous length. A torn last line left by a crash is
 sealed with a newline before the next append, so the next verdict is never glued to it. The
 reader skips torn or foreign lines and reports them (State.skipped_lines, State.skipped_notes).
-Cursors and other files are replaced atomically (gpucheck.safeio.replace_private); a cursor
+Cursors and other files are replaced atomically (gpucheck.platform.safeio.replace_private); a cursor
 that is read, changed and written back (State.update_cursor) is so under an exclusive lock.
 """
 
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import safeio
+from ..platform import safeio
 
 HISTORY_FILE = "history.jsonl"
 # The history rotates to history.jsonl.1 (one older generation kept) past this size, so that a
@@ -47,7 +47,7 @@ def default_state_dir() -> Path:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write a user-named output file safely (gpucheck.safeio.write_output: a regular file by
+    """Write a user-named output file safely (gpucheck.platform.safeio.write_output: a regular file by
     atomic rename, its mode kept; a FIFO, /dev/null or a terminal written through; anything else
     refused). Raises OSError (RefusedPath included); nothing half-written is left behind."""
     safeio.write_output(path, text)

@@ -216,7 +216,7 @@ class ParseResult:
 
 def short_bus_id(text: str) -> str | None:
     """'0000:3B:00' / '00000000:af:00' (already shaped by the _BUS pattern) -> '0000:3b:00'.
-    The same result as gpucheck.pci.short_bus_id, without a second regex per line."""
+    The same result as gpucheck.platform.pci.short_bus_id, without a second regex per line."""
     dom, bus, dev = text.split(":")
     d = int(dom, 16)
     if d > 0xFFFF:

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 
 class NvmlError(TypedDict):
-    """Why NVML (or a GPU) could not be read: a failure kind (gpucheck.telemetry.nvml.KINDS) and
+    """Why NVML (or a GPU) could not be read: a failure kind (gpucheck.platform.telemetry.nvml.KINDS) and
     NVML's message."""
 
     kind: str
@@ -100,7 +100,7 @@ class NvLink(TypedDict):
 
 
 class GpuEntry(TypedDict):
-    """One GPU of a snapshot, as the reader (gpucheck.telemetry.snapshot.read_gpu) writes it."""
+    """One GPU of a snapshot, as the reader (gpucheck.platform.telemetry.snapshot.read_gpu) writes it."""
 
     index: int
     state: str  # "ok", "lost", "reset_required", "error"
@@ -129,7 +129,7 @@ class GpuEntry(TypedDict):
 
 
 class JudgedGpu(GpuEntry):
-    """A GPU entry as the checks judge it (gpucheck.telemetry.fields.judged_view): every value its
+    """A GPU entry as the checks judge it (gpucheck.platform.telemetry.fields.judged_view): every value its
     field cannot hold is None and named in `invalid` (field path -> the value's repr)."""
 
     invalid: dict[str, str]

@@ -1,14 +1,14 @@
 """Snapshots: everything the level-1 checks judge, read once, as plain JSON data.
 
-`collect_snapshot()` reads NVML (through gpucheck.telemetry.nvml, the only NVML caller, and the
-GPU reader gpucheck.telemetry.reader) and sysfs; `load_snapshot(path)` reads a recorded one back
+`collect_snapshot()` reads NVML (through gpucheck.platform.telemetry.nvml, the only NVML caller, and the
+GPU reader gpucheck.platform.telemetry.reader) and sysfs; `load_snapshot(path)` reads a recorded one back
 (a capture from `gpucheck telemetry dump`, or a synthetic test fixture) and validates it; a
 recorded snapshot is judged after it is replayed through the same reader
-(gpucheck.telemetry.replay); `dump_snapshot(snap)` is its JSON text. Reading is separate from
+(gpucheck.platform.telemetry.replay); `dump_snapshot(snap)` is its JSON text. Reading is separate from
 judging: checks never call NVML, they look at `ctx.snapshot`.
 
 The format is documented field by field in docs/snapshot.md, and typed in
-gpucheck.telemetry.model. Rules that hold everywhere:
+gpucheck.platform.telemetry.model. Rules that hold everywhere:
 - a value NVML does not support on this GPU/driver is None (never 0, never "healthy");
 - a read that failed for another reason is None too, and the GPU's "errors" map names the field
   and the failure kind (no_permission, other, not_in_capture, ...);
@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
+from ... import __version__
 from . import enums
 from . import nvml as N
 from .model import Snapshot
@@ -59,7 +59,7 @@ _REQUIRED_TOP: dict[str, type | tuple[type, ...]] = {
 
 
 # NVML's values under gpucheck's names, as module attributes read on first use (from pynvml's
-# constants: gpucheck.telemetry.enums): value -> name for ARCHITECTURES, RECOVERY_ACTIONS and
+# constants: gpucheck.platform.telemetry.enums): value -> name for ARCHITECTURES, RECOVERY_ACTIONS and
 # NVLINK_STATES, key -> value for NVLINK_COUNTERS.
 _ENUM_TABLES = {"ARCHITECTURES": (enums.ARCHITECTURES, True), "RECOVERY_ACTIONS": (enums.RECOVERY_ACTIONS, True),
                 "NVLINK_STATES": (enums.NVLINK_STATES, True), "NVLINK_COUNTERS": (enums.NVLINK_COUNTERS, False)}
@@ -181,7 +181,7 @@ def dump_snapshot(snap: Snapshot | dict[str, Any]) -> str:
 
 def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
     """Read and validate a snapshot file ("-": standard input); an `nvidia-smi -q` or `-q -x`
-    capture is converted (gpucheck.telemetry.nvsmi). SnapshotError (one line) when it is neither."""
+    capture is converted (gpucheck.platform.telemetry.nvsmi). SnapshotError (one line) when it is neither."""
     from .. import safeio
     from . import nvsmi
 

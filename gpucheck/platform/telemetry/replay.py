@@ -5,7 +5,7 @@ nvmlDeviceGetUUID, nvmlDeviceGetTotalEccErrors(handle, type, counter), nvmlDevic
 nvmlDeviceGetNvLinkState(handle, link), ... are answered from the recording in the shapes pynvml
 returns (ints, mW, ctypes structs, field-value structs), and NVML's constants and error classes are
 pynvml's own. A session over it (`replay_session(doc)`) is read by exactly the code that reads live
-NVML (gpucheck.telemetry.reader.read_gpu, NvmlSession.sample, read_gpu_processes), so every
+NVML (gpucheck.platform.telemetry.reader.read_gpu, NvmlSession.sample, read_gpu_processes), so every
 recorded snapshot exercises the reader's parsing, error mapping and lost-GPU handling.
 
 How a recording answers a call:
@@ -23,7 +23,7 @@ How a recording answers a call:
 - NVML itself not working (nvml.ok false): its failure at nvmlInit. A recorded message that names
   NVML's return code ("... (NVML return code 9)") is raised with that code; one that names none is
   raised as recorded (ReplayedFailure), as is a failure of a kind that has no return code
-  (timeout, internal_error: gpucheck.telemetry.nvml).
+  (timeout, internal_error: gpucheck.platform.telemetry.nvml).
 - any other NVML call (process lists, event sets): NotInCapture.
 
 `replay_snapshot(doc)` is the snapshot the checks judge: the recording's own facts (host, time,

@@ -17,11 +17,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..result import Action, Key, Result, Rule, Status, evaluate, strongest_action
+from ..core.result import Action, Key, Result, Rule, Status, evaluate, strongest_action
 from . import catalog
-from .mapping import GpuInfo, GpuMap
-from .parse import SXidEvent, Unrecognised, XidEvent
-from .timeparse import iso_utc
+from ..platform.kernlog.mapping import GpuInfo, GpuMap
+from ..platform.kernlog.parse import SXidEvent, Unrecognised, XidEvent
+from ..platform.kernlog.timeparse import iso_utc
 
 _SEV_RANK = {"critical": 0, "warning": 1, "app": 2, "info": 3}
 

@@ -2,7 +2,7 @@
 clock, power, errors, time left. Fed by the checks' progress callbacks (ctx.progress), so it
 stays out of the check logic.
 
-It has the interface of gpucheck.output.LiveStatus (started / progress / finished / close), so the
+It has the interface of gpucheck.render.live.LiveStatus (started / progress / finished / close), so the
 run pipeline can use either; rich is imported only when a display is made (TTY, not --json).
 Without a terminal the pipeline prints progress lines instead (gpucheck.render.progress). The
 console never reads markup or emoji codes in what it shows (gpucheck.render.console).
@@ -36,7 +36,7 @@ class BurnDisplay:
     def __init__(self, file: TextIO | None = None, refresh_per_second: float = 2.0):
         from rich.live import Live
 
-        from ..render.console import make_console
+        from .console import make_console
 
         self.console = make_console(file or sys.stderr)
         self._rows: dict[str, dict[str, Any]] = {}

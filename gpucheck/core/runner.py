@@ -21,7 +21,7 @@ left to write the verdict. A check still running at the end of its stop time is 
 error. A compute check whose `min_slice` does not fit in what is left before the deadline is not
 started: `error`, "not run", naming what it needed and what was left.
 
-SIGTERM, SIGINT (a Slurm prolog timeout, Ctrl-C) are recorded by gpucheck.interrupts (never
+SIGTERM, SIGINT (a Slurm prolog timeout, Ctrl-C) are recorded by gpucheck.platform.interrupts (never
 raised): the runner cancels the running check, gives it `ctx.stop_s` to return what it has (a
 second signal stops the wait), and marks every check not run as `error` "not run: interrupted".
 The caller still gets an outcome and writes a (partial) verdict.
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .check import Check, Context, compute_skip, does_not_apply, unmet_needs
-from .interrupts import Interrupts
+from ..platform.interrupts import Interrupts
 from .result import Action, Result, Status, Threshold, worst_status
 
 # How long a cancelled check may take to stop when the run has no time limit (signals).

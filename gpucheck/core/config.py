@@ -296,7 +296,7 @@ def _run_level(path: Path, value: Any) -> None:
 def _read_toml(p: Path) -> dict[str, Any]:
     """The parsed file: a regular file of at most safeio.LIMITS["config"] bytes (a FIFO or a
     device is refused, never read), valid TOML; ConfigError naming the file otherwise."""
-    from . import safeio
+    from ..platform import safeio
 
     try:
         text = safeio.read_input(p, "config").decode("utf-8")
@@ -320,7 +320,7 @@ def _config_exists(p: Path) -> bool:
     """Whether there is something at `p` to read (False: nothing, or a folder on the way is a
     file); ConfigError for any other reason it cannot be looked at (a name too long, permission
     denied on a folder, a NUL byte): every OSError is a config error, never a traceback."""
-    from . import safeio
+    from ..platform import safeio
 
     try:
         os.stat(p)
@@ -361,7 +361,7 @@ def read_on_error(path: str | os.PathLike[str] | None) -> str | None:
     fail-closed choice survives every other error in the file; None when the file (or the key)
     is missing, unreadable or not pass/fail. Never raises, never hangs.
 
-    The file is read like any config (gpucheck.safeio: a regular file only, so a FIFO or a device
+    The file is read like any config (gpucheck.platform.safeio: a regular file only, so a FIFO or a device
     is None at once), at most safeio.LIMITS["config"] bytes; a larger one is scanned in its first
     that many bytes. A leading UTF-8 byte order mark is dropped. Valid TOML is read with tomllib
     (every spelling: [run], ["run"], run.on_error, run = {on_error = ...}); a file that is not
@@ -385,7 +385,7 @@ def read_on_error(path: str | os.PathLike[str] | None) -> str | None:
 def _on_error_text(p: Path) -> tuple[str | None, bool]:
     """(the config's text, without a byte order mark, or None when it cannot be read; whether
     that is the whole file)."""
-    from . import safeio
+    from ..platform import safeio
 
     limit = safeio.LIMITS["config"]
     try:

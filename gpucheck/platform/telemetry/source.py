@@ -3,10 +3,10 @@ running processes come from. Chosen at the edge (gpucheck.app: a recorded snapsh
 NVML; a library caller or a test may hand its own) and carried in the check Context
 (`ctx.telemetry`); checks, the sampler and the busy guard never choose one.
 
-- `LiveTelemetry`: this node's NVML (gpucheck.telemetry.nvml) and sysfs.
+- `LiveTelemetry`: this node's NVML (gpucheck.platform.telemetry.nvml) and sysfs.
 - `ReplayTelemetry`: a recorded snapshot, answered through the same readers by a replay backend
-  (gpucheck.telemetry.replay).
-- `FakeTelemetry` (gpucheck.telemetry.fake): data handed in by tests.
+  (gpucheck.platform.telemetry.replay).
+- `FakeTelemetry` (gpucheck.platform.telemetry.fake): data handed in by tests.
 
 A source never raises for NVML trouble: what could not be read says why (the snapshot's nvml.ok
 and errors, a sampling session's `note`, a GpuProcesses' `failure`).
@@ -182,7 +182,7 @@ class LiveTelemetry:
 
 
 class ReplayTelemetry:
-    """A recorded snapshot, replayed through the live readers (gpucheck.telemetry.replay). It is
+    """A recorded snapshot, replayed through the live readers (gpucheck.platform.telemetry.replay). It is
     not this node: it has no load telemetry for workers, and no running processes are recorded
     (they read as not in this capture)."""
 
@@ -222,7 +222,7 @@ class ReplayTelemetry:
 
 class CaptureTelemetry(ReplayTelemetry):
     """An `nvidia-smi -q`/`-q -x` capture converted to the snapshot model by its own reader
-    (gpucheck.telemetry.nvsmi), judged as converted. It is not a recording of NVML calls: a
+    (gpucheck.platform.telemetry.nvsmi), judged as converted. It is not a recording of NVML calls: a
     capture often holds part of what one NVML call returns (a "Remapped Rows" section without
     "Remapping Failure Occurred"), which an NVML replay could only refuse whole, losing the part it
     does show (a pending remap). The converter already marks what the capture lacks as

@@ -8,14 +8,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .render.console import STYLES as _STYLE
-from .render.console import make_console, styled
+from .console import STYLES as _STYLE
+from .console import make_console, styled
 
 
 def print_verdict(verdict: dict[str, Any], file=None, *, verbose: bool = False) -> None:
     """The verdict for people on `file` (stdout): the check x GPU grid, the non-pass results
     with cause and action, the node line; `verbose`: one row per result instead of the grid."""
-    from .render.terminal import print_verdict as render
+    from .terminal import print_verdict as render
 
     render(verdict, file, verbose=verbose)
 

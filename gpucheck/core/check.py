@@ -3,14 +3,14 @@
 A check is a `Check`: a `CheckSpec` (id, description, level, needs, budget, defaults) and a run
 function `run(ctx) -> list[Result]`. It never prints and never exits. Thresholds are data: every
 check declares its defaults in `spec.defaults` (and, where the convention of
-gpucheck.config.conventional_limit does not fit, what each may be set to in `spec.limits`); a
+gpucheck.core.config.conventional_limit does not fit, what each may be set to in `spec.limits`); a
 site's config overrides them per check, and the merged values reach the check as
 `ctx.params(check_id)`.
 
 Compute checks (a spec that needs a GPU, or says `compute=True`) load the GPUs; every other check
 only reads (NVML, the kernel log). The runner runs the readers first, gives compute checks what is
 left of the run's time limit, and does not start one whose `min_slice` does not fit (see
-gpucheck.runner). A compute check that cannot run because the GPU, torch or CuPy is not usable is
+gpucheck.core.runner). A compute check that cannot run because the GPU, torch or CuPy is not usable is
 a skip; `compute_skip` says whether that skip left unexamined what the run was asked to examine.
 """
 
@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
     from .inject import Injection
     from .state import State
-    from .telemetry.model import GpuEntry, Snapshot
-    from .telemetry.source import TelemetrySource
+    from ..platform.telemetry.model import GpuEntry, Snapshot
+    from ..platform.telemetry.source import TelemetrySource
 
 
 class Level(enum.IntEnum):
@@ -98,8 +98,8 @@ class CheckSpec:
     budget_s: float = 10.0
     detects: str = ""
     defaults: dict[str, Any] = field(default_factory=dict)
-    # What each default may be set to (gpucheck.config.Limit per key); a key not listed follows
-    # gpucheck.config.conventional_limit. Validated by Config.validate_checks.
+    # What each default may be set to (gpucheck.core.config.Limit per key); a key not listed follows
+    # gpucheck.core.config.conventional_limit. Validated by Config.validate_checks.
     limits: dict[str, Any] = field(default_factory=dict)
     injects: tuple[str, ...] = ()  # fault-injection kinds this check honours
     # Budget that depends on the run (a burn's --duration): budget_fn(ctx) -> seconds.
@@ -234,7 +234,7 @@ class RunOptions:
 
 
 def _live_telemetry() -> "TelemetrySource":
-    from .telemetry.source import live  # lazy: a Context made for a replay never opens NVML
+    from ..platform.telemetry.source import live  # lazy: a Context made for a replay never opens NVML
 
     return live()
 
@@ -246,7 +246,7 @@ class Context:
     snapshot: the telemetry snapshot (read once at the edge from `telemetry`: live NVML, or a
       recorded file replayed through the same reader); None when no selected check needs NVML.
       See docs/snapshot.md.
-    telemetry: where this run's telemetry comes from (gpucheck.telemetry.source): the snapshot was
+    telemetry: where this run's telemetry comes from (gpucheck.platform.telemetry.source): the snapshot was
       read from it, and the sampler (load telemetry, Xid events) and the busy guard (the GPUs'
       running processes) read it too. Chosen at the edge; default: this node's NVML.
     options: the command's options (RunOptions; a mapping of its field names is converted).
@@ -278,7 +278,7 @@ class Context:
     cancel: threading.Event = field(default_factory=threading.Event)
     # Called by long checks with progress for the live display: progress(check_id, subject, dict).
     progress: Callable[[str, str, dict[str, Any]], None] | None = None
-    # --force: load checks load GPUs that a job is using (gpucheck.busy); the results say so.
+    # --force: load checks load GPUs that a job is using (gpucheck.workers.busy); the results say so.
     force: bool = False
 
     def __post_init__(self) -> None:

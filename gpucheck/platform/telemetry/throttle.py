@@ -1,7 +1,7 @@
 """Clock-event ("throttle") reason bits of nvmlDeviceGetCurrentClocksEventReasons.
 
 The bits are pynvml's own constants (nvmlClocksEventReason*, or the older
-nvmlClocksThrottleReason* names: gpucheck.telemetry.enums), identical in DCGM's
+nvmlClocksThrottleReason* names: gpucheck.platform.telemetry.enums), identical in DCGM's
 DCGM_CLOCKS_EVENT_REASON_* masks. Names are gpucheck's, stable, and used in snapshots and verdicts:
 gpu_idle, applications_clocks_setting, sw_power_cap, hw_slowdown (clocks cut by 2x or more:
 temperature, external power brake, power fast-trigger), sync_boost, sw_thermal_slowdown,

@@ -75,7 +75,7 @@ class GpuStarts:
 
 def gpu_starts(cursor: Any, node_start: float | None, now: float) -> GpuStarts:
     """The GPU marks of `cursor` that are later than `node_start` and can be trusted (see
-    gpucheck.kernlog.scan.usable_start: one ahead of now or with no time is ignored, with a
+    gpucheck.platform.kernlog.scan.usable_start: one ahead of now or with no time is ignored, with a
     warning note, and that GPU judged from the node mark)."""
     from .scan import usable_start
 
@@ -98,7 +98,7 @@ def gpu_starts(cursor: Any, node_start: float | None, now: float) -> GpuStarts:
 def window_is_default(params: Mapping[str, Any], options: Any) -> bool:
     """Whether the xid check ran with the window the cursor speaks for: `since` last-pass, no
     Xid ignored by configuration, no job start given by the Slurm epilog (`options`: the run's
-    gpucheck.check.RunOptions)."""
+    gpucheck.core.check.RunOptions)."""
     since = str(params.get("since", "last-pass")).strip().lower()
     return since == "last-pass" and not params.get("ignore_xids") and getattr(options, "xid_since", None) in (None, "")
 

@@ -2,7 +2,7 @@
 
 Before a load check (burn.gemm, poet.ortho, repro.bitwise, eud.memtest, eud.bandwidth,
 eud.power, eud.dcgm, nccl.intra, `gpucheck nccl run`) starts loading GPU N, it reads the
-processes NVML lists on N (compute, graphics, MPS clients: gpucheck.telemetry.nvml.
+processes NVML lists on N (compute, graphics, MPS clients: gpucheck.platform.telemetry.nvml.
 read_gpu_processes). gpucheck's own processes (this process and its descendants: the workers of
 a previous check) are not a job.
 
@@ -25,12 +25,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .result import Result, Status
+from ..core.result import Result, Status
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .check import Context
-    from .telemetry.source import TelemetrySource
-    from .workers.targets import WorkerTarget
+    from ..core.check import Context
+    from ..platform.telemetry.source import TelemetrySource
+    from .targets import WorkerTarget
 
 FORCE_HINT = "--force to load it anyway"
 READ_TIMEOUT_S = 15.0  # a hung driver must not hang the check: past this, "could not read"
@@ -40,7 +40,7 @@ SUMMARY_PROCESSES = 3  # processes named in a summary; the evidence lists every 
 def read_processes(indices: list[int], *, timeout_s: float = READ_TIMEOUT_S,
                    cancel: threading.Event | None = None) -> Mapping[int, Any]:
     """{index: GpuProcesses} for every index, from live NVML, never raising or hanging."""
-    from .telemetry.source import LiveTelemetry
+    from ..platform.telemetry.source import LiveTelemetry
 
     return LiveTelemetry(process_timeout_s=timeout_s).gpu_processes(indices, cancel=cancel)
 
@@ -196,7 +196,7 @@ def guard_context(ctx: "Context", device: str, check_id: str, gpus: list[int]) -
 def guarded_targets(ctx: "Context", device: str, check_id: str, verb: str = "tested"
                     ) -> tuple[list["WorkerTarget"], list[Result], Guard]:
     """workers.targets.worker_targets, less the GPUs in use: (targets, skip results, guard)."""
-    from .workers.targets import worker_targets
+    from .targets import worker_targets
 
     targets, results = worker_targets(ctx, device, check_id, verb)
     guard = guard_context(ctx, device, check_id, [t["gpu"] for t in targets])
@@ -243,8 +243,8 @@ def cuda_to_nvml(local_ranks: list[int], environ: Mapping[str, str], devices: li
 
 def nvml_devices(*, timeout_s: float = READ_TIMEOUT_S) -> tuple[list[dict[str, Any]] | None, str | None]:
     """NVML's GPUs as [{"index", "uuid", "name"}], or (None, why)."""
-    from .telemetry.nvml import NvmlSession, text
-    from .telemetry.source import bounded
+    from ..platform.telemetry.nvml import NvmlSession, text
+    from ..platform.telemetry.source import bounded
 
     def read() -> tuple[list[dict[str, Any]] | None, str | None]:
         with NvmlSession() as s:

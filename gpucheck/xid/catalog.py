@@ -13,7 +13,7 @@ gpucheck's own judgement is two more columns, derived from the immediate bucket 
             app        application-class: the job that hit it died, the GPU is fine; the check
                        passes unless the same Xid repeats on one GPU beyond `repeat_limit`
             info       informational: shown, never changes the verdict
-  action    a gpucheck.result.Action value: none, investigate, restart-app, reset-gpu,
+  action    a gpucheck.core.result.Action value: none, investigate, restart-app, reset-gpu,
             reboot, drain, rma
 
 Unknown numbers are never dropped: `lookup()` returns an "unknown Xid N" entry (warning,

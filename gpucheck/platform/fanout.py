@@ -15,7 +15,7 @@ worker substitutes the node name into a shell command line, where it stands sing
 every node has its own exit code, output and timeout. Inside an allocation the steps run in it
 (`--overlap`); outside one each srun gets its own job.
 
-Node names: run_nodes refuses (ValueError) a name that gpucheck.fleet.nodeset would not accept
+Node names: run_nodes refuses (ValueError) a name that gpucheck.platform.nodeset would not accept
 (letters, digits, `-`, `_`, `.`; not starting with `-`), so no name carries shell syntax or
 passes for an ssh option. ClusterShell builds the ssh command line itself and puts its own
 options right before the host, so no `--` can go there: the name check is what keeps a host
@@ -29,7 +29,7 @@ The fan-out runs in a thread of its own (a ClusterShell Task is bound to its thr
 sweeps in one process never share task state.
 
 Stopping: every local command (the ssh client, the shell around srun) runs in a session of its
-own (`setsid`, util-linux) and is tracked by gpucheck.processes, so what kills it reaches its
+own (`setsid`, util-linux) and is tracked by gpucheck.platform.processes, so what kills it reaches its
 whole process group and not only the client: a per-node timeout or an abort sends SIGKILL to
 the group (ClusterShell's signal), a stop (SIGTERM/SIGINT inside processes.stop_on_signals)
 SIGTERM and SIGKILL after processes.GRACE_S. On a stop the task is aborted (no further node
@@ -55,7 +55,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from ..processes import Interrupted, stopping
+from .processes import Interrupted, stopping
 from .nodeset import check_node_name
 
 DEFAULT_FANOUT = 64
@@ -209,13 +209,13 @@ _SETSID = shutil.which("setsid")
 @functools.lru_cache(maxsize=None)
 def _in_own_session(worker_cls: type) -> type:
     """`worker_cls` (a ClusterShell ExecWorker: exec, ssh) whose clients run their command under
-    `setsid` (a session and process group of its own), tracked by gpucheck.processes while it
+    `setsid` (a session and process group of its own), tracked by gpucheck.platform.processes while it
     runs, and killed as a group when ClusterShell kills it (per-node timeout, abort): SIGKILL,
     as ClusterShell sends to the client alone (a client ended by SIGTERM would exit "normally",
     ssh with 255, and the timeout would read as unreachable). A stop (processes) sends SIGTERM
     to the groups first. Without `setsid` on the PATH the command stays in our process group
     and only the client is signalled, as ClusterShell does."""
-    from .. import processes
+    from . import processes
 
     base = worker_cls.SHELL_CLASS
 

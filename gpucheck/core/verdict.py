@@ -11,7 +11,7 @@ import datetime as _dt
 import socket
 from typing import Any
 
-from . import __version__
+from .. import __version__
 from .check import Level
 from .result import Result, Status, strongest_action, worst_status
 

@@ -2,7 +2,7 @@
 
 One gauge per check and subject for the status, the overall verdict, and every numeric metric of
 every result. Written through a temporary file and a rename so node_exporter never reads half a
-file (gpucheck.safeio.write_output: what it refuses, modes).
+file (gpucheck.platform.safeio.write_output: what it refuses, modes).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from .safeio import write_output
+from ..platform.safeio import write_output
 
 _STATUS_VALUE = {"pass": 0, "warn": 1, "fail": 2, "error": 3, "skip": -1}
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")

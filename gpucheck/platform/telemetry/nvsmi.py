@@ -39,7 +39,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime
 from typing import Any, Callable, Iterable
 
-from .. import __version__
+from ... import __version__
 from ..pci import normalize_bus_id
 from .fields import GROUP_FIELDS, TOP_FIELDS
 from .throttle import reason_names
@@ -459,7 +459,7 @@ _THROTTLE_BITS = {name: 1 << i for i, name in enumerate(
      "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "display_clock_setting"))}
 
 # "GPU Recovery Action" words -> gpucheck's names of nvmlDeviceGpuRecoveryAction_t (their NVML
-# values come from pynvml's constants: gpucheck.telemetry.enums.RECOVERY_ACTIONS)
+# values come from pynvml's constants: gpucheck.platform.telemetry.enums.RECOVERY_ACTIONS)
 RECOVERY_WORDS = {"none": "none", "reset": "gpu_reset", "gpu reset": "gpu_reset", "gpu reset required": "gpu_reset",
                   "reboot": "node_reboot", "node reboot": "node_reboot", "node reboot required": "node_reboot",
                   "drain p2p": "drain_p2p", "drain and reset": "drain_and_reset",
@@ -763,7 +763,7 @@ def convert(text: str, where: str = "capture") -> dict[str, Any]:
     warnings += _count_warnings(top, gpus)
     return {
         "kind": KIND, "version": VERSION, "synthetic": False,
-        "source": f"{fmt} capture ({where}), converted by gpucheck {__version__} (gpucheck.telemetry.nvsmi)",
+        "source": f"{fmt} capture ({where}), converted by gpucheck {__version__} (gpucheck.platform.telemetry.nvsmi)",
         "host": "unknown",  # an nvidia-smi capture does not name its host
         "captured_at": captured_at(top.get("timestamp")),
         "gpucheck_version": __version__,
@@ -801,7 +801,7 @@ def _count_warnings(top: dict[str, str], gpus: list[dict[str, Any]]) -> list[str
 
 def read_text(path: str | Any, limit: int | None = None) -> str:
     """The text of a snapshot or capture file a user named ("-": standard input), at most the
-    snapshot size limit (gpucheck.safeio.LIMITS): a regular file only (a FIFO or a device is
+    snapshot size limit (gpucheck.platform.safeio.LIMITS): a regular file only (a FIFO or a device is
     refused, never read). Raises OSError (safeio.RefusedPath) or UnicodeDecodeError."""
     import os
     import sys

@@ -33,7 +33,7 @@ class _OwnedGzipFile(gzip.GzipFile):
 
 def open_log_file(path: str) -> IO[bytes]:
     """Open a log file for binary reading; .gz files are decompressed. Regular files only
-    (gpucheck.safeio.open_input: a FIFO or a device such as /dev/zero would never end; it is a
+    (gpucheck.platform.safeio.open_input: a FIFO or a device such as /dev/zero would never end; it is a
     RefusedPath, an OSError); there is no size limit: the file is read as a stream, and only
     matching lines (each cut at MAX_LINE_BYTES) are kept."""
     from ...safeio import open_input
