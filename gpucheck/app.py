@@ -32,7 +32,8 @@ from .core.check import Check, Context, Level, Need, RunOptions, unmet_needs
 from .core.config import Config, ConfigError, load_config
 from .core.inject import Injection, InjectionError, parse_injection
 from .platform.interrupts import INTERRUPTS, Interrupts
-from .registry import SelectionError, all_checks, select
+from .core.selection import SelectionError, select
+from .tests_suite.registry import all_checks
 from .core.state import State, default_state_dir
 from .core.verdict import EXIT_USAGE, build_verdict, verdict_level
 

@@ -29,16 +29,16 @@ CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlin
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.core.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
-    ("gpucheck.eud.bandwidth", "judge_bandwidth", ()),
-    ("gpucheck.eud.bandwidth", "judge_outcome", ()),
-    ("gpucheck.eud.power_judge", "judge_power", ("gpucheck.eud.power",)),
-    ("gpucheck.eud.memtest", "judge_data", ()),
-    ("gpucheck.eud.memtest", "judge_outcome", ()),
-    ("gpucheck.tests_suite.burn", "_judge_data", ()),
-    ("gpucheck.tests_suite.poet", "judge_data", ()),
-    ("gpucheck.tests_suite.poet", "judge_outcomes", ()),
-    ("gpucheck.eud.dcgm_parse", "map_results", ("gpucheck.eud.dcgm",)),
-    ("gpucheck.nccl.intra", "judge", ("gpucheck.nccl.checks",)),
+    ("gpucheck.tests_suite.eud_bandwidth", "judge_bandwidth", ()),
+    ("gpucheck.tests_suite.eud_bandwidth", "judge_outcome", ()),
+    ("gpucheck.eud.power_judge", "judge_power", ("gpucheck.tests_suite.eud_power",)),
+    ("gpucheck.tests_suite.eud_memtest", "judge_data", ()),
+    ("gpucheck.tests_suite.eud_memtest", "judge_outcome", ()),
+    ("gpucheck.tests_suite.burn_gemm", "_judge_data", ()),
+    ("gpucheck.tests_suite.poet_ortho", "judge_data", ()),
+    ("gpucheck.tests_suite.poet_ortho", "judge_outcomes", ()),
+    ("gpucheck.eud.dcgm_parse", "map_results", ("gpucheck.tests_suite.eud_dcgm",)),
+    ("gpucheck.nccl.intra", "judge", ("gpucheck.tests_suite.nccl_intra",)),
     ("gpucheck.repro.judge", "judge_node", ()),
     ("gpucheck.xid.judge", "judge", ()),
 )
@@ -138,7 +138,7 @@ def _checked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     """Wrap every entry point (once)."""
-    from gpucheck.registry import all_checks
+    from gpucheck.tests_suite.registry import all_checks
 
     for mod_name, name, also in ENTRY_POINTS:
         mod = importlib.import_module(mod_name)

@@ -30,8 +30,8 @@ from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
 from gpucheck.platform.telemetry.fake import FakeTelemetry
-from gpucheck.tests_suite import burn as burn_mod
-from gpucheck.tests_suite.burn import burn_gemm
+from gpucheck.tests_suite import burn_gemm as burn_mod
+from gpucheck.tests_suite.burn_gemm import burn_gemm
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome, torch_device
 from gpucheck.workers.sampler import summarize
 
@@ -436,7 +436,7 @@ def test_crashed_workers_fail_with_the_error_text():
 
 
 def test_gpucheck_modules_do_not_import_torch():
-    code = ("import sys, gpucheck.tests_suite.burn, gpucheck.cli.burn, gpucheck.compute.gemm, gpucheck.data.sku, "
+    code = ("import sys, gpucheck.tests_suite.burn_gemm, gpucheck.cli.burn, gpucheck.compute.gemm, gpucheck.data.sku, "
             "gpucheck.workers; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -444,11 +444,12 @@ def test_gpucheck_modules_do_not_import_torch():
 # -- the command ------------------------------------------------------------------------------------
 @pytest.fixture
 def burn_cli(monkeypatch, tmp_path):
-    from gpucheck import app, registry
+    from gpucheck import app
+    from gpucheck.tests_suite import registry
     from gpucheck.cli.main import main
 
     # Only the burn module: keeps this test about the burn command.
-    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.burn",)))
+    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.burn_gemm",)))
 
     def run(*args):
         return main(["burn", "--device", "cpu", "--state-dir", str(tmp_path), *args])

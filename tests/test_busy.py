@@ -213,12 +213,12 @@ def started(monkeypatch):
 
 
 def _load_checks():
-    from gpucheck.eud.bandwidth import bandwidth
-    from gpucheck.eud.memtest import memtest
-    from gpucheck.eud.power import power_check
-    from gpucheck.tests_suite.burn import burn_gemm
-    from gpucheck.tests_suite.poet import poet_ortho
-    from gpucheck.tests_suite.repro import repro_bitwise
+    from gpucheck.tests_suite.eud_bandwidth import bandwidth
+    from gpucheck.tests_suite.eud_memtest import memtest
+    from gpucheck.tests_suite.eud_power import power_check
+    from gpucheck.tests_suite.burn_gemm import burn_gemm
+    from gpucheck.tests_suite.poet_ortho import poet_ortho
+    from gpucheck.tests_suite.repro_bitwise import repro_bitwise
 
     return {c.id: c for c in (burn_gemm, poet_ortho, repro_bitwise, memtest, bandwidth, power_check)}
 
@@ -248,14 +248,14 @@ def test_force_loads_the_busy_gpu_and_says_so(started, tmp_path, check_id):
 
 
 def test_every_gpu_busy_starts_nothing(started):
-    from gpucheck.tests_suite.burn import burn_gemm
+    from gpucheck.tests_suite.burn_gemm import burn_gemm
 
     results = burn_gemm.run(_cuda_ctx(processes=reader(busy_gpus=(0, 1), unreadable=(2,))))
     assert started == [] and [r.gpu for r in results] == [0, 1, 2] and all(r.unexamined for r in results)
 
 
 def test_nccl_intra_gives_no_rank_to_the_busy_gpu(monkeypatch):
-    from gpucheck.nccl import checks as nccl_checks
+    from gpucheck.tests_suite import nccl_intra as nccl_checks
 
     seen = []
 
@@ -297,7 +297,7 @@ def _dcgm_ctx(dcgmi, gpus=2, **kw):
 
 
 def test_dcgm_runs_only_on_the_gpus_not_in_use(dcgmi):
-    from gpucheck.eud.dcgm import dcgm_check
+    from gpucheck.tests_suite.eud_dcgm import dcgm_check
 
     results = dcgm_check.run(_dcgm_ctx(dcgmi, gpus=3))
     assert dcgmi.calls()[-1] == ["diag", "-r", "3", "-j", "-i", "0,2"]
@@ -309,7 +309,7 @@ def test_dcgm_runs_only_on_the_gpus_not_in_use(dcgmi):
 
 
 def test_dcgm_with_every_gpu_busy_or_no_gpu_known_does_not_start(dcgmi):
-    from gpucheck.eud.dcgm import dcgm_check
+    from gpucheck.tests_suite.eud_dcgm import dcgm_check
 
     results = dcgm_check.run(_dcgm_ctx(dcgmi, gpus=2, processes=reader(busy_gpus=(0, 1))))
     assert [c[0] for c in dcgmi.calls()] == ["discovery"] and all(r.unexamined for r in results)

@@ -68,7 +68,7 @@ def test_a_closed_pipe_in_a_judging_command_is_exit_3_not_0(monkeypatch, capsys)
 
 
 def test_a_closed_pipe_in_a_command_that_judges_nothing_is_still_0(monkeypatch, capsys):
-    import gpucheck.registry as registry
+    import gpucheck.tests_suite.registry as registry
 
     monkeypatch.setattr(registry, "all_checks", _raise(BrokenPipeError(errno.EPIPE, "Broken pipe")))
     assert main(["list"]) == 0

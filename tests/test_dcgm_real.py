@@ -12,7 +12,7 @@ import pytest
 
 from gpucheck.core.check import Context, Level
 from gpucheck.core.config import Config
-from gpucheck.eud.dcgm import dcgm_check
+from gpucheck.tests_suite.eud_dcgm import dcgm_check
 from gpucheck.eud.dcgm_parse import map_results, parse_diag
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks

@@ -43,7 +43,7 @@ def test_every_option_reaches_the_checks(monkeypatch, tmp_path):
     """The options land in the run request, and the functions the checks plan with read them."""
     from gpucheck import app
     from gpucheck.core.check import Context, Level
-    from gpucheck.eud import dcgm, memtest, power
+    from gpucheck.tests_suite import eud_dcgm as dcgm, eud_memtest as memtest, eud_power as power
 
     seen = []
     monkeypatch.setattr(app, "execute", lambda req, **kw: seen.append(req) or 0)

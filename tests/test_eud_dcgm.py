@@ -13,8 +13,8 @@ import pytest
 
 from gpucheck.core.check import Context, Level
 from gpucheck.core.config import Config
-from gpucheck.eud import dcgm as dcgm_mod
-from gpucheck.eud.dcgm import dcgm_check, parse_dcgm_level, settings_changes, site_settings
+from gpucheck.tests_suite import eud_dcgm as dcgm_mod
+from gpucheck.tests_suite.eud_dcgm import dcgm_check, parse_dcgm_level, settings_changes, site_settings
 from gpucheck.eud.dcgm_run import diag_argv, find_dcgmi, probe_hostengine, run_command
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks

@@ -25,9 +25,9 @@ np = pytest.importorskip("numpy")
 
 from gpucheck.core.check import Context, Level  # noqa: E402
 from gpucheck.core.config import Config  # noqa: E402
-from gpucheck.eud import bandwidth as bw  # noqa: E402
+from gpucheck.tests_suite import eud_bandwidth as bw  # noqa: E402
 from gpucheck.eud import copybw  # noqa: E402
-from gpucheck.eud import memtest as mt  # noqa: E402
+from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
 from gpucheck.eud.memtest_worker import CupyBackend, MemtestConfig, run_memtest  # noqa: E402

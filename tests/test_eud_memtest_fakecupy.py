@@ -18,7 +18,7 @@ import cudaemu  # noqa: E402
 import fakecupy  # noqa: E402
 from gpucheck.core.check import Context, Level  # noqa: E402
 from gpucheck.core.config import Config  # noqa: E402
-from gpucheck.eud import memtest as mt  # noqa: E402
+from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_cupy  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402

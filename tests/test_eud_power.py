@@ -13,8 +13,8 @@ from pathlib import Path
 
 from gpucheck.core.check import Context, Level
 from gpucheck.core.config import Config
-from gpucheck.eud import power as power_mod
-from gpucheck.eud.power import power_check
+from gpucheck.tests_suite import eud_power as power_mod
+from gpucheck.tests_suite.eud_power import power_check
 from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
@@ -126,7 +126,7 @@ def test_power_limit_comes_from_the_snapshot_first():
 
 
 def test_modules_do_not_import_heavy_libraries():
-    code = ("import sys, gpucheck.eud.power, gpucheck.eud.power_judge; "
+    code = ("import sys, gpucheck.tests_suite.eud_power, gpucheck.eud.power_judge; "
             "assert not {'torch', 'numpy', 'cupy'} & set(sys.modules), sorted({'torch', 'numpy', 'cupy'} & set(sys.modules))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 

@@ -10,7 +10,7 @@ import pytest
 
 from gpucheck.core.check import Context, Level
 from gpucheck.core.config import Config
-from gpucheck.eud.power import power_check
+from gpucheck.tests_suite.eud_power import power_check
 from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.eud import power as power_mod
+from gpucheck.tests_suite import eud_power as power_mod
 from gpucheck.eud.power_judge import gpu_stats, hw_fail_bar, judge_power, load_window
 from gpucheck.core.check import Context, Level
 from gpucheck.core.config import Config

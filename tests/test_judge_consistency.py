@@ -18,7 +18,7 @@ import judge_consistency as jc
 from gpucheck.core.check import Context, Level
 from gpucheck.core.config import Config
 from gpucheck.eud.dcgm_parse import DcgmParseError, map_results, parse_diag
-from gpucheck.registry import all_checks
+from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Action, Basis, Result, Status, Threshold
 from gpucheck.core.runner import run_checks
 from gpucheck.core.state import State
@@ -194,7 +194,7 @@ def test_nvml_refusing_access_lists_no_threshold_it_did_not_compare():
 
 
 def test_memory_errors_found_while_an_injection_could_not_be_made_still_fail():
-    from gpucheck.eud import memtest as mt
+    from gpucheck.tests_suite import eud_memtest as mt
     from gpucheck.eud.memtest_worker import MemtestConfig, NumpyBackend, run_memtest
     from gpucheck.workers.pool import LocalChannel
 

@@ -394,7 +394,7 @@ def test_usage_errors_exit_2(args):
 
 
 def test_nccl_modules_do_not_import_torch():
-    code = ("import sys, gpucheck.nccl.checks, gpucheck.nccl.launch, gpucheck.nccl.procs, gpucheck.cli.nccl\n"
+    code = ("import sys, gpucheck.tests_suite.nccl_intra, gpucheck.nccl.launch, gpucheck.nccl.procs, gpucheck.cli.nccl\n"
             "from gpucheck.cli.main import cli\n"
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)

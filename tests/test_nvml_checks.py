@@ -16,7 +16,7 @@ import pytest
 
 from gpucheck.core.check import Context, Level, Need
 from gpucheck.core.config import Config
-from gpucheck.registry import all_checks
+from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import Outcome, run_checks
 from gpucheck.core.state import State

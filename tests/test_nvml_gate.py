@@ -75,7 +75,8 @@ class RaisingReplay(ReplayTelemetry):
 # -- 1. a hung NVML is bounded by what the run's time limit leaves; xid still judges -----------------
 
 def test_the_wait_for_nvml_leaves_a_reserve_for_the_kernel_log_check():
-    from gpucheck.registry import all_checks, select
+    from gpucheck.tests_suite.registry import all_checks
+    from gpucheck.core.selection import select
 
     level1 = select(all_checks(max_level=1), 1, [], [])
     nvml_only = select(all_checks(max_level=1), 1, ["ecc"], [])

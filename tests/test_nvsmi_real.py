@@ -19,7 +19,7 @@ import pytest
 
 from gpucheck.core.check import Context, Level
 from gpucheck.cli.main import main
-from gpucheck.registry import all_checks
+from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.runner import run_checks
 from gpucheck.platform.telemetry.snapshot import load_snapshot
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 
 from gpucheck.core.check import Level
-from gpucheck.registry import CHECK_MODULES, MODULE_MIN_LEVEL, all_checks
+from gpucheck.tests_suite.registry import CHECK_MODULES, MODULE_MIN_LEVEL, all_checks
 
 
 def test_every_check_declares_what_it_is():

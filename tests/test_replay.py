@@ -27,7 +27,7 @@ from test_telemetry import FakeNode, _clean_nvml_state, field_values, h100, h100
 from gpucheck import app
 from gpucheck.core.check import Context, Level, RunOptions
 from gpucheck.cli.main import main
-from gpucheck.registry import all_checks
+from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Status
 from gpucheck.core.runner import run_checks
 from gpucheck.platform.telemetry import enums

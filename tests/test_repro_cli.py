@@ -184,7 +184,7 @@ def test_a_malformed_default_reference_is_an_error_result(capsys, tmp_path):
 def test_injections_that_touch_nothing_are_errors():
     from gpucheck.core.check import Context, Level
     from gpucheck.core.inject import parse_injection
-    from gpucheck.tests_suite.repro import repro_bitwise
+    from gpucheck.tests_suite.repro_bitwise import repro_bitwise
 
     ctx = Context(level=Level.QUICK, device="cpu", workers=2, injections=[parse_injection("bitflip:gpu=x")])
     (r,) = repro_bitwise.run(ctx)

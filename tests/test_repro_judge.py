@@ -250,7 +250,7 @@ def test_a_reference_file_others_can_change_warns_by_its_rule(tmp_path, monkeypa
     from gpucheck.core.check import Context, Level
     from gpucheck.core.inject import parse_injection
     from gpucheck.repro import store
-    from gpucheck.tests_suite.repro import REFERENCE_RULES, repro_bitwise
+    from gpucheck.tests_suite.repro_bitwise import REFERENCE_RULES, repro_bitwise
 
     path = tmp_path / "refs{0}.json"  # braces in a path name nothing: a fact is not a template
     path.write_text(__import__("json").dumps(refs((FP, {"gemm.bf16": A}))))

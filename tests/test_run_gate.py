@@ -317,7 +317,7 @@ def test_gpus_in_nvml_but_a_cpu_only_torch_is_not_healthy(capsys, monkeypatch):
 
 
 def test_cupy_is_needed_on_gpus_only():
-    from gpucheck.eud.memtest import memtest
+    from gpucheck.tests_suite.eud_memtest import memtest
 
     assert Need.CUPY in memtest.spec.needs
     assert missing_need(Need.CUPY, Context(device="cpu")) is None
@@ -349,8 +349,8 @@ def test_run_check_eud_dcgm_reports_the_level_it_ran_at(capsys, tmp_path, monkey
 def test_verdict_level_rules():
     assert verdict_level([1, 3, 2], Level.QUICK, [1, 3]) == Level.EXTENDED
     assert verdict_level([], Level.EXTENDED, [2]) == Level.STANDARD  # nothing ran: claim no more
-    from gpucheck.tests_suite.burn import burn_gemm
-    from gpucheck.tests_suite.repro import repro_bitwise
+    from gpucheck.tests_suite.burn_gemm import burn_gemm
+    from gpucheck.tests_suite.repro_bitwise import repro_bitwise
 
     assert burn_gemm.spec.run_level(3) == 3 and burn_gemm.spec.run_level(1) == 2
     assert repro_bitwise.spec.run_level(4) == 2 and repro_bitwise.spec.run_level(1) == 1

@@ -17,7 +17,7 @@ import pytest
 
 from gpucheck.core.check import Context
 from gpucheck.cli.main import main
-from gpucheck.registry import all_checks
+from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
 from gpucheck.platform.telemetry import nvml as N

@@ -20,11 +20,12 @@ from typing import Any, Callable
 import pytest
 
 from gpucheck.core.check import Context, Level
-from gpucheck.registry import all_checks
+from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Result, Status
 from gpucheck.platform.telemetry.fields import judged_view
 from gpucheck.platform.telemetry.snapshot import empty_gpu, load_snapshot, read_gpu
-from gpucheck.tests_suite import clocks, ecc, inventory, memory_remap, nvlink, pcie, recovery_action, status_if_unreadable
+from gpucheck.tests_suite import clocks, ecc, inventory, memory_remap, nvlink, pcie, recovery_action
+from gpucheck.sdk import status_if_unreadable
 
 from snapshot_nvml import CallLog, SnapshotNvml
 
@@ -279,7 +280,7 @@ def test_an_unreadable_bus_id_is_an_error_on_the_node_not_a_gpu_missing_from_nvm
 
 def test_not_supported_is_not_unreadable():
     """None without an `errors` entry is "not supported": the rule is skipped, nothing is unread."""
-    from gpucheck.tests_suite import unreadable_fields
+    from gpucheck.sdk import unreadable_fields
 
     snap = snapshot("h100-healthy.json")
     g = snap["gpus"][GPU]

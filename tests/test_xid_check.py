@@ -11,7 +11,7 @@ from gpucheck.core.config import Config
 from gpucheck.xid.judge import judge
 from gpucheck.platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
 from gpucheck.platform.kernlog.parse import parse_lines
-from gpucheck.registry import CHECK_MODULES
+from gpucheck.tests_suite.registry import CHECK_MODULES
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
 from gpucheck.core.state import State

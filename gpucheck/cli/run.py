@@ -155,7 +155,7 @@ def list_command(level, as_json, defaults) -> int:
     """Show every check: id, level, needs, time budget, what it detects."""
     from ..core.check import Level
     from ..core.config import limit_of
-    from ..registry import all_checks
+    from ..tests_suite.registry import all_checks
 
     checks = all_checks()
     if level is not None:

@@ -4,7 +4,7 @@
 backend (the CUDA kernels through CuPy on a GPU when CuPy is installed, else the torch
 implementation of the same operations), then runs problems round-robin over every (dtype, block
 size) pair until the duration is used up, sending a heartbeat after every operation and a
-progress report every `window_s`. It returns plain data; gpucheck.tests_suite.poet judges it.
+progress report every `window_s`. It returns plain data; gpucheck.tests_suite.poet_ortho judges it.
 
 Fault injection (args): `bitflip` = {"op", "bit", "row", "col", "problem"} flips one bit of one
 output of that operation in that problem (gpucheck.poet.invariants.INJECT_OPS); `hang_after_s`

@@ -1,7 +1,7 @@
 """`gpucheck repro record`: what may be written to the reference file, and the exit code.
 
 On a known-good node the repro.bitwise workloads run twice on every selected GPU (the check's
-own collection, gpucheck.tests_suite.repro.collect) and their digests are added to the
+own collection, gpucheck.tests_suite.repro_bitwise.collect) and their digests are added to the
 reference file under the node's fingerprint, atomically (gpucheck.repro.store). Nothing is
 written, and the outcome says why, when:
 
@@ -65,7 +65,7 @@ def record_references(req: RecordRequest, say: Say) -> RecordOutcome:
     from ..repro.judge import plan_record
     from ..repro.workloads import WorkloadError
     from ..core.result import Status
-    from ..tests_suite.repro import collect
+    from ..tests_suite.repro_bitwise import collect
 
     check, ctx, p, path = _prepare(req)
     if not _can_run(check, ctx, say, path):
@@ -103,7 +103,7 @@ def _prepare(req: RecordRequest) -> tuple[Any, Any, dict[str, Any], str]:
     RecordUsageError for what cannot be done."""
     from ..app import RunRequest, UsageError, prepare
     from ..repro import store
-    from ..tests_suite.repro import reference_path
+    from ..tests_suite.repro_bitwise import reference_path
 
     run = RunRequest(level=req.level, check_patterns=[CHECK_ID], gpus=req.gpus, device=req.device,
                      workers=req.workers, injections=list(req.injections),

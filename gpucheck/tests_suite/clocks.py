@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
-from ..core.result import Key, Result, Rule, Status, evaluate
+from ..sdk import (Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, define, each_gpu, evaluate,
+                   get)
 from ..platform.telemetry.throttle import is_set, reason_names
-from . import apply_unreadable, each_gpu, get
 
 ID = "clocks"
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
+from ..sdk import Context, Level, Limit, Need, Result, Status, define
 from ..xid import judge as J
 from ..platform.kernlog.cursor import gpu_starts
 from ..platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
@@ -25,7 +24,6 @@ from ..platform.kernlog.scan import Window, keep_from, read_from_snapshot, resol
 from ..platform.kernlog.sources import SOURCES
 from ..platform.kernlog.timeparse import validate_since
 from ..platform.pci import short_bus_id
-from ..core.result import Result, Status
 
 ID = "xid"
 DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
-from ..core.inject import InjectionArgs, choice, injections_for_gpu
-from ..core.result import Action, Result, Rule, Status, evaluate
-from ..workers.per_gpu import LoadTime, progress_evidence
+from ..sdk import (Action, Context, InjectionArgs, Level, Limit, Need, Result, Rule, Status, choice, define, evaluate,
+                   injections_for_gpu)
+from ..sdk.workers import (LoadTime, Promise, finish_result, guarded_targets, progress_evidence, run_per_gpu,
+                           stopped_early, telemetry_summary, unfinished_result)
 
 CHECK_ID = "poet.ortho"
 
@@ -143,9 +142,6 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     top_level=Level.BURN_IN,
 )
 def poet_ortho(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import run_per_gpu
-    from ..workers.busy import guarded_targets
-
     p, promise, problem = TIME.start(ctx)
     if problem is not None:
         return [problem]
@@ -219,8 +215,6 @@ def _violation_detail(v: dict[str, Any]) -> str:
 def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
                    injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
     """`promise`: a workers.per_gpu.Promise, or the promised seconds (a cut run is not a pass)."""
-    from ..workers.per_gpu import Promise, finish_result, stopped_early, telemetry_summary, unfinished_result
-
     if not isinstance(promise, Promise):
         promise = Promise(float(promise), "the requested duration", "POET problems")
 

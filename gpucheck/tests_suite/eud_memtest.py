@@ -35,12 +35,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
-from ..core.inject import InjectionArgs, injections_for_gpu
-from ..core.result import Action, Key, Result, Rule, Status, evaluate, settle
-from .memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
-from .patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
+from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Slice, Status, compute_skip,
+                   define, evaluate, injections_for_gpu, settle)
+from ..sdk.workers import (CANCELLED, OVER_BUDGET, Promise, cut_short, deadline_problem, duration_slice,
+                           guarded_targets, progress_evidence, run_per_gpu, telemetry_summary, unfinished_result)
+from ..eud.memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
+from ..eud.patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 
 CHECK_ID = "eud.memtest"
 
@@ -141,8 +141,6 @@ def _budget(ctx: Context) -> float:
 
 def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
     """What this run promised: the pattern loop's duration, or its passes over the patterns."""
-    from ..workers.per_gpu import Promise
-
     if pl["duration_s"] is not None:
         given = ctx.options.duration_s is not None
         return Promise(float(pl["duration_s"]), "--duration" if given else f"the level-{_level(ctx)} default",
@@ -153,9 +151,6 @@ def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
 
 def _min_slice(ctx: Context) -> Any:
     """The promised pattern loop, if any (no start-up floor: NumPy or CuPy, not torch)."""
-    from ..core.check import Slice
-    from ..workers.per_gpu import duration_slice
-
     p = _params(ctx)
     try:
         pl = plan(ctx, p)
@@ -216,10 +211,6 @@ def _bitflip_spec(inj: Any, patterns: list[str]) -> dict[str, Any]:
     top_level=Level.BURN_IN,
 )
 def memtest(ctx: Context) -> list[Result]:
-    from ..core.check import compute_skip
-    from ..workers.per_gpu import deadline_problem, run_per_gpu, telemetry_summary
-    from ..workers.busy import guarded_targets
-
     p = _params(ctx)
     device = _device(ctx)
     try:
@@ -285,9 +276,6 @@ def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: l
                   promise: Any = None) -> Result:
     """One GPU's result from its worker outcome (gpucheck.workers.pool.WorkerOutcome); with the
     run's `promise` (workers.per_gpu.Promise), a stopped run is cut short, never a pass."""
-    from ..workers.per_gpu import cut_short, unfinished_result
-    from ..workers.pool import CANCELLED, OVER_BUDGET
-
     unfinished = unfinished_result(CHECK_ID, gpu, oc, injected, worker="pattern-test", setup_verb="test",
                                    partial=_partial, crash=_crash)
     if unfinished is not None:
@@ -303,8 +291,6 @@ def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: l
 
 
 def _partial(r: Result, progress: dict[str, Any]) -> None:
-    from ..workers.per_gpu import progress_evidence
-
     if not progress:
         return
     if progress.get("errors") is not None:

@@ -31,11 +31,11 @@ import statistics
 import time
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
+from ..sdk import (Action, Basis, Context, Key, Level, Limit, Need, Result, Rule, Slice, Status, define, evaluate,
+                   fraction)
+from ..sdk.workers import (CRASHED, HUNG, Promise, TORCH_IMPORT_CPU_S, WorkerJob, cut_short, guarded_targets, pool,
+                           pool_budget, stop_timings)
 from ..data.bandwidth import BandwidthSku, lookup
-from ..core.inject import fraction
-from ..core.result import Action, Basis, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.bandwidth"
 MiB = 1 << 20
@@ -78,9 +78,6 @@ def _budget(ctx: Context) -> float:
 
 def _min_slice(ctx: Context) -> Any:
     """One worker (it measures every GPU in turn): at least its torch import."""
-    from ..core.check import Slice
-    from ..workers.per_gpu import TORCH_IMPORT_CPU_S
-
     return Slice(TORCH_IMPORT_CPU_S, f"at least {TORCH_IMPORT_CPU_S:g} s to start its worker")
 
 
@@ -114,10 +111,6 @@ def injection_factors(ctx: Context, gpus: list[int]) -> tuple[dict[int, float], 
     min_slice_fn=_min_slice,
 )
 def bandwidth(ctx: Context) -> list[Result]:
-    from ..workers.busy import guarded_targets
-    from ..workers.per_gpu import pool_budget, stop_timings
-    from ..workers.pool import WorkerJob, run_workers
-
     p = _params(ctx)
     device = "cpu" if ctx.device == "cpu" else "cuda"
     targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "measured")  # GPUs in use: skipped
@@ -141,7 +134,7 @@ def bandwidth(ctx: Context) -> list[Result]:
         ctx.report(CHECK_ID, f"gpu{cur}" if cur is not None else "node", {"what": info.get("what")})
 
     t0 = time.monotonic()
-    outcomes = run_workers(
+    outcomes = pool.run_workers(
         "gpucheck.eud.copybw:copybw_worker", [job],
         budget_s=pool_budget(ctx, float(p["work_budget_s"]) + float(p["startup_timeout_s"])),
         heartbeat_timeout_s=float(p["heartbeat_timeout_s"]), startup_timeout_s=float(p["startup_timeout_s"]),
@@ -162,8 +155,6 @@ def bandwidth(ctx: Context) -> list[Result]:
 def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
                   injected: dict[int, list[str]]) -> list[Result]:
     """Results for every GPU from the node worker's outcome."""
-    from ..workers.pool import CRASHED, HUNG
-
     if oc is None:
         return [Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool")]
     if oc.result is not None and oc.result.get("setup_error"):
@@ -201,8 +192,6 @@ def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entr
     res = judge_bandwidth(oc.result, p, device, entries, injected)
     stopped = oc.result.get("stopped")
     if stopped:
-        from ..workers.per_gpu import Promise, cut_short
-
         whole = Promise(0.0, "every run", "host, device and peer copies of every selected GPU")
         for r in res:
             r.evidence.append(f"stopped early ({stopped}): results are partial")

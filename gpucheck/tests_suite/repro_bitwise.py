@@ -30,10 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
+from ..sdk import Action, Context, Level, Need, Result, Rule, Status, define, evaluate, injections_for_gpu
 from ..repro import DEFAULT_REFERENCE_PATH
-from ..core.inject import injections_for_gpu
-from ..core.result import Action, Result, Rule, Status, evaluate
 
 CHECK_ID = "repro.bitwise"
 
@@ -75,7 +73,7 @@ def _device(ctx: Context) -> str:
 
 def _min_slice(ctx: Context) -> Any:
     """The workers' start-up floor: the workloads themselves take well under a second at level 1."""
-    from ..workers.per_gpu import duration_slice
+    from ..sdk.workers import duration_slice  # lazy: level 1 loads no worker plumbing until it computes
 
     return duration_slice(ctx, None)
 
@@ -135,8 +133,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
     """Run the workers on the selected GPUs (or CPU workers). WorkloadError for a bad workload
     list (a usage problem)."""
     from ..repro.workloads import preset_for
-    from ..workers.per_gpu import pool_budget, stop_timings
-    from ..workers.pool import WorkerJob, run_workers
+    from ..sdk.workers import WorkerJob, guarded_targets, pool, pool_budget, stop_timings  # lazy: level 1 loads no worker plumbing until it computes
 
     p = p or _params(ctx)
     device = _device(ctx)
@@ -149,7 +146,6 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
                                       f"not {inj.get('gpu')!r}; nothing was run", subject="injection",
                                       injected=[str(inj)]))
             return col
-    from ..workers.busy import guarded_targets  # the pool is imported only to run
     targets, col.results, col.guard = guarded_targets(ctx, device, CHECK_ID, "tested")  # GPUs in use: skipped
     jobs = []
     driver = (ctx.snapshot or {}).get("driver_version") if device == "cuda" else None
@@ -181,7 +177,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
         ctx.report(CHECK_ID, f"gpu{job.gpu}", info)
 
     t0 = time.monotonic()
-    outcomes = run_workers(
+    outcomes = pool.run_workers(
         "gpucheck.repro.worker:repro_worker",
         jobs,
         budget_s=budget,
@@ -269,7 +265,7 @@ def _reference_permissions(path: str, problems: list[str]) -> Result:
 def _cut_short(results: list[Result], col: Collected) -> None:
     """A GPU stopped before every asked workload ran twice was not examined as asked: its pass
     (or warn) becomes an error naming what did not run."""
-    from ..workers.per_gpu import Promise, cut_short
+    from ..sdk.workers import Promise, cut_short  # lazy: level 1 loads no worker plumbing until it computes
 
     promise = Promise(0.0, "this run", f"two runs of {', '.join(col.workloads)}")
     for r in results:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
+from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
+                   fraction, injections_for_gpu)
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
-from ..core.inject import InjectionArgs, fraction, injections_for_gpu
-from ..core.result import Action, Key, Result, Rule, Status, evaluate
-from ..workers.per_gpu import LoadTime, progress_evidence
+from ..sdk.workers import (LoadTime, finish_result, guarded_targets, progress_evidence, run_per_gpu, stopped_early,
+                           telemetry_summary, unfinished_result)
 
 CHECK_ID = "burn.gemm"
 
@@ -111,8 +110,6 @@ def _injection_args(ctx: Context, gpu: int) -> InjectionArgs:
     top_level=Level.BURN_IN,
 )
 def burn_gemm(ctx: Context) -> list[Result]:
-    from ..workers.per_gpu import run_per_gpu
-
     p, promise, problem = TIME.start(ctx)
     if problem is not None:
         return [problem]
@@ -125,7 +122,6 @@ def burn_gemm(ctx: Context) -> list[Result]:
         return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
     size = int(ctx.options.size or (p["cpu_size"] if device == "cpu" else p["size"]))
 
-    from ..workers.busy import guarded_targets  # the pool is imported only to run
     targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "burned")  # GPUs in use: skipped
     if not targets:
         if results:
@@ -194,8 +190,6 @@ def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str
 def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: list[Any],
            outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
            injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    from ..workers.per_gpu import finish_result, stopped_early, telemetry_summary, unfinished_result
-
     tel = {j.gpu: telemetry_summary(sampler, j.gpu, device) for j in jobs}
     data: dict[int, dict[str, Any]] = {}
     for j in jobs:

@@ -29,11 +29,11 @@ import statistics
 import time
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
-from ..core.inject import InjectionArgs, choice, fraction, injections_for_gpu
-from ..core.result import Result, Status
-from .power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
+from ..sdk import (Context, InjectionArgs, Level, Limit, Need, Result, Status, choice, define, fraction,
+                   injections_for_gpu)
+from ..sdk.workers import (CANCELLED, OVER_BUDGET, cut_short, deadline_problem, duration_slice, guarded_targets,
+                           level_duration, promised, run_per_gpu, unfinished_result)
+from ..eud.power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
 
 DEFAULTS: dict[str, Any] = {
     "duration_s_level3": 120.0,  # load per run at level 3 (plus warm-up and start-up)
@@ -72,8 +72,6 @@ def _params(ctx: Context) -> dict[str, Any]:
 
 
 def power_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
-    from ..workers.per_gpu import level_duration
-
     return level_duration(ctx, p or _params(ctx), option="power_duration_s", lowest=3)
 
 
@@ -83,8 +81,6 @@ def _budget(ctx: Context) -> float:
 
 
 def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
-    from ..workers.per_gpu import promised
-
     p = p or _params(ctx)
     return promised(ctx, p, "load (with its warm-up)", option="power_duration_s", lowest=3,
                     extra_s=float(p["warmup_s"]))
@@ -92,8 +88,6 @@ def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
 
 def _min_slice(ctx: Context) -> Any:
     """The workers' start-up floor, the warm-up and the whole promised load."""
-    from ..workers.per_gpu import duration_slice
-
     return duration_slice(ctx, _promise(ctx))
 
 
@@ -206,9 +200,6 @@ def power_check(ctx: Context) -> list[Result]:
                            f"could not judge: NVML is not working ({err.get('kind', 'unknown')}: "
                            f"{err.get('message', '')}), so power, clocks and clock-event reasons cannot be read")]
 
-    from ..workers.per_gpu import deadline_problem, run_per_gpu
-    from ..workers.busy import guarded_targets
-
     duration = power_duration(ctx, p)
     warmup = float(p["warmup_s"])
     notes: list[str] = []
@@ -274,9 +265,6 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcom
            specs: dict[int, dict[str, Any]], injected: dict[int, list[str]], first: dict[int, float],
            last: dict[int, float], notes: list[str], injected_telemetry: bool, promise: Any = None
            ) -> list[Result]:
-    from ..workers.per_gpu import cut_short, unfinished_result
-    from ..workers.pool import CANCELLED, OVER_BUDGET
-
     out: list[Result] = []
     cut: dict[int, tuple[str, Any]] = {}  # GPU -> (why it stopped, seconds loaded)
     loads: dict[int, dict[str, Any]] = {}

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.check import Context, Level, Need, define
-from ..core.config import Limit
-from ..core.result import Result, Status
-from .bandwidth import align_size, normalize_op, parse_ops, parse_sizes
-from .intra import CHECK_ID, baselines_from_history, judge, run_local
+from ..sdk import Context, Level, Limit, Need, Result, Status, define
+from ..sdk.workers import guard_context
+from ..nccl.bandwidth import align_size, normalize_op, parse_ops, parse_sizes
+from ..nccl.intra import CHECK_ID, baselines_from_history, judge, run_local
 
 DEFAULTS: dict[str, Any] = {
     "ops": "all_reduce,all_gather,all_to_all",
@@ -153,8 +152,6 @@ def intra_check(ctx: Context) -> list[Result]:
 def _without_busy_gpus(ctx: Context, plan: dict[str, Any]):
     """The load-test guard (gpucheck.workers.busy): GPUs a job is using get no rank (plan updated); their
     skips are in the returned guard."""
-    from ..workers.busy import guard_context
-
     guard = guard_context(ctx, "cpu" if plan["cpu"] else "cuda", CHECK_ID, plan["devices"])
     plan["devices"] = list(guard.loaded)
     plan["ranks"] = len(plan["devices"])

@@ -29,10 +29,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..core.check import Context, Level, Slice, define
-from ..core.config import Limit
-from ..core.result import Action, Result, Rule, Status, evaluate, settle
-from .dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
+from ..sdk import Action, Context, Level, Limit, Result, Rule, Slice, Status, define, evaluate, settle
+from ..sdk.workers import guard_context, unknown_gpus
+from ..eud.dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 
 DEFAULTS: dict[str, Any] = {
     "dcgmi_path": "dcgmi",  # a name looked up on PATH, or an absolute path
@@ -229,7 +228,7 @@ def _limits(ctx: Context, p: dict[str, Any], level: int) -> tuple[float, float, 
     unavailable_fn=not_here,
 )
 def dcgm_check(ctx: Context) -> list[Result]:
-    from .dcgm_run import find_dcgmi, probe_hostengine, run_diag
+    from ..eud.dcgm_run import find_dcgmi, probe_hostengine, run_diag
 
     p = _params(ctx)
     why = not_here(ctx)
@@ -267,8 +266,6 @@ def _gpus_not_in_use(ctx: Context) -> tuple[list[int] | None, Any]:
     """The load-test guard (gpucheck.workers.busy) for DCGM, which runs on a GPU list: the GPUs for
     `dcgmi diag -i` (None: all, as asked; []: none may be loaded) and the guard, whose skips name
     the GPUs in use. The node's GPUs are the selection, else every GPU of the telemetry snapshot."""
-    from ..workers.busy import guard_context, unknown_gpus
-
     asked = ctx.gpus if ctx.gpus is not None else sorted(
         int(g["index"]) for g in (ctx.snapshot or {}).get("gpus", []) if isinstance(g.get("index"), int))
     if not asked:  # DCGM would test the GPUs it finds: none of them is known to be free
