@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .core.check import Check, Context, Level, Need, RunOptions, unmet_needs
+from .core.check import Check, Context, Need, RunOptions, unmet_needs
+from .core.levels import Level
 from .core.config import Config, ConfigError, load_config
 from .core.inject import Injection, InjectionError, parse_injection
 from .platform.interrupts import INTERRUPTS, Interrupts
@@ -592,7 +593,7 @@ def _print(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[
         if req.json:
             sys.stdout.write(text)
         else:
-            from .render.live import print_verdict
+            from .render.terminal import print_verdict
 
             print_verdict(verdict, verbose=req.verbose)
         sys.stdout.flush()

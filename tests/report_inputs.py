@@ -29,7 +29,7 @@ def with_burn(verdict: dict[str, Any], tflops: list[float], *, host: str | None 
               time: str | None = None) -> dict[str, Any]:
     """`verdict` plus one burn.gemm result per GPU measuring `tflops` (bf16), judged against
     the burn's default floors: 0.5 / 0.3 of the SKU's dense rate, 8 % / 25 % below the median."""
-    from gpucheck.core.check import Level
+    from gpucheck.core.levels import Level
     from gpucheck.core.result import Action, Result, Status, Threshold, judge
     from gpucheck.core.verdict import build_verdict
 

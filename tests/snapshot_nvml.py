@@ -14,7 +14,7 @@ from typing import Any
 
 from gpucheck.platform.telemetry import nvml as N
 from gpucheck.platform.telemetry.replay import NVMLError_Replayed, ReplayNvml
-from gpucheck.platform.telemetry.snapshot import KIND, VERSION
+from gpucheck.platform.telemetry.model import KIND, VERSION
 
 Call = tuple[Any, ...]
 UNKNOWN = N.code("NVML_ERROR_UNKNOWN")

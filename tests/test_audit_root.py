@@ -107,7 +107,7 @@ def test_escape_sequences_from_a_node_never_reach_the_terminal(monkeypatch):
 
     from gpucheck.cli import sweep as sweep_cli
     from gpucheck.fleet.sweep import NodeOutcome
-    from gpucheck.render.live import print_verdict
+    from gpucheck.render.terminal import print_verdict
 
     hostile = "usage error on the node: \x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J"
     outcome = NodeOutcome(node="n1", status="error", reason=hostile)

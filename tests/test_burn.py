@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.compute.gemm import (
     DTYPES,
     BurnConfig,
@@ -437,7 +438,7 @@ def test_crashed_workers_fail_with_the_error_text():
 
 def test_gpucheck_modules_do_not_import_torch():
     code = ("import sys, gpucheck.tests_suite.burn_gemm, gpucheck.cli.burn, gpucheck.compute.gemm, gpucheck.data.sku, "
-            "gpucheck.workers; assert 'torch' not in sys.modules")
+            "gpucheck.workers.pool; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 

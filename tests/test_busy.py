@@ -21,7 +21,8 @@ import pytest
 from test_telemetry import FakeNode, _clean_nvml_state, h100  # noqa: F401 - the fixture is autouse
 
 from gpucheck.workers import busy
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
 from gpucheck.core.config import Config
 from gpucheck.core.result import Status
@@ -426,8 +427,8 @@ def test_nccl_run_that_cannot_tell_its_gpu_refuses():
 
 # -- pass-through: hooks, sweep, verdict cause ---------------------------------------------------------
 def test_force_passes_through_the_hooks_and_the_sweep(tmp_path):
-    from gpucheck.cli.fleet import build_plan
-    from gpucheck.fleet import slurm
+    from gpucheck.cli.sweep import build_plan
+    from gpucheck.fleet import hook
 
     seen = []
 
@@ -437,8 +438,8 @@ def test_force_passes_through_the_hooks_and_the_sweep(tmp_path):
 
     env = {"SLURMD_NODENAME": "gpu7", "SLURM_JOB_ID": "1", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
     for force in (False, True):
-        slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), force=force), env,
-                       runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
+        hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path), force=force), env,
+                      runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
     assert [r.force for r in seen] == [False, True]
     kw = dict(level=None, checks=(), skips=(), snapshot_path=None, injections=(), device=None, strict=False,
               run_args=(), node_args=(), remote_cmd="gpucheck", fanout=None, timeout_text="10m", use_srun=False)

@@ -120,7 +120,7 @@ def test_a_verdict_keeps_its_exit_code_when_stdout_fails(tmp_path, monkeypatch, 
 
 
 def test_a_bug_in_the_table_never_changes_the_verdict(tmp_path, monkeypatch, capsys):
-    import gpucheck.render.live as output
+    import gpucheck.render.terminal as output
 
     monkeypatch.setattr(output, "print_verdict", _raise(KeyError("columns")))
     rc = app.execute(app.RunRequest(snapshot_path=str(HEALTHY), history=False))

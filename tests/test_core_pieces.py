@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.core.check import Level, define
+from gpucheck.core.levels import Level
+from gpucheck.core.check import define
 from gpucheck.core.config import ConfigError, load_config
 from gpucheck.core.inject import InjectionError, parse_injection
 from gpucheck.render.prom import render

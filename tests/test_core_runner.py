@@ -10,7 +10,8 @@ import time
 import pytest
 
 from gpucheck.core import runner as runner_mod
-from gpucheck.core.check import Context, Level, Need, define
+from gpucheck.core.check import Context, Need, define
+from gpucheck.core.levels import Level
 from gpucheck.core.result import Action, Result, Status
 from gpucheck.core.runner import run_checks
 

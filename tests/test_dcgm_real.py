@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.tests_suite.eud_dcgm import dcgm_check
 from gpucheck.eud.dcgm_parse import map_results, parse_diag

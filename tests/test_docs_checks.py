@@ -16,7 +16,8 @@ import pytest
 
 from gpucheck import app
 from gpucheck.tests_suite import registry
-from gpucheck.core.check import Context, Level, Need
+from gpucheck.core.check import Context, Need
+from gpucheck.core.levels import Level
 from gpucheck.core.config import load_config
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks

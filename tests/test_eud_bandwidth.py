@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.data.bandwidth import lookup
 from gpucheck.tests_suite import eud_bandwidth as bw

@@ -42,7 +42,8 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, capsys, tmp_path):
 def test_every_option_reaches_the_checks(monkeypatch, tmp_path):
     """The options land in the run request, and the functions the checks plan with read them."""
     from gpucheck import app
-    from gpucheck.core.check import Context, Level
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
     from gpucheck.tests_suite import eud_dcgm as dcgm, eud_memtest as memtest, eud_power as power
 
     seen = []

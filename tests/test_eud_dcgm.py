@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.tests_suite import eud_dcgm as dcgm_mod
 from gpucheck.tests_suite.eud_dcgm import dcgm_check, parse_dcgm_level, settings_changes, site_settings

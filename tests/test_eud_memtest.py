@@ -17,7 +17,8 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-from gpucheck.core.check import Context, Level  # noqa: E402
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level  # noqa: E402
 from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402

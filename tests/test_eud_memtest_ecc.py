@@ -32,7 +32,8 @@ from test_eud_memtest_fakecupy import (  # noqa: E402,F401 - fixtures and helper
     fake,
 )
 
-from gpucheck.core.check import Context, Level  # noqa: E402
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level  # noqa: E402
 from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_ecc as E  # noqa: E402

@@ -16,7 +16,8 @@ np = pytest.importorskip("numpy")
 
 import cudaemu  # noqa: E402
 import fakecupy  # noqa: E402
-from gpucheck.core.check import Context, Level  # noqa: E402
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level  # noqa: E402
 from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_cupy  # noqa: E402
@@ -157,7 +158,7 @@ def test_the_stub_reads_memtest_cu_and_refuses_arguments_cupy_would_misread(fake
     be = mw.CupyBackend.create(_chan(), cfg)
     buf = be.alloc(256)
     kp = P.kernel_pattern(P.KIND_ADDRESS, 0)
-    good = mw.fill_args(np, buf, 128, 0, kp, 0)
+    good = memtest_cupy.fill_args(np, buf, 128, 0, kp, 0)
     cupy_module.launch("memtest", "memtest_fill_address", (1, 1, 1), (64, 1, 1), good)
     assert np.array_equal(buf.get(), P.word_values(P.KIND_ADDRESS, 0, 0, 256))
     # a Python int for `gc_u32 n16` goes as 8 bytes; a uint64 for it too: both refused

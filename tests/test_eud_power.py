@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.tests_suite import eud_power as power_mod
 from gpucheck.tests_suite.eud_power import power_check

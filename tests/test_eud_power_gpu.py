@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.tests_suite.eud_power import power_check
 from gpucheck.core.inject import parse_injection

@@ -7,7 +7,8 @@ import pytest
 
 from gpucheck.tests_suite import eud_power as power_mod
 from gpucheck.eud.power_judge import gpu_stats, hw_fail_bar, judge_power, load_window
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import judge_consistency as jc
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.eud.dcgm_parse import DcgmParseError, map_results, parse_diag
 from gpucheck.tests_suite.registry import all_checks

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpucheck.core.check import Context, Level, Need
+from gpucheck.core.check import Context, Need
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Action, Status

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
 from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.runner import run_checks

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status

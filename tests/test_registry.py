@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from gpucheck.core.check import Level
+from gpucheck.core.levels import Level
 from gpucheck.tests_suite.registry import CHECK_MODULES, MODULE_MIN_LEVEL, all_checks
 
 

@@ -34,8 +34,8 @@ def verdict_of(snapshot: str, *extra: str) -> dict:
 
 
 def rendered(verdict: dict, columns: int, monkeypatch, *, verbose: bool = False) -> list[str]:
-    """gpucheck.render.live.print_verdict (the entry point kept from before the grid) at a width."""
-    from gpucheck.render.live import print_verdict
+    """gpucheck.render.terminal.print_verdict (the entry point kept from before the grid) at a width."""
+    from gpucheck.render.terminal import print_verdict
 
     monkeypatch.setenv("COLUMNS", str(columns))
     monkeypatch.delenv("FORCE_COLOR", raising=False)

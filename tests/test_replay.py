@@ -25,7 +25,8 @@ import pytest
 from test_telemetry import FakeNode, _clean_nvml_state, field_values, h100, h100_sysfs  # noqa: F401 - autouse fixture
 
 from gpucheck import app
-from gpucheck.core.check import Context, Level, RunOptions
+from gpucheck.core.check import Context, RunOptions
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
 from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Status

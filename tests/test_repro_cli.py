@@ -182,7 +182,8 @@ def test_a_malformed_default_reference_is_an_error_result(capsys, tmp_path):
 
 
 def test_injections_that_touch_nothing_are_errors():
-    from gpucheck.core.check import Context, Level
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
     from gpucheck.core.inject import parse_injection
     from gpucheck.tests_suite.repro_bitwise import repro_bitwise
 

@@ -247,7 +247,8 @@ def test_a_reference_file_others_can_change_warns_by_its_rule(tmp_path, monkeypa
     """The reference file's permission problems are a counted metric judged by REFERENCE_RULES
     (before: a warn built by hand that listed no threshold)."""
     import judge_consistency as jc
-    from gpucheck.core.check import Context, Level
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
     from gpucheck.core.inject import parse_injection
     from gpucheck.repro import store
     from gpucheck.tests_suite.repro_bitwise import REFERENCE_RULES, repro_bitwise

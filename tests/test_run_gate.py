@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app as app_mod
-from gpucheck.core.check import Context, Level, Need, RunOptions, Slice, define, missing_need
+from gpucheck.core.check import Context, Need, RunOptions, Slice, define, missing_need
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
 from gpucheck.core.result import Result, Status
 from gpucheck.core.runner import limits, run_checks

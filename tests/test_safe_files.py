@@ -661,7 +661,7 @@ def test_xid_file_refuses_a_device(tmp_path):
 
 
 def test_the_log_reader_itself_never_opens_a_fifo(tmp_path):
-    from gpucheck.platform.kernlog.sources import read_kernel_log
+    from gpucheck.platform.kernlog.sources.selection import read_kernel_log
 
     fifo = tmp_path / "kern.log"
     os.mkfifo(fifo)

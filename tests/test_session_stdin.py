@@ -8,7 +8,7 @@ import pytest
 from node_session import run_node_command
 
 from gpucheck.platform.fanout import (NodeRun, SrunSettings, SshSettings, session_stdin, srun_reads_no_stdin,
-                                   ssh_reads_no_stdin)
+                                      ssh_reads_no_stdin)
 from gpucheck.fleet.sweep import SweepPlan, run_sweep
 
 

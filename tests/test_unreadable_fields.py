@@ -19,11 +19,13 @@ from typing import Any, Callable
 
 import pytest
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.tests_suite.registry import all_checks
 from gpucheck.core.result import Result, Status
 from gpucheck.platform.telemetry.fields import judged_view
-from gpucheck.platform.telemetry.snapshot import empty_gpu, load_snapshot, read_gpu
+from gpucheck.platform.telemetry.reader import empty_gpu, read_gpu
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 from gpucheck.tests_suite import clocks, ecc, inventory, memory_remap, nvlink, pcie, recovery_action
 from gpucheck.sdk import status_if_unreadable
 

@@ -6,7 +6,8 @@ import time
 from pathlib import Path
 
 
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.xid.judge import judge
 from gpucheck.platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot

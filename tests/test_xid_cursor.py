@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app
-from gpucheck.core.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.platform.pci import short_bus_id
 from gpucheck.core.result import Status

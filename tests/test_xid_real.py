@@ -18,7 +18,8 @@ from gpucheck.xid import judge as J
 from gpucheck.platform.kernlog.mapping import GpuMap
 from gpucheck.platform.kernlog.parse import parse_lines
 from gpucheck.platform.kernlog.scan import resolve_window, scan, scan_read
-from gpucheck.platform.kernlog.sources import LogPaths, read_kernel_log
+from gpucheck.platform.kernlog.sources.base import LogPaths
+from gpucheck.platform.kernlog.sources.selection import read_kernel_log
 
 REAL = Path(__file__).parent / "fixtures" / "kernlog" / "real"
 U = "gpu:unknown"

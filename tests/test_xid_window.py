@@ -6,8 +6,9 @@ import calendar
 
 import pytest
 
-from gpucheck.platform.kernlog.scan import cursor_epoch, resolve_window, scan, scan_read
-from gpucheck.platform.kernlog.sources import Chunk, LogPaths, ReadResult
+from gpucheck.platform.kernlog.cursor import mark_epoch as cursor_epoch
+from gpucheck.platform.kernlog.scan import resolve_window, scan, scan_read
+from gpucheck.platform.kernlog.sources.base import Chunk, LogPaths, ReadResult
 from gpucheck.platform.kernlog.timeparse import parse_duration, parse_timestamp, validate_since
 from gpucheck.core.state import State
 

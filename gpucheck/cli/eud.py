@@ -70,7 +70,7 @@ def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], mem
     throttle:gpu=N[,reason=...,factor=F], hot:gpu=N[,delta=C], lowpower:gpu=N[,factor=F] (power).
     """
     from ..app import execute
-    from ..core.check import Level
+    from ..core.levels import Level
 
     try:
         lv = Level.parse(level)

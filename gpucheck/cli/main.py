@@ -162,13 +162,6 @@ def settle_stdout(argv: list[str] | None = None) -> None:
     flush_or_discard(sys.stderr)
 
 
-def entry() -> None:
-    """Console-script entry of installs made before gpucheck.cli.start existed."""
-    from .start import entry as start
-
-    start()
-
-
 if __name__ == "__main__":  # pragma: no cover - `python -m gpucheck.cli.main`
     prepare_stdout()
     code = main()

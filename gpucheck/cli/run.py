@@ -153,7 +153,7 @@ def _listed_budget(check) -> float:
 @click.option("--defaults", is_flag=True, help="Also show each check's thresholds and their defaults.")
 def list_command(level, as_json, defaults) -> int:
     """Show every check: id, level, needs, time budget, what it detects."""
-    from ..core.check import Level
+    from ..core.levels import Level
     from ..core.config import limit_of
     from ..tests_suite.registry import all_checks
 

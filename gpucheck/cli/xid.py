@@ -109,7 +109,7 @@ def _check_files(files: tuple[str, ...]) -> None:
 # -- --ack ----------------------------------------------------------------------------------------
 
 def _ack(state: Any) -> int:
-    from ..platform.kernlog.scan import LAST_PASS_CURSOR
+    from ..platform.kernlog.cursor import LAST_PASS_CURSOR
     from ..platform.kernlog.timeparse import iso_utc
 
     now = time.time()
@@ -393,7 +393,7 @@ def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -
         return 0
     except (OSError, ValueError) as e:
         what = files[0] if files else src
-        from ..platform.kernlog.sources import DEFAULT_PATHS, oserror_text
+        from ..platform.kernlog.sources.base import DEFAULT_PATHS, oserror_text
 
         msg = oserror_text(e, what, DEFAULT_PATHS) if isinstance(e, OSError) else str(e)
         click.echo(f"gpucheck: error: cannot follow {msg}", err=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .levels import Level
 from .result import Result
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,30 +35,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .state import State
     from ..platform.telemetry.model import GpuEntry, Snapshot
     from ..platform.telemetry.source import TelemetrySource
-
-
-class Level(enum.IntEnum):
-    QUICK = 1
-    STANDARD = 2
-    EXTENDED = 3
-    BURN_IN = 4
-
-    @property
-    def label(self) -> str:
-        return self.name.lower().replace("_", "-")
-
-    @classmethod
-    def parse(cls, text: str | int) -> "Level":
-        s = str(text).strip().lower()
-        if s.isdigit() and int(s) in {lv.value for lv in cls}:
-            return cls(int(s))
-        for lv in cls:
-            if s == lv.label or s == lv.name.lower():
-                return lv
-        raise ValueError(
-            f"unknown level {text!r}: use 1-4 or one of "
-            + ", ".join(lv.label for lv in cls)
-        )
 
 
 class Need(str, enum.Enum):

@@ -35,6 +35,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .levels import Level
+
 DEFAULT_PATH = Path("/etc/gpucheck/config.toml")
 _BOM = "\ufeff"  # a UTF-8 byte order mark, as Python decodes it
 
@@ -283,8 +285,6 @@ def _check_table(path: Path, name: str, table: Any, limits: dict[str, Limit | No
 
 
 def _run_level(path: Path, value: Any) -> None:
-    from .check import Level
-
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(f"{path}: run.level: expected 1-4 or a level name, got {_what(value)}")
     try:

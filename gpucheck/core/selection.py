@@ -7,7 +7,8 @@ from __future__ import annotations
 import fnmatch
 from typing import Iterable
 
-from .check import Check, Level
+from .check import Check
+from .levels import Level
 
 
 class SelectionError(ValueError):

@@ -12,7 +12,7 @@ import socket
 from typing import Any
 
 from .. import __version__
-from .check import Level
+from .levels import Level
 from .result import Result, Status, strongest_action, worst_status
 
 SCHEMA_ID = "gpucheck.verdict"

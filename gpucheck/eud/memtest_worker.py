@@ -42,17 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .memtest_cupy import (  # noqa: F401 - re-exported: the launch helpers are tested from here
-    MAX_BLOCK,
-    MAX_CHUNK_BYTES,
-    CupyBackend,
-    MemtestSetupError,
-    check_args,
-    fill_args,
-    flip_args,
-    launch_grid,
-    scrub_args,
-)
+from .memtest_cupy import MAX_BLOCK, MAX_CHUNK_BYTES, CupyBackend, MemtestSetupError
 from .memtest_ecc import EccMonitor, EccReadError, NvmlEccReader
 from .patterns import BY_NAME, NAMES, ErrorLog, decode_step, parse_patterns, pattern_seed, steps_for
 

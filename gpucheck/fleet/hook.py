@@ -507,7 +507,7 @@ def hook_failed(
 def _record_unjudged(hook: _Hook, cause: str) -> str:
     """Append a could-not-judge verdict (one `error` result, check `slurm.<hook>`) to the history
     for a run that produced none; "" or why it could not be written."""
-    from ..core.check import Level
+    from ..core.levels import Level
     from ..platform.fingerprint import software_fingerprint
     from ..core.result import Action, Result, Status
     from ..core.verdict import build_verdict

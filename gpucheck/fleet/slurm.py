@@ -11,9 +11,6 @@ pass now; nodes drained by people or other tools are never touched.
 
 scontrol runs through an injectable runner (argv -> (rc, stdout, stderr)); syslog through an
 injectable logger, so all of this is tested without a cluster too.
-
-The hooks' names (run_hook, HookOptions, EXIT_HOOK_UNHEALTHY, ...) are still importable from
-here.
 """
 
 from __future__ import annotations
@@ -302,12 +299,3 @@ def sweep_test(nodes: list[str], opts: Any, sweep: Callable[[Any], Any]) -> Call
         return judged
 
     return test
-
-def __getattr__(name: str) -> Any:
-    """The hooks' names, from gpucheck.fleet.hook (imported on first use: it imports this module)."""
-    from . import hook
-
-    try:
-        return getattr(hook, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from .compare import FleetInputs, fleet_inputs
+from ..core.documents import FleetInputs, fleet_inputs
 from ..platform.fanout import MAX_OUTPUT_BYTES, NodeRun
 from ..platform.snippets import last_line, snippet
 from .verdict_check import verdict_problem
@@ -228,17 +228,6 @@ def verdict_cause(verdict: Mapping[str, Any]) -> str:
     where = f" {subj}" if subj and subj != "node" else ""
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
     return f"{first.get('check')}{where}: {first.get('summary', '')}{more}"
-
-
-def failing_text(failing: list[str]) -> str:
-    """["ecc:gpu0", "ecc:gpu3", "xid"] -> "ecc[gpu0,gpu3], xid"."""
-    groups: dict[str, list[str]] = {}
-    for item in failing:
-        check, _, subj = item.partition(":")
-        groups.setdefault(check, [])
-        if subj:
-            groups[check].append(subj)
-    return ", ".join(f"{c}[{','.join(s)}]" if s else c for c, s in groups.items())
 
 
 def worst(statuses: list[str]) -> str:

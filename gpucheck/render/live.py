@@ -1,6 +1,6 @@
-"""Console output of a run: the verdict (gpucheck.render.terminal: the grid, or the full table
-with `-v`) and a live status line on a terminal. rich is imported only when something is
-printed, so JSON runs (prologs, sweeps) never pay for it; every console is made by
+"""A live status line on a terminal while the checks of a run go (the verdict itself is
+gpucheck.render.terminal's: the grid, or the full table with `-v`). rich is imported only when
+something is printed, so JSON runs (prologs, sweeps) never pay for it; every console is made by
 gpucheck.render.console.make_console (no markup, no emoji: data prints as it is)."""
 
 from __future__ import annotations
@@ -10,14 +10,6 @@ from typing import Any
 
 from .console import STYLES as _STYLE
 from .console import make_console, styled
-
-
-def print_verdict(verdict: dict[str, Any], file=None, *, verbose: bool = False) -> None:
-    """The verdict for people on `file` (stdout): the check x GPU grid, the non-pass results
-    with cause and action, the node line; `verbose`: one row per result instead of the grid."""
-    from .terminal import print_verdict as render
-
-    render(verdict, file, verbose=verbose)
 
 
 class LiveStatus:

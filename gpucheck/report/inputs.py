@@ -19,7 +19,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import ReportError
+
+class ReportError(Exception):
+    """An input that cannot be used, or an output that cannot be made: exit 2 with this line."""
+
 
 KINDS = {"gpucheck.verdict": "verdict", "gpucheck.sweep": "sweep", "gpucheck.nccl.pairs": "pairs",
          "gpucheck.bisect": "bisect"}

@@ -20,7 +20,8 @@ The names are defined in those modules; this one only gathers them.
 
 from __future__ import annotations
 
-from ..core.check import Check, CheckSpec, Context, Level, Need, RunOptions, Slice, compute_skip, define
+from ..core.check import Check, CheckSpec, Context, Need, RunOptions, Slice, compute_skip, define
+from ..core.levels import Level
 from ..core.config import Limit
 from ..core.inject import InjectionArgs, choice, fraction, injections_for_gpu
 from ..core.result import Action, Basis, Key, Result, Rule, Status, Threshold, evaluate, settle

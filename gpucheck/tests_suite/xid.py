@@ -21,7 +21,7 @@ from ..xid import judge as J
 from ..platform.kernlog.cursor import gpu_starts
 from ..platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
 from ..platform.kernlog.scan import Window, keep_from, read_from_snapshot, resolve_window, scan, scan_read
-from ..platform.kernlog.sources import SOURCES
+from ..platform.kernlog.sources.selection import SOURCES
 from ..platform.kernlog.timeparse import validate_since
 from ..platform.pci import short_bus_id
 

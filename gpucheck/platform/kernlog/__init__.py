@@ -27,7 +27,8 @@ def capture_for_snapshot(max_lines: int = 20000, *, source: str = "auto",
     newest `max_lines` relevant lines with their original prefixes (kmsg records keep theirs, so
     `boot_time` times them), or an `error` that says why nothing could be read. Never raises.
     """
-    from .sources import DEFAULT_PATHS, read_kernel_log
+    from .sources.base import DEFAULT_PATHS
+    from .sources.selection import read_kernel_log
 
     try:
         res = read_kernel_log(source, paths=paths or DEFAULT_PATHS, timeout_s=timeout_s)

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from .timeparse import iso_utc, parse_timestamp
+from .timeparse import iso_utc, parse_timestamp, usable_start
 
 LAST_PASS_CURSOR = "last-pass"
 MAX_GPU_MARKS = 1024  # no node has that many GPUs; the newest marks are kept
@@ -75,10 +75,8 @@ class GpuStarts:
 
 def gpu_starts(cursor: Any, node_start: float | None, now: float) -> GpuStarts:
     """The GPU marks of `cursor` that are later than `node_start` and can be trusted (see
-    gpucheck.platform.kernlog.scan.usable_start: one ahead of now or with no time is ignored, with a
-    warning note, and that GPU judged from the node mark)."""
-    from .scan import usable_start
-
+    timeparse.usable_start: one ahead of now or with no time is ignored, with a warning note, and
+    that GPU judged from the node mark)."""
     out = GpuStarts()
     for uuid, mark in sorted(gpu_marks(cursor).items()):
         ep = mark_epoch(mark)

@@ -17,7 +17,9 @@ from typing import Callable, Iterator
 
 from ..pci import short_bus_id
 from .parse import Item, Parser, XidEvent
-from .sources import DEFAULT_PATHS, KMSG_READ_BYTES, NEEDLES, LogPaths, read_boot_time
+from .sources.base import DEFAULT_PATHS, LogPaths, read_boot_time
+from .sources.kmsg import KMSG_READ_BYTES
+from .sources.linefilter import NEEDLES
 
 FOLLOW_SOURCES = ("kmsg", "journal", "file")
 NVML_DUP_WINDOW_S = 5.0

@@ -4,15 +4,15 @@ window (--since) -> read -> parse -> keep what is in the window.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .cursor import LAST_PASS_CURSOR, gpu_marks, has_node_mark, mark_epoch  # noqa: F401 (LAST_PASS_CURSOR: re-exported)
+from .cursor import LAST_PASS_CURSOR, gpu_marks, has_node_mark, mark_epoch
 from .parse import ParseResult, Parser, SXidEvent, Unrecognised, XidEvent
-from .sources import DEFAULT_PATHS, Chunk, LogPaths, ReadResult, read_kernel_log
-from .timeparse import iso_utc, parse_duration, parse_timestamp, validate_since
+from .sources.base import DEFAULT_PATHS, Chunk, LogPaths, ReadResult
+from .sources.selection import read_kernel_log
+from .timeparse import iso_utc, parse_duration, parse_timestamp, usable_start, validate_since
 
 
 @dataclass
@@ -26,32 +26,6 @@ class Window:
     def to_dict(self) -> dict[str, Any]:
         return {"since": self.since, "start": iso_utc(self.start), "start_epoch": self.start,
                 "label": self.label, "note": self.note}
-
-
-def cursor_epoch(cursor: Any) -> float | None:
-    """The time of a last-pass cursor's node mark ({"time": ISO, "epoch": float}), or None when
-    it has no time that parses to a finite epoch (gpucheck.platform.kernlog.cursor)."""
-    return mark_epoch(cursor)
-
-
-def usable_start(start: float | None, now: float) -> str | None:
-    """Why a window start cannot be trusted (None when it can): a time ahead of now (the clock
-    stepped back since it was written, or it was tampered with) would hide every event, and
-    one before 1970 is no time a kernel logged anything at."""
-    if start is None:
-        return "it has no time that can be read"
-    if not math.isfinite(start) or start < 0:
-        return f"its time {start!r} is not a time since 1970"
-    if start > now:
-        return f"it is ahead of now ({_when(start)} > {iso_utc(now)}: clock stepped back, or tampering)"
-    return None
-
-
-def _when(t: float) -> str:
-    try:
-        return str(iso_utc(t))
-    except (OverflowError, ValueError, OSError):  # beyond what a date can hold
-        return repr(t)
 
 
 def _whole_boot(since: str, now: float, boot_time: float | None, note: str) -> Window:
@@ -102,7 +76,7 @@ def _last_pass_window(now: float, boot_time: float | None, state: Any) -> Window
         w = _whole_boot("last-pass", now, boot_time, f"no run on every GPU has passed yet (last-pass cursor in "
                                                      f"{where}): for GPUs without a mark of their own")
     else:
-        ep = cursor_epoch(cur)
+        ep = mark_epoch(cur)
         why = usable_start(ep, now)
         if why is not None:
             w = _whole_boot("last-pass", now, boot_time, f"warning: ignored the last-pass cursor: {why}")
@@ -193,7 +167,7 @@ def scan(
     """Read the kernel log and return the events in the window. Raises ValueError for a bad
     `since` or `source` (usage errors); an unreadable log is `Scan.ok == False`, never an
     exception."""
-    from .sources import read_boot_time
+    from .sources.base import read_boot_time
 
     now = time.time() if now is None else now
     if boot_time is None:
@@ -206,7 +180,7 @@ def scan(
 
 def read_from_snapshot(kernel_log: dict[str, Any], captured_at: float | None) -> ReadResult:
     """A ReadResult from a snapshot's recorded kernel log ({"source", "lines", "error", "boot_time"})."""
-    from .sources import Attempt
+    from .sources.base import Attempt
 
     src = str(kernel_log.get("source") or "snapshot")
     res = ReadResult(boot_time=kernel_log.get("boot_time"))

@@ -223,3 +223,23 @@ def iso_utc(epoch: float | None) -> str | None:
         return None
     spec = "seconds" if float(epoch).is_integer() else "microseconds"
     return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec=spec).replace("+00:00", "Z")
+
+
+def usable_start(start: float | None, now: float) -> str | None:
+    """Why a window start cannot be trusted (None when it can): a time ahead of now (the clock
+    stepped back since it was written, or it was tampered with) would hide every event, and
+    one before 1970 is no time a kernel logged anything at."""
+    if start is None:
+        return "it has no time that can be read"
+    if not math.isfinite(start) or start < 0:
+        return f"its time {start!r} is not a time since 1970"
+    if start > now:
+        return f"it is ahead of now ({_when(start)} > {iso_utc(now)}: clock stepped back, or tampering)"
+    return None
+
+
+def _when(t: float) -> str:
+    try:
+        return str(iso_utc(t))
+    except (OverflowError, ValueError, OSError):  # beyond what a date can hold
+        return repr(t)

@@ -15,16 +15,3 @@
 
 Importing this package loads no NVML library and imports no pynvml.
 """
-
-from .nvml import KINDS, NvmlFailure, NvmlSession
-from .snapshot import SnapshotError, collect_snapshot, dump_snapshot, load_snapshot
-
-__all__ = [
-    "KINDS",
-    "NvmlFailure",
-    "NvmlSession",
-    "SnapshotError",
-    "collect_snapshot",
-    "dump_snapshot",
-    "load_snapshot",
-]

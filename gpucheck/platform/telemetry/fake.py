@@ -22,15 +22,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable
 
 from . import nvml as N
-from .model import Sample, Snapshot
+from .model import KIND, VERSION, Sample, Snapshot
 
 SampleFn = Callable[[int], "Sample | Mapping[str, Any] | None"]
 ProcessesFn = Callable[[list[int]], Mapping[int, N.GpuProcesses]]
 
 
 def empty_snapshot() -> Snapshot:
-    from .snapshot import KIND, VERSION
-
     return {"kind": KIND, "version": VERSION, "synthetic": True, "source": "synthetic: a fake telemetry source",
             "host": "fake", "captured_at": "1970-01-01T00:00:00Z", "nvml": {"ok": True, "error": None},
             "driver_version": None, "cuda_driver_version": None, "nvml_version": None, "pci_nvidia_devices": [],

@@ -11,6 +11,10 @@ from typing import Any, TypedDict
 
 # -- a snapshot (docs/snapshot.md) ------------------------------------------------------------------
 
+KIND = "gpucheck.snapshot"  # a snapshot document's "kind"
+VERSION = 1  # ... and its "version"
+GPU_STATES = ("ok", "lost", "reset_required", "error")  # a GPU entry's "state"
+
 
 class NvmlError(TypedDict):
     """Why NVML (or a GPU) could not be read: a failure kind (gpucheck.platform.telemetry.nvml.KINDS) and
@@ -100,7 +104,7 @@ class NvLink(TypedDict):
 
 
 class GpuEntry(TypedDict):
-    """One GPU of a snapshot, as the reader (gpucheck.platform.telemetry.snapshot.read_gpu) writes it."""
+    """One GPU of a snapshot, as the reader (gpucheck.platform.telemetry.reader.read_gpu) writes it."""
 
     index: int
     state: str  # "ok", "lost", "reset_required", "error"
@@ -143,7 +147,7 @@ class _SnapshotExtras(TypedDict, total=False):
 class Snapshot(_SnapshotExtras):
     """Everything the level-1 checks judge, read once (docs/snapshot.md)."""
 
-    kind: str  # "gpucheck.snapshot"
+    kind: str  # KIND
     version: int
     synthetic: bool
     source: str

@@ -8,7 +8,7 @@ Everything here returns plain data and never lets an NVML exception escape:
   the last session that was opened is closed (or at interpreter exit for sessions that never are).
 - A session reads through a backend: the live pynvml module, or the replay of a recorded snapshot
   (gpucheck.platform.telemetry.replay), which answers the same pynvml calls from the recording. The readers
-  (gpucheck.platform.telemetry.snapshot.read_gpu, `sample`, `read_gpu_processes`) cannot tell them apart.
+  (gpucheck.platform.telemetry.reader.read_gpu, `sample`, `read_gpu_processes`) cannot tell them apart.
 - Every NVMLError maps to one `NvmlFailure` kind (codes from pynvml's NVML_ERROR_* constants):
 
   =================== =========================================================================

@@ -741,7 +741,7 @@ def _gpu_warnings(g: dict[str, Any]) -> list[str]:
 def convert(text: str, where: str = "capture") -> dict[str, Any]:
     """An nvidia-smi capture (text or XML, whole or partial) -> a snapshot dict (docs/snapshot.md).
     Raises CaptureError (one line) for what is not one."""
-    from .snapshot import KIND, VERSION
+    from .model import KIND, VERSION
 
     fmt = detect(text)
     if fmt is None:

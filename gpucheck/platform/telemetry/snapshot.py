@@ -28,19 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
-from . import enums
 from . import nvml as N
-from .model import Snapshot
-from .reader import empty_gpu, read_gpu
+from .model import GPU_STATES, KIND, VERSION, Snapshot
+from .reader import read_gpu
 from .sysfs import nvidia_pci_devices
 
-__all__ = ["KIND", "VERSION", "GPU_STATES", "SnapshotError", "collect_snapshot", "unreadable_snapshot",
-           "read_nvml", "dump_snapshot", "load_snapshot", "validate_snapshot", "snapshot_epoch", "parse_time",
-           "empty_gpu", "read_gpu"]
-
-KIND = "gpucheck.snapshot"
-VERSION = 1
-GPU_STATES = ("ok", "lost", "reset_required", "error")
+__all__ = ["SnapshotError", "collect_snapshot", "unreadable_snapshot", "read_nvml", "dump_snapshot", "load_snapshot",
+           "validate_snapshot", "snapshot_epoch", "parse_time"]
 
 _REQUIRED_TOP: dict[str, type | tuple[type, ...]] = {
     "kind": str,
@@ -56,21 +50,6 @@ _REQUIRED_TOP: dict[str, type | tuple[type, ...]] = {
     "pci_nvidia_devices": list,
     "gpus": list,
 }
-
-
-# NVML's values under gpucheck's names, as module attributes read on first use (from pynvml's
-# constants: gpucheck.platform.telemetry.enums): value -> name for ARCHITECTURES, RECOVERY_ACTIONS and
-# NVLINK_STATES, key -> value for NVLINK_COUNTERS.
-_ENUM_TABLES = {"ARCHITECTURES": (enums.ARCHITECTURES, True), "RECOVERY_ACTIONS": (enums.RECOVERY_ACTIONS, True),
-                "NVLINK_STATES": (enums.NVLINK_STATES, True), "NVLINK_COUNTERS": (enums.NVLINK_COUNTERS, False)}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _ENUM_TABLES:
-        table, by_value = _ENUM_TABLES[name]
-        mod = enums.pynvml_module()
-        return enums.names_by_value(mod, table) if by_value else enums.resolve(mod, table)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SnapshotError(Exception):

@@ -13,16 +13,5 @@ kernel.dmesg_restrict hint, command not found, no entries, ...).
 
 One module per seam: base (the result, the paths, boot time, permission hints), linefilter (the
 NVRM/SXid prefilter), kmsg, command (running journalctl/dmesg), journal, dmesg, files, and
-selection (which source, read_kernel_log). Their names are importable from here.
+selection (which source, read_kernel_log).
 """
-
-from .base import (  # noqa: F401
-    DEFAULT_PATHS, DEFAULT_TIMEOUT_S, Attempt, Chunk, LogPaths, ReadResult, oserror_text, permission_hint,
-    read_boot_time,
-)
-from .command import run_command  # noqa: F401
-from .dating import boot_clock_stamps, not_this_boot  # noqa: F401
-from .files import open_log_file, read_file, read_stream, rotated_files  # noqa: F401
-from .kmsg import KMSG_READ_BYTES, KmsgRead, read_kmsg  # noqa: F401
-from .linefilter import CHUNK_BYTES, MAX_LINE_BYTES, NEEDLES, Counter, iter_relevant_lines  # noqa: F401
-from .selection import SOURCES, read_kernel_log  # noqa: F401

@@ -1,4 +1,6 @@
-"""`gpucheck repro record`: what may be written to the reference file, and the exit code.
+"""`gpucheck repro record`: what may be written to the reference file, and the exit code. A node
+operation beside the run pipeline (gpucheck.app), which it uses to prepare the run: it drives the
+repro.bitwise check's own collection, so it sits above the checks, next to the fleet operations.
 
 On a known-good node the repro.bitwise workloads run twice on every selected GPU (the check's
 own collection, gpucheck.tests_suite.repro_bitwise.collect) and their digests are added to the
@@ -62,10 +64,10 @@ class RecordOutcome:
 
 def record_references(req: RecordRequest, say: Say) -> RecordOutcome:
     """Run the workloads, judge whether they may be recorded, record them (unless a dry run)."""
-    from ..repro.judge import plan_record
-    from ..repro.workloads import WorkloadError
-    from ..core.result import Status
-    from ..tests_suite.repro_bitwise import collect
+    from .repro.judge import plan_record
+    from .repro.workloads import WorkloadError
+    from .core.result import Status
+    from .tests_suite.repro_bitwise import collect
 
     check, ctx, p, path = _prepare(req)
     if not _can_run(check, ctx, say, path):
@@ -101,9 +103,9 @@ def record_references(req: RecordRequest, say: Say) -> RecordOutcome:
 def _prepare(req: RecordRequest) -> tuple[Any, Any, dict[str, Any], str]:
     """The check, the run's context, the check's parameters and the reference file's path;
     RecordUsageError for what cannot be done."""
-    from ..app import RunRequest, UsageError, prepare
-    from ..repro import store
-    from ..tests_suite.repro_bitwise import reference_path
+    from .app import RunRequest, UsageError, prepare
+    from .repro import store
+    from .tests_suite.repro_bitwise import reference_path
 
     run = RunRequest(level=req.level, check_patterns=[CHECK_ID], gpus=req.gpus, device=req.device,
                      workers=req.workers, injections=list(req.injections),
@@ -127,8 +129,8 @@ def _prepare(req: RecordRequest) -> tuple[Any, Any, dict[str, Any], str]:
 def _can_run(check: Any, ctx: Any, say: Say, path: str) -> bool:
     """Whether the check's needs are met here (else an error message); warns about a reference
     file that others could change."""
-    from ..core.check import missing_need
-    from ..repro import store
+    from .core.check import missing_need
+    from .repro import store
 
     for need in check.spec.needs:
         why = missing_need(need, ctx)
@@ -151,7 +153,7 @@ def _summary(path: str, col: Any, by_key: dict[str, list[int]], fps: dict[str, A
 
 
 def _say_fingerprints(say: Say, device: str, by_key: dict[str, list[int]], fps: dict[str, Any]) -> None:
-    from ..repro.fingerprint import describe, short_key
+    from .repro.fingerprint import describe, short_key
 
     unit = "CPU worker" if device == "cpu" else "GPU"
     for key, gs in by_key.items():
@@ -162,8 +164,8 @@ def _write(path: str, records: list[Any], not_run: dict[str, str], summary: dict
            say: Say) -> RecordOutcome:
     """Add the records to the reference file: refused on a conflict with what it holds (exit 1),
     exit 2 when it cannot be written."""
-    from ..repro import store
-    from ..platform.safeio import describe_error
+    from .repro import store
+    from .platform.safeio import describe_error
 
     try:
         res = store.record(path, records, host=socket.gethostname())
