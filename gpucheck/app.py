@@ -29,14 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from .core.check import Check, Context, Need, RunOptions, unmet_needs
-from .core.levels import Level
 from .core.config import Config, ConfigError, load_config
 from .core.inject import Injection, InjectionError, parse_injection
-from .platform.interrupts import INTERRUPTS, Interrupts
+from .core.levels import Level
 from .core.selection import SelectionError, select
-from .tests_suite.registry import all_checks
 from .core.state import State, default_state_dir
 from .core.verdict import EXIT_USAGE, build_verdict, verdict_level
+from .platform.interrupts import INTERRUPTS, Interrupts
+from .platform.safeio import check_output, describe_error, output_problem
+from .tests_suite.registry import all_checks
 
 if TYPE_CHECKING:  # pragma: no cover
     from .platform.telemetry.model import Snapshot
@@ -136,8 +137,6 @@ def _gpu_text(text: str, limit: int = 80) -> str:
 def _check_writable(path: str, what: str) -> None:
     """UsageError when `path` cannot be an output (gpucheck.platform.safeio: a regular file or a new name
     in an existing writable folder, a FIFO, /dev/null, a terminal; a symlink only when trusted)."""
-    from .platform.safeio import check_output
-
     try:
         check_output(path)
     except OSError as e:
@@ -145,8 +144,6 @@ def _check_writable(path: str, what: str) -> None:
 
 
 def _output_problem(e: OSError, path: str) -> str:
-    from .platform.safeio import output_problem
-
     return output_problem(e, path)
 
 
@@ -319,8 +316,6 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         try:
             state.check()
         except OSError as e:
-            from .platform.safeio import describe_error
-
             raise UsageError(f"state directory {state.root}: {describe_error(e, str(state.root))}") from None
 
     options = RunOptions.of(req.options)
@@ -641,8 +636,6 @@ def _write_outputs(req: RunRequest, verdict: dict[str, Any], text: str, warn: Ca
 
 
 def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Callable[[str], None]) -> None:
-    from .platform.safeio import describe_error
-
     state = prep.ctx.state
     assert state is not None
     if state.skipped_lines:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import click
 
+from ..core.levels import Level
 from ..eud.patterns import PatternError, parse_patterns
 from .numbers import FiniteFloat
 from .run import build_request, common_run_options, duration_callback, given, parsed_list
@@ -70,7 +71,6 @@ def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], mem
     throttle:gpu=N[,reason=...,factor=F], hot:gpu=N[,delta=C], lowpower:gpu=N[,factor=F] (power).
     """
     from ..app import execute
-    from ..core.levels import Level
 
     try:
         lv = Level.parse(level)

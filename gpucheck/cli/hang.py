@@ -21,6 +21,9 @@ from typing import Any
 
 import click
 
+from ..app import UsageError, _check_writable
+from ..core.state import atomic_write_text
+from ..platform.safeio import describe_error, read_input
 from .run import parse_duration
 
 DEFAULT_NODE_TIMEOUT = "2m"
@@ -259,7 +262,6 @@ def _load_files(paths) -> list:
     """The recorded node documents of every --from file: regular files only (a FIFO or a device
     is refused, never waited on or read without end), at most safeio.LIMITS["hang"] bytes each."""
     from ..hang.collect import load_recorded
-    from ..platform.safeio import describe_error, read_input
 
     results = []
     for path in paths:
@@ -279,8 +281,6 @@ def _check_record_path(path: str) -> None:
     import os
     import stat
 
-    from ..app import UsageError, _check_writable
-
     try:
         _check_writable(path, "--record")
     except UsageError as e:
@@ -294,8 +294,6 @@ def _check_record_path(path: str) -> None:
 
 
 def _record(path: str, results) -> None:
-    from ..core.state import atomic_write_text
-
     docs = [r.doc for r in results if r.doc is not None]
     try:
         atomic_write_text(path, json.dumps(docs, separators=(",", ":")) + "\n")

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ..core.inject import InjectionError, parse_injection
 from .numbers import FiniteFloat
 from .run import parse_duration
 
@@ -23,7 +24,6 @@ def _usage(msg: str, hint: str | None = None) -> click.BadParameter:
 
 def parse_corrupt(texts: tuple[str, ...] | list[str], *, keys: tuple[str, ...]) -> dict[str, Any] | None:
     """--inject corrupt:rank=N[,op=..,iter=..,index=..] -> spec dict (None without --inject)."""
-    from ..core.inject import InjectionError, parse_injection
     from ..nccl.bandwidth import normalize_op
 
     if not texts:

@@ -24,7 +24,8 @@ from typing import Any
 
 import click
 
-from ..repro_record import CHECK_ID
+from ..app import UsageError, parse_gpu_list
+from ..repro_record import CHECK_ID, RecordRequest, RecordUsageError, record_references
 from .run import WORKER_COUNT, common_run_options, build_request
 
 
@@ -103,9 +104,6 @@ def record_command(out: str | None, level: str, workloads: list[str] | None, dev
                    as_json: bool, force: bool) -> int:
     """On a known-good node: run the reference workloads twice on every GPU and record the
     digests under this node's fingerprint."""
-    from ..app import UsageError, parse_gpu_list
-    from ..repro_record import RecordRequest, RecordUsageError, record_references
-
     try:
         gpus = parse_gpu_list(gpus_text)
     except UsageError as e:

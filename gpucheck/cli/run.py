@@ -8,6 +8,10 @@ import sys
 import click
 
 from ..app import MAX_WORKERS, RunRequest, UsageError, execute, parse_gpu_list
+from ..core.check import Context
+from ..core.config import limit_of
+from ..core.levels import Level
+from ..core.verdict import SCHEMA
 
 # --workers: CPU worker processes standing in for GPUs, bounded like --gpus (checked when parsed,
 # before a list of that many indices is built or a process started).
@@ -139,8 +143,6 @@ def run_command(level, checks, skips, **kw) -> int:
 def _listed_budget(check) -> float:
     """A check's time budget at its own level with the default settings (budgets that depend on
     the run, a burn's duration, are computed rather than shown as the static default)."""
-    from ..core.check import Context
-
     try:
         return round(check.spec.budget(Context(level=check.spec.level)), 1)
     except Exception:  # a budget function that needs a live run: the static figure
@@ -153,8 +155,6 @@ def _listed_budget(check) -> float:
 @click.option("--defaults", is_flag=True, help="Also show each check's thresholds and their defaults.")
 def list_command(level, as_json, defaults) -> int:
     """Show every check: id, level, needs, time budget, what it detects."""
-    from ..core.levels import Level
-    from ..core.config import limit_of
     from ..tests_suite.registry import all_checks
 
     checks = all_checks()
@@ -206,7 +206,5 @@ def _range_text(limit) -> str:  # a gpucheck.core.config.Limit
 @click.command("schema")
 def schema_command() -> int:
     """Print the verdict JSON Schema."""
-    from ..core.verdict import SCHEMA
-
     click.echo(json.dumps(SCHEMA, indent=2))
     return 0

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ..app import UsageError, _check_writable
 from .numbers import FiniteFloat
 from .run import parse_duration
 
@@ -158,7 +159,6 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     healthy, 1 when any node fails, cannot be reached, times out or gives no verdict, 3 when
     SIGTERM/SIGINT stopped it (the nodes that answered are reported).
     """
-    from ..app import _check_writable, UsageError
     from ..fleet.sweep import VerdictSpool, report_chunks, save_report, spool_folder, sweep_report
     from ..platform.processes import stop_on_signals
 

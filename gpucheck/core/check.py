@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .levels import Level
-from .result import Result
+from .result import Result, Status
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Config
@@ -383,8 +383,6 @@ def must_examine(ctx: Context, check_id: str) -> bool:
 def compute_skip(ctx: Context, check_id: str, why: str, **kw: Any) -> Result:
     """A skip of a compute check that could not load the GPUs (no GPU, no CUDA torch, no CuPy):
     `unexamined` (the run exits 3) when the run was asked to examine them (must_examine)."""
-    from .result import Status
-
     return Result(check_id, Status.SKIP, why, unexamined=must_examine(ctx, check_id), **kw)
 
 

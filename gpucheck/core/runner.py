@@ -42,8 +42,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .check import Check, Context, compute_skip, does_not_apply, unmet_needs
 from ..platform.interrupts import Interrupts
+from .check import Check, Context, compute_skip, does_not_apply, unmet_needs
 from .result import Action, Result, Status, Threshold, worst_status
 
 # How long a cancelled check may take to stop when the run has no time limit (signals).

@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..core.documents import FleetInputs, fleet_inputs
-from ..platform.fanout import MAX_OUTPUT_BYTES, NodeRun
+from ..core.verdict import iso_utc
+from ..platform import fanout
+from ..platform.fanout import MAX_OUTPUT_BYTES, NodeRun, session_stdin
+from ..platform.nodeset import fold
+from ..platform.processes import Interrupted
 from ..platform.snippets import last_line, snippet
 from .verdict_check import verdict_problem
 
@@ -335,8 +339,6 @@ def run_sweep(
         if on_node is not None:
             on_node(outcome)
 
-    from ..platform.fanout import session_stdin
-
     watch = session_stdin(plan.mode, ssh=runner_kw.get("ssh"), srun=runner_kw.get("srun"))
     runs = runner(plan.commands(watch), mode=plan.mode, fanout=plan.fanout, timeout_s=plan.timeout_s,
                   on_done=done, **runner_kw)
@@ -370,9 +372,6 @@ def build_report(
 ) -> dict[str, Any]:
     """The sweep report (`--report FILE`) but the verdicts: the nodes' summaries and the fleet
     comparison. report_chunks writes it out with every node's verdict."""
-    from ..core.verdict import iso_utc
-    from ..platform.nodeset import fold
-
     counts = {s: 0 for s in NODE_STATUSES}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -428,9 +427,6 @@ def sweep_until_stopped(plan: SweepPlan, settings: Mapping[str, Any], *,
                         spool: VerdictSpool | None = None) -> SweepRun:
     """run_sweep with the fan-out (gpucheck.platform.fanout.run_nodes); on a stop
     (processes.Interrupted: SIGTERM/SIGINT) the outcomes of the nodes that answered before it."""
-    from ..platform.processes import Interrupted
-    from ..platform import fanout
-
     t0 = time.monotonic()
     answered: dict[str, NodeOutcome] = {}
 
@@ -449,8 +445,6 @@ def sweep_until_stopped(plan: SweepPlan, settings: Mapping[str, Any], *,
 def mark_interrupted(report: dict[str, Any], plan: SweepPlan, outcomes: list[NodeOutcome], signame: str) -> None:
     """A sweep report cut short: it covers only the nodes that answered, names the others, and
     its exit code is 3 (could not judge the node set)."""
-    from ..platform.nodeset import fold
-
     seen = {o.node for o in outcomes}
     report["interrupted"] = signame
     report["unanswered"] = fold(n for n in plan.nodes if n not in seen)

@@ -18,8 +18,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from ..platform.snippets import SNIPPET, last_line, snippet
 from ..platform.safeio import loads_json
+from ..platform.snippets import SNIPPET, last_line, snippet
 from .local import NODE_SCHEMA
 
 NODE_STATUSES = ("ok", "partial", "error", "no-processes", "interrupted")

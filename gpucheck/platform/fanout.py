@@ -55,8 +55,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from .processes import Interrupted, stopping
+from . import processes
 from .nodeset import check_node_name
+from .processes import Interrupted, stopping
 
 DEFAULT_FANOUT = 64
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # a verdict of an 8-GPU node is about 80 KB
@@ -215,8 +216,6 @@ def _in_own_session(worker_cls: type) -> type:
     ssh with 255, and the timeout would read as unreachable). A stop (processes) sends SIGTERM
     to the groups first. Without `setsid` on the PATH the command stays in our process group
     and only the client is signalled, as ClusterShell does."""
-    from . import processes
-
     base = worker_cls.SHELL_CLASS
 
     class GroupClient(base):  # type: ignore[misc, valid-type]

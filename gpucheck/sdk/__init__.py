@@ -21,9 +21,9 @@ The names are defined in those modules; this one only gathers them.
 from __future__ import annotations
 
 from ..core.check import Check, CheckSpec, Context, Need, RunOptions, Slice, compute_skip, define
-from ..core.levels import Level
 from ..core.config import Limit
 from ..core.inject import InjectionArgs, choice, fraction, injections_for_gpu
+from ..core.levels import Level
 from ..core.result import Action, Basis, Key, Result, Rule, Status, Threshold, evaluate, settle
 from .snapshot import (NOT_IN_CAPTURE, apply_unreadable, counter_growth, each_gpu, get, gpu_state_result,
                        latest_metrics_by, nvml_unavailable, nvml_unjudged, previous_interval, selected_gpus_or_skip,

@@ -8,11 +8,11 @@ up at the call: the tests replace it there.
 
 from __future__ import annotations
 
+from ..workers import pool
 from ..workers.busy import guard_context, guarded_targets, unknown_gpus
 from ..workers.per_gpu import (TORCH_IMPORT_CPU_S, LoadTime, Promise, cut_short, deadline_problem, duration_slice,
                                finish_result, level_duration, pool_budget, progress_evidence, promised, run_per_gpu,
                                stop_timings, stopped_early, telemetry_summary, unfinished_result)
-from ..workers import pool
 from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET, WorkerJob
 
 __all__ = [

@@ -25,10 +25,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
-                   fraction, injections_for_gpu)
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
+from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
+                   fraction, injections_for_gpu)
 from ..sdk.workers import (LoadTime, finish_result, guarded_targets, progress_evidence, run_per_gpu, stopped_early,
                            telemetry_summary, unfinished_result)
 

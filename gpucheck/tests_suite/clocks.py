@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..platform.telemetry.throttle import is_set, reason_names
 from ..sdk import (Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, define, each_gpu, evaluate,
                    get)
-from ..platform.telemetry.throttle import is_set, reason_names
 
 ID = "clocks"
 

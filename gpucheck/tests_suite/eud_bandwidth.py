@@ -31,11 +31,11 @@ import statistics
 import time
 from typing import Any
 
+from ..data.bandwidth import BandwidthSku, lookup
 from ..sdk import (Action, Basis, Context, Key, Level, Limit, Need, Result, Rule, Slice, Status, define, evaluate,
                    fraction)
 from ..sdk.workers import (CRASHED, HUNG, Promise, TORCH_IMPORT_CPU_S, WorkerJob, cut_short, guarded_targets, pool,
                            pool_budget, stop_timings)
-from ..data.bandwidth import BandwidthSku, lookup
 
 CHECK_ID = "eud.bandwidth"
 MiB = 1 << 20

@@ -29,9 +29,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..eud.dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 from ..sdk import Action, Context, Level, Limit, Result, Rule, Slice, Status, define, evaluate, settle
 from ..sdk.workers import guard_context, unknown_gpus
-from ..eud.dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 
 DEFAULTS: dict[str, Any] = {
     "dcgmi_path": "dcgmi",  # a name looked up on PATH, or an absolute path

@@ -35,12 +35,12 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from ..eud.memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
+from ..eud.patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Slice, Status, compute_skip,
                    define, evaluate, injections_for_gpu, settle)
 from ..sdk.workers import (CANCELLED, OVER_BUDGET, Promise, cut_short, deadline_problem, duration_slice,
                            guarded_targets, progress_evidence, run_per_gpu, telemetry_summary, unfinished_result)
-from ..eud.memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
-from ..eud.patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 
 CHECK_ID = "eud.memtest"
 

@@ -29,11 +29,12 @@ import statistics
 import time
 from typing import Any
 
+from ..eud.power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
+from ..platform.telemetry.throttle import bit
 from ..sdk import (Context, InjectionArgs, Level, Limit, Need, Result, Status, choice, define, fraction,
                    injections_for_gpu)
 from ..sdk.workers import (CANCELLED, OVER_BUDGET, cut_short, deadline_problem, duration_slice, guarded_targets,
                            level_duration, promised, run_per_gpu, unfinished_result)
-from ..eud.power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
 
 DEFAULTS: dict[str, Any] = {
     "duration_s_level3": 120.0,  # load per run at level 3 (plus warm-up and start-up)
@@ -129,7 +130,6 @@ def apply_injections(samples: list[dict[str, Any]], spec: dict[str, Any]) -> lis
     """Samples as if the hardware had done what `spec` says (pure: returns new dicts)."""
     if not spec:
         return samples
-    from ..platform.telemetry.throttle import bit
 
     out = []
     for s in samples:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..platform.telemetry.fields import judged_view
 from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
                    gpu_state_result, nvml_unjudged, settle, unreadable_fields)
-from ..platform.telemetry.fields import judged_view
 
 ID = "inventory"
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sdk import Context, Level, Limit, Need, Result, Status, define
-from ..sdk.workers import guard_context
 from ..nccl.bandwidth import align_size, normalize_op, parse_ops, parse_sizes
 from ..nccl.intra import CHECK_ID, baselines_from_history, judge, run_local
+from ..sdk import Context, Level, Limit, Need, Result, Status, define
+from ..sdk.workers import guard_context
 
 DEFAULTS: dict[str, Any] = {
     "ops": "all_reduce,all_gather,all_to_all",

@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..sdk import Action, Context, Level, Need, Result, Rule, Status, define, evaluate, injections_for_gpu
 from ..repro import DEFAULT_REFERENCE_PATH
+from ..sdk import Action, Context, Level, Need, Result, Rule, Status, define, evaluate, injections_for_gpu
 
 CHECK_ID = "repro.bitwise"
 

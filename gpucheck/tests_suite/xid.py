@@ -16,14 +16,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..sdk import Context, Level, Limit, Need, Result, Status, define
-from ..xid import judge as J
 from ..platform.kernlog.cursor import gpu_starts
 from ..platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
 from ..platform.kernlog.scan import Window, keep_from, read_from_snapshot, resolve_window, scan, scan_read
 from ..platform.kernlog.sources.selection import SOURCES
-from ..platform.kernlog.timeparse import validate_since
+from ..platform.kernlog.timeparse import parse_timestamp, validate_since
 from ..platform.pci import short_bus_id
+from ..sdk import Context, Level, Limit, Need, Result, Status, define
+from ..xid import judge as J
 
 ID = "xid"
 DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)
@@ -46,8 +46,6 @@ def _inventory(ctx: Context) -> list[GpuInfo]:
 
 
 def _snapshot_epoch(snap: dict[str, Any]) -> float | None:
-    from ..platform.kernlog.timeparse import parse_timestamp
-
     v = snap.get("captured_at")
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)

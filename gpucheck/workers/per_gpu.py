@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.check import Context, Slice
-from ..core.result import Action, Result, Status, settle
+from ..core.result import Action, Basis, Result, Status, settle
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..platform.telemetry.model import TelemetrySummary
@@ -294,8 +294,6 @@ def finish_result(r: Result, t: "TelemetrySummary", *, device: str, gpu: int, no
 
 
 def _cuda_crash(err: str) -> tuple[str, Any]:
-    from ..core.result import Action
-
     low = err.lower()
     return "", (Action.RESET_GPU if ("cuda" in low or "cublas" in low) else Action.INVESTIGATE)
 
@@ -322,7 +320,6 @@ def unfinished_result(
     - no result (cancelled, over budget): error "not finished".
 
     `partial(result, last_progress)` adds what the worker reported before it stopped."""
-    from ..core.result import Action, Basis
     from .pool import CANCELLED, CRASHED, HUNG
 
     if oc is None:

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ..core.result import Action, Key, Result, Rule, Status, evaluate, strongest_action
-from . import catalog
 from ..platform.kernlog.mapping import GpuInfo, GpuMap
 from ..platform.kernlog.parse import SXidEvent, Unrecognised, XidEvent
 from ..platform.kernlog.timeparse import iso_utc
+from . import catalog
 
 _SEV_RANK = {"critical": 0, "warning": 1, "app": 2, "info": 3}
 

@@ -26,8 +26,8 @@ import math
 import time
 from typing import Any, Callable
 
-from ...platform.processes import Interrupted
 from ...platform.nodeset import fold
+from ...platform.processes import Interrupted
 from .command import CommandTest
 from .confirm import Confirmation
 from .plan import plan_text

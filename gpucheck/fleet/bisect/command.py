@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
+from ...platform.nodeset import fold
 from .session import GroupOutcome
 
 # Exit statuses that mean the command could not run at all (POSIX shells): no evidence about nodes.
@@ -55,7 +56,6 @@ class CommandTest:
         self.shell = shell
 
     def command(self, nodes: list[str]) -> str:
-        from ...platform.nodeset import fold
         from ...platform.placeholders import substitute
 
         return substitute(self.template, {"{nodes_comma}": ",".join(nodes), "{nodes}": fold(nodes),

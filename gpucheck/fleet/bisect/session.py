@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ...platform.nodeset import fold
 from ...platform.processes import check_stop
 
 
@@ -64,8 +65,6 @@ class GroupRecord:
     @functools.cached_property
     def label(self) -> str:
         """The group as a folded node set (computed once: folding thousands of names is slow)."""
-        from ...platform.nodeset import fold
-
         return fold(self.nodes)
 
     def to_dict(self) -> dict[str, Any]:

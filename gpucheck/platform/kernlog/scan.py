@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .cursor import LAST_PASS_CURSOR, gpu_marks, has_node_mark, mark_epoch
 from .parse import ParseResult, Parser, SXidEvent, Unrecognised, XidEvent
-from .sources.base import DEFAULT_PATHS, Chunk, LogPaths, ReadResult
+from .sources.base import Attempt, Chunk, DEFAULT_PATHS, LogPaths, ReadResult, read_boot_time
 from .sources.selection import read_kernel_log
 from .timeparse import iso_utc, parse_duration, parse_timestamp, usable_start, validate_since
 
@@ -167,8 +167,6 @@ def scan(
     """Read the kernel log and return the events in the window. Raises ValueError for a bad
     `since` or `source` (usage errors); an unreadable log is `Scan.ok == False`, never an
     exception."""
-    from .sources.base import read_boot_time
-
     now = time.time() if now is None else now
     if boot_time is None:
         boot_time = read_boot_time(paths.proc_stat)
@@ -180,8 +178,6 @@ def scan(
 
 def read_from_snapshot(kernel_log: dict[str, Any], captured_at: float | None) -> ReadResult:
     """A ReadResult from a snapshot's recorded kernel log ({"source", "lines", "error", "boot_time"})."""
-    from .sources.base import Attempt
-
     src = str(kernel_log.get("source") or "snapshot")
     res = ReadResult(boot_time=kernel_log.get("boot_time"))
     err = kernel_log.get("error")

@@ -41,7 +41,9 @@ from typing import Any, Callable, Iterable
 
 from ... import __version__
 from ..pci import normalize_bus_id
+from . import enums
 from .fields import GROUP_FIELDS, TOP_FIELDS
+from .model import KIND, VERSION
 from .throttle import reason_names
 
 NOT_IN_CAPTURE = "not_in_capture"  # the failure kind of a field a capture does not hold (docs/snapshot.md)
@@ -644,8 +646,6 @@ class GpuReader:
         return mask
 
     def _recovery(self) -> None:
-        from . import enums
-
         values = enums.resolve(enums.pynvml_module(), enums.RECOVERY_ACTIONS)
 
         def parse(text: str) -> int:
@@ -741,8 +741,6 @@ def _gpu_warnings(g: dict[str, Any]) -> list[str]:
 def convert(text: str, where: str = "capture") -> dict[str, Any]:
     """An nvidia-smi capture (text or XML, whole or partial) -> a snapshot dict (docs/snapshot.md).
     Raises CaptureError (one line) for what is not one."""
-    from .model import KIND, VERSION
-
     fmt = detect(text)
     if fmt is None:
         raise CaptureError(f"{where}: not an nvidia-smi -q capture (text or XML)")
