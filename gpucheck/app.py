@@ -47,7 +47,6 @@ LIVE_TELEMETRY_TIMEOUT_S = 30.0  # without a time limit: NVML not answering with
 # With a time limit: what reading NVML leaves (at most half of the checks' time) to the read-only
 # checks that do not read NVML (xid, the kernel log), so that a hung driver never starves them.
 KERNEL_LOG_RESERVE_S = 2.0
-LAST_PASS_CURSOR = "last-pass"  # gpucheck.platform.kernlog.cursor
 
 
 class UsageError(Exception):
@@ -659,7 +658,7 @@ def _advance_last_pass(prep: Prepared, state: State, when: str, started_at: floa
     """After a passing xid check: move the last-pass marks (gpucheck.platform.kernlog.cursor) of what it
     examined, with the default window only: the node mark when every GPU was judged, else the
     marks of the selected GPUs (by UUID). Read, changed and written under the cursor's lock."""
-    from .platform.kernlog.cursor import advance, covers_the_node, window_is_default
+    from .platform.kernlog.cursor import LAST_PASS_CURSOR, advance, covers_the_node, window_is_default
     from .xid.judge import DEFAULT_PARAMS
 
     ctx = prep.ctx
