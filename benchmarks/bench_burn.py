@@ -111,7 +111,7 @@ def environment(torch, dev) -> dict:
         p = torch.cuda.get_device_properties(dev)
         env.update(gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count)
         try:
-            from gpucheck.telemetry.nvml import NvmlSession
+            from gpucheck.platform.telemetry.nvml import NvmlSession
 
             with NvmlSession() as nv:
                 env["driver"] = nv.driver_version()

@@ -39,7 +39,7 @@ def parse_bytes(text: str) -> int:
 
 def nvml_gpus() -> tuple[list[dict], str | None]:
     try:
-        from gpucheck.telemetry.snapshot import collect_snapshot
+        from gpucheck.platform.telemetry.snapshot import collect_snapshot
 
         snap = collect_snapshot(timeout_s=60)
     except Exception as e:  # noqa: BLE001

@@ -47,7 +47,7 @@ def environment(backend) -> dict:
         env.update(cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
     else:
         try:
-            from gpucheck.telemetry.nvml import NvmlSession
+            from gpucheck.platform.telemetry.nvml import NvmlSession
 
             with NvmlSession() as nv:
                 env["driver"] = nv.driver_version()

@@ -1,4 +1,4 @@
-"""Replay cost: a recorded snapshot read back through the live reader (gpucheck.telemetry.replay),
+"""Replay cost: a recorded snapshot read back through the live reader (gpucheck.platform.telemetry.replay),
 what `gpucheck run --snapshot FILE` adds to loading the file, per fixture, in this process.
 
     python benchmarks/bench_replay.py [--runs 50]
@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpucheck.telemetry.replay import replay_snapshot  # noqa: E402
-from gpucheck.telemetry.snapshot import load_snapshot  # noqa: E402
+from gpucheck.platform.telemetry.replay import replay_snapshot  # noqa: E402
+from gpucheck.platform.telemetry.snapshot import load_snapshot  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

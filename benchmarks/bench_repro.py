@@ -66,7 +66,7 @@ def main() -> int:
     from gpucheck.repro.fingerprint import describe, short_key
     from gpucheck.repro.worker import run_all
     from gpucheck.repro.workloads import preset_for, select_workloads
-    from gpucheck.tests_suite.repro import DEFAULTS
+    from gpucheck.tests_suite.repro_bitwise import DEFAULTS
     from gpucheck.workers.pool import LocalChannel, WorkerJob, run_workers, torch_device
 
     preset = preset_for(args.device).name

@@ -22,7 +22,7 @@ Scale (no sshd, no root):
 
 runs `gpucheck sweep 'sim[00001-10000]' --report FILE` (or `--json`, or the table) in a child
 process whose fan-out is replaced by an in-process runner (the injectable `runner` of
-gpucheck.fleet.sweep.run_sweep, through gpucheck.fleet.fanout.run_nodes): every node answers at
+gpucheck.fleet.sweep.run_sweep, through gpucheck.platform.fanout.run_nodes): every node answers at
 once with a realistic healthy verdict, one line, as the ssh fan-out delivers it: the verdict of
 tests/fixtures/snapshots/h100-healthy.json (59 results, about 80 KB) plus a burn.gemm result per
 GPU (TFLOP/s with a little per-node noise) and a repro.bitwise digest set, so that the fleet
@@ -109,7 +109,7 @@ def simulated_runner(template: str):
     """A fan-out that answers every node at once, in-process, with the template's verdict."""
     import random
 
-    from gpucheck.fleet.fanout import NodeRun
+    from gpucheck.platform.fanout import NodeRun
 
     def runner(commands, *, mode, fanout=None, timeout_s=None, on_done=None, **_ignored):
         rng = random.Random(1)
@@ -151,7 +151,7 @@ def child(args) -> int:
     a fake srun)."""
     sys.path.insert(0, str(ROOT))
     from gpucheck.cli.main import main as gpucheck_main
-    from gpucheck.fleet import fanout
+    from gpucheck.platform import fanout
 
     argv = ["sweep", f"sim[{1:05d}-{args.child:05d}]", "--fanout", str(args.fanout)]
     if args.transport == "srun":

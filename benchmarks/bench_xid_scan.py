@@ -163,7 +163,7 @@ def main() -> int:
                 return 1
         # The same scan in-process, without interpreter start-up and output, for the breakdown.
         sys.path.insert(0, str(REPO))
-        from gpucheck.kernlog.scan import scan
+        from gpucheck.platform.kernlog.scan import scan
 
         t = time.perf_counter()
         sc = scan(files=[str(log)], since="all")

@@ -10,7 +10,7 @@ check can honour on this run) raise UsageError before any check runs: exit 2, on
 checks have run, outputs never mask the verdict: a write that fails then is a loud warning and the
 verdict's exit code stands.
 
-The run's clock starts when SIGTERM/SIGINT are armed (gpucheck.interrupts: the command's first
+The run's clock starts when SIGTERM/SIGINT are armed (gpucheck.platform.interrupts: the command's first
 line, or the start of `execute`); --timeout counts from there, telemetry reading included, and
 the handlers stay until every output is written. A signal before the verdict is final makes it
 partial (exit 3, or 1 when a fail was judged); one that arrives while it is written changes
@@ -28,23 +28,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from .check import Check, Context, Level, Need, RunOptions, unmet_needs
-from .config import Config, ConfigError, load_config
-from .inject import Injection, InjectionError, parse_injection
-from .interrupts import INTERRUPTS, Interrupts
-from .registry import SelectionError, all_checks, select
-from .state import State, default_state_dir
-from .verdict import EXIT_USAGE, build_verdict, verdict_level
+from .core.check import Check, Context, Need, RunOptions, unmet_needs
+from .core.config import Config, ConfigError, load_config
+from .core.inject import Injection, InjectionError, parse_injection
+from .core.levels import Level
+from .core.selection import SelectionError, select
+from .core.state import State, default_state_dir
+from .core.verdict import EXIT_USAGE, build_verdict, verdict_level
+from .platform.interrupts import INTERRUPTS, Interrupts
+from .platform.safeio import check_output, describe_error, output_problem
+from .tests_suite.registry import all_checks
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .telemetry.model import Snapshot
-    from .telemetry.source import TelemetrySource
+    from .platform.telemetry.model import Snapshot
+    from .platform.telemetry.source import TelemetrySource
 
 LIVE_TELEMETRY_TIMEOUT_S = 30.0  # without a time limit: NVML not answering within this is hung
 # With a time limit: what reading NVML leaves (at most half of the checks' time) to the read-only
 # checks that do not read NVML (xid, the kernel log), so that a hung driver never starves them.
 KERNEL_LOG_RESERVE_S = 2.0
-LAST_PASS_CURSOR = "last-pass"  # gpucheck.kernlog.cursor
 
 
 class UsageError(Exception):
@@ -74,7 +76,7 @@ class RunRequest:
     state_dir: str | None = None
     timeout_s: float | None = None
     history: bool = True
-    force: bool = False  # load GPUs that are in use (gpucheck.busy)
+    force: bool = False  # load GPUs that are in use (gpucheck.workers.busy)
     # Where telemetry comes from; None: a replay of `snapshot_path`, else this node's NVML.
     telemetry: "TelemetrySource | None" = None
     verbose: bool = False  # the full table (one row per result) instead of the grid
@@ -132,10 +134,8 @@ def _gpu_text(text: str, limit: int = 80) -> str:
 
 
 def _check_writable(path: str, what: str) -> None:
-    """UsageError when `path` cannot be an output (gpucheck.safeio: a regular file or a new name
+    """UsageError when `path` cannot be an output (gpucheck.platform.safeio: a regular file or a new name
     in an existing writable folder, a FIFO, /dev/null, a terminal; a symlink only when trusted)."""
-    from .safeio import check_output
-
     try:
         check_output(path)
     except OSError as e:
@@ -143,8 +143,6 @@ def _check_writable(path: str, what: str) -> None:
 
 
 def _output_problem(e: OSError, path: str) -> str:
-    from .safeio import output_problem
-
     return output_problem(e, path)
 
 
@@ -207,7 +205,7 @@ def _unanswered(source: "TelemetrySource", thread: threading.Thread, timeout_s: 
                 ) -> "Snapshot":
     """The snapshot of a read left behind in the driver (by `thread`): kind "timeout", the source
     abandoned (its NVML not shut down at exit while the thread is stuck)."""
-    from .telemetry import nvml as N
+    from .platform.telemetry import nvml as N
 
     abandon = getattr(source, "abandon", None)
     if abandon is not None:
@@ -225,7 +223,7 @@ def _failed_read(source: "TelemetrySource", e: Exception) -> "Snapshot":
     """The snapshot of a read that raised `e` (see _collect_live)."""
     import traceback
 
-    from .telemetry import nvml as N
+    from .platform.telemetry import nvml as N
 
     if N.is_nvml_failure(e):
         failure = N.classify(e)
@@ -301,7 +299,7 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
 
     until = None
     if timeout_s is not None:
-        from .runner import limits
+        from .core.runner import limits
 
         until = limits(started, timeout_s).deadline
     telemetry, snapshot, source_kind = _telemetry(req, checks, until, interrupts)
@@ -317,8 +315,6 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         try:
             state.check()
         except OSError as e:
-            from .safeio import describe_error
-
             raise UsageError(f"state directory {state.root}: {describe_error(e, str(state.root))}") from None
 
     options = RunOptions.of(req.options)
@@ -379,8 +375,8 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None, interr
     check needs it), and the verdict's source kind."""
     source = req.telemetry
     if source is None and req.snapshot_path:
-        from .telemetry.snapshot import SnapshotError, load_snapshot
-        from .telemetry.source import CaptureTelemetry, ReplayTelemetry, is_capture
+        from .platform.telemetry.snapshot import SnapshotError, load_snapshot
+        from .platform.telemetry.source import CaptureTelemetry, ReplayTelemetry, is_capture
 
         try:
             snap = load_snapshot(req.snapshot_path)
@@ -391,7 +387,7 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None, interr
             _warn(f"{where}: {warning}", None)
         source = CaptureTelemetry(snap) if is_capture(snap) else ReplayTelemetry(snap)
     if source is None:
-        from .telemetry.source import LiveTelemetry
+        from .platform.telemetry.source import LiveTelemetry
 
         source = LiveTelemetry()
     if source.kind == "replay" or req.device != "cpu" or any(Need.NVML in c.spec.needs for c in checks):
@@ -460,10 +456,10 @@ def execute(
 
     On a terminal (and not --json) a live display shows progress: `display_factory()` builds it
     (an object with started(check), progress(check_id, subject, info), finished(run), close()),
-    by default a one-line status (gpucheck.output.LiveStatus). Without a terminal (and not
+    by default a one-line status (gpucheck.render.live.LiveStatus). Without a terminal (and not
     --json) progress lines go to stderr (gpucheck.render.progress.ProgressLines).
 
-    SIGTERM/SIGINT are recorded (gpucheck.interrupts) from here, or from the command's first
+    SIGTERM/SIGINT are recorded (gpucheck.platform.interrupts) from here, or from the command's first
     line, until the last output is written; handlers armed here are restored on return.
     """
     armed_here = INTERRUPTS.arm()
@@ -478,12 +474,12 @@ def execute(
 def _run(prep: Prepared, req: RunRequest, progress: Callable[[str, str, dict[str, Any]], None] | None,
          display_factory: Callable[[], Any] | None) -> Any:
     """The checks, with the live display on a terminal; no worker process outlives them."""
-    from .runner import run_checks
+    from .core.runner import run_checks
 
     display = None
     if not req.json and sys.stdout.isatty():
         if display_factory is None:
-            from .output import LiveStatus as display_factory
+            from .render.live import LiveStatus as display_factory
         display = display_factory()
         prep.ctx.progress = progress or display.progress
     elif not req.json:  # cron, Slurm, ssh: a progress line per GPU at least every 10 s, on stderr
@@ -526,7 +522,7 @@ def _stop_leftover_workers() -> None:
 
 
 def _judge(prep: Prepared, outcome: Any, interrupted: str | None) -> dict[str, Any]:
-    from .fingerprint import software_fingerprint
+    from .platform.fingerprint import software_fingerprint
 
     ran = [r.run_level for r in outcome.runs if r.ran]
     return build_verdict(
@@ -585,13 +581,13 @@ def _print(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[
     """The verdict on stdout: its JSON (`text`) or the table. Printing that fails (a closed pipe,
     stdout on a full disk, a stdout that cannot encode the table, a bug in the table) is a
     warning, what is left unwritten is dropped, and the verdict's exit code stands."""
-    from .streams import flush_or_discard
+    from .platform.streams import flush_or_discard
 
     try:
         if req.json:
             sys.stdout.write(text)
         else:
-            from .output import print_verdict
+            from .render.terminal import print_verdict
 
             print_verdict(verdict, verbose=req.verbose)
         sys.stdout.flush()
@@ -617,8 +613,8 @@ def _warn(message: str, on_warning: Callable[[str], None] | None) -> None:
 
 def _write_outputs(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[str], None]) -> None:
     """--output and --prom ("-" is stdout). A write that fails is a warning; the verdict stands."""
-    from .prom import render
-    from .safeio import write_output
+    from .render.prom import render
+    from .platform.safeio import write_output
 
     stands = f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})"
     for what, path, make in (("--output", req.output, lambda: text), ("--prom", req.prom, lambda: render(verdict))):
@@ -639,8 +635,6 @@ def _write_outputs(req: RunRequest, verdict: dict[str, Any], text: str, warn: Ca
 
 
 def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Callable[[str], None]) -> None:
-    from .safeio import describe_error
-
     state = prep.ctx.state
     assert state is not None
     if state.skipped_lines:
@@ -661,11 +655,11 @@ def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Ca
 
 
 def _advance_last_pass(prep: Prepared, state: State, when: str, started_at: float) -> None:
-    """After a passing xid check: move the last-pass marks (gpucheck.kernlog.cursor) of what it
+    """After a passing xid check: move the last-pass marks (gpucheck.platform.kernlog.cursor) of what it
     examined, with the default window only: the node mark when every GPU was judged, else the
     marks of the selected GPUs (by UUID). Read, changed and written under the cursor's lock."""
-    from .kernlog.cursor import advance, covers_the_node, window_is_default
-    from .kernlog.judge import DEFAULT_PARAMS
+    from .platform.kernlog.cursor import LAST_PASS_CURSOR, advance, covers_the_node, window_is_default
+    from .xid.judge import DEFAULT_PARAMS
 
     ctx = prep.ctx
     if not window_is_default(ctx.params("xid", DEFAULT_PARAMS), ctx.options):

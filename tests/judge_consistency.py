@@ -2,7 +2,7 @@
 it lists, the metrics it reports and what it could not examine gives back its status and action,
 or the result names the basis that decided it instead (a lost GPU, a hang, a crash: result.Basis).
 
-The re-evaluation below is written apart from gpucheck.result.outcome on purpose: it is the
+The re-evaluation below is written apart from gpucheck.core.result.outcome on purpose: it is the
 contract, read from docs/verdict.md and result.Rule, not the engine's code run twice.
 
 `install()` (tests/conftest.py calls it once per session) wraps the entry points of the judges on
@@ -20,7 +20,7 @@ import math
 import operator
 from typing import Any, Callable, Iterable
 
-from gpucheck.result import Action, Basis, Result, Status
+from gpucheck.core.result import Action, Basis, Result, Status
 
 # The checks whose every result must follow its thresholds (the judges on the rule engine).
 CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action", "xid",
@@ -28,19 +28,19 @@ CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlin
                     "nccl.intra", "repro.bitwise"})
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("gpucheck.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
-    ("gpucheck.eud.bandwidth", "judge_bandwidth", ()),
-    ("gpucheck.eud.bandwidth", "judge_outcome", ()),
-    ("gpucheck.eud.power_judge", "judge_power", ("gpucheck.eud.power",)),
-    ("gpucheck.eud.memtest", "judge_data", ()),
-    ("gpucheck.eud.memtest", "judge_outcome", ()),
-    ("gpucheck.tests_suite.burn", "_judge_data", ()),
-    ("gpucheck.tests_suite.poet", "judge_data", ()),
-    ("gpucheck.tests_suite.poet", "judge_outcomes", ()),
-    ("gpucheck.eud.dcgm_parse", "map_results", ("gpucheck.eud.dcgm",)),
-    ("gpucheck.nccl.intra", "judge", ("gpucheck.nccl.checks",)),
+    ("gpucheck.core.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
+    ("gpucheck.tests_suite.eud_bandwidth", "judge_bandwidth", ()),
+    ("gpucheck.tests_suite.eud_bandwidth", "judge_outcome", ()),
+    ("gpucheck.eud.power_judge", "judge_power", ("gpucheck.tests_suite.eud_power",)),
+    ("gpucheck.tests_suite.eud_memtest", "judge_data", ()),
+    ("gpucheck.tests_suite.eud_memtest", "judge_outcome", ()),
+    ("gpucheck.tests_suite.burn_gemm", "_judge_data", ()),
+    ("gpucheck.tests_suite.poet_ortho", "judge_data", ()),
+    ("gpucheck.tests_suite.poet_ortho", "judge_outcomes", ()),
+    ("gpucheck.eud.dcgm_parse", "map_results", ("gpucheck.tests_suite.eud_dcgm",)),
+    ("gpucheck.nccl.intra", "judge", ("gpucheck.tests_suite.nccl_intra",)),
     ("gpucheck.repro.judge", "judge_node", ()),
-    ("gpucheck.kernlog.judge", "judge", ()),
+    ("gpucheck.xid.judge", "judge", ()),
 )
 
 FOUND: list[str] = []  # disagreements seen since the last reset (conftest fails the test on any)
@@ -138,7 +138,7 @@ def _checked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     """Wrap every entry point (once)."""
-    from gpucheck.registry import all_checks
+    from gpucheck.tests_suite.registry import all_checks
 
     for mod_name, name, also in ENTRY_POINTS:
         mod = importlib.import_module(mod_name)

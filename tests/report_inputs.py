@@ -1,5 +1,5 @@
 """Inputs for `gpucheck report` built with gpucheck's own code: verdicts (the level-1 fixture
-verdicts, with burn.gemm results judged by gpucheck.result.judge against the H100 SKU floor and
+verdicts, with burn.gemm results judged by gpucheck.core.result.judge against the H100 SKU floor and
 the node median as the burn check does), a history, a sweep report (classify, the fleet
 comparison, build_report and report_chunks of gpucheck.fleet.sweep, fed NodeRuns instead of
 ssh), an `nccl pairs` document (gpucheck.nccl.pairs.judge_pairs) and a bisect result
@@ -29,9 +29,9 @@ def with_burn(verdict: dict[str, Any], tflops: list[float], *, host: str | None 
               time: str | None = None) -> dict[str, Any]:
     """`verdict` plus one burn.gemm result per GPU measuring `tflops` (bf16), judged against
     the burn's default floors: 0.5 / 0.3 of the SKU's dense rate, 8 % / 25 % below the median."""
-    from gpucheck.check import Level
-    from gpucheck.result import Action, Result, Status, Threshold, judge
-    from gpucheck.verdict import build_verdict
+    from gpucheck.core.levels import Level
+    from gpucheck.core.result import Action, Result, Status, Threshold, judge
+    from gpucheck.core.verdict import build_verdict
 
     results = [Result.from_dict(r) for r in verdict["results"]]
     med = statistics.median(tflops)
@@ -51,7 +51,7 @@ def with_burn(verdict: dict[str, Any], tflops: list[float], *, host: str | None 
     checks: dict[str, list[Status]] = {}
     for r in results:
         checks.setdefault(r.check, []).append(r.status)
-    from gpucheck.result import worst_status
+    from gpucheck.core.result import worst_status
 
     doc = build_verdict(results, level=Level(2), started_at=0.0, duration_s=31.5,
                         checks=[{"id": c, "level": 2 if c == "burn.gemm" else 1, "status": worst_status(s).value,
@@ -84,7 +84,7 @@ def sweep_report(n: int = 12, *, seed: int = 7, slow: str | None = None, ecc: st
     """A sweep report of n nodes (gpu0001 ...): every node's verdict with a burn, one node with a
     slow GPU (a fleet outlier), one with the ECC fault, one unreachable over ssh."""
     from gpucheck.fleet import compare
-    from gpucheck.fleet.fanout import NodeRun
+    from gpucheck.platform.fanout import NodeRun
     from gpucheck.fleet.sweep import SweepPlan, VerdictSpool, apply_fleet, build_report, classify, keep_summary
     from gpucheck.fleet.sweep import report_chunks
 

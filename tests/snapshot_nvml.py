@@ -1,4 +1,4 @@
-"""A session over gpucheck's replay backend (gpucheck.telemetry.replay) for one recorded GPU entry,
+"""A session over gpucheck's replay backend (gpucheck.platform.telemetry.replay) for one recorded GPU entry,
 that logs the reader's NVML calls and can fail one of them.
 
 `read_gpu(SnapshotNvml(entry), index)` gives the entry back through the production reader and the
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpucheck.telemetry import nvml as N
-from gpucheck.telemetry.replay import NVMLError_Replayed, ReplayNvml
-from gpucheck.telemetry.snapshot import KIND, VERSION
+from gpucheck.platform.telemetry import nvml as N
+from gpucheck.platform.telemetry.replay import NVMLError_Replayed, ReplayNvml
+from gpucheck.platform.telemetry.model import KIND, VERSION
 
 Call = tuple[Any, ...]
 UNKNOWN = N.code("NVML_ERROR_UNKNOWN")

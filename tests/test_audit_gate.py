@@ -24,10 +24,10 @@ from capped_run import private_device
 from xid_log import xid79_config
 
 from gpucheck import app
-from gpucheck.config import read_on_error
-from gpucheck.fleet import slurm
-from gpucheck.state import State
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck.core.config import read_on_error
+from gpucheck.fleet import hook as hook_mod
+from gpucheck.core.state import State
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -54,15 +54,16 @@ def test_a_prolog_on_some_gpus_never_hides_another_gpus_xid_from_the_next_prolog
     config = _live_node_with_an_xid_on_gpu1(tmp_path, monkeypatch)
     calls: list[list[str]] = []
 
-    def prolog(job: str, gpus: str) -> slurm.HookOutcome:
-        opts = slurm.HookOptions("prolog", checks=["xid"], config_path=str(config), state_dir=str(tmp_path / "state"))
+    def prolog(job: str, gpus: str) -> hook_mod.HookOutcome:
+        opts = hook_mod.HookOptions("prolog", checks=["xid"], config_path=str(config),
+                                    state_dir=str(tmp_path / "state"))
         environ = {**ENV, "SLURM_JOB_ID": job, "SLURM_JOB_GPUS": gpus}
-        return slurm.run_hook(opts, environ, runner=lambda argv: (calls.append(argv), (0, "", ""))[1],
-                              log=lambda p, m: None)
+        return hook_mod.run_hook(opts, environ, runner=lambda argv: (calls.append(argv), (0, "", ""))[1],
+                                 log=lambda p, m: None)
 
     assert prolog("1", "0").exit_code == 0  # GPU 0 is fine: this job may run
     out = prolog("2", "1")  # GPU 1 fell off the bus a few seconds ago
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy", out.log_line
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy", out.log_line
 
 
 def test_a_run_on_some_gpus_never_hides_another_gpus_xid(tmp_path, monkeypatch, capsys):
@@ -78,19 +79,19 @@ def test_a_run_on_some_gpus_never_hides_another_gpus_xid(tmp_path, monkeypatch, 
 
 
 def test_a_hung_nvml_never_starves_the_prolog_of_its_xid_check(tmp_path, monkeypatch):
-    from gpucheck.telemetry import snapshot as telemetry_snapshot
+    from gpucheck.platform.telemetry import snapshot as telemetry_snapshot
 
     release = threading.Event()
     monkeypatch.setattr(telemetry_snapshot, "collect_snapshot", lambda *a, **k: release.wait(60) and {})
-    opts = slurm.HookOptions("prolog", config_path=str(xid79_config(tmp_path)), state_dir=str(tmp_path / "state"), budget_s=4.0,
-                             skips=["repro.bitwise"])
+    opts = hook_mod.HookOptions("prolog", config_path=str(xid79_config(tmp_path)), state_dir=str(tmp_path / "state"),
+                                budget_s=4.0, skips=["repro.bitwise"])
     try:
-        out = slurm.run_hook(opts, ENV, runner=lambda argv: (0, "", ""), log=lambda p, m: None)
+        out = hook_mod.run_hook(opts, ENV, runner=lambda argv: (0, "", ""), log=lambda p, m: None)
     finally:
         release.set()  # the stand-in for the hung driver call returns
     xid = [r for r in out.verdict["results"] if r["check"] == "xid"]
     assert xid and not xid[0]["summary"].startswith("not run"), xid
-    assert out.judgement == "unhealthy" and out.exit_code == slurm.EXIT_HOOK_UNHEALTHY, out.log_line
+    assert out.judgement == "unhealthy" and out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY, out.log_line
 
 
 def test_a_job_gpu_missing_from_nvml_fails_the_prolog(tmp_path):
@@ -99,10 +100,10 @@ def test_a_job_gpu_missing_from_nvml_fails_the_prolog(tmp_path):
     seven = tmp_path / "seven-of-eight.json"
     seven.write_text(json.dumps(snap))
     calls: list[list[str]] = []
-    opts = slurm.HookOptions("prolog", snapshot=str(seven), state_dir=str(tmp_path / "state"))
-    out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "7"}, runner=lambda argv: (calls.append(argv), (0, "", ""))[1],
-                         log=lambda p, m: None)
-    assert out.judgement == "unhealthy" and out.exit_code == slurm.EXIT_HOOK_UNHEALTHY, out.log_line
+    opts = hook_mod.HookOptions("prolog", snapshot=str(seven), state_dir=str(tmp_path / "state"))
+    out = hook_mod.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "7"},
+                            runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    assert out.judgement == "unhealthy" and out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY, out.log_line
     assert calls and calls[0][3] == "State=DRAIN"
 
 
@@ -131,7 +132,7 @@ def test_sigterm_while_the_prolog_drains_keeps_the_unhealthy_exit(tmp_path):
             pass
         p.wait()
     assert "update NodeName=gpu7 State=DRAIN" in marker.read_text()
-    assert p.returncode == slurm.EXIT_HOOK_UNHEALTHY
+    assert p.returncode == hook_mod.EXIT_HOOK_UNHEALTHY
 
 
 # -- 3. a failing stdout turns `gpucheck run` on a healthy node into exit 1 (unhealthy) -----------------
@@ -173,7 +174,7 @@ def test_the_table_prints_bus_ids_as_they_are(tmp_path):
     prints a passing result's summary nowhere: the full table, -v, does.)"""
     import io
 
-    from gpucheck.output import print_verdict
+    from gpucheck.render.terminal import print_verdict
 
     captured: list[dict] = []
     assert app.execute(app.RunRequest(snapshot_path=str(HEALTHY), history=False, json=True),
@@ -192,10 +193,10 @@ def test_fail_closed_survives_a_byte_order_mark(tmp_path):
     config.write_bytes('\ufeff[run]\non_error = "fail"\n'.encode())
     assert read_on_error(config) == "fail"
     calls: list[list[str]] = []
-    opts = slurm.HookOptions("prolog", config_path=str(config), snapshot=str(HEALTHY), state_dir=str(tmp_path / "s"))
-    out = slurm.run_hook(opts, ENV, runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    opts = hook_mod.HookOptions("prolog", config_path=str(config), snapshot=str(HEALTHY), state_dir=str(tmp_path / "s"))
+    out = hook_mod.run_hook(opts, ENV, runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
     assert out.judgement == "could-not-judge"  # the config is not valid TOML
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and calls  # ... and asks to fail closed
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and calls  # ... and asks to fail closed
 
 
 WRAPPER = ROOT / "scripts" / "slurm" / "gpucheck-hook.sh"
@@ -233,9 +234,9 @@ def test_a_deeply_nested_config_is_could_not_judge_in_a_hook(tmp_path):
     config = deep_config(tmp_path)
     assert read_on_error(config) == "fail"
     calls: list[list[str]] = []
-    opts = slurm.HookOptions("prolog", config_path=str(config), snapshot=str(HEALTHY), state_dir=str(tmp_path / "s"))
-    out = slurm.run_hook(opts, ENV, runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
-    assert out.judgement == "could-not-judge" and out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and calls
+    opts = hook_mod.HookOptions("prolog", config_path=str(config), snapshot=str(HEALTHY), state_dir=str(tmp_path / "s"))
+    out = hook_mod.run_hook(opts, ENV, runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    assert out.judgement == "could-not-judge" and out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and calls
 
 
 def test_a_deeply_nested_config_is_a_usage_error_for_run(tmp_path, capsys):
@@ -316,11 +317,11 @@ def test_nccl_pairs_with_a_node_it_never_measured_is_not_healthy(monkeypatch, ca
 # -- 7. NaN thresholds on the command line --------------------------------------------------------------
 
 NAN_OPTIONS = [
-    ("gpucheck.cli.fleet:sweep_command", ["n1"], "--mad-z"),
-    ("gpucheck.cli.fleet:sweep_command", ["n1"], "--rel-floor"),
-    ("gpucheck.cli.fleet:bisect_command", ["n[1-4]"], "--slow-limit"),
-    ("gpucheck.cli.fleet:bisect_command", ["n[1-4]"], "--min-busbw"),
-    ("gpucheck.cli.fleet:bisect_command", ["n[1-4]"], "--flake-rate"),
+    ("gpucheck.cli.sweep:sweep_command", ["n1"], "--mad-z"),
+    ("gpucheck.cli.sweep:sweep_command", ["n1"], "--rel-floor"),
+    ("gpucheck.cli.bisect:bisect_command", ["n[1-4]"], "--slow-limit"),
+    ("gpucheck.cli.bisect:bisect_command", ["n[1-4]"], "--min-busbw"),
+    ("gpucheck.cli.bisect:bisect_command", ["n[1-4]"], "--flake-rate"),
     ("gpucheck.cli.nccl:pairs_command", ["n[1-4]"], "--slow-limit"),
     ("gpucheck.cli.nccl:pairs_command", ["n[1-4]"], "--min-busbw"),
     ("gpucheck.cli.eud:eud_command", [], "--memtest-fraction"),
@@ -358,7 +359,7 @@ def test_two_prologs_at_once_both_remember_their_job(tmp_path, monkeypatch):
 
     def read_then_meet(self, name):
         value = real(self, name)
-        if name == slurm.JOBS_CURSOR:
+        if name == hook_mod.JOBS_CURSOR:
             try:
                 barrier.wait()  # both prologs have read the cursor before either writes it
             except threading.BrokenBarrierError:
@@ -373,9 +374,9 @@ def test_two_prologs_at_once_both_remember_their_job(tmp_path, monkeypatch):
         return 0
 
     def prolog(job: str) -> None:
-        opts = slurm.HookOptions("prolog", state_dir=str(tmp_path / "state"))
-        slurm.run_hook(opts, {**ENV, "SLURM_JOB_ID": job}, runner=lambda argv: (0, "", ""), log=lambda p, m: None,
-                       execute=execute)
+        opts = hook_mod.HookOptions("prolog", state_dir=str(tmp_path / "state"))
+        hook_mod.run_hook(opts, {**ENV, "SLURM_JOB_ID": job}, runner=lambda argv: (0, "", ""), log=lambda p, m: None,
+                          execute=execute)
 
     threads = [threading.Thread(target=prolog, args=(job,)) for job in ("101", "102")]
     for th in threads:
@@ -383,7 +384,7 @@ def test_two_prologs_at_once_both_remember_their_job(tmp_path, monkeypatch):
     for th in threads:
         th.join(30)
     monkeypatch.undo()
-    jobs = State(tmp_path / "state").read_cursor(slurm.JOBS_CURSOR)
+    jobs = State(tmp_path / "state").read_cursor(hook_mod.JOBS_CURSOR)
     assert set(jobs) == {"101", "102"}
 
 

@@ -34,7 +34,7 @@ def test_a_group_name_in_a_node_set_never_reaches_a_shell(tmp_path):
     (tmp_path / "groups.conf").write_text(
         "[Main]\ndefault: site\n\n[site]\nmap: echo n1; : $GROUP\nall: echo n1\nlist: echo p1\n")
     pwned = tmp_path / "pwned"
-    code = ("from gpucheck.fleet.nodeset import NodeSetError, parse_nodeset\n"
+    code = ("from gpucheck.platform.nodeset import NodeSetError, parse_nodeset\n"
             f"try:\n    parse_nodeset('@p1;touch${{IFS}}{pwned}')\nexcept NodeSetError:\n    pass\n")
     r = subprocess.run([sys.executable, "-c", code], env=gpucheck_env(CLUSTERSHELL_CFGDIR=str(tmp_path)),
                        capture_output=True, text=True, timeout=60)
@@ -46,7 +46,7 @@ def test_a_plain_group_still_resolves_through_the_sites_groups(tmp_path):
     """The other side of the guard above: a group name made of node-name characters resolves."""
     (tmp_path / "groups.conf").write_text(
         "[Main]\ndefault: site\n\n[site]\nmap: echo n[1-3]\nall: echo n[1-3]\nlist: echo p1\n")
-    code = "from gpucheck.fleet.nodeset import parse_nodeset\nprint(','.join(parse_nodeset('@p1')))\n"
+    code = "from gpucheck.platform.nodeset import parse_nodeset\nprint(','.join(parse_nodeset('@p1')))\n"
     r = subprocess.run([sys.executable, "-c", code], env=gpucheck_env(CLUSTERSHELL_CFGDIR=str(tmp_path)),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "n1,n2,n3", r.stderr[-600:]
@@ -107,7 +107,7 @@ def test_escape_sequences_from_a_node_never_reach_the_terminal(monkeypatch):
 
     from gpucheck.cli import sweep as sweep_cli
     from gpucheck.fleet.sweep import NodeOutcome
-    from gpucheck.output import print_verdict
+    from gpucheck.render.terminal import print_verdict
 
     hostile = "usage error on the node: \x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J"
     outcome = NodeOutcome(node="n1", status="error", reason=hostile)
@@ -196,7 +196,7 @@ def test_telemetry_dump_refuses_a_link_another_user_planted(tmp_path, capsys):
 def test_a_multi_dimensional_node_set_past_the_limit_is_refused_at_once():
     """The bracket count is a sum, a 2-D node set is a product: the size is still checked before
     the names are listed."""
-    from gpucheck.fleet.nodeset import NodeSetError, parse_nodeset
+    from gpucheck.platform.nodeset import NodeSetError, parse_nodeset
 
     t0 = time.monotonic()
     with pytest.raises(NodeSetError, match="at most 1,000,000"):

@@ -41,7 +41,7 @@ NO_PYNVML = textwrap.dedent("""
     (root / "bus/pci/drivers/nvidia").mkdir(parents=True)
     os.symlink(root / "bus/pci/drivers/nvidia", dev / "driver")
     from gpucheck import app
-    from gpucheck.telemetry.source import LiveTelemetry
+    from gpucheck.platform.telemetry.source import LiveTelemetry
     out = []
     rc = app.execute(app.RunRequest(check_patterns=["inventory"], telemetry=LiveTelemetry(root), history=False,
                                     json=True), on_verdict=out.append)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.compute.gemm import (
     DTYPES,
     BurnConfig,
@@ -24,14 +25,14 @@ from gpucheck.compute.gemm import (
     parse_dtypes,
     reference_tolerance,
 )
-from gpucheck.config import Config
+from gpucheck.core.config import Config
 from gpucheck.data.sku import lookup
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry.fake import FakeTelemetry
-from gpucheck.tests_suite import burn as burn_mod
-from gpucheck.tests_suite.burn import burn_gemm
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry.fake import FakeTelemetry
+from gpucheck.tests_suite import burn_gemm as burn_mod
+from gpucheck.tests_suite.burn_gemm import burn_gemm
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome, torch_device
 from gpucheck.workers.sampler import summarize
 
@@ -336,7 +337,7 @@ def test_sigterm_stops_the_workers_and_keeps_a_partial_verdict():
 
 
 def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail(monkeypatch):
-    from gpucheck import check as check_mod
+    from gpucheck.core import check as check_mod
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"},
                          {"index": 1, "uuid": "GPU-11111111-fake", "name": "NVIDIA H100 80GB HBM3", "state": "lost"}]}
@@ -439,19 +440,20 @@ def test_crashed_workers_fail_with_the_error_text():
 
 
 def test_gpucheck_modules_do_not_import_torch():
-    code = ("import sys, gpucheck.tests_suite.burn, gpucheck.cli.burn, gpucheck.compute.gemm, gpucheck.data.sku, "
-            "gpucheck.workers; assert 'torch' not in sys.modules")
+    code = ("import sys, gpucheck.tests_suite.burn_gemm, gpucheck.cli.burn, gpucheck.compute.gemm, gpucheck.data.sku, "
+            "gpucheck.workers.pool; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 # -- the command ------------------------------------------------------------------------------------
 @pytest.fixture
 def burn_cli(monkeypatch, tmp_path):
-    from gpucheck import app, registry
+    from gpucheck import app
+    from gpucheck.tests_suite import registry
     from gpucheck.cli.main import main
 
     # Only the burn module: keeps this test about the burn command.
-    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.burn",)))
+    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.burn_gemm",)))
 
     def run(*args):
         return main(["burn", "--device", "cpu", "--state-dir", str(tmp_path), *args])

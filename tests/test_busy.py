@@ -1,6 +1,6 @@
-"""The load-test guard (gpucheck.busy): a GPU that a job is using is not loaded.
+"""The load-test guard (gpucheck.workers.busy): a GPU that a job is using is not loaded.
 
-The reader (gpucheck.telemetry.nvml.read_gpu_processes) runs against the real pynvml module with
+The reader (gpucheck.platform.telemetry.nvml.read_gpu_processes) runs against the real pynvml module with
 its functions monkeypatched (test_telemetry.FakeNode); every load check runs on "GPUs" with the
 worker pool (or the ranks, or dcgmi) replaced by a recorder, so the tests see which GPUs would
 have been loaded, on a machine without GPUs."""
@@ -20,15 +20,16 @@ import pynvml
 import pytest
 from test_telemetry import FakeNode, _clean_nvml_state, h100  # noqa: F401 - the fixture is autouse
 
-from gpucheck import busy
-from gpucheck.check import Context, Level
+from gpucheck.workers import busy
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
-from gpucheck.config import Config
-from gpucheck.result import Status
-from gpucheck.telemetry import nvml as N
-from gpucheck.telemetry.fake import FakeTelemetry
-from gpucheck.telemetry.nvml import GpuProcess, GpuProcesses, NvmlFailure
-from gpucheck.verdict import exit_code_for
+from gpucheck.core.config import Config
+from gpucheck.core.result import Status
+from gpucheck.platform.telemetry import nvml as N
+from gpucheck.platform.telemetry.fake import FakeTelemetry
+from gpucheck.platform.telemetry.nvml import GpuProcess, GpuProcesses, NvmlFailure
+from gpucheck.core.verdict import exit_code_for
 
 GIB = 1 << 30
 JOB_PID = 4711  # a job's process in the fakes: never this test's own PID
@@ -213,12 +214,12 @@ def started(monkeypatch):
 
 
 def _load_checks():
-    from gpucheck.eud.bandwidth import bandwidth
-    from gpucheck.eud.memtest import memtest
-    from gpucheck.eud.power import power_check
-    from gpucheck.tests_suite.burn import burn_gemm
-    from gpucheck.tests_suite.poet import poet_ortho
-    from gpucheck.tests_suite.repro import repro_bitwise
+    from gpucheck.tests_suite.eud_bandwidth import bandwidth
+    from gpucheck.tests_suite.eud_memtest import memtest
+    from gpucheck.tests_suite.eud_power import power_check
+    from gpucheck.tests_suite.burn_gemm import burn_gemm
+    from gpucheck.tests_suite.poet_ortho import poet_ortho
+    from gpucheck.tests_suite.repro_bitwise import repro_bitwise
 
     return {c.id: c for c in (burn_gemm, poet_ortho, repro_bitwise, memtest, bandwidth, power_check)}
 
@@ -248,14 +249,14 @@ def test_force_loads_the_busy_gpu_and_says_so(started, tmp_path, check_id):
 
 
 def test_every_gpu_busy_starts_nothing(started):
-    from gpucheck.tests_suite.burn import burn_gemm
+    from gpucheck.tests_suite.burn_gemm import burn_gemm
 
     results = burn_gemm.run(_cuda_ctx(processes=reader(busy_gpus=(0, 1), unreadable=(2,))))
     assert started == [] and [r.gpu for r in results] == [0, 1, 2] and all(r.unexamined for r in results)
 
 
 def test_nccl_intra_gives_no_rank_to_the_busy_gpu(monkeypatch):
-    from gpucheck.nccl import checks as nccl_checks
+    from gpucheck.tests_suite import nccl_intra as nccl_checks
 
     seen = []
 
@@ -297,7 +298,7 @@ def _dcgm_ctx(dcgmi, gpus=2, **kw):
 
 
 def test_dcgm_runs_only_on_the_gpus_not_in_use(dcgmi):
-    from gpucheck.eud.dcgm import dcgm_check
+    from gpucheck.tests_suite.eud_dcgm import dcgm_check
 
     results = dcgm_check.run(_dcgm_ctx(dcgmi, gpus=3))
     assert dcgmi.calls()[-1] == ["diag", "-r", "3", "-j", "-i", "0,2"]
@@ -309,7 +310,7 @@ def test_dcgm_runs_only_on_the_gpus_not_in_use(dcgmi):
 
 
 def test_dcgm_with_every_gpu_busy_or_no_gpu_known_does_not_start(dcgmi):
-    from gpucheck.eud.dcgm import dcgm_check
+    from gpucheck.tests_suite.eud_dcgm import dcgm_check
 
     results = dcgm_check.run(_dcgm_ctx(dcgmi, gpus=2, processes=reader(busy_gpus=(0, 1))))
     assert [c[0] for c in dcgmi.calls()] == ["discovery"] and all(r.unexamined for r in results)
@@ -338,7 +339,7 @@ def _busy_node(monkeypatch):
 
 
 def test_burn_command_exits_3_naming_the_pid_and_force_loads(monkeypatch, started, tmp_path, capsys):
-    from gpucheck import check as check_mod
+    from gpucheck.core import check as check_mod
 
     _busy_node(monkeypatch)
     monkeypatch.setattr(check_mod, "_torch_has_cuda", lambda spec: True)  # a CUDA build of torch, as on a GPU node
@@ -426,8 +427,8 @@ def test_nccl_run_that_cannot_tell_its_gpu_refuses():
 
 # -- pass-through: hooks, sweep, verdict cause ---------------------------------------------------------
 def test_force_passes_through_the_hooks_and_the_sweep(tmp_path):
-    from gpucheck.cli.fleet import build_plan
-    from gpucheck.fleet import slurm
+    from gpucheck.cli.sweep import build_plan
+    from gpucheck.fleet import hook
 
     seen = []
 
@@ -437,8 +438,8 @@ def test_force_passes_through_the_hooks_and_the_sweep(tmp_path):
 
     env = {"SLURMD_NODENAME": "gpu7", "SLURM_JOB_ID": "1", "SLURM_SCRIPT_CONTEXT": "prolog_slurmd"}
     for force in (False, True):
-        slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), force=force), env,
-                       runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
+        hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path), force=force), env,
+                      runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
     assert [r.force for r in seen] == [False, True]
     kw = dict(level=None, checks=(), skips=(), snapshot_path=None, injections=(), device=None, strict=False,
               run_args=(), node_args=(), remote_cmd="gpucheck", fanout=None, timeout_text="10m", use_srun=False)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpucheck.choices import parse_choices
+from gpucheck.core.choices import parse_choices
 
 
 def test_order_repeats_case_and_aliases():

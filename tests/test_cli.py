@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli.main import main
-from gpucheck.verdict import SCHEMA
+from gpucheck.core.verdict import SCHEMA
 
 import golden as golden_files
 

@@ -68,7 +68,7 @@ def test_a_closed_pipe_in_a_judging_command_is_exit_3_not_0(monkeypatch, capsys)
 
 
 def test_a_closed_pipe_in_a_command_that_judges_nothing_is_still_0(monkeypatch, capsys):
-    import gpucheck.registry as registry
+    import gpucheck.tests_suite.registry as registry
 
     monkeypatch.setattr(registry, "all_checks", _raise(BrokenPipeError(errno.EPIPE, "Broken pipe")))
     assert main(["list"]) == 0
@@ -120,7 +120,7 @@ def test_a_verdict_keeps_its_exit_code_when_stdout_fails(tmp_path, monkeypatch, 
 
 
 def test_a_bug_in_the_table_never_changes_the_verdict(tmp_path, monkeypatch, capsys):
-    import gpucheck.output as output
+    import gpucheck.render.terminal as output
 
     monkeypatch.setattr(output, "print_verdict", _raise(KeyError("columns")))
     rc = app.execute(app.RunRequest(snapshot_path=str(HEALTHY), history=False))

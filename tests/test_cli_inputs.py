@@ -10,7 +10,7 @@ import pytest
 
 from gpucheck import app
 from gpucheck.cli.main import main
-from gpucheck.inject import InjectionError, parse_injection
+from gpucheck.core.inject import InjectionError, parse_injection
 
 
 def _command(target: str) -> click.Command:

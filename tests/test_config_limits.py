@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from gpucheck.cli.main import main
-from gpucheck.config import Config, ConfigError, conventional_limit, kind_of, limit_of, load_config
-from gpucheck.registry import all_checks
+from gpucheck.core.config import Config, ConfigError, conventional_limit, kind_of, limit_of, load_config
+from gpucheck.tests_suite.registry import all_checks
 
 SNAPS = Path(__file__).parent / "fixtures" / "snapshots"
 HEALTHY = str(SNAPS / "h100-healthy.json")

@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Level, define
-from gpucheck.config import ConfigError, load_config
-from gpucheck.inject import InjectionError, parse_injection
-from gpucheck.prom import render
-from gpucheck.registry import SelectionError, select
-from gpucheck.result import Action, Result, Status, Threshold, judge, strongest_action, worst_status
-from gpucheck.state import State
-from gpucheck.verdict import SCHEMA, build_verdict, exit_code_for
+from gpucheck.core.levels import Level
+from gpucheck.core.check import define
+from gpucheck.core.config import ConfigError, load_config
+from gpucheck.core.inject import InjectionError, parse_injection
+from gpucheck.render.prom import render
+from gpucheck.core.selection import SelectionError, select
+from gpucheck.core.result import Action, Result, Status, Threshold, judge, strongest_action, worst_status
+from gpucheck.core.state import State
+from gpucheck.core.verdict import SCHEMA, build_verdict, exit_code_for
 
 
 # -- results ---------------------------------------------------------------------------------

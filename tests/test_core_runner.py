@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from gpucheck import runner as runner_mod
-from gpucheck.check import Context, Level, Need, define
-from gpucheck.result import Action, Result, Status
-from gpucheck.runner import run_checks
+from gpucheck.core import runner as runner_mod
+from gpucheck.core.check import Context, Need, define
+from gpucheck.core.levels import Level
+from gpucheck.core.result import Action, Result, Status
+from gpucheck.core.runner import run_checks
 
 
 def _mk(id, fn, level=1, needs=(), budget_s=5.0):
@@ -149,7 +150,7 @@ def test_torch_need_knows_cpu_only_builds(monkeypatch, tmp_path):
     import importlib.util
     from types import SimpleNamespace
 
-    from gpucheck.check import missing_need
+    from gpucheck.core.check import missing_need
 
     (tmp_path / "lib").mkdir()
     fake = SimpleNamespace(submodule_search_locations=[str(tmp_path)])
@@ -163,7 +164,7 @@ def test_torch_need_knows_cpu_only_builds(monkeypatch, tmp_path):
 
 
 def test_snapshot_replay_never_computes_on_this_machine():
-    from gpucheck.check import missing_need
+    from gpucheck.core.check import missing_need
 
     snap = {"gpus": [{"index": 0, "state": "ok"}]}
     assert missing_need(Need.GPU, Context(snapshot=snap)) is None

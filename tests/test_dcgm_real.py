@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.eud.dcgm import dcgm_check
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.tests_suite.eud_dcgm import dcgm_check
 from gpucheck.eud.dcgm_parse import map_results, parse_diag
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
 
 REAL = Path(__file__).parent / "fixtures" / "dcgm" / "real"
 
@@ -77,8 +78,8 @@ def dcgmi(tmp_path, monkeypatch):
 
 def _idle_telemetry(snapshot):
     """A fake telemetry source whose GPUs run no process (the load guard lets DCGM start)."""
-    from gpucheck.telemetry.fake import FakeTelemetry
-    from gpucheck.telemetry.nvml import GpuProcesses
+    from gpucheck.platform.telemetry.fake import FakeTelemetry
+    from gpucheck.platform.telemetry.nvml import GpuProcesses
 
     return FakeTelemetry(snapshot, processes=lambda gpus, *a, **k: {g: GpuProcesses(g, ()) for g in gpus})
 

@@ -1,21 +1,27 @@
 """docs/checks.md's example check is a working check: the very code block of the doc is imported
-and run through the registry, the runner and the run pipeline, on recorded snapshots."""
+and run through the registry, the runner and the run pipeline, on recorded snapshots; and the
+doc's way to add it (the file in gpucheck/tests_suite/ and one line in the registry's TABLE) is
+all that `gpucheck list` and `gpucheck run` need."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from gpucheck import app, registry
-from gpucheck.check import Context, Level, Need
-from gpucheck.config import load_config
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck import app
+from gpucheck.tests_suite import registry
+from gpucheck.core.check import Context, Need
+from gpucheck.core.levels import Level
+from gpucheck.core.config import load_config
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "checks.md"
@@ -30,6 +36,17 @@ def example_source() -> str:
     m = re.search(r"```python\n(.*?)```", section, re.S)
     assert m, "docs/checks.md has no python block under '## The example'"
     return m.group(1)
+
+
+def table_line() -> tuple[str, int]:
+    """The line the doc adds to the registry's TABLE (the python block after the example): the
+    module's name and its level."""
+    text = DOC.read_text()
+    section = text[text.index("## The example"):]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) >= 2, "docs/checks.md shows no TABLE line after the example"
+    ((name, level),) = ast.literal_eval("{" + blocks[1].strip() + "}").items()
+    return name, level
 
 
 @pytest.fixture
@@ -108,3 +125,30 @@ def test_the_example_runs_in_the_pipeline_with_its_verdict_and_exit_code(example
     verdict = json.loads(capsys.readouterr().out)
     assert rc == 1 and verdict["exit_code"] == 1 and verdict["status"] == "fail"
     assert [(r["subject"], r["status"]) for r in verdict["results"] if r["status"] != "pass"] == [("gpu2", "fail")]
+
+
+def test_one_file_and_one_line_add_the_check_to_gpucheck(tmp_path, monkeypatch, capsys):
+    """The file saved in gpucheck/tests_suite/ (here: a folder added to that package's path) and
+    the doc's line in TABLE: `gpucheck list` lists the check, `gpucheck run` judges with it."""
+    from gpucheck import tests_suite
+    from gpucheck.cli.main import main
+
+    name, level = table_line()
+    assert name == "example_temperature" and level == 1
+    (tmp_path / f"{name}.py").write_text(example_source())
+    monkeypatch.setattr(tests_suite, "__path__", [*tests_suite.__path__, str(tmp_path)])
+    monkeypatch.setitem(registry.TABLE, name, level)
+    monkeypatch.delitem(sys.modules, f"gpucheck.tests_suite.{name}", raising=False)
+    try:
+        assert main(["list", "--json"]) == 0
+        assert "example.temperature" in [c["id"] for c in json.loads(capsys.readouterr().out)]
+        snap = copy.deepcopy(load_snapshot(HEALTHY))
+        _gpu(snap, 2)["temperature"]["gpu_c"] = 99
+        snap_file = tmp_path / "hot.json"
+        snap_file.write_text(json.dumps(snap))
+        rc = main(["run", "--snapshot", str(snap_file), "--json", "--no-history"])
+        verdict = json.loads(capsys.readouterr().out)
+    finally:
+        sys.modules.pop(f"gpucheck.tests_suite.{name}", None)
+    mine = [(r["subject"], r["status"]) for r in verdict["results"] if r["check"] == "example.temperature"]
+    assert rc == 1 and ("gpu2", "fail") in mine and len(mine) == len(snap["gpus"])

@@ -14,14 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
 from gpucheck.data.bandwidth import lookup
-from gpucheck.eud import bandwidth as bw
+from gpucheck.tests_suite import eud_bandwidth as bw
 from gpucheck.eud import copybw
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,7 +270,7 @@ def test_measure_on_cpu_really_copies(torch):
 
 
 def test_check_modules_import_nothing_heavy():
-    code = ("import sys, gpucheck.eud.bandwidth, gpucheck.eud.copybw, gpucheck.data.bandwidth; "
+    code = ("import sys, gpucheck.tests_suite.eud_bandwidth, gpucheck.eud.copybw, gpucheck.data.bandwidth; "
             "assert not {'numpy', 'torch'} & set(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -303,10 +304,11 @@ def test_bad_injection_is_an_error(torch):
 
 
 def test_cli_run_json(torch, monkeypatch, tmp_path, capsys):
-    from gpucheck import app, registry
+    from gpucheck import app
+    from gpucheck.tests_suite import registry
     from gpucheck.cli.main import main
 
-    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.eud.bandwidth",)))
+    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.eud_bandwidth",)))
     cfg = tmp_path / "gpucheck.toml"
     cfg.write_text('[checks."eud.bandwidth"]\n' + "".join(f"{k} = {v}\n" for k, v in LOOSE.items()))
     rc = main(["run", "--check", "eud.bandwidth", "--device", "cpu", "--workers", "2", "--inject",

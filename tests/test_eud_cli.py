@@ -42,8 +42,9 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, capsys, tmp_path):
 def test_every_option_reaches_the_checks(monkeypatch, tmp_path):
     """The options land in the run request, and the functions the checks plan with read them."""
     from gpucheck import app
-    from gpucheck.check import Context, Level
-    from gpucheck.eud import dcgm, memtest, power
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
+    from gpucheck.tests_suite import eud_dcgm as dcgm, eud_memtest as memtest, eud_power as power
 
     seen = []
     monkeypatch.setattr(app, "execute", lambda req, **kw: seen.append(req) or 0)
@@ -78,7 +79,7 @@ def test_dcgm_level_reaches_dcgmi(tmp_path, capsys):
     fake.chmod(0o755)
     cfg = tmp_path / "dcgm.toml"
     cfg.write_text(f'[checks."eud.dcgm"]\ndcgmi_path = "{fake}"\n')
-    # --force: without a GPU, NVML lists none, so whether they are in use cannot be told (gpucheck.busy)
+    # --force: without a GPU, NVML lists none, so whether they are in use cannot be told (gpucheck.workers.busy)
     rc = main(["eud", "--check", "eud.dcgm", "--dcgm-level", "2", "--no-history", "--json", "--force",
                "--state-dir", str(tmp_path / "s"), "--config", str(cfg)])
     v = json.loads(capsys.readouterr().out)

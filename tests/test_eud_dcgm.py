@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.eud import dcgm as dcgm_mod
-from gpucheck.eud.dcgm import dcgm_check, parse_dcgm_level, settings_changes, site_settings
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.tests_suite import eud_dcgm as dcgm_mod
+from gpucheck.tests_suite.eud_dcgm import dcgm_check, parse_dcgm_level, settings_changes, site_settings
 from gpucheck.eud.dcgm_run import diag_argv, find_dcgmi, probe_hostengine, run_command
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "dcgm"
 
@@ -93,7 +94,7 @@ def fake(tmp_path, monkeypatch):
 def _ctx(level=Level.EXTENDED, checks=None, after=None, **options):
     """A node with GPUs 0 and 1 (a snapshot without NVML settings) that no job is using (a fake
     telemetry source: no process on any GPU; `after`: the snapshot it reads after the run)."""
-    from gpucheck.telemetry.fake import FakeTelemetry
+    from gpucheck.platform.telemetry.fake import FakeTelemetry
 
     return Context(level=level, config=Config(checks={"eud.dcgm": dict(checks or {})}),
                    snapshot={"gpus": [{"index": 0}, {"index": 1}]}, options=options,

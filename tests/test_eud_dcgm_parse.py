@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.eud.dcgm_parse import DcgmParseError, map_results, parse_diag
-from gpucheck.result import Action, Status
+from gpucheck.core.result import Action, Status
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "dcgm"
 

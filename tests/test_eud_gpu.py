@@ -23,17 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 np = pytest.importorskip("numpy")
 
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
-from gpucheck.eud import bandwidth as bw  # noqa: E402
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
+from gpucheck.tests_suite import eud_bandwidth as bw  # noqa: E402
 from gpucheck.eud import copybw  # noqa: E402
-from gpucheck.eud import memtest as mt  # noqa: E402
+from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
+from gpucheck.eud import memtest_cupy  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
 from gpucheck.eud.memtest_worker import CupyBackend, MemtestConfig, run_memtest  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
-from gpucheck.result import Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
+from gpucheck.core.result import Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers.pool import LocalChannel, WorkerJob  # noqa: E402
 
 
@@ -50,7 +52,7 @@ def cupy():
 
 @pytest.fixture(scope="module")
 def snapshot():
-    from gpucheck.telemetry.snapshot import collect_snapshot
+    from gpucheck.platform.telemetry.snapshot import collect_snapshot
 
     snap = collect_snapshot(timeout_s=60)
     if not snap["gpus"]:
@@ -81,12 +83,12 @@ def test_stats_layout_is_memtest_cu_s():
 def test_launch_grids_stay_within_cuda_limits():
     # enough blocks to cover the units once, never more than one wave (SMs x blocks an SM holds,
     # capped by blocks_per_sm), within gridDim.x's limit and the kernels' 2^28-thread bound
-    assert mw.launch_grid(0, 4, 256, 132, 4, 32) == (1, 1, 1)
-    assert mw.launch_grid(1000, 4, 256, 132, 4, 32) == (1, 1, 1)
-    assert mw.launch_grid(256 * 4 * 10, 4, 256, 132, 4, 32) == (10, 1, 1)
-    assert mw.launch_grid(70 << 30, 4, 256, 132, 4, 32) == (132 * 4, 1, 1)  # one wave of 4 blocks per SM
-    assert mw.launch_grid(70 << 30, 4, 256, 132, 8, 2) == (132 * 2, 1, 1)  # the cap
-    assert mw.launch_grid(1 << 62, 1, 1, 1 << 30, 1 << 10, 1 << 10) == ((1 << 28), 1, 1)
+    assert memtest_cupy.launch_grid(0, 4, 256, 132, 4, 32) == (1, 1, 1)
+    assert memtest_cupy.launch_grid(1000, 4, 256, 132, 4, 32) == (1, 1, 1)
+    assert memtest_cupy.launch_grid(256 * 4 * 10, 4, 256, 132, 4, 32) == (10, 1, 1)
+    assert memtest_cupy.launch_grid(70 << 30, 4, 256, 132, 4, 32) == (132 * 4, 1, 1)  # one wave of 4 blocks per SM
+    assert memtest_cupy.launch_grid(70 << 30, 4, 256, 132, 8, 2) == (132 * 2, 1, 1)  # the cap
+    assert memtest_cupy.launch_grid(1 << 62, 1, 1, 1 << 30, 1 << 10, 1 << 10) == ((1 << 28), 1, 1)
     for bad in ({"block": 0}, {"block": 2048}, {"blocks_per_sm": 0}, {"chunk_bytes": (16 << 30) + 16}):
         with pytest.raises(ValueError):
             MemtestConfig.from_args(bad)

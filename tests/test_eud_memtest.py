@@ -17,15 +17,16 @@ import pytest
 
 np = pytest.importorskip("numpy")
 
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
-from gpucheck.eud import memtest as mt  # noqa: E402
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
+from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
 from gpucheck.eud.memtest_worker import MemtestConfig, NumpyBackend, run_memtest  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
 from gpucheck.kernels import splitmix64  # noqa: E402
-from gpucheck.result import Action, Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.result import Action, Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -370,7 +371,7 @@ def test_plan_by_level_and_options():
 
 
 def test_check_modules_import_nothing_heavy():
-    code = ("import sys, gpucheck.eud.memtest, gpucheck.eud.patterns; "
+    code = ("import sys, gpucheck.tests_suite.eud_memtest, gpucheck.eud.patterns; "
             "assert not {'numpy', 'cupy', 'torch'} & set(sys.modules), sorted({'numpy', 'cupy', 'torch'} & set(sys.modules))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -411,10 +412,11 @@ def test_level4_loops_for_the_duration():
 
 
 def test_cli_run_json(monkeypatch, tmp_path, capsys):
-    from gpucheck import app, registry
+    from gpucheck import app
+    from gpucheck.tests_suite import registry
     from gpucheck.cli.main import main
 
-    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.eud.memtest",)))
+    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.eud_memtest",)))
     cfg = tmp_path / "gpucheck.toml"
     cfg.write_text('[checks."eud.memtest"]\n' + "".join(f"{k} = {v}\n" for k, v in SMALL.items()))
     rc = main(["run", "--check", "eud.memtest", "--level", "2", "--device", "cpu", "--workers", "2",

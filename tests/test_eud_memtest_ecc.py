@@ -32,15 +32,16 @@ from test_eud_memtest_fakecupy import (  # noqa: E402,F401 - fixtures and helper
     fake,
 )
 
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
-from gpucheck.eud import memtest as mt  # noqa: E402
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
+from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_ecc as E  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
-from gpucheck.result import Action, Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
+from gpucheck.core.result import Action, Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers import pool  # noqa: E402
 from gpucheck.workers.pool import LocalChannel  # noqa: E402
 
@@ -208,10 +209,11 @@ def test_an_ecc_injection_fails_exactly_its_gpu():
 
 
 def test_cli_ecc_injection(monkeypatch, tmp_path, capsys):
-    from gpucheck import app, registry
+    from gpucheck import app
+    from gpucheck.tests_suite import registry
     from gpucheck.cli.main import main
 
-    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.eud.memtest",)))
+    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.eud_memtest",)))
     cfg = tmp_path / "gpucheck.toml"
     cfg.write_text('[checks."eud.memtest"]\n' + "".join(
         f"{k} = {json.dumps(v)}\n" for k, v in CPU.items()))

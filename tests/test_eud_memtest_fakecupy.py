@@ -16,16 +16,17 @@ np = pytest.importorskip("numpy")
 
 import cudaemu  # noqa: E402
 import fakecupy  # noqa: E402
-from gpucheck.check import Context, Level  # noqa: E402
-from gpucheck.config import Config  # noqa: E402
-from gpucheck.eud import memtest as mt  # noqa: E402
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level  # noqa: E402
+from gpucheck.core.config import Config  # noqa: E402
+from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
 from gpucheck.eud import memtest_cupy  # noqa: E402
 from gpucheck.eud import memtest_worker as mw  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
-from gpucheck.inject import parse_injection  # noqa: E402
+from gpucheck.core.inject import parse_injection  # noqa: E402
 from gpucheck.kernels import cupy_module, source  # noqa: E402
-from gpucheck.result import Action, Status  # noqa: E402
-from gpucheck.runner import run_checks  # noqa: E402
+from gpucheck.core.result import Action, Status  # noqa: E402
+from gpucheck.core.runner import run_checks  # noqa: E402
 from gpucheck.workers import pool  # noqa: E402
 from gpucheck.workers.pool import CRASHED, OK, LocalChannel, WorkerJob, WorkerOutcome  # noqa: E402
 
@@ -157,7 +158,7 @@ def test_the_stub_reads_memtest_cu_and_refuses_arguments_cupy_would_misread(fake
     be = mw.CupyBackend.create(_chan(), cfg)
     buf = be.alloc(256)
     kp = P.kernel_pattern(P.KIND_ADDRESS, 0)
-    good = mw.fill_args(np, buf, 128, 0, kp, 0)
+    good = memtest_cupy.fill_args(np, buf, 128, 0, kp, 0)
     cupy_module.launch("memtest", "memtest_fill_address", (1, 1, 1), (64, 1, 1), good)
     assert np.array_equal(buf.get(), P.word_values(P.KIND_ADDRESS, 0, 0, 256))
     # a Python int for `gc_u32 n16` goes as 8 bytes; a uint64 for it too: both refused
@@ -299,7 +300,7 @@ def _in_process_workers(target, jobs, *, sampler=None, **_):
 
 
 def _cuda_ctx(injections=()):
-    from gpucheck.telemetry.fake import FakeTelemetry
+    from gpucheck.platform.telemetry.fake import FakeTelemetry
 
     snapshot = {"gpus": [{"index": i, "uuid": f"GPU-0000000{i}-fake", "name": "Fake GPU", "state": "ok"}
                          for i in range(2)]}

@@ -11,14 +11,15 @@ import sys
 from pathlib import Path
 
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.eud import power as power_mod
-from gpucheck.eud.power import power_check
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry.fake import FakeTelemetry
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.tests_suite import eud_power as power_mod
+from gpucheck.tests_suite.eud_power import power_check
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry.fake import FakeTelemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 # Short and quick: 2 s of 64x64 GEMMs, sampled at 10 Hz, 0.3 s warm-up.
@@ -126,7 +127,7 @@ def test_power_limit_comes_from_the_snapshot_first():
 
 
 def test_modules_do_not_import_heavy_libraries():
-    code = ("import sys, gpucheck.eud.power, gpucheck.eud.power_judge; "
+    code = ("import sys, gpucheck.tests_suite.eud_power, gpucheck.eud.power_judge; "
             "assert not {'torch', 'numpy', 'cupy'} & set(sys.modules), sorted({'torch', 'numpy', 'cupy'} & set(sys.modules))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 

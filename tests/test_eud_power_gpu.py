@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.eud.power import power_check
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.tests_suite.eud_power import power_check
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
 
 pytestmark = pytest.mark.gpu
 
@@ -22,7 +23,7 @@ DURATION_S = 20.0
 
 def _live_ctx(injections=()):
     pytest.importorskip("torch")
-    from gpucheck.telemetry.snapshot import collect_snapshot
+    from gpucheck.platform.telemetry.snapshot import collect_snapshot
 
     snap = collect_snapshot(timeout_s=60.0)
     if not snap["nvml"]["ok"] or not snap["gpus"]:

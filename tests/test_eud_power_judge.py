@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.eud import power as power_mod
+from gpucheck.tests_suite import eud_power as power_mod
 from gpucheck.eud.power_judge import gpu_stats, hw_fail_bar, judge_power, load_window
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
 
 P = dict(power_mod.DEFAULTS)
 LIMIT = 700.0

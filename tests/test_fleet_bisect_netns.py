@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns  # noqa: E402
 
-from gpucheck.fleet.nodeset import fold  # noqa: E402
+from gpucheck.platform.nodeset import fold  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = [sys.executable, "-m", "gpucheck"]

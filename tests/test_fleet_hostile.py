@@ -20,9 +20,9 @@ import pytest
 
 from gpucheck.app import UsageError, parse_gpu_list
 from gpucheck.cli.main import main
-from gpucheck.fleet import fanout
+from gpucheck.platform import fanout
 from gpucheck.fleet.bisect import CommandTest
-from gpucheck.fleet.nodeset import MAX_NODES, NodeSetError, parse_nodeset
+from gpucheck.platform.nodeset import MAX_NODES, NodeSetError, parse_nodeset
 from gpucheck.fleet.sweep import classify, parse_verdict
 from gpucheck.fleet.verdict_check import verdict_problem
 from gpucheck.nccl.launch import DEFAULT_SSH, Launcher, parse_addrs

@@ -3,7 +3,7 @@ a real `gpucheck` process: their children (fake test commands, launchers, ssh an
 each spawning a `sleep` grandchild and recording both PIDs) must all be gone, the command must
 exit 3 within a bound that catches a hang, and print what it had (rounds so far, pairs measured,
 nodes answered). A second signal while stopping must not lose the output. Then the shared
-mechanism itself (gpucheck.processes) and `slurm resume`'s decisions when a signal comes.
+mechanism itself (gpucheck.platform.processes) and `slurm resume`'s decisions when a signal comes.
 
 Every grandchild sleeps for a duration unique to the test run (`sleep 300.<pid><n>`), the marker
 the leftover check and the clean-up look for; clean-up is by PID only."""
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import processes
+from gpucheck.platform import processes
 from gpucheck.fleet import slurm
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sshd_harness import SshdHarness, sshd_unavailable  # noqa: E402
 
 from gpucheck.cli.main import main  # noqa: E402
-from gpucheck.verdict import SCHEMA  # noqa: E402
+from gpucheck.core.verdict import SCHEMA  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli.main import main
-from gpucheck.fleet import compare, fanout, slurm
-from gpucheck.fleet.fanout import NodeRun
-from gpucheck.fleet.nodeset import NodeSetError, fold, parse_node_map, parse_nodeset
+from gpucheck.fleet import compare, hook, slurm
+from gpucheck.platform import fanout
+from gpucheck.platform.fanout import NodeRun
+from gpucheck.platform.nodeset import NodeSetError, fold, parse_node_map, parse_nodeset
 from gpucheck.fleet.sweep import (NodeOutcome, SweepPlan, VerdictSpool, apply_fleet, build_report, classify,
-                                  die_with_session, failing_text, one_line, parse_verdict, remote_command,
-                                  report_chunks, run_sweep)
+                                  die_with_session, one_line, parse_verdict, remote_command, report_chunks, run_sweep)
+from gpucheck.render.sweep_view import failing_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -301,9 +302,9 @@ def test_job_env():
 def test_prolog_unhealthy_drains_with_gpucheck_reason(tmp_path, capsys):
     bad = verdict_of(capsys, "--snapshot", str(SNAPS / "h100-ecc-dbe.json"))
     sl, logs, seen = FakeSlurm(), [], []
-    out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path / "{node}"), scontrol="/x/scontrol"),
-                         ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(1, bad, seen))
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and out.drained
+    out = hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path / "{node}"), scontrol="/x/scontrol"),
+                        ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(1, bad, seen))
+    assert out.exit_code == hook.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and out.drained
     (req,) = seen
     assert req.gpus == [2, 3] and str(req.level) == "1" and req.timeout_s == 15.0 and req.on_error == "pass"
     assert req.state_dir == str(tmp_path / "gpu7") and req.history
@@ -321,34 +322,34 @@ def test_prolog_unhealthy_drains_with_gpucheck_reason(tmp_path, capsys):
 def test_prolog_healthy_and_could_not_judge(tmp_path, capsys):
     good = verdict_of(capsys, "--snapshot", str(SNAPS / "h100-healthy.json"))
     sl, logs = FakeSlurm(), []
-    opts = slurm.HookOptions("prolog", state_dir=str(tmp_path))
-    out = slurm.run_hook(opts, ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(0, good))
+    opts = hook.HookOptions("prolog", state_dir=str(tmp_path))
+    out = hook.run_hook(opts, ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(0, good))
     assert (out.exit_code, out.judgement, sl.calls) == (0, "healthy", [])
     assert logs[-1][0] == syslog.LOG_INFO and "healthy level 1" in logs[-1][1]
     # could not judge: logged, node left alone, job runs
-    out = slurm.run_hook(opts, ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(3))
+    out = hook.run_hook(opts, ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(3))
     assert (out.exit_code, out.judgement, sl.calls) == (0, "could-not-judge", [])
     assert logs[-1][0] == syslog.LOG_WARNING and "not drained (on-error pass)" in logs[-1][1]
     # an internal error in gpucheck: the same, with the exception named
-    out = slurm.run_hook(opts, ENV, runner=sl, log=lambda p, m: logs.append((p, m)),
-                         execute=fake_execute(0, boom=KeyError("gpus")))
+    out = hook.run_hook(opts, ENV, runner=sl, log=lambda p, m: logs.append((p, m)),
+                        execute=fake_execute(0, boom=KeyError("gpus")))
     assert (out.exit_code, sl.calls) == (0, []) and "internal error: KeyError" in out.cause
     # fail-closed: the site asked for it
-    closed = slurm.HookOptions("prolog", state_dir=str(tmp_path), on_error="fail")
-    out = slurm.run_hook(closed, ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(3))
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.drained
+    closed = hook.HookOptions("prolog", state_dir=str(tmp_path), on_error="fail")
+    out = hook.run_hook(closed, ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(3))
+    assert out.exit_code == hook.EXIT_HOOK_UNHEALTHY and out.drained
     assert sl.calls[-1][4].startswith("Reason=gpucheck: could not judge")
     # --no-drain: judged unhealthy (exit 42: the wrapper exits 1), but scontrol untouched
     sl2 = FakeSlurm()
-    out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), drain=False), ENV, runner=sl2,
-                         log=lambda p, m: None, execute=fake_execute(1))
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained and sl2.calls == []
+    out = hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path), drain=False), ENV, runner=sl2,
+                        log=lambda p, m: None, execute=fake_execute(1))
+    assert out.exit_code == hook.EXIT_HOOK_UNHEALTHY and not out.drained and sl2.calls == []
 
 
 def test_a_config_problem_is_named_and_does_not_drain(tmp_path):
     sl, logs = FakeSlurm(), []
-    out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), config_path=str(tmp_path / "no.toml")),
-                         ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(2))
+    out = hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path), config_path=str(tmp_path / "no.toml")),
+                        ENV, runner=sl, log=lambda p, m: logs.append((p, m)), execute=fake_execute(2))
     assert (out.exit_code, out.judgement, sl.calls) == (0, "could-not-judge", [])
     assert "no.toml: config file not found" in out.cause and "no.toml" in logs[-1][1]
 
@@ -357,9 +358,9 @@ def test_drain_failure_is_logged_and_still_exits_1(tmp_path, capsys):
     bad = verdict_of(capsys, "--snapshot", str(SNAPS / "h100-ecc-dbe.json"))
     sl, logs = FakeSlurm(), []
     sl.rc = 1
-    out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path)), ENV, runner=sl,
-                         log=lambda p, m: logs.append((p, m)), execute=fake_execute(1, bad))
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained
+    out = hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path)), ENV, runner=sl,
+                        log=lambda p, m: logs.append((p, m)), execute=fake_execute(1, bad))
+    assert out.exit_code == hook.EXIT_HOOK_UNHEALTHY and not out.drained
     assert any("cannot drain" in m and "Invalid node name" in m for _, m in logs)
 
 
@@ -367,11 +368,11 @@ def test_epilog_after_failed_job_goes_deeper_and_names_ecc_growth(tmp_path, caps
     good = verdict_of(capsys, "--snapshot", str(SNAPS / "h100-healthy.json"))
     bad = verdict_of(capsys, "--snapshot", str(SNAPS / "h100-ecc-dbe.json"))
     sl, seen = FakeSlurm(), []
-    opts = slurm.HookOptions("prolog", state_dir=str(tmp_path))
-    slurm.run_hook(opts, ENV, runner=sl, log=lambda p, m: None, execute=fake_execute(0, good), now=lambda: 1000.0)
+    opts = hook.HookOptions("prolog", state_dir=str(tmp_path))
+    hook.run_hook(opts, ENV, runner=sl, log=lambda p, m: None, execute=fake_execute(0, good), now=lambda: 1000.0)
     env = {**ENV, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd", "SLURM_JOB_EXIT_CODE2": "1:0"}
-    out = slurm.run_hook(slurm.HookOptions("epilog", state_dir=str(tmp_path)), env, runner=sl,
-                         log=lambda p, m: None, execute=fake_execute(1, bad, seen))
+    out = hook.run_hook(hook.HookOptions("epilog", state_dir=str(tmp_path)), env, runner=sl,
+                        log=lambda p, m: None, execute=fake_execute(1, bad, seen))
     (req,) = seen
     assert str(req.level) == "2" and req.check_patterns == [] and req.timeout_s == 600.0
     assert req.options["xid_since"] == "@1000.000"
@@ -385,8 +386,8 @@ def test_epilog_after_failed_job_goes_deeper_and_names_ecc_growth(tmp_path, caps
     seen.clear()
     sl.show_job = "JobId=77 JobState=COMPLETING StartTime=2026-01-02T03:04:05 EndTime=Unknown"
     env = {**env, "SLURM_JOB_ID": "77", "SLURM_JOB_EXIT_CODE2": "0:0"}
-    out = slurm.run_hook(slurm.HookOptions("epilog", state_dir=str(tmp_path)), env, runner=sl,
-                         log=lambda p, m: None, execute=fake_execute(0, good, seen))
+    out = hook.run_hook(hook.HookOptions("epilog", state_dir=str(tmp_path)), env, runner=sl,
+                        log=lambda p, m: None, execute=fake_execute(0, good, seen))
     assert seen[0].check_patterns == ["xid", "ecc", "memory-remap"] and seen[0].timeout_s == 60.0
     assert seen[0].options["xid_since"].startswith("@17673") and out.plan["job_start_from"] == "scontrol StartTime"
 
@@ -432,7 +433,7 @@ def _fake_fanout(monkeypatch, answers: dict[str, NodeRun]) -> None:
 def test_a_report_that_cannot_be_written_never_masks_the_sweep_result(tmp_path, monkeypatch, capsys):
     """The sweep found a bad node (exit 1); writing --report then fails (a full disk): the old
     command exited 2, a usage error, hiding the bad node from a script that reads the exit code."""
-    from gpucheck import safeio
+    from gpucheck.platform import safeio
 
     _fake_fanout(monkeypatch, {"n1": NodeRun("n1", 0, json.dumps(full_verdict("n1"))),
                                "n2": NodeRun("n2", 255, "", "No route")})

@@ -266,7 +266,7 @@ def test_recorded_fixtures_are_real_py_spy_dumps():
 def test_fast_fold_is_the_fleets_fold():
     import random
 
-    from gpucheck.fleet.nodeset import fold as fleet_fold
+    from gpucheck.platform.nodeset import fold as fleet_fold
     from gpucheck.hang.folding import fold
 
     rng = random.Random(16)

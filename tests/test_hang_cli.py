@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hang_synth import FIXTURES  # noqa: E402
 
 from gpucheck.cli.main import main  # noqa: E402
-from gpucheck.fleet.fanout import NodeRun  # noqa: E402
+from gpucheck.platform.fanout import NodeRun  # noqa: E402
 from gpucheck.hang.pyspy import find_py_spy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def fake_cluster(monkeypatch):
         return runs
 
     monkeypatch.setattr("gpucheck.fleet.slurm.default_runner", scontrol)
-    monkeypatch.setattr("gpucheck.fleet.fanout.run_nodes", run_nodes)
+    monkeypatch.setattr("gpucheck.platform.fanout.run_nodes", run_nodes)
     return calls
 
 
@@ -291,6 +291,6 @@ def test_an_internal_error_is_could_not_judge_never_a_suspect(capsys, monkeypatc
     def broken(*a, **kw):
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr("gpucheck.fleet.fanout.run_nodes", broken)
+    monkeypatch.setattr("gpucheck.platform.fanout.run_nodes", broken)
     rc, out, err = hang(capsys, "n[1-2]", "--match", "x")
     assert rc == 3 and err == "gpucheck hang: could not judge: internal error: OSError: [Errno 24] Too many open files\n"

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hang_synth import FIXTURES  # noqa: E402
 
-from gpucheck.fleet.fanout import NodeRun  # noqa: E402
+from gpucheck.platform.fanout import NodeRun  # noqa: E402
 from gpucheck.hang import collect as C  # noqa: E402
 from gpucheck.hang import flight as F  # noqa: E402
 from gpucheck.hang import procs as P  # noqa: E402

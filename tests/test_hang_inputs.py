@@ -1,4 +1,4 @@
-"""`hang --from` and `hang --groups` read what a user names through gpucheck.safeio: regular files
+"""`hang --from` and `hang --groups` read what a user names through gpucheck.platform.safeio: regular files
 only (a FIFO is refused, never waited on; a device is refused, never read without end), a size
 limit, JSON nested at most safeio.MAX_JSON_DEPTH deep. Each refusal is a usage error naming the
 file (exit 2)."""

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 
 import judge_consistency as jc
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
 from gpucheck.eud.dcgm_parse import DcgmParseError, map_results, parse_diag
-from gpucheck.registry import all_checks
-from gpucheck.result import Action, Basis, Result, Status, Threshold
-from gpucheck.runner import run_checks
-from gpucheck.state import State
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck.tests_suite.registry import all_checks
+from gpucheck.core.result import Action, Basis, Result, Status, Threshold
+from gpucheck.core.runner import run_checks
+from gpucheck.core.state import State
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 
 FIX = Path(__file__).parent / "fixtures"
 SNAPSHOTS = sorted(p.name for p in (FIX / "snapshots").glob("*.json"))
@@ -173,9 +174,9 @@ def test_a_dcgm_fail_judged_a_warning_or_an_error_lists_that_status():
 
 
 def test_an_sxid_of_unknown_fatality_warns_by_a_threshold_it_lists():
-    from gpucheck.kernlog.judge import judge
-    from gpucheck.kernlog.mapping import GpuMap
-    from gpucheck.kernlog.parse import SXidEvent
+    from gpucheck.xid.judge import judge
+    from gpucheck.platform.kernlog.mapping import GpuMap
+    from gpucheck.platform.kernlog.parse import SXidEvent
 
     sx = SXidEvent(sxid=12028, pci_bus_id="0000:07:00.0", time=None, raw=["nvidia-nvswitch0: SXid ..."])
     (node, switch) = judge(check="xid", events=[], sxid_events=[sx], unrecognised=[], gpu_map=GpuMap(),
@@ -194,7 +195,7 @@ def test_nvml_refusing_access_lists_no_threshold_it_did_not_compare():
 
 
 def test_memory_errors_found_while_an_injection_could_not_be_made_still_fail():
-    from gpucheck.eud import memtest as mt
+    from gpucheck.tests_suite import eud_memtest as mt
     from gpucheck.eud.memtest_worker import MemtestConfig, NumpyBackend, run_memtest
     from gpucheck.workers.pool import LocalChannel
 

@@ -26,7 +26,7 @@ import nvrtc
 import ptxas
 import sass
 from gpucheck import kernels
-from gpucheck.eud.memtest import DEFAULTS as MEMTEST_DEFAULTS
+from gpucheck.tests_suite.eud_memtest import DEFAULTS as MEMTEST_DEFAULTS
 from gpucheck.eud.memtest_cupy import MAX_BLOCK, UNROLL
 from gpucheck.kernels.cupy_module import OPTIONS
 from gpucheck.poet import cupy_ops

@@ -19,8 +19,8 @@ from gpucheck.nccl.collective import corruption_summary, timeout_summary
 from gpucheck.nccl.intra import baselines_from_history, judge, rank_spread
 from gpucheck.nccl.launch import DEFAULT_SSH, Launcher, parse_addrs
 from gpucheck.nccl.report import merge, parse_events
-from gpucheck.result import Action, Result, Status
-from gpucheck.state import State
+from gpucheck.core.result import Action, Result, Status
+from gpucheck.core.state import State
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -394,7 +394,7 @@ def test_usage_errors_exit_2(args):
 
 
 def test_nccl_modules_do_not_import_torch():
-    code = ("import sys, gpucheck.nccl.checks, gpucheck.nccl.launch, gpucheck.nccl.procs, gpucheck.cli.nccl\n"
+    code = ("import sys, gpucheck.tests_suite.nccl_intra, gpucheck.nccl.launch, gpucheck.nccl.procs, gpucheck.cli.nccl\n"
             "from gpucheck.cli.main import cli\n"
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
@@ -465,7 +465,7 @@ def test_intra_judge_is_its_rule_tables_and_keeps_its_wording():
     causes built by hand, and rank, corruption and hang results with no threshold at all."""
     import judge_consistency as jc
     from gpucheck.nccl import intra
-    from gpucheck.result import Basis
+    from gpucheck.core.result import Basis
 
     name = "NVIDIA H100 80GB HBM3"
     (warn,) = judge(_outcome("nccl", 300.0), ops=["all_reduce"], params=PARAMS, devices=list(range(8)),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.fleet.nodeset import NodeSetError, group_reference_problem, parse_nodeset
+from gpucheck.platform.nodeset import NodeSetError, group_reference_problem, parse_nodeset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def _in_a_site(tmp_path: Path, code: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("text", HOSTILE)
 def test_a_hostile_group_never_reaches_the_upcall(tmp_path, text):
-    code = ("from gpucheck.fleet.nodeset import NodeSetError, parse_nodeset\n"
+    code = ("from gpucheck.platform.nodeset import NodeSetError, parse_nodeset\n"
             f"try:\n    parse_nodeset({text!r})\nexcept NodeSetError as e:\n    print(e)\n")
     r = _in_a_site(tmp_path, code)
     assert r.returncode == 0, r.stderr[-600:]
@@ -48,7 +48,7 @@ def test_a_hostile_group_never_reaches_the_upcall(tmp_path, text):
 
 
 def test_fold_never_resolves_a_group(tmp_path):
-    code = ("from gpucheck.fleet.nodeset import fold\n"
+    code = ("from gpucheck.platform.nodeset import fold\n"
             "print(fold(['@p1;touch${IFS}PWNED', 'n1', 'n2']))\n")
     r = _in_a_site(tmp_path, code)
     assert r.returncode == 0, r.stderr[-600:]
@@ -60,7 +60,7 @@ def test_fold_never_resolves_a_group(tmp_path):
                                          ("@*", "n1,n2,n3"), ("@site:*", "n1,n2,n3"), ("@p1!n2", "n1,n3"),
                                          (" @p1&n[2-9]", "n2,n3")])
 def test_the_sites_groups_still_resolve(tmp_path, text, nodes):
-    r = _in_a_site(tmp_path, f"from gpucheck.fleet.nodeset import parse_nodeset\nprint(','.join(parse_nodeset({text!r})))\n")
+    r = _in_a_site(tmp_path, f"from gpucheck.platform.nodeset import parse_nodeset\nprint(','.join(parse_nodeset({text!r})))\n")
     assert r.returncode == 0 and r.stdout.strip() == nodes, r.stderr[-600:]
 
 

@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from gpucheck.check import Context, Level, Need
-from gpucheck.config import Config
-from gpucheck.registry import all_checks
-from gpucheck.result import Action, Status
-from gpucheck.runner import Outcome, run_checks
-from gpucheck.state import State
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck.core.check import Context, Need
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.tests_suite.registry import all_checks
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import Outcome, run_checks
+from gpucheck.core.state import State
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 LEVEL1_IDS = {"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action"}
@@ -642,7 +643,7 @@ def test_ecc_corrected_limits_come_from_config():
 
 
 def test_config_overrides_are_validated_against_the_defaults():
-    from gpucheck.config import ConfigError
+    from gpucheck.core.config import ConfigError
 
     specs = [c.spec for c in all_checks()]
     Config(checks={"nvlink": {"crc_rate_fail_per_s": 50}}).validate_checks(specs)

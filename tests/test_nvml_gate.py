@@ -18,9 +18,9 @@ from xid_log import xid79_config
 
 from gpucheck import app
 from gpucheck.cli.main import main
-from gpucheck.fleet import slurm
-from gpucheck.telemetry import nvml as N
-from gpucheck.telemetry.source import ReplayTelemetry
+from gpucheck.fleet import hook
+from gpucheck.platform.telemetry import nvml as N
+from gpucheck.platform.telemetry.source import ReplayTelemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -75,7 +75,8 @@ class RaisingReplay(ReplayTelemetry):
 # -- 1. a hung NVML is bounded by what the run's time limit leaves; xid still judges -----------------
 
 def test_the_wait_for_nvml_leaves_a_reserve_for_the_kernel_log_check():
-    from gpucheck.registry import all_checks, select
+    from gpucheck.tests_suite.registry import all_checks
+    from gpucheck.core.selection import select
 
     level1 = select(all_checks(max_level=1), 1, [], [])
     nvml_only = select(all_checks(max_level=1), 1, ["ecc"], [])
@@ -121,19 +122,19 @@ def test_a_hung_nvml_alone_is_could_not_judge_never_a_pass(tmp_path):
 def test_a_hung_nvml_in_a_prolog_on_the_jobs_gpus_still_lets_xid_drain(tmp_path, monkeypatch):
     """A job with GPUs (SLURM_JOB_GPUS) on a node whose NVML hangs: the job's GPUs cannot be checked
     against NVML, which is no usage error (that would skip every check and pass the node)."""
-    from gpucheck.telemetry import snapshot as telemetry_snapshot
+    from gpucheck.platform.telemetry import snapshot as telemetry_snapshot
 
     release = threading.Event()
     monkeypatch.setattr(telemetry_snapshot, "collect_snapshot", lambda *a, **k: release.wait(60) and {})
     calls: list[list[str]] = []
-    opts = slurm.HookOptions("prolog", config_path=str(xid79_config(tmp_path, "0000:18:00")),
-                             state_dir=str(tmp_path / "state"), budget_s=4.0, skips=["repro.bitwise"])
+    opts = hook.HookOptions("prolog", config_path=str(xid79_config(tmp_path, "0000:18:00")),
+                            state_dir=str(tmp_path / "state"), budget_s=4.0, skips=["repro.bitwise"])
     try:
-        out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "0,1"},
-                             runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+        out = hook.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "0,1"},
+                            runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
     finally:
         release.set()
-    assert out.judgement == "unhealthy" and out.exit_code == slurm.EXIT_HOOK_UNHEALTHY, out.log_line
+    assert out.judgement == "unhealthy" and out.exit_code == hook.EXIT_HOOK_UNHEALTHY, out.log_line
     assert "Xid 79" in out.cause and calls and calls[0][3] == "State=DRAIN"
 
 
@@ -190,11 +191,11 @@ def seven_of_eight(tmp_path: Path, *, on_the_bus: bool) -> Path:
 
 def test_a_job_gpu_gone_from_nvml_and_the_bus_drains_the_node(tmp_path):
     calls: list[list[str]] = []
-    opts = slurm.HookOptions("prolog", snapshot=str(seven_of_eight(tmp_path, on_the_bus=False)),
-                             state_dir=str(tmp_path / "state"))
-    out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "6,7"},
-                         runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
-    assert out.judgement == "unhealthy" and out.exit_code == slurm.EXIT_HOOK_UNHEALTHY, out.log_line
+    opts = hook.HookOptions("prolog", snapshot=str(seven_of_eight(tmp_path, on_the_bus=False)),
+                            state_dir=str(tmp_path / "state"))
+    out = hook.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "6,7"},
+                        runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    assert out.judgement == "unhealthy" and out.exit_code == hook.EXIT_HOOK_UNHEALTHY, out.log_line
     assert "GPU(s) 7 of this run (the job's GPUs) missing" in out.cause
     assert calls and calls[0][3] == "State=DRAIN"
     (node,) = [r for r in by_check(out.verdict)["inventory"] if r.get("gpu") is None]
@@ -209,10 +210,10 @@ def test_the_hooks_gpus_are_the_schedulers_and_a_runs_are_the_users(tmp_path):
         captured.append(req)
         return 0
 
-    slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path / "s")), {**ENV, "SLURM_JOB_GPUS": "7"},
-                   runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
-    slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path / "s")), ENV,
-                   runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
+    hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path / "s")), {**ENV, "SLURM_JOB_GPUS": "7"},
+                  runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
+    hook.run_hook(hook.HookOptions("prolog", state_dir=str(tmp_path / "s")), ENV,
+                  runner=lambda argv: (0, "", ""), log=lambda p, m: None, execute=execute)
     assert (captured[0].gpus, captured[0].gpus_assigned) == ([7], True)
     assert (captured[1].gpus, captured[1].gpus_assigned) == (None, False)
     assert app.RunRequest().gpus_assigned is False
@@ -250,7 +251,7 @@ def test_our_own_reader_bug_is_an_error_not_a_failed_node(tmp_path):
 
 
 def test_a_bug_deep_in_the_reader_is_named_with_where_it_happened(monkeypatch):
-    from gpucheck.telemetry import snapshot as telemetry_snapshot
+    from gpucheck.platform.telemetry import snapshot as telemetry_snapshot
 
     def broken(s, index):
         return {"index": index} | None  # TypeError: our own parsing, not NVML
@@ -367,9 +368,9 @@ def test_a_mig_nodes_gres_indices_never_drain_it_as_missing_gpus(tmp_path, capsy
     path = tmp_path / "mig.json"
     path.write_text(json.dumps(snap))
     calls: list[list[str]] = []
-    opts = slurm.HookOptions("prolog", snapshot=str(path), state_dir=str(tmp_path / "state"))
-    out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "12,13"},
-                         runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    opts = hook.HookOptions("prolog", snapshot=str(path), state_dir=str(tmp_path / "state"))
+    out = hook.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "12,13"},
+                        runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
     assert not calls, out.log_line
     assert out.exit_code == 0, out.log_line
     (node,) = [r for r in by_check(out.verdict)["inventory"] if r.get("gpu") is None]
@@ -389,9 +390,9 @@ def test_a_node_whose_mig_mode_cannot_be_read_never_drains_for_gres_indices(tmp_
     path = tmp_path / "mig-unknown.json"
     path.write_text(json.dumps(snap))
     calls: list[list[str]] = []
-    opts = slurm.HookOptions("prolog", snapshot=str(path), state_dir=str(tmp_path / "state"))
-    out = slurm.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "12"},
-                         runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
+    opts = hook.HookOptions("prolog", snapshot=str(path), state_dir=str(tmp_path / "state"))
+    out = hook.run_hook(opts, {**ENV, "SLURM_JOB_GPUS": "12"},
+                        runner=lambda argv: (calls.append(argv), (0, "", ""))[1], log=lambda p, m: None)
     assert not calls and out.judgement != "unhealthy", out.log_line
     (node,) = [r for r in by_check(out.verdict)["inventory"] if r.get("gpu") is None]
     assert "selected_gpus_not_in_nvml" not in node["metrics"]

@@ -1,4 +1,4 @@
-"""gpucheck.telemetry.nvsmi: nvidia-smi -q / -q -x captures -> snapshots, spelling by spelling.
+"""gpucheck.platform.telemetry.nvsmi: nvidia-smi -q / -q -x captures -> snapshots, spelling by spelling.
 
 The inputs here are real captures (tests/fixtures/nvsmi, each with its .source) or lines cut from
 them and changed in one place, to show one spelling of another driver generation or one hostile
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.telemetry import nvsmi
-from gpucheck.telemetry.fields import GROUP_FIELDS, TOP_FIELDS
-from gpucheck.telemetry.nvsmi import NOT_IN_CAPTURE, TEXT, XML, CaptureError, convert, detect
-from gpucheck.telemetry.snapshot import SnapshotError, load_snapshot, validate_snapshot
-from gpucheck.telemetry.throttle import reason_names
+from gpucheck.platform.telemetry import nvsmi
+from gpucheck.platform.telemetry.fields import GROUP_FIELDS, TOP_FIELDS
+from gpucheck.platform.telemetry.nvsmi import NOT_IN_CAPTURE, TEXT, XML, CaptureError, convert, detect
+from gpucheck.platform.telemetry.snapshot import SnapshotError, load_snapshot, validate_snapshot
+from gpucheck.platform.telemetry.throttle import reason_names
 
 FIX = Path(__file__).parent / "fixtures" / "nvsmi"
 H100 = (FIX / "h100-x8-565-healthy.txt").read_text()

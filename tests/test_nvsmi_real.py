@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.check import Context, Level
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
-from gpucheck.registry import all_checks
-from gpucheck.runner import run_checks
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck.tests_suite.registry import all_checks
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 
 FIX = Path(__file__).parent / "fixtures" / "nvsmi"
 LEVEL1 = {"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action"}

@@ -13,13 +13,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.inject import parse_injection
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.tests_suite import poet as poet_mod
-from gpucheck.tests_suite.poet import describe_violation, judge_data, judge_outcomes, poet_ortho
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.core.inject import parse_injection
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.tests_suite import poet_ortho as poet_mod
+from gpucheck.tests_suite.poet_ortho import describe_violation, judge_data, judge_outcomes, poet_ortho
 from gpucheck.workers.pool import CRASHED, HUNG, OK, WorkerJob, WorkerOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +125,7 @@ def test_the_judge_is_its_rule_table_and_its_summary_wording_is_kept():
     """poet.ortho on the rule engine (issue 18): the thresholds a result lists are poet.RULES, the
     status and action follow from them, the wording of the summary is the one it always had
     (before: a threshold list and causes built by hand and folded by result.judge)."""
-    from gpucheck.tests_suite.poet import RULES
+    from gpucheck.tests_suite.poet_ortho import RULES
 
     assert [(r.metric, r.op, r.limit, r.status, r.action) for r in RULES] == [
         ("violations", ">", 0, Status.FAIL, Action.DRAIN)]
@@ -177,12 +178,12 @@ def test_backend_selection_without_cupy(monkeypatch):
 
 
 def test_cuda_without_cuda_is_could_not_judge(monkeypatch):
-    from gpucheck import check as check_mod
+    from gpucheck.core import check as check_mod
 
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has a usable GPU")
-    from gpucheck.telemetry.fake import FakeTelemetry
+    from gpucheck.platform.telemetry.fake import FakeTelemetry
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"}]}
     ctx = Context(level=Level.STANDARD, config=Config(checks={"poet.ortho": dict(FAST_CFG)}), device="cuda",
@@ -196,7 +197,7 @@ def test_cuda_without_cuda_is_could_not_judge(monkeypatch):
 
 
 def test_poet_modules_do_not_import_heavy_packages():
-    code = ("import sys, gpucheck.tests_suite.poet, gpucheck.cli.poet, gpucheck.poet.bounds, gpucheck.poet.invariants, "
+    code = ("import sys, gpucheck.tests_suite.poet_ortho, gpucheck.cli.poet, gpucheck.poet.bounds, gpucheck.poet.invariants, "
             "gpucheck.poet.worker, gpucheck.poet.ortho, gpucheck.poet.cupy_ops; "
             "assert not {'torch', 'cupy', 'numpy'} & set(sys.modules), sorted({'torch', 'cupy', 'numpy'} & set(sys.modules))")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -205,10 +206,11 @@ def test_poet_modules_do_not_import_heavy_packages():
 # -- the command ------------------------------------------------------------------------------------
 @pytest.fixture
 def poet_cli(monkeypatch, tmp_path):
-    from gpucheck import app, registry
+    from gpucheck import app
+    from gpucheck.tests_suite import registry
     from gpucheck.cli.main import main
 
-    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.poet",)))
+    monkeypatch.setattr(app, "all_checks", lambda **kw: registry.all_checks(("gpucheck.tests_suite.poet_ortho",)))
 
     def run(*args):
         return main(["poet", "--device", "cpu", "--state-dir", str(tmp_path), *args])

@@ -26,8 +26,8 @@ from gpucheck.poet.cupy_ops import CupyOps, CupyUnavailable  # noqa: E402
 from gpucheck.poet.invariants import VerifyConfig, check_problem  # noqa: E402
 from gpucheck.poet.ortho import QPool, TorchOps, bd_torch, cnp_torch, make_problem  # noqa: E402
 from gpucheck.poet.worker import PoetConfig, PoetRunner, select_backend  # noqa: E402
-from gpucheck.result import Action, Status  # noqa: E402
-from gpucheck.tests_suite.poet import judge_data  # noqa: E402
+from gpucheck.core.result import Action, Status  # noqa: E402
+from gpucheck.tests_suite.poet_ortho import judge_data  # noqa: E402
 from gpucheck.workers.pool import LocalChannel  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 
-from gpucheck.check import Level
-from gpucheck.registry import CHECK_MODULES, MODULE_MIN_LEVEL, all_checks
+from gpucheck.core.levels import Level
+from gpucheck.tests_suite.registry import CHECK_MODULES, MODULE_MIN_LEVEL, all_checks
 
 
 def test_every_check_declares_what_it_is():

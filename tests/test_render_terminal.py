@@ -34,8 +34,8 @@ def verdict_of(snapshot: str, *extra: str) -> dict:
 
 
 def rendered(verdict: dict, columns: int, monkeypatch, *, verbose: bool = False) -> list[str]:
-    """gpucheck.output.print_verdict (the entry point kept from before the grid) at a width."""
-    from gpucheck.output import print_verdict
+    """gpucheck.render.terminal.print_verdict (the entry point kept from before the grid) at a width."""
+    from gpucheck.render.terminal import print_verdict
 
     monkeypatch.setenv("COLUMNS", str(columns))
     monkeypatch.delenv("FORCE_COLOR", raising=False)
@@ -347,8 +347,8 @@ def test_no_module_makes_its_own_rich_console():
 def test_pairs_hang_list_and_live_displays_print_data_as_it_is(capsys, monkeypatch):
     from gpucheck.cli.nccl import print_pairs
     from gpucheck.hang.render import _groups_table
-    from gpucheck.output import LiveStatus
-    from gpucheck.workers.display import BurnDisplay
+    from gpucheck.render.live import LiveStatus
+    from gpucheck.render.burn_display import BurnDisplay
 
     monkeypatch.setenv("COLUMNS", "400")  # no folding: each hostile string on one line
     doc = report_inputs.pairs_document()

@@ -1,11 +1,11 @@
 """Recorded snapshots replay through the live reader, and a run's telemetry comes from one source.
 
-- Replay (gpucheck.telemetry.replay): a recording answers the pynvml calls the reader makes, so
+- Replay (gpucheck.platform.telemetry.replay): a recording answers the pynvml calls the reader makes, so
   `--snapshot` goes through the reader's parsing, error mapping and lost-GPU handling. Every
   fixture, and every node the fake pynvml of test_telemetry can describe, reads back exactly;
   what a recording lacks is `not_in_capture` (never a pass); hostile recordings are failed reads,
   never a crash or a hang.
-- Sources (gpucheck.telemetry.source): chosen at the edge, carried in the Context; the test hooks
+- Sources (gpucheck.platform.telemetry.source): chosen at the edge, carried in the Context; the test hooks
   that used to be threaded through run options are gone.
 - NVML's enums come from pynvml's constants, not hand copies.
 """
@@ -25,18 +25,19 @@ import pytest
 from test_telemetry import FakeNode, _clean_nvml_state, field_values, h100, h100_sysfs  # noqa: F401 - autouse fixture
 
 from gpucheck import app
-from gpucheck.check import Context, Level, RunOptions
+from gpucheck.core.check import Context, RunOptions
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
-from gpucheck.registry import all_checks
-from gpucheck.result import Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry import enums
-from gpucheck.telemetry import nvml as N
-from gpucheck.telemetry import snapshot as snapshot_mod
-from gpucheck.telemetry.fake import FakeTelemetry
-from gpucheck.telemetry.replay import ReplayNvml, recorded_failure, replay_session, replay_snapshot
-from gpucheck.telemetry.snapshot import collect_snapshot, dump_snapshot, load_snapshot, validate_snapshot
-from gpucheck.telemetry.source import LiveTelemetry, ReplayTelemetry
+from gpucheck.tests_suite.registry import all_checks
+from gpucheck.core.result import Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry import enums
+from gpucheck.platform.telemetry import nvml as N
+from gpucheck.platform.telemetry import snapshot as snapshot_mod
+from gpucheck.platform.telemetry.fake import FakeTelemetry
+from gpucheck.platform.telemetry.replay import ReplayNvml, recorded_failure, replay_session, replay_snapshot
+from gpucheck.platform.telemetry.snapshot import collect_snapshot, dump_snapshot, load_snapshot, validate_snapshot
+from gpucheck.platform.telemetry.source import LiveTelemetry, ReplayTelemetry
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "snapshots"
@@ -331,8 +332,8 @@ def test_a_hung_source_is_judged_unreadable_and_keeps_its_own_facts():
 
 
 def test_the_sampler_and_the_guard_read_the_contexts_source():
-    from gpucheck.busy import guard_context
-    from gpucheck.telemetry.nvml import GpuProcess, GpuProcesses
+    from gpucheck.workers.busy import guard_context
+    from gpucheck.platform.telemetry.nvml import GpuProcess, GpuProcesses
 
     asked = []
 
@@ -381,7 +382,7 @@ def test_xid_events_are_watched_through_the_session():
         def nvmlEventSetFree(self, es):
             state["freed"] = True
 
-    from gpucheck.telemetry.source import NvmlSampling
+    from gpucheck.platform.telemetry.source import NvmlSampling
 
     session = NvmlSampling(N.NvmlSession(N.Library(Events)), [3], watch_xid=True)
     assert session.xid_note is None
@@ -419,7 +420,8 @@ def _module_numbers(path: Path) -> list[str]:
 def test_the_telemetry_code_copies_no_nvml_number():
     """Before: ARCHITECTURES {2: "kepler", ...}, _CODE_KIND {3: ...}, FI_GPU_RECOVERY_ACTION = 230,
     the throttle bits, _VALUE_MEMBER, NVML_ERROR_TIMEOUT = 10 in the sampler, ..."""
-    files = sorted((ROOT / "gpucheck" / "telemetry").glob("*.py")) + [ROOT / "gpucheck" / "workers" / "sampler.py"]
+    files = sorted((ROOT / "gpucheck" / "platform" / "telemetry").glob("*.py")) + [
+        ROOT / "gpucheck" / "workers" / "sampler.py"]
     copied = {p.name: _module_numbers(p) for p in files}
     assert {k: v for k, v in copied.items() if v} == {}
 
@@ -446,7 +448,7 @@ def test_importing_the_telemetry_package_imports_no_pynvml():
     import subprocess
     import sys
 
-    code = ("import sys, gpucheck.telemetry, gpucheck.telemetry.source, gpucheck.check, gpucheck.app; "
+    code = ("import sys, gpucheck.platform.telemetry, gpucheck.platform.telemetry.source, gpucheck.core.check, gpucheck.app; "
             "assert 'pynvml' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 

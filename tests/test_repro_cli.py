@@ -16,7 +16,7 @@ from gpucheck.repro import store
 from gpucheck.repro import workloads as W
 from gpucheck.repro.fingerprint import fingerprint_key
 from gpucheck.repro.worker import run_all
-from gpucheck.verdict import SCHEMA
+from gpucheck.core.verdict import SCHEMA
 from gpucheck.workers.pool import LocalChannel, WorkerJob, torch_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,9 +182,10 @@ def test_a_malformed_default_reference_is_an_error_result(capsys, tmp_path):
 
 
 def test_injections_that_touch_nothing_are_errors():
-    from gpucheck.check import Context, Level
-    from gpucheck.inject import parse_injection
-    from gpucheck.tests_suite.repro import repro_bitwise
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
+    from gpucheck.core.inject import parse_injection
+    from gpucheck.tests_suite.repro_bitwise import repro_bitwise
 
     ctx = Context(level=Level.QUICK, device="cpu", workers=2, injections=[parse_injection("bitflip:gpu=x")])
     (r,) = repro_bitwise.run(ctx)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from gpucheck.repro.fingerprint import fingerprint_key, short_key
 from gpucheck.repro.judge import judge_node, plan_record
-from gpucheck.result import Action, Status
+from gpucheck.core.result import Action, Status
 from gpucheck.workers.pool import CANCELLED, CRASHED, HUNG, OK, WorkerJob, WorkerOutcome
 
 FP = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sm_count": 132,
@@ -197,7 +197,7 @@ def test_the_judge_is_its_rule_table_and_keeps_its_wording():
     no basis."""
     import judge_consistency as jc
     from gpucheck.repro.judge import RULES
-    from gpucheck.result import Basis
+    from gpucheck.core.result import Basis
 
     assert [(r.metric, r.op, r.limit, r.status, r.action) for r in RULES] == [
         ("reference_mismatches", ">", 0, Status.FAIL, Action.DRAIN),
@@ -247,10 +247,11 @@ def test_a_reference_file_others_can_change_warns_by_its_rule(tmp_path, monkeypa
     """The reference file's permission problems are a counted metric judged by REFERENCE_RULES
     (before: a warn built by hand that listed no threshold)."""
     import judge_consistency as jc
-    from gpucheck.check import Context, Level
-    from gpucheck.inject import parse_injection
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
+    from gpucheck.core.inject import parse_injection
     from gpucheck.repro import store
-    from gpucheck.tests_suite.repro import REFERENCE_RULES, repro_bitwise
+    from gpucheck.tests_suite.repro_bitwise import REFERENCE_RULES, repro_bitwise
 
     path = tmp_path / "refs{0}.json"  # braces in a path name nothing: a fact is not a template
     path.write_text(__import__("json").dumps(refs((FP, {"gemm.bf16": A}))))

@@ -170,7 +170,7 @@ def test_cpu_fingerprint_fields(cpu):
 def test_modules_import_nothing_heavy():
     code = ("import sys\n"
             "import gpucheck.repro.majority, gpucheck.repro.store, gpucheck.repro.fingerprint, "
-            "gpucheck.repro.workloads, gpucheck.repro.worker, gpucheck.repro.judge, gpucheck.tests_suite.repro, "
+            "gpucheck.repro.workloads, gpucheck.repro.worker, gpucheck.repro.judge, gpucheck.tests_suite.repro_bitwise, "
             "gpucheck.cli.repro\n"
             "bad = [m for m in ('torch', 'numpy', 'cupy') if m in sys.modules]\n"
             "assert not bad, bad\n")

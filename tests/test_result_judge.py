@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from gpucheck.result import Action, Basis, Key, Result, Rule, Status, Threshold, evaluate, judge, outcome, settle
+from gpucheck.core.result import Action, Basis, Key, Result, Rule, Status, Threshold, evaluate, judge, outcome, settle
 
 T = [Threshold("temp_c", ">", 90, Status.FAIL), Threshold("temp_c", ">", 80, Status.WARN),
      Threshold("errors", ">", 0, Status.WARN)]

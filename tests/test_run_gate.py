@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app as app_mod
-from gpucheck.check import Context, Level, Need, RunOptions, Slice, define, missing_need
+from gpucheck.core.check import Context, Need, RunOptions, Slice, define, missing_need
+from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
-from gpucheck.result import Result, Status
-from gpucheck.runner import limits, run_checks
-from gpucheck.verdict import SCHEMA, build_verdict, verdict_level
+from gpucheck.core.result import Result, Status
+from gpucheck.core.runner import limits, run_checks
+from gpucheck.core.verdict import SCHEMA, build_verdict, verdict_level
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -304,8 +305,8 @@ def test_no_gpu_at_all_and_device_auto_leaves_compute_skips_plain(capsys):
 def test_gpus_in_nvml_but_a_cpu_only_torch_is_not_healthy(capsys, monkeypatch):
     """A GPU node (NVML shows 8 GPUs) whose torch is a CPU-only build: `run --level 2` used to
     skip every compute check and exit 0."""
-    from gpucheck import check as check_mod
-    from gpucheck.telemetry.snapshot import load_snapshot
+    from gpucheck.core import check as check_mod
+    from gpucheck.platform.telemetry.snapshot import load_snapshot
 
     snap = load_snapshot(str(SNAPS / "h100-healthy.json"))
     monkeypatch.setattr(app_mod, "_collect_live", lambda *a, **k: snap)
@@ -317,7 +318,7 @@ def test_gpus_in_nvml_but_a_cpu_only_torch_is_not_healthy(capsys, monkeypatch):
 
 
 def test_cupy_is_needed_on_gpus_only():
-    from gpucheck.eud.memtest import memtest
+    from gpucheck.tests_suite.eud_memtest import memtest
 
     assert Need.CUPY in memtest.spec.needs
     assert missing_need(Need.CUPY, Context(device="cpu")) is None
@@ -349,8 +350,8 @@ def test_run_check_eud_dcgm_reports_the_level_it_ran_at(capsys, tmp_path, monkey
 def test_verdict_level_rules():
     assert verdict_level([1, 3, 2], Level.QUICK, [1, 3]) == Level.EXTENDED
     assert verdict_level([], Level.EXTENDED, [2]) == Level.STANDARD  # nothing ran: claim no more
-    from gpucheck.tests_suite.burn import burn_gemm
-    from gpucheck.tests_suite.repro import repro_bitwise
+    from gpucheck.tests_suite.burn_gemm import burn_gemm
+    from gpucheck.tests_suite.repro_bitwise import repro_bitwise
 
     assert burn_gemm.spec.run_level(3) == 3 and burn_gemm.spec.run_level(1) == 2
     assert repro_bitwise.spec.run_level(4) == 2 and repro_bitwise.spec.run_level(1) == 1

@@ -72,7 +72,7 @@ import importlib.abc, signal, sys
 seen = {{}}
 class Spy(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name in ("click", "gpucheck.app", "gpucheck.registry", "gpucheck.telemetry.snapshot", "torch") \\
+        if name in ("click", "gpucheck.app", "gpucheck.tests_suite.registry", "gpucheck.platform.telemetry.snapshot", "torch") \\
                 and name not in seen:
             seen[name] = signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
         return None

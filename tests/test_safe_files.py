@@ -1,4 +1,4 @@
-"""Safe files as root and hostile input files (gpucheck.safeio and everything that goes through it).
+"""Safe files as root and hostile input files (gpucheck.platform.safeio and everything that goes through it).
 
 Outputs (--output, --prom, --report, telemetry dump -o) never replace a device, a FIFO or a symlink
 an ordinary user could have planted; write through a FIFO, /dev/null and terminals; keep an
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import safeio
+from gpucheck.platform import safeio
 from gpucheck.cli.main import main
-from gpucheck.state import State
+from gpucheck.core.state import State
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -548,7 +548,7 @@ def test_the_next_append_seals_a_torn_tail(tmp_path):
 
 
 def test_hostile_history_lines_are_skipped_and_counted(tmp_path, monkeypatch):
-    import gpucheck.state as state_mod
+    import gpucheck.core.state as state_mod
 
     state = State(tmp_path / "state")
     state.append_history(_verdict(0))
@@ -661,7 +661,7 @@ def test_xid_file_refuses_a_device(tmp_path):
 
 
 def test_the_log_reader_itself_never_opens_a_fifo(tmp_path):
-    from gpucheck.kernlog.sources import read_kernel_log
+    from gpucheck.platform.kernlog.sources.selection import read_kernel_log
 
     fifo = tmp_path / "kern.log"
     os.mkfifo(fifo)

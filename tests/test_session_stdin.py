@@ -1,5 +1,5 @@
 """The node side of a sweep knows from the local side whether its standard input is the session
-(gpucheck.fleet.fanout.session_stdin): with one, an end-of-file at any moment stops the command;
+(gpucheck.platform.fanout.session_stdin): with one, an end-of-file at any moment stops the command;
 without one (ssh -n, srun --input=none, exec mode) the command is left to its time limit."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from node_session import run_node_command
 
-from gpucheck.fleet.fanout import (NodeRun, SrunSettings, SshSettings, session_stdin, srun_reads_no_stdin,
-                                   ssh_reads_no_stdin)
+from gpucheck.platform.fanout import (NodeRun, SrunSettings, SshSettings, session_stdin, srun_reads_no_stdin,
+                                      ssh_reads_no_stdin)
 from gpucheck.fleet.sweep import SweepPlan, run_sweep
 
 

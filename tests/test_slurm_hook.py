@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck import app, state as state_mod
-from gpucheck.config import read_on_error
-from gpucheck.fleet import slurm
+from gpucheck import app
+from gpucheck.core import state as state_mod
+from gpucheck.core.config import read_on_error
+from gpucheck.fleet import hook as hook_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -48,9 +49,9 @@ def history(root: Path) -> list[dict]:
 
 def hook(tmp_path, environ=ENV, execute=None, log=None, **opts):
     sl, logs = FakeSlurm(), []
-    options = slurm.HookOptions("prolog", state_dir=str(tmp_path / "state"), **opts)
-    out = slurm.run_hook(options, environ, runner=sl, log=log or (lambda p, m: logs.append((p, m))),
-                         execute=execute)
+    options = hook_mod.HookOptions("prolog", state_dir=str(tmp_path / "state"), **opts)
+    out = hook_mod.run_hook(options, environ, runner=sl, log=log or (lambda p, m: logs.append((p, m))),
+                            execute=execute)
     return out, sl.calls, logs
 
 
@@ -101,7 +102,7 @@ def _read_on_error_capped(path: Path) -> tuple[int | None, str]:
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
 
-    code = f"from gpucheck.config import read_on_error\nprint(read_on_error({str(path)!r}))\n"
+    code = f"from gpucheck.core.config import read_on_error\nprint(read_on_error({str(path)!r}))\n"
     p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, preexec_fn=cap)
     try:
@@ -129,7 +130,7 @@ def test_fail_closed_config_with_another_error_drains(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text('[run]\non_error = "fail"\nno_such_key = 1\n')
     out, calls, logs = hook(tmp_path, config_path=str(config), snapshot=str(HEALTHY))
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "could-not-judge" and out.drained
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and out.judgement == "could-not-judge" and out.drained
     (call,) = calls
     assert call[4].startswith("Reason=gpucheck: could not judge: usage or configuration error: ")
     assert "run.no_such_key: unknown key" in call[4]
@@ -153,13 +154,13 @@ def test_on_error_precedence(tmp_path, explicit, env_value, config, want):
     path = tmp_path / "config.toml"
     if config:
         path.write_text(f'[run]\non_error = "{config}"\n')
-    environ = {slurm.ON_ERROR_ENV: env_value} if env_value is not None else {}
-    assert slurm.resolve_on_error(explicit, environ, str(path))[0] == want
+    environ = {hook_mod.ON_ERROR_ENV: env_value} if env_value is not None else {}
+    assert hook_mod.resolve_on_error(explicit, environ, str(path))[0] == want
 
 
 def test_gpucheck_on_error_from_the_environment_fails_closed(tmp_path):
     out, calls, _ = hook(tmp_path, environ={**ENV, "GPUCHECK_ON_ERROR": "fail"}, execute=lambda req, on_verdict, on_warning=None: 3)
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and calls and out.plan["on_error_from"] == "GPUCHECK_ON_ERROR"
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and calls and out.plan["on_error_from"] == "GPUCHECK_ON_ERROR"
 
 
 # -- outputs never mask the verdict ------------------------------------------------------------------
@@ -168,7 +169,7 @@ def test_failing_writes_never_change_an_unhealthy_judgement(tmp_path, monkeypatc
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    from gpucheck import safeio
+    from gpucheck.platform import safeio
 
     monkeypatch.setattr(safeio, "replace_private", full)  # cursors (the state directory's files)
     monkeypatch.setattr(safeio, "write_output", full)  # --output / the old hook's temporary file
@@ -179,7 +180,7 @@ def test_failing_writes_never_change_an_unhealthy_judgement(tmp_path, monkeypatc
         raise OSError(errno.ENOSPC, "syslog is gone")
 
     out, calls, _ = hook(tmp_path, execute=app.execute, log=broken_syslog, snapshot=str(DBE))
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and out.drained
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and out.drained
     assert calls[0][4].startswith("Reason=gpucheck: ecc gpu3: uncorrectable")
     assert "ENOSPC" in out.plan["cursor_error"] or "No space" in out.plan["cursor_error"]
 
@@ -194,7 +195,7 @@ def test_an_output_failure_after_the_verdict_keeps_the_verdict(tmp_path, capsys)
         raise BrokenPipeError(errno.EPIPE, "Broken pipe")  # printing the table failed
 
     out, calls, _ = hook(tmp_path, execute=execute)
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and calls
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and calls
     assert "BrokenPipeError" in out.plan["output_error"]
 
 
@@ -236,7 +237,7 @@ def test_a_full_tmpdir_never_masks_an_unhealthy_verdict(tmp_path, full_tmpdir):
     write failed and the write error (exit 2) turned an unhealthy node into could-not-judge."""
     with open(os.devnull, "w") as sink:
         r, calls = _prolog_on_dbe(tmp_path, sink, TMPDIR=str(full_tmpdir))
-    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY
+    assert r.returncode == hook_mod.EXIT_HOOK_UNHEALTHY
     assert calls.startswith("update NodeName=gpu7 State=DRAIN Reason=gpucheck: ecc gpu3")
 
 
@@ -244,7 +245,7 @@ def test_full_stdout_and_stderr_never_mask_an_unhealthy_verdict(tmp_path):
     """/dev/full as stdout made Python exit 120 at its final flush, instead of the verdict's code."""
     with open("/dev/full", "w") as sink:
         r, calls = _prolog_on_dbe(tmp_path, sink)
-    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY
+    assert r.returncode == hook_mod.EXIT_HOOK_UNHEALTHY
     assert calls.startswith("update NodeName=gpu7 State=DRAIN Reason=gpucheck: ecc gpu3")
 
 
@@ -266,11 +267,11 @@ def test_a_hostile_node_name_is_never_drained(tmp_path):
         return 1
 
     out, calls, logs = hook(tmp_path, environ={**ENV, "SLURMD_NODENAME": "gpu[1-512]"}, execute=execute)
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained and calls == []
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and not out.drained and calls == []
     assert any("refusing to drain 'gpu[1-512]'" in m for _, m in logs)
     out, calls, logs = hook(tmp_path, environ={**ENV, "SLURMD_NODENAME": "gpu7\nslurm prolog: forged"},
                             execute=execute)
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and calls == []
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and calls == []
     assert all("\n" not in m for _, m in logs) and "\n" not in out.log_line
 
 
@@ -278,9 +279,9 @@ def test_an_scontrol_that_cannot_run_is_logged_not_a_crash(tmp_path):
     not_executable = tmp_path / "scontrol"
     not_executable.write_text("")
     logs = []
-    out = slurm.run_hook(slurm.HookOptions("prolog", state_dir=str(tmp_path), scontrol=str(not_executable)),
-                         ENV, log=lambda p, m: logs.append(m), execute=lambda req, on_verdict, on_warning=None: 1)
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and not out.drained
+    out = hook_mod.run_hook(hook_mod.HookOptions("prolog", state_dir=str(tmp_path), scontrol=str(not_executable)),
+                            ENV, log=lambda p, m: logs.append(m), execute=lambda req, on_verdict, on_warning=None: 1)
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and not out.drained
     assert any("cannot drain" in m and "exit 126" in m for m in logs)
 
 
@@ -316,11 +317,11 @@ def test_usage_error_in_the_hook_arguments_is_could_not_judge(tmp_path, bad, nam
 
 def test_usage_error_in_the_hook_arguments_fails_closed_when_asked(tmp_path):
     r, calls = _cli(tmp_path, "epilog", "--workers", "0", "--on-error", "fail")
-    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY, r.stderr
+    assert r.returncode == hook_mod.EXIT_HOOK_UNHEALTHY, r.stderr
     (call,) = calls
     assert call.startswith("update NodeName=gpu7 State=DRAIN Reason=gpucheck: could not judge: usage error")
     r, calls = _cli(tmp_path, "prolog", "--budget", "5x", GPUCHECK_ON_ERROR="fail")
-    assert r.returncode == slurm.EXIT_HOOK_UNHEALTHY and len(calls) == 2
+    assert r.returncode == hook_mod.EXIT_HOOK_UNHEALTHY and len(calls) == 2
     assert history(tmp_path / "state")[-1]["results"][0]["check"] == "slurm.prolog"
 
 
@@ -333,7 +334,7 @@ def test_hook_help_outside_slurm_prints_the_help_and_exits_0(tmp_path):
     assert history(tmp_path / "state") == []
 
 
-@pytest.mark.parametrize("on_error, want", [("pass", 0), ("fail", slurm.EXIT_HOOK_UNHEALTHY)])
+@pytest.mark.parametrize("on_error, want", [("pass", 0), ("fail", hook_mod.EXIT_HOOK_UNHEALTHY)])
 def test_help_in_a_hooks_arguments_is_a_logged_could_not_judge(tmp_path, on_error, want):
     """GPUCHECK_ARGS=--help in the wrapper's settings: every prolog printed the help and exited 0,
     silently, examining nothing. As a hook (Slurm's environment) it is could not judge: logged,
@@ -370,5 +371,5 @@ def test_a_cursor_lock_held_by_a_hung_process_never_changes_the_judgement(tmp_pa
         out, calls, _ = hook(tmp_path, execute=app.execute, snapshot=str(DBE))
     finally:
         os.close(holder)
-    assert out.exit_code == slurm.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and calls
+    assert out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY and out.judgement == "unhealthy" and calls
     assert "locked by another gpucheck" in out.plan["cursor_error"]

@@ -433,7 +433,7 @@ SPELLINGS = [  # a config that is not valid TOML (so gpucheck scans it too), wha
 
 @pytest.mark.parametrize("text, want", SPELLINGS)
 def test_the_wrapper_and_gpucheck_read_the_same_on_error(hooks, tmp_path, text, want):
-    from gpucheck.config import read_on_error, scan_on_error
+    from gpucheck.core.config import read_on_error, scan_on_error
 
     config = tmp_path / "config.toml"
     config.write_bytes(text.encode())

@@ -15,13 +15,13 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpucheck.check import Context
+from gpucheck.core.check import Context
 from gpucheck.cli.main import main
-from gpucheck.registry import all_checks
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.telemetry import nvml as N
-from gpucheck.telemetry.snapshot import (
+from gpucheck.tests_suite.registry import all_checks
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.platform.telemetry import nvml as N
+from gpucheck.platform.telemetry.snapshot import (
     SnapshotError,
     collect_snapshot,
     dump_snapshot,
@@ -29,8 +29,8 @@ from gpucheck.telemetry.snapshot import (
     unreadable_snapshot,
     validate_snapshot,
 )
-from gpucheck.telemetry.sysfs import nvidia_pci_devices
-from gpucheck.telemetry.throttle import reason_names
+from gpucheck.platform.telemetry.sysfs import nvidia_pci_devices
+from gpucheck.platform.telemetry.throttle import reason_names
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 LEVEL1_IDS = {"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action"}

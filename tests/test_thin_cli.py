@@ -1,7 +1,7 @@
 """The policy the CLI used to hold, now in the core and tested there: what a sweep runs on the
 nodes (fleet.remote), how a hook reads its arguments (fleet.hook), what becomes of a sweep's
 report (fleet.sweep), resume's exit code (fleet.slurm), `repro record`'s outcomes
-(repro.record); and the house rule that no function of these modules runs past ~80 lines."""
+(repro_record); and the house rule that no function of these modules runs past ~80 lines."""
 
 from __future__ import annotations
 
@@ -74,13 +74,6 @@ def test_a_hook_whose_arguments_cannot_be_parsed_still_reads_what_it_needs():
     assert hook.option_value(["--scontrol", "/x/scontrol"], "--scontrol") == "/x/scontrol"
 
 
-def test_the_hooks_names_are_still_importable_from_fleet_slurm():
-    assert slurm.run_hook is hook.run_hook and slurm.HookOptions is hook.HookOptions
-    assert slurm.EXIT_HOOK_UNHEALTHY == 42
-    with pytest.raises(AttributeError):
-        slurm.no_such_name  # noqa: B018
-
-
 # -- fleet.sweep: the report and its warnings --------------------------------------------------------
 
 def _report():
@@ -131,7 +124,7 @@ def test_resume_exit_codes():
 
 
 def test_resumes_sweep_test_judges_the_candidates_and_stops_on_a_signal():
-    from gpucheck.processes import Interrupted
+    from gpucheck.platform.processes import Interrupted
 
     seen = []
 
@@ -148,10 +141,10 @@ def test_resumes_sweep_test_judges_the_candidates_and_stops_on_a_signal():
     assert e.value.partial["n3"] == (False, "fail: ecc")
 
 
-# -- repro.record ----------------------------------------------------------------------------------------
+# -- repro_record ----------------------------------------------------------------------------------------
 
 def test_record_without_a_usable_gpu_says_why_and_could_not_judge(tmp_path):
-    from gpucheck.repro.record import RecordRequest, record_references
+    from gpucheck.repro_record import RecordRequest, record_references
 
     said = []
     out = record_references(RecordRequest(out=str(tmp_path / "r.json"), device="cuda"),
@@ -162,7 +155,7 @@ def test_record_without_a_usable_gpu_says_why_and_could_not_judge(tmp_path):
 
 
 def test_record_refuses_a_reference_path_it_cannot_write(tmp_path):
-    from gpucheck.repro.record import RecordRequest, RecordUsageError, record_references
+    from gpucheck.repro_record import RecordRequest, RecordUsageError, record_references
 
     with pytest.raises(RecordUsageError) as e:
         record_references(RecordRequest(out=str(tmp_path / "no-dir" / "r.json"), device="cpu"), lambda k, t: None)
@@ -174,10 +167,10 @@ def test_record_refuses_a_reference_path_it_cannot_write(tmp_path):
 
 # -- no function over ~80 lines in the modules of this shape ------------------------------------------------
 
-OWNED = ["gpucheck/cli/sweep.py", "gpucheck/cli/slurm.py", "gpucheck/cli/repro.py", "gpucheck/repro/record.py",
-         "gpucheck/runner.py", "gpucheck/fleet/remote.py", "gpucheck/fleet/sweep.py", "gpucheck/fleet/hook.py",
-         "gpucheck/fleet/slurm.py", "gpucheck/fleet/fanout.py", *sorted(
-             str(p.relative_to(ROOT)) for p in (ROOT / "gpucheck" / "kernlog" / "sources").glob("*.py"))]
+OWNED = ["gpucheck/cli/sweep.py", "gpucheck/cli/slurm.py", "gpucheck/cli/repro.py", "gpucheck/repro_record.py",
+         "gpucheck/core/runner.py", "gpucheck/fleet/remote.py", "gpucheck/fleet/sweep.py", "gpucheck/fleet/hook.py",
+         "gpucheck/fleet/slurm.py", "gpucheck/platform/fanout.py", *sorted(
+             str(p.relative_to(ROOT)) for p in (ROOT / "gpucheck" / "platform" / "kernlog" / "sources").glob("*.py"))]
 
 
 @pytest.mark.parametrize("path", OWNED)

@@ -1,7 +1,7 @@
 """A field the level-1 checks read that could not be read, or holds a value its field cannot hold
 (NaN, text, a negative or absurd number), is never a pass.
 
-The fields come from the reader itself: the replay backend (gpucheck.telemetry.replay, through
+The fields come from the reader itself: the replay backend (gpucheck.platform.telemetry.replay, through
 tests/snapshot_nvml.py) answers the snapshot reader's calls from a recorded GPU entry, and every
 call the reader makes is failed in turn, so a field the reader learns to read is covered the day it is added. Which results
 depend on a field is each check's own declaration (its READS), and every field must be declared
@@ -19,12 +19,15 @@ from typing import Any, Callable
 
 import pytest
 
-from gpucheck.check import Context, Level
-from gpucheck.registry import all_checks
-from gpucheck.result import Result, Status
-from gpucheck.telemetry.fields import judged_view
-from gpucheck.telemetry.snapshot import empty_gpu, load_snapshot, read_gpu
-from gpucheck.tests_suite import clocks, ecc, inventory, memory_remap, nvlink, pcie, recovery_action, status_if_unreadable
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.tests_suite.registry import all_checks
+from gpucheck.core.result import Result, Status
+from gpucheck.platform.telemetry.fields import judged_view
+from gpucheck.platform.telemetry.reader import empty_gpu, read_gpu
+from gpucheck.platform.telemetry.snapshot import load_snapshot
+from gpucheck.tests_suite import clocks, ecc, inventory, memory_remap, nvlink, pcie, recovery_action
+from gpucheck.sdk import status_if_unreadable
 
 from snapshot_nvml import CallLog, SnapshotNvml
 
@@ -279,7 +282,7 @@ def test_an_unreadable_bus_id_is_an_error_on_the_node_not_a_gpu_missing_from_nvm
 
 def test_not_supported_is_not_unreadable():
     """None without an `errors` entry is "not supported": the rule is skipped, nothing is unread."""
-    from gpucheck.tests_suite import unreadable_fields
+    from gpucheck.sdk import unreadable_fields
 
     snap = snapshot("h100-healthy.json")
     g = snap["gpus"][GPU]

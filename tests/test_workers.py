@@ -22,7 +22,7 @@ from gpucheck.workers.pool import (
     run_workers,
 )
 from gpucheck.workers.sampler import Sampler, summarize
-from gpucheck.telemetry.fake import FakeTelemetry
+from gpucheck.platform.telemetry.fake import FakeTelemetry
 
 # Short limits: these targets answer in milliseconds.
 FAST = dict(heartbeat_timeout_s=1.5, startup_timeout_s=30.0, stop_grace_s=1.0, term_grace_s=0.5,
@@ -270,7 +270,7 @@ def test_summarize_handles_missing_values():
 
 
 def test_burn_display_renders_rows():
-    from gpucheck.workers.display import BurnDisplay
+    from gpucheck.render.burn_display import BurnDisplay
 
     buf = StringIO()
     d = BurnDisplay(file=buf)

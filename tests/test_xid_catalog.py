@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpucheck.kernlog import catalog
-from gpucheck.kernlog.judge import classify
-from gpucheck.kernlog.parse import XidEvent
-from gpucheck.result import Action
+from gpucheck.xid import catalog
+from gpucheck.xid.judge import classify
+from gpucheck.platform.kernlog.parse import XidEvent
+from gpucheck.core.result import Action
 
 
 def test_rows_cover_1_to_172_once_each():

@@ -6,15 +6,16 @@ import time
 from pathlib import Path
 
 
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.kernlog.judge import judge
-from gpucheck.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
-from gpucheck.kernlog.parse import parse_lines
-from gpucheck.registry import CHECK_MODULES
-from gpucheck.result import Action, Status
-from gpucheck.runner import run_checks
-from gpucheck.state import State
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.xid.judge import judge
+from gpucheck.platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
+from gpucheck.platform.kernlog.parse import parse_lines
+from gpucheck.tests_suite.registry import CHECK_MODULES
+from gpucheck.core.result import Action, Status
+from gpucheck.core.runner import run_checks
+from gpucheck.core.state import State
 from gpucheck.tests_suite import xid as xid_mod
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"

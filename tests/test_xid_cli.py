@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from gpucheck.cli.main import main
-from gpucheck.kernlog.follow import follow
-from gpucheck.kernlog.parse import SXidEvent, XidEvent
-from gpucheck.kernlog.sources import LogPaths
+from gpucheck.platform.kernlog.follow import follow
+from gpucheck.platform.kernlog.parse import SXidEvent, XidEvent
+from gpucheck.platform.kernlog.sources.base import LogPaths
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."

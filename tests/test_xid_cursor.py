@@ -1,4 +1,4 @@
-"""The last-pass cursor (gpucheck.kernlog.cursor): a node mark and one mark per GPU (by UUID).
+"""The last-pass cursor (gpucheck.platform.kernlog.cursor): a node mark and one mark per GPU (by UUID).
 
 - a passing run on some GPUs moves only their marks; one on every GPU moves the node mark;
 - a GPU's events are judged from the later of the node mark and its own mark; every event that
@@ -20,12 +20,13 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app
-from gpucheck.check import Context, Level
-from gpucheck.config import Config
-from gpucheck.pci import short_bus_id
-from gpucheck.result import Status
-from gpucheck.state import State
-from gpucheck.telemetry.snapshot import load_snapshot
+from gpucheck.core.check import Context
+from gpucheck.core.levels import Level
+from gpucheck.core.config import Config
+from gpucheck.platform.pci import short_bus_id
+from gpucheck.core.result import Status
+from gpucheck.core.state import State
+from gpucheck.platform.telemetry.snapshot import load_snapshot
 from gpucheck.tests_suite import xid as xid_mod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,7 @@ def test_gpu_marks_without_a_node_mark_judge_the_others_since_boot(tmp_path):
 # -- the marks themselves ---------------------------------------------------------------------------
 
 def test_advance_never_moves_a_mark_back_and_drops_what_cannot_be_trusted():
-    from gpucheck.kernlog.cursor import advance
+    from gpucheck.platform.kernlog.cursor import advance
 
     now = 1_800_000_000.0
     acked = {"time": "t", "epoch": now - 10, "by": "gpucheck xid --ack"}
@@ -201,9 +202,9 @@ def test_advance_never_moves_a_mark_back_and_drops_what_cannot_be_trusted():
 
 
 def test_the_default_window_and_what_covers_the_node():
-    from gpucheck.kernlog.cursor import covers_the_node, window_is_default
+    from gpucheck.platform.kernlog.cursor import covers_the_node, window_is_default
 
-    from gpucheck.check import RunOptions
+    from gpucheck.core.check import RunOptions
 
     assert window_is_default({"since": "last-pass", "ignore_xids": []}, RunOptions())
     assert window_is_default({"since": " LAST-PASS "}, RunOptions(xid_since=""))
@@ -219,7 +220,7 @@ def test_the_default_window_and_what_covers_the_node():
 # -- the lock ------------------------------------------------------------------------------------------
 
 def test_two_runs_at_once_keep_both_marks(tmp_path, monkeypatch):
-    from gpucheck.kernlog.cursor import advance
+    from gpucheck.platform.kernlog.cursor import advance
 
     st = State(tmp_path / "state")
     barrier = threading.Barrier(2, timeout=2)
@@ -267,7 +268,7 @@ def test_a_lock_held_by_a_hung_process_times_out_instead_of_hanging(tmp_path):
 
 
 def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path):
-    from gpucheck.safeio import RefusedPath
+    from gpucheck.platform.safeio import RefusedPath
 
     st = State(tmp_path / "state")
     st.ensure()

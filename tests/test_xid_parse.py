@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.kernlog.parse import MAX_LINE_CHARS, Parser, SXidEvent, Unrecognised, XidEvent, parse_lines
-from gpucheck.kernlog.timeparse import parse_prefix
+from gpucheck.platform.kernlog.parse import MAX_LINE_CHARS, Parser, SXidEvent, Unrecognised, XidEvent, parse_lines
+from gpucheck.platform.kernlog.timeparse import parse_prefix
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"
 BOOT = 1_700_000_000.0
@@ -265,8 +265,8 @@ def test_streaming_feed_returns_only_new_items():
 
 
 def test_fast_bus_normaliser_agrees_with_gpucheck_pci():
-    from gpucheck.kernlog.parse import short_bus_id as fast
-    from gpucheck.pci import short_bus_id as ref
+    from gpucheck.platform.kernlog.parse import short_bus_id as fast
+    from gpucheck.platform.pci import short_bus_id as ref
 
     for t in ("0000:3B:00", "00000000:af:00", "0018:01:00", "1:2:3", "FFFFFFFF:00:00", "0000:00:20", "ab:cd:1f"):
         assert fast(t) == ref(t), t

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli.main import main
-from gpucheck.kernlog import judge as J
-from gpucheck.kernlog.mapping import GpuMap
-from gpucheck.kernlog.parse import parse_lines
-from gpucheck.kernlog.scan import resolve_window, scan, scan_read
-from gpucheck.kernlog.sources import LogPaths, read_kernel_log
+from gpucheck.xid import judge as J
+from gpucheck.platform.kernlog.mapping import GpuMap
+from gpucheck.platform.kernlog.parse import parse_lines
+from gpucheck.platform.kernlog.scan import resolve_window, scan, scan_read
+from gpucheck.platform.kernlog.sources.base import LogPaths
+from gpucheck.platform.kernlog.sources.selection import read_kernel_log
 
 REAL = Path(__file__).parent / "fixtures" / "kernlog" / "real"
 U = "gpu:unknown"

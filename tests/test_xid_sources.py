@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from gpucheck.kernlog import capture_for_snapshot, sources
-from gpucheck.kernlog.sources import LogPaths, iter_relevant_lines, read_kernel_log, read_kmsg
+from gpucheck.platform.kernlog import capture_for_snapshot, sources
+from gpucheck.platform.kernlog.sources.base import LogPaths
+from gpucheck.platform.kernlog.sources.linefilter import iter_relevant_lines
+from gpucheck.platform.kernlog.sources.selection import read_kernel_log
+from gpucheck.platform.kernlog.sources.kmsg import read_kmsg
 
 FIX = Path(__file__).parent / "fixtures" / "kernlog"
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
@@ -325,7 +328,7 @@ def test_big_file_segments_scan_like_the_stream(tmp_path, monkeypatch):
     monkeypatch.setattr(sources.files, "PARALLEL_MIN_BYTES", 8192)
     monkeypatch.setattr(sources.files, "_usable_cpus", lambda: 4)
     monkeypatch.setattr(sources.files.threading, "active_count", lambda: 1)
-    lines, n = sources.read_file(str(p))
+    lines, n = sources.files.read_file(str(p))
     assert lines == want and n == p.stat().st_size
     assert want[-1] == "NVRM: last line without a newline" and len(want) > 60
 
@@ -345,5 +348,5 @@ def test_a_worker_killed_by_sigbus_falls_back_to_the_stream(tmp_path, monkeypatc
     monkeypatch.setattr(sources.files, "_usable_cpus", lambda: 2)
     monkeypatch.setattr(sources.files.threading, "active_count", lambda: 1)
     monkeypatch.setattr(sources.files, "_scan_segment", _die_like_sigbus)
-    lines, n = sources.read_file(str(p))
+    lines, n = sources.files.read_file(str(p))
     assert lines == [XID79] and n == p.stat().st_size

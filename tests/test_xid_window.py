@@ -6,10 +6,11 @@ import calendar
 
 import pytest
 
-from gpucheck.kernlog.scan import cursor_epoch, resolve_window, scan, scan_read
-from gpucheck.kernlog.sources import Chunk, LogPaths, ReadResult
-from gpucheck.kernlog.timeparse import parse_duration, parse_timestamp, validate_since
-from gpucheck.state import State
+from gpucheck.platform.kernlog.cursor import mark_epoch as cursor_epoch
+from gpucheck.platform.kernlog.scan import resolve_window, scan, scan_read
+from gpucheck.platform.kernlog.sources.base import Chunk, LogPaths, ReadResult
+from gpucheck.platform.kernlog.timeparse import parse_duration, parse_timestamp, validate_since
+from gpucheck.core.state import State
 
 NOW = 1_800_000_000.0
 BOOT = 1_799_990_000.0
@@ -154,9 +155,9 @@ def test_the_xid_check_judges_the_whole_boot_under_a_cursor_from_the_future(tmp_
     judged"); a NaN or 1e308 cursor made the check error forever."""
     import time
 
-    from gpucheck.check import Context
-    from gpucheck.config import Config
-    from gpucheck.result import Status
+    from gpucheck.core.check import Context
+    from gpucheck.core.config import Config
+    from gpucheck.core.result import Status
     from gpucheck.tests_suite import xid as xid_mod
 
     now = time.time()

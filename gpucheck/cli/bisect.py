@@ -95,7 +95,7 @@ def bisect_command(nodeset, test_cmd, builtin, strategy, group_size, max_bad, re
     explains the failure, a node's bandwidth had no reference) or SIGTERM/SIGINT stopped them.
     """
     from ..fleet import bisect as B
-    from ..processes import stop_on_signals
+    from ..platform.processes import stop_on_signals
 
     nodes = _nodes(nodeset)
     if bool(test_cmd) == bool(builtin):
@@ -143,7 +143,7 @@ def _print_round(number: int, records, out) -> None:
 
 
 def _print_bisect(result, as_json: bool) -> int:
-    from ..fleet.nodeset import fold
+    from ..platform.nodeset import fold
 
     doc = result.to_dict()
     if as_json:

@@ -35,7 +35,7 @@ def burn_command(duration: float | None, dtypes: list[str] | None, size: int | N
     Fault injection: bitflip:gpu=N[,bit=B,set=S], slow:gpu=N,factor=F, hang:gpu=N[,after=S].
     """
     from ..app import execute
-    from ..workers.display import BurnDisplay
+    from ..render.burn_display import BurnDisplay
 
     if dtypes and "fp8" in dtypes and size is not None and size % 16:
         raise click.BadParameter(f"fp8 needs a size divisible by 16, not {size}", param_hint="--size")

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import click
 
+from ..core.levels import Level
 from ..eud.patterns import PatternError, parse_patterns
 from .numbers import FiniteFloat
 from .run import build_request, common_run_options, duration_callback, given, parsed_list
 
-EUD_MODULES = ("gpucheck.eud.memtest", "gpucheck.eud.bandwidth", "gpucheck.eud.power", "gpucheck.eud.dcgm")
+EUD_MODULES = tuple(f"gpucheck.tests_suite.eud_{name}" for name in ("memtest", "bandwidth", "power", "dcgm"))
 
 
 def eud_check_ids(level: int) -> list[str]:
     """The eud.* check ids at or below `level` (importing only the eud modules)."""
-    from ..registry import all_checks
+    from ..tests_suite.registry import all_checks
 
     return [c.id for c in all_checks(EUD_MODULES) if int(c.spec.level) <= level]
 
@@ -31,7 +32,7 @@ def eud_check_ids(level: int) -> list[str]:
 def _dcgm_level_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     if value is None:
         return None
-    from ..eud.dcgm import parse_dcgm_level
+    from ..tests_suite.eud_dcgm import parse_dcgm_level
 
     try:
         return parse_dcgm_level(value)
@@ -70,7 +71,6 @@ def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], mem
     throttle:gpu=N[,reason=...,factor=F], hot:gpu=N[,delta=C], lowpower:gpu=N[,factor=F] (power).
     """
     from ..app import execute
-    from ..check import Level
 
     try:
         lv = Level.parse(level)

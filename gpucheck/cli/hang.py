@@ -21,6 +21,9 @@ from typing import Any
 
 import click
 
+from ..app import UsageError, _check_writable
+from ..core.state import atomic_write_text
+from ..platform.safeio import describe_error, read_input
 from .run import parse_duration
 
 DEFAULT_NODE_TIMEOUT = "2m"
@@ -180,7 +183,7 @@ def _hang(nodeset, job, match, local, from_files, as_json, topology, groups_file
 
 
 def _nodes(nodeset: str | None, job: str | None, scontrol: str | None) -> tuple[list[str], dict[str, Any]]:
-    from ..fleet.nodeset import NodeSetError, fold, parse_nodeset
+    from ..platform.nodeset import NodeSetError, fold, parse_nodeset
 
     if nodeset:
         try:
@@ -202,7 +205,7 @@ def _nodes(nodeset: str | None, job: str | None, scontrol: str | None) -> tuple[
 
 
 def _runner_settings(job, srun_args, ssh_options, ssh_user, connect_timeout_text) -> dict[str, Any]:
-    from ..fleet.fanout import SrunSettings, SshSettings
+    from ..platform.fanout import SrunSettings, SshSettings
 
     extra = list(srun_args) + ([f"--jobid={job}"] if job else [])
     return {"ssh": SshSettings(ssh_options=ssh_options, ssh_user=ssh_user,
@@ -212,7 +215,7 @@ def _runner_settings(job, srun_args, ssh_options, ssh_user, connect_timeout_text
 
 def _fan_out(plan, settings):
     """The fan-out, with SIGTERM/SIGINT turned into a stop that keeps what was collected."""
-    from ..fleet.fanout import run_nodes
+    from ..platform.fanout import run_nodes
     from ..hang.collect import collect_nodes, on_signals, raise_interrupted
 
     armed = [True]
@@ -259,7 +262,6 @@ def _load_files(paths) -> list:
     """The recorded node documents of every --from file: regular files only (a FIFO or a device
     is refused, never waited on or read without end), at most safeio.LIMITS["hang"] bytes each."""
     from ..hang.collect import load_recorded
-    from ..safeio import describe_error, read_input
 
     results = []
     for path in paths:
@@ -279,8 +281,6 @@ def _check_record_path(path: str) -> None:
     import os
     import stat
 
-    from ..app import UsageError, _check_writable
-
     try:
         _check_writable(path, "--record")
     except UsageError as e:
@@ -294,8 +294,6 @@ def _check_record_path(path: str) -> None:
 
 
 def _record(path: str, results) -> None:
-    from ..state import atomic_write_text
-
     docs = [r.doc for r in results if r.doc is not None]
     try:
         atomic_write_text(path, json.dumps(docs, separators=(",", ":")) + "\n")

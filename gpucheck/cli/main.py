@@ -10,7 +10,7 @@ import sys
 import click
 
 from .. import __version__
-from ..argv import option_value
+from ..platform.argv import option_value
 
 # name -> "module:attribute" of a click command. One line per subcommand.
 SUBCOMMANDS: dict[str, str] = {
@@ -90,7 +90,7 @@ def _could_not_judge(args: list[str], e: Exception) -> int:
     """Exit 3 (1 with `--on-error fail` among the arguments: fail-closed) and one line for an
     exception no command handled: an output it could not write, or gpucheck's own bug. A reader
     gone from a command that judges nothing (`list | head`) is 0."""
-    from ..streams import flush_or_discard
+    from ..platform.streams import flush_or_discard
 
     stdout_error = flush_or_discard(sys.stdout)  # what it still holds could not be written either
     if isinstance(e, BrokenPipeError) and _command_word(args) in (None, *NO_JUDGEMENT):
@@ -142,7 +142,7 @@ def _say(line: str) -> None:
 def prepare_stdout() -> None:
     """Before any output: a closed stdin, stdout or stderr becomes /dev/null, and text that a
     non-UTF-8 stdout cannot encode is written escaped."""
-    from ..streams import ensure_standard_streams, escape_unencodable
+    from ..platform.streams import ensure_standard_streams, escape_unencodable
 
     ensure_standard_streams()
     escape_unencodable(sys.stdout)
@@ -153,20 +153,13 @@ def settle_stdout(argv: list[str] | None = None) -> None:
     full disk) is named in one line on stderr (a judging command's exit code stands: its
     judgement was made); what neither can take goes nowhere, so that Python's own flush at exit
     cannot turn the exit code into 120."""
-    from ..streams import flush_or_discard
+    from ..platform.streams import flush_or_discard
 
     error = flush_or_discard(sys.stdout)
     args = list(sys.argv[1:] if argv is None else argv)
     if error is not None and _command_word(args) not in (None, *NO_JUDGEMENT):
         _say(f"{_command_name(args)}: WARNING: standard output was not written whole: {error}")
     flush_or_discard(sys.stderr)
-
-
-def entry() -> None:
-    """Console-script entry of installs made before gpucheck.cli.start existed."""
-    from .start import entry as start
-
-    start()
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m gpucheck.cli.main`

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ..core.inject import InjectionError, parse_injection
 from .numbers import FiniteFloat
 from .run import parse_duration
 
@@ -23,7 +24,6 @@ def _usage(msg: str, hint: str | None = None) -> click.BadParameter:
 
 def parse_corrupt(texts: tuple[str, ...] | list[str], *, keys: tuple[str, ...]) -> dict[str, Any] | None:
     """--inject corrupt:rank=N[,op=..,iter=..,index=..] -> spec dict (None without --inject)."""
-    from ..inject import InjectionError, parse_injection
     from ..nccl.bandwidth import normalize_op
 
     if not texts:
@@ -218,8 +218,8 @@ def _default_sizes(backend: str) -> list[int]:
 
 # -- pairs --------------------------------------------------------------------------------------
 def parse_nodeset(text: str, what: str = "NODESET") -> list[str]:
-    """gpucheck.fleet.nodeset's parse (names checked, size bounded); a bad one is a usage error."""
-    from ..fleet.nodeset import NodeSetError, parse_nodeset as parse
+    """gpucheck.platform.nodeset's parse (names checked, size bounded); a bad one is a usage error."""
+    from ..platform.nodeset import NodeSetError, parse_nodeset as parse
 
     try:
         return parse(text)
@@ -295,7 +295,7 @@ def pairs_command(nodeset, strategy, rounds, seed, good_text, suspects_text, lau
     from ..nccl import pairs_run as R
     from ..nccl.bandwidth import parse_sizes
     from ..nccl.node import estimate_deadline
-    from ..processes import Interrupted, stop_on_signals
+    from ..platform.processes import Interrupted, stop_on_signals
 
     nodes = parse_nodeset(nodeset)
     if len(nodes) < 2:

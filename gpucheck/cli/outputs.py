@@ -14,7 +14,7 @@ def _to_stdout(output: str | None) -> bool:
 def output_refused(prog: str, output: str | None) -> bool:
     """True (after one line on stderr) when `output` could not be written: a device, an untrusted
     symlink, no such folder. Called before anything is read or collected."""
-    from ..safeio import check_output, output_problem
+    from ..platform.safeio import check_output, output_problem
 
     if _to_stdout(output):
         return False
@@ -29,7 +29,7 @@ def output_refused(prog: str, output: str | None) -> bool:
 def emit(prog: str, output: str | None, text: str) -> int | None:
     """`text` to standard output (0) or written to `output` (None: the caller says what it wrote);
     2 (after one line on stderr) when it could not be written."""
-    from ..safeio import output_problem, write_output
+    from ..platform.safeio import output_problem, write_output
 
     if _to_stdout(output):
         click.echo(text, nl=False)

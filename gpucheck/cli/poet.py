@@ -44,7 +44,7 @@ def poet_command(duration: float | None, blocks: list[int] | None, dtypes: list[
     hang:gpu=N[,after=S].
     """
     from ..app import execute
-    from ..workers.display import BurnDisplay
+    from ..render.burn_display import BurnDisplay
 
     if size is not None:
         bad = [b for b in (blocks or [32, 64, 128, 256]) if size % b]

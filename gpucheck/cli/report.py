@@ -16,7 +16,8 @@ def report_command(inputs: tuple[str, ...], output: str) -> int:
     Exit 0 written; 2 an input that cannot be used, an output that cannot be written, or plotly
     missing (one line naming it). The page reports the inputs; it never changes their verdicts.
     """
-    from ..report import ReportError, build_report
+    from ..report.inputs import ReportError
+    from ..report import build_report
     from .outputs import emit, output_refused
 
     if output_refused("gpucheck report", output):

@@ -13,7 +13,7 @@ file unchanged) when a GPU is non-deterministic, when the node's GPUs disagree a
 when a digest disagrees with one already recorded for the same fingerprint, and whenever
 --inject is given. Exit codes: 0 recorded (or already recorded), 1 refused, 2 usage error,
 3 could not run the workloads (no GPU, no CUDA in torch, interrupted). What may be recorded and
-the exit codes are gpucheck.repro.record's; this module parses, renders and exits.
+the exit codes are gpucheck.repro_record's; this module parses, renders and exits.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import click
 
-from ..repro.record import CHECK_ID
+from ..app import UsageError, parse_gpu_list
+from ..repro_record import CHECK_ID, RecordRequest, RecordUsageError, record_references
 from .run import WORKER_COUNT, common_run_options, build_request
 
 
@@ -103,9 +104,6 @@ def record_command(out: str | None, level: str, workloads: list[str] | None, dev
                    as_json: bool, force: bool) -> int:
     """On a known-good node: run the reference workloads twice on every GPU and record the
     digests under this node's fingerprint."""
-    from ..app import UsageError, parse_gpu_list
-    from ..repro.record import RecordRequest, RecordUsageError, record_references
-
     try:
         gpus = parse_gpu_list(gpus_text)
     except UsageError as e:

@@ -8,6 +8,10 @@ import sys
 import click
 
 from ..app import MAX_WORKERS, RunRequest, UsageError, execute, parse_gpu_list
+from ..core.check import Context
+from ..core.config import limit_of
+from ..core.levels import Level
+from ..core.verdict import SCHEMA
 
 # --workers: CPU worker processes standing in for GPUs, bounded like --gpus (checked when parsed,
 # before a list of that many indices is built or a process started).
@@ -23,7 +27,7 @@ def parse_duration(text: str | None) -> float | None:
     """A duration option ('90', '30s', '5m', '1h30m') -> seconds; click.BadParameter otherwise."""
     if text is None:
         return None
-    from ..durations import parse_duration as parse
+    from ..platform.durations import parse_duration as parse
 
     try:
         return parse(text)
@@ -139,8 +143,6 @@ def run_command(level, checks, skips, **kw) -> int:
 def _listed_budget(check) -> float:
     """A check's time budget at its own level with the default settings (budgets that depend on
     the run, a burn's duration, are computed rather than shown as the static default)."""
-    from ..check import Context
-
     try:
         return round(check.spec.budget(Context(level=check.spec.level)), 1)
     except Exception:  # a budget function that needs a live run: the static figure
@@ -153,9 +155,7 @@ def _listed_budget(check) -> float:
 @click.option("--defaults", is_flag=True, help="Also show each check's thresholds and their defaults.")
 def list_command(level, as_json, defaults) -> int:
     """Show every check: id, level, needs, time budget, what it detects."""
-    from ..check import Level
-    from ..config import limit_of
-    from ..registry import all_checks
+    from ..tests_suite.registry import all_checks
 
     checks = all_checks()
     if level is not None:
@@ -199,14 +199,12 @@ def list_command(level, as_json, defaults) -> int:
     return 0
 
 
-def _range_text(limit) -> str:  # a gpucheck.config.Limit
+def _range_text(limit) -> str:  # a gpucheck.core.config.Limit
     return limit.describe(limit.kind)
 
 
 @click.command("schema")
 def schema_command() -> int:
     """Print the verdict JSON Schema."""
-    from ..verdict import SCHEMA
-
     click.echo(json.dumps(SCHEMA, indent=2))
     return 0

@@ -182,9 +182,9 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
     gpucheck had drained is back, 1 when some still fail, 3 when SIGTERM/SIGINT stopped it
     (nothing is resumed after the signal).
     """
-    from ..fleet.nodeset import fold
+    from ..platform.nodeset import fold
     from ..fleet.slurm import default_runner, find_scontrol, resume_exit_code, resume_nodes, sweep_test
-    from ..processes import stop_on_signals
+    from ..platform.processes import stop_on_signals
 
     nodes = _nodes(nodeset)
     build_plan(nodes, **kw)  # validate the options before touching anything

@@ -2,7 +2,7 @@
 verdict, before click, the checks or NVML are imported, then hand over to gpucheck.cli.main.
 
 Only those commands: `run`, `burn`, `poet`, `eud` and `repro check` turn a signal into a partial
-verdict (gpucheck.interrupts), and so do the Slurm hooks `slurm prolog|epilog`, which also hold
+verdict (gpucheck.platform.interrupts), and so do the Slurm hooks `slurm prolog|epilog`, which also hold
 a signal that comes after the verdict until they have drained and logged; once their last output
 is written, a signal is ignored until the process exits with the verdict's code. Every other
 command keeps Python's default handlers or installs its own (a sweep stops its fan-out,
@@ -28,7 +28,7 @@ def entry() -> None:
     left unwritten at exit may change (gpucheck.cli.main.settle_stdout)."""
     interrupts = None
     if writes_verdict(sys.argv[1:]):
-        from ..interrupts import INTERRUPTS as interrupts
+        from ..platform.interrupts import INTERRUPTS as interrupts
 
         interrupts.arm()
     from .main import main, prepare_stdout, settle_stdout

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ..app import UsageError, _check_writable
 from .numbers import FiniteFloat
 from .run import parse_duration
 
@@ -21,7 +22,7 @@ DEFAULT_NODE_TIMEOUT = "10m"
 
 
 def _nodes(text: str, param: str = "NODESET") -> list[str]:
-    from ..fleet.nodeset import NodeSetError, parse_nodeset
+    from ..platform.nodeset import NodeSetError, parse_nodeset
 
     try:
         return parse_nodeset(text)
@@ -158,9 +159,8 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     healthy, 1 when any node fails, cannot be reached, times out or gives no verdict, 3 when
     SIGTERM/SIGINT stopped it (the nodes that answered are reported).
     """
-    from ..app import _check_writable, UsageError
     from ..fleet.sweep import VerdictSpool, report_chunks, save_report, spool_folder, sweep_report
-    from ..processes import stop_on_signals
+    from ..platform.processes import stop_on_signals
 
     nodes = _nodes(nodeset)
     plan = build_plan(nodes, **kw)

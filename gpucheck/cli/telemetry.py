@@ -4,7 +4,7 @@
 checks judge, as JSON. It works on a broken node too (no driver, a lost GPU): the snapshot then
 says so (nvml.ok false, GPU states), which is the point of capturing it.
 `gpucheck telemetry import CAPTURE [-o FILE]` converts an `nvidia-smi -q` (or `-q -x`) capture
-into the same snapshot format (gpucheck.telemetry.nvsmi).
+into the same snapshot format (gpucheck.platform.telemetry.nvsmi).
 
 `gpucheck telemetry show [SNAPSHOT]` prints a snapshot (or this node's live telemetry) as one
 line per GPU for people (gpucheck.render.telemetry_view), without judging it.
@@ -35,14 +35,14 @@ def telemetry_group() -> None:
               help="Record this boot's NVRM/NVSwitch kernel-log lines (judged by the xid check on replay).")
 def dump_command(output: str | None, sysfs_root: Path, timeout_s: float, kernel_log: bool) -> int:
     """Capture a telemetry snapshot (JSON) of this node."""
-    from ..telemetry.snapshot import collect_snapshot, dump_snapshot
+    from ..platform.telemetry.snapshot import collect_snapshot, dump_snapshot
     from .outputs import emit, output_refused
 
     if output_refused("gpucheck telemetry dump", output):  # before anything is collected
         return 2
     snap = collect_snapshot(sysfs_root=sysfs_root, timeout_s=timeout_s)
     if kernel_log:
-        from ..kernlog import capture_for_snapshot
+        from ..platform.kernlog import capture_for_snapshot
 
         snap["kernel_log"] = capture_for_snapshot()
     rc = emit("gpucheck telemetry dump", output, dump_snapshot(snap))
@@ -66,9 +66,9 @@ def import_command(capture: str, output: str | None) -> int:
     healthy); what was missing or cut short is printed as warnings. Exit 0 when written, 2 when
     FILE is not a capture or cannot be read, or the output cannot be written.
     """
-    from ..safeio import describe_error
-    from ..telemetry import nvsmi
-    from ..telemetry.snapshot import SnapshotError, dump_snapshot, validate_snapshot
+    from ..platform.safeio import describe_error
+    from ..platform.telemetry import nvsmi
+    from ..platform.telemetry.snapshot import SnapshotError, dump_snapshot, validate_snapshot
     from .outputs import emit, output_refused
 
     where = "standard input" if capture == "-" else capture
@@ -107,7 +107,7 @@ def show_command(snapshot: str | None, sysfs_root: Path, timeout_s: float) -> in
     Exit 0 printed, 2 a SNAPSHOT that cannot be used (named with the reason).
     """
     from ..render.telemetry_view import print_snapshot
-    from ..telemetry.snapshot import SnapshotError, collect_snapshot, load_snapshot
+    from ..platform.telemetry.snapshot import SnapshotError, collect_snapshot, load_snapshot
 
     if snapshot is None:
         snap = collect_snapshot(sysfs_root=sysfs_root, timeout_s=timeout_s)

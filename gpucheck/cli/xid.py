@@ -28,7 +28,7 @@ SCHEMA_VERSION = "1.0"
 def _since_param(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is None:
         return None
-    from ..kernlog.timeparse import validate_since
+    from ..platform.kernlog.timeparse import validate_since
 
     try:
         return validate_since(value)
@@ -64,7 +64,7 @@ def xid_command(source: str, files: tuple[str, ...], boot: int, since: str | Non
 
     Exit codes as for a check: 0 healthy, 1 unhealthy, 2 usage error, 3 the log could not be read.
     """
-    from ..state import State, default_state_dir
+    from ..core.state import State, default_state_dir
 
     state = State(state_dir or default_state_dir())
     if ack:
@@ -109,15 +109,15 @@ def _check_files(files: tuple[str, ...]) -> None:
 # -- --ack ----------------------------------------------------------------------------------------
 
 def _ack(state: Any) -> int:
-    from ..kernlog.scan import LAST_PASS_CURSOR
-    from ..kernlog.timeparse import iso_utc
+    from ..platform.kernlog.cursor import LAST_PASS_CURSOR
+    from ..platform.kernlog.timeparse import iso_utc
 
     now = time.time()
     try:
         ack = {"time": iso_utc(now), "epoch": now, "by": "gpucheck xid --ack"}
         state.update_cursor(LAST_PASS_CURSOR, lambda _cursor: ack)  # under the lock: no run's update undoes it
     except OSError as e:
-        from ..safeio import describe_error
+        from ..platform.safeio import describe_error
 
         click.echo(f"gpucheck: error: cannot write the last-pass cursor in {state.root}: "
                    f"{describe_error(e, str(state.root))}", err=True)
@@ -131,10 +131,10 @@ def _ack(state: Any) -> int:
 
 def _report(*, source: str, files: list[str], boot: int, since: str, as_json: bool, state: Any,
             strict: bool, on_error: str, use_nvml: bool, repeat_limit: int | None) -> int:
-    from ..kernlog import judge as J
-    from ..kernlog.mapping import GpuMap, from_announcements, from_nvml
-    from ..kernlog.scan import scan
-    from ..verdict import exit_code_for
+    from ..xid import judge as J
+    from ..platform.kernlog.mapping import GpuMap, from_announcements, from_nvml
+    from ..platform.kernlog.scan import scan
+    from ..core.verdict import exit_code_for
 
     params = dict(J.DEFAULT_PARAMS)
     if repeat_limit is not None:
@@ -187,14 +187,14 @@ NVML_TIMEOUT_S = 5.0
 def _nvml_map(reader: Any) -> tuple[Any, str | None]:
     """NVML's GPU list, read in a helper thread: a node with GSP timeouts may have a driver that
     does not answer, and the kernel log must still be reported (the thread is left behind)."""
-    from ..kernlog.mapping import GpuMap
+    from ..platform.kernlog.mapping import GpuMap
 
     box: dict[str, Any] = {}
     th = threading.Thread(target=lambda: box.setdefault("r", reader()), name="xid-nvml-map", daemon=True)
     th.start()
     th.join(NVML_TIMEOUT_S)
     if "r" not in box:
-        from ..telemetry.nvml import live_library
+        from ..platform.telemetry.nvml import live_library
 
         live_library().abandon(th)  # not shut down at exit while it is stuck: that call would hang too
         return GpuMap(), f"NVML did not answer within {NVML_TIMEOUT_S:g} s (stuck driver?)"
@@ -216,9 +216,9 @@ def _document(sc: Any, results: list[Any], classes: dict[int, Any], gpu_map: Any
               compact: bool = False) -> dict[str, Any]:
     """The --json object. compact (for the table): only the last event of each (address, Xid),
     with its `count`."""
-    from ..kernlog.judge import classify_sxid
-    from ..kernlog.timeparse import iso_utc
-    from ..result import strongest_action, worst_status
+    from ..xid.judge import classify_sxid
+    from ..platform.kernlog.timeparse import iso_utc
+    from ..core.result import strongest_action, worst_status
 
     sxids = []
     for sx in sc.sxid_events:
@@ -347,9 +347,9 @@ def _print_table(doc: dict[str, Any]) -> None:
 # -- --follow -------------------------------------------------------------------------------------
 
 def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -> int:
-    from ..kernlog.follow import follow
-    from ..kernlog.judge import classify, classify_sxid
-    from ..kernlog.parse import SXidEvent, XidEvent
+    from ..platform.kernlog.follow import follow
+    from ..xid.judge import classify, classify_sxid
+    from ..platform.kernlog.parse import SXidEvent, XidEvent
 
     if len(files) > 1 or files == ("-",):
         raise click.UsageError("--follow reads one growing file (not stdin)")
@@ -393,7 +393,7 @@ def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -
         return 0
     except (OSError, ValueError) as e:
         what = files[0] if files else src
-        from ..kernlog.sources import DEFAULT_PATHS, oserror_text
+        from ..platform.kernlog.sources.base import DEFAULT_PATHS, oserror_text
 
         msg = oserror_text(e, what, DEFAULT_PATHS) if isinstance(e, OSError) else str(e)
         click.echo(f"gpucheck: error: cannot follow {msg}", err=True)

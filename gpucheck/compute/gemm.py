@@ -124,7 +124,7 @@ class DtypeError(ValueError):
 
 def parse_dtypes(value: str | list[str] | tuple[str, ...]) -> list[str]:
     """'bf16,fp32' or ['bf16', 'fp32'] -> ['bf16', 'fp32']; DtypeError for an unknown name."""
-    from ..choices import parse_choices
+    from ..core.choices import parse_choices
 
     return parse_choices(value, DTYPES, what="dtype", error=DtypeError, aliases=_ALIASES)
 

@@ -171,7 +171,7 @@ class _LinkReader:
         self._nv: Any = None
         self._h: Any = None
         try:
-            from ..telemetry.nvml import NvmlSession
+            from ..platform.telemetry.nvml import NvmlSession
         except ImportError as e:
             self.box["error"] = f"NVML: {e}"
             return

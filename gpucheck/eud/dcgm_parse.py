@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..result import Action, Key, Result, Rule, Status, evaluate
+from ..core.result import ACTION_ORDER, Action, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.dcgm"
 
@@ -255,7 +255,7 @@ def extract_json(text: str) -> Any:
     start, end = text.find("{"), text.rfind("}")
     if start < 0 or end < start:
         raise DcgmParseError("no JSON object in dcgmi's output")
-    from ..safeio import loads_json
+    from ..platform.safeio import loads_json
 
     try:
         return loads_json(text[start:end + 1])
@@ -406,8 +406,6 @@ def _fail_verdict(test: DcgmTest) -> tuple[Status, Action, str]:
     (dcgm_errors.h: isolate "cannot perform workload, GPU should be isolated" -> drain; reset
     "drain and reset GPU" -> reset-gpu; monitor "can perform workload, but needs to be monitored"
     -> investigate), then by error id where NVIDIA's remedy is specific (ERROR_ACTION)."""
-    from ..result import ACTION_ORDER
-
     best: tuple[Status, Action, str] | None = None
 
     rank = {Status.WARN: 0, Status.ERROR: 1, Status.FAIL: 2}

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..processes import kill_group
+from ..platform.processes import kill_group
 
 
 @dataclass

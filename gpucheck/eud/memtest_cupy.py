@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .patterns import MASK64, STATS_WORDS, KernelPattern, kernel_pattern
+from .patterns import KernelPattern, MASK64, STATS_WORDS, kernel_pattern, new_stats
 
 MAX_BLOCK = 1024  # threads per block: CUDA's limit on every GPU gpucheck supports
 MAX_GRID_X = (1 << 31) - 1  # gridDim.x limit
@@ -209,8 +209,6 @@ class CupyBackend:
         self._launch("memtest", kernel, self._grid(kernel, units), (self.cfg.block, 1, 1), args)
 
     def new_step(self) -> None:
-        from .patterns import new_stats
-
         self.stats.set(new_stats())  # on the current stream, ahead of the step's kernels
 
     def read_step(self) -> tuple[Any, Any]:

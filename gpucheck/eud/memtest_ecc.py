@@ -4,7 +4,7 @@ With ECC on, a weak cell that flips one bit is corrected on the way out of HBM: 
 reads the right word and sees nothing, and only NVML's counters show that the memory is failing.
 The worker (gpucheck.eud.memtest_worker) reads these counters of its GPU before the first pass
 and after every pass; eud.memtest judges their growth with ECC_RULES (rules as data, limits from
-the check's config; gpucheck.result.Rule) and names every counter that grew in the result.
+the check's config; gpucheck.core.result.Rule) and names every counter that grew in the result.
 
 | counter | NVML |
 |---|---|
@@ -23,14 +23,14 @@ adds K to the counters of every reading taken after pass P (default 0) of the fi
 real NVML readings as on a CPU stand-in (which has no counters: there the injection reads from a
 synthetic all-zero baseline, and says so).
 
-Only NVML is touched here (gpucheck.telemetry.nvml), in the worker; the rules are pure.
+Only NVML is touched here (gpucheck.platform.telemetry.nvml), in the worker; the rules are pure.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..result import Action, Key, Rule, Status
+from ..core.result import Action, Key, Rule, Status
 
 COUNTERS: tuple[str, ...] = ("volatile_corrected", "volatile_uncorrected", "remapped_correctable",
                              "remapped_uncorrectable", "remap_pending", "remap_failure")
@@ -56,7 +56,7 @@ def empty_reading(label: str) -> dict[str, Any]:
 def read_counters(session: Any, handle: Any, label: str) -> dict[str, Any]:
     """One reading: {"label", "counters": {name: int | bool | None}, "errors": {name: NVML failure kind}}.
     None with no error: not supported. Never raises."""
-    from ..telemetry import nvml as N
+    from ..platform.telemetry import nvml as N
 
     out = empty_reading(label)
     c, errors = out["counters"], out["errors"]
@@ -87,7 +87,7 @@ class NvmlEccReader:
     source = "nvml"
 
     def __init__(self, index: int, uuid: str | None = None):
-        from ..telemetry.nvml import NvmlCallError, NvmlSession, text
+        from ..platform.telemetry.nvml import NvmlCallError, NvmlSession, text
 
         self.session = NvmlSession()
         if not self.session.ok:

@@ -42,19 +42,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .memtest_cupy import (  # noqa: F401 - re-exported: the launch helpers are tested from here
-    MAX_BLOCK,
-    MAX_CHUNK_BYTES,
-    CupyBackend,
-    MemtestSetupError,
-    check_args,
-    fill_args,
-    flip_args,
-    launch_grid,
-    scrub_args,
-)
+from .memtest_cupy import MAX_BLOCK, MAX_CHUNK_BYTES, CupyBackend, MemtestSetupError
 from .memtest_ecc import EccMonitor, EccReadError, NvmlEccReader
-from .patterns import BY_NAME, NAMES, ErrorLog, decode_step, parse_patterns, pattern_seed, steps_for
+from .patterns import (BY_NAME, ErrorLog, NAMES, accumulate_errors, decode_step, new_stats, parse_patterns,
+                       pattern_seed, steps_for, word_values)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..workers.results import MemtestResult, SetupError
@@ -204,8 +195,6 @@ class NumpyBackend:
         return int(buf.ctypes.data)
 
     def new_step(self) -> None:
-        from .patterns import new_stats
-
         self.stats = new_stats()
         self.errs = self.np.zeros(3 * self.cfg.max_errors, self.np.uint64)
 
@@ -218,8 +207,6 @@ class NumpyBackend:
         return out[::-1] if descending else out
 
     def fill(self, buf: Any, base: int, kind: int, seed: int, xor_write: int) -> None:
-        from .patterns import word_values
-
         np = self.np
         for s, e in self._blocks(buf.size, False):
             v = word_values(kind, seed, base + s, e - s)
@@ -229,8 +216,6 @@ class NumpyBackend:
 
     def check(self, buf: Any, base: int, kind: int, seed: int, xor_expect: int, write: bool, xor_write: int,
               descending: bool) -> None:
-        from .patterns import accumulate_errors, word_values
-
         np = self.np
         for s, e in self._blocks(buf.size, descending):
             pat = word_values(kind, seed, base + s, e - s)

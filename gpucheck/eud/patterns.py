@@ -122,7 +122,7 @@ def parse_patterns(value: str | Iterable[str] | None) -> list[str]:
     order given; `_` and `-` are interchangeable. PatternError for an unknown name."""
     if value is None:
         return list(NAMES)
-    from ..choices import parse_choices
+    from ..core.choices import parse_choices
 
     return parse_choices(value, NAMES, what="pattern", error=PatternError, dash_underscore=True, allow_all=True)
 

@@ -1,8 +1,8 @@
 """Judging power and clock stability from sampled telemetry: pure functions, no NVML, no torch.
 
-The eud.power check (gpucheck.eud.power) loads every GPU with a sustained GEMM while the parent
+The eud.power check (gpucheck.tests_suite.eud_power) loads every GPU with a sustained GEMM while the parent
 samples NVML (gpucheck.workers.sampler). This module turns those samples into one Result per GPU.
-Every threshold comes from the check's parameters (`DEFAULTS` in gpucheck.eud.power) and is shown
+Every threshold comes from the check's parameters (`DEFAULTS` in gpucheck.tests_suite.eud_power) and is shown
 in the result next to the measured value.
 
 Per GPU, over the *load window* (from the worker's first GEMM window plus `warmup_s`, to its last
@@ -29,11 +29,11 @@ import math
 import statistics
 from typing import Any, Iterable
 
-from ..result import Action, Key, Result, Rule, Status, evaluate
+from ..core.result import Action, Key, Result, Rule, Status, evaluate
 
 CHECK_ID = "eud.power"
 
-# NVML clock-event reasons that mean hardware cut the clocks (names as in gpucheck.telemetry.throttle).
+# NVML clock-event reasons that mean hardware cut the clocks (names as in gpucheck.platform.telemetry.throttle).
 HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 # Reasons that are the normal state of a loaded GPU or a software policy: evidence only.
 SW_REASONS = ("sw_power_cap", "sw_thermal_slowdown")

@@ -12,17 +12,17 @@ Bitwise: the reproducibility digests are compared by majority per software/hardw
 fingerprint with gpucheck.repro.majority.fleet_outliers, imported lazily; without it the report
 says the bitwise comparison is unavailable and why.
 
-A sweep keeps no verdict in memory: `fleet_inputs(verdict)` takes what the comparison reads
-from one verdict (its throughput values and digest sets, a few hundred bytes) as the verdict
-arrives, and `compare_inputs` compares those. The functions taking verdicts are the same
+A sweep keeps no verdict in memory: `fleet_inputs(verdict)` (gpucheck.core.documents) takes what
+the comparison reads from one verdict (its throughput values and digest sets, a few hundred
+bytes) as the verdict arrives, and `compare_inputs` compares those. The functions taking verdicts are the same
 comparison over `fleet_inputs` of each.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any, Mapping
+
+from ..core.documents import BITWISE_CHECK, FleetInputs, Key, fleet_inputs
 
 DEFAULTS: dict[str, Any] = {
     "mad_z": 3.5,  # robust z-score beyond which a value is an outlier
@@ -64,48 +64,6 @@ def low_outliers(values: Mapping[str, float], *, mad_z: float = DEFAULTS["mad_z"
         if float(v) < limit:
             out[label] = round((float(v) - med) / scale, 2) if scale else None
     return {"median": med, "mad": m, "limit": limit, "outliers": out}
-
-
-def _number(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    f = float(v)
-    return f if math.isfinite(f) else None
-
-
-def _gpu_models(verdict: Mapping[str, Any]) -> dict[int, str]:
-    return {g["index"]: str(g.get("name") or "unknown") for g in verdict.get("gpus", [])
-            if isinstance(g, dict) and isinstance(g.get("index"), int)}
-
-
-Key = tuple[str, str, str, str]  # (check, metric, unit, GPU model)
-
-
-@dataclass(frozen=True)
-class FleetInputs:
-    """What the fleet comparison reads from one node's verdict."""
-
-    throughput: tuple[tuple[Key, str, float], ...] = ()  # (key, subject, value) per "/s" metric
-    digests: dict[str, dict[str, str]] | None = None  # digest_sets(verdict)
-
-
-def fleet_inputs(verdict: Mapping[str, Any]) -> FleetInputs:
-    """The throughput values (every "/s" metric of a result that ran) and the digest sets."""
-    models = _gpu_models(verdict)
-    values: list[tuple[Key, str, float]] = []
-    for r in verdict.get("results", []):
-        if not isinstance(r, dict) or r.get("status") in ("skip", "error"):
-            continue
-        for name, m in (r.get("metrics") or {}).items():
-            unit = m.get("unit") if isinstance(m, dict) else None
-            if not isinstance(unit, str) or not unit.endswith("/s"):
-                continue
-            value = _number(m.get("value"))
-            if value is None:
-                continue
-            model = models.get(r.get("gpu"), "node") if r.get("gpu") is not None else "node"
-            values.append(((str(r.get("check")), str(name), unit, model), str(r.get("subject") or "node"), value))
-    return FleetInputs(tuple(values), digest_sets(verdict))
 
 
 def _inputs(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, FleetInputs]:
@@ -166,19 +124,6 @@ def performance_of(inputs: Mapping[str, FleetInputs], *, mad_z: float = DEFAULTS
         "metrics": metrics,
         "by_node": by_node,
     }
-
-
-BITWISE_CHECK = "repro.bitwise"  # its node result carries the node's digest sets
-
-
-def digest_sets(verdict: Mapping[str, Any]) -> dict[str, dict[str, str]] | None:
-    """{fingerprint key: {workload: digest}} from a verdict's repro.bitwise node result."""
-    for r in verdict.get("results", []):
-        if isinstance(r, dict) and r.get("check") == BITWISE_CHECK and r.get("subject") == "node":
-            value = ((r.get("metrics") or {}).get("digest_sets") or {}).get("value")
-            if isinstance(value, dict) and value:
-                return {str(k): {str(w): str(d) for w, d in v.items()} for k, v in value.items() if isinstance(v, dict)}
-    return None
 
 
 def bitwise_comparison(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from ..argv import option_value
+from ..platform.argv import option_value
 from .slurm import JobEnv, Logger, Runner, default_runner, drain, find_scontrol, job_env, syslog_logger
 
 JOBS_CURSOR = "slurm-jobs"
@@ -75,7 +75,7 @@ class HookOptions:
     scontrol: str | None = None
     as_json: bool = False
     all_gpus: bool = False  # ignore the job's GPU list
-    force: bool = False  # load GPUs that processes are using (gpucheck.busy)
+    force: bool = False  # load GPUs that processes are using (gpucheck.workers.busy)
 
 
 PROLOG_DEFAULTS = {"level": "1", "budget_s": 15.0}
@@ -252,7 +252,7 @@ def _job_start(env: JobEnv, state, scontrol: str, runner: Runner) -> tuple[float
         rc, out, _ = runner([scontrol, "-o", "show", "job", env.job_id])
         m = re.search(r"\bStartTime=(\S+)", out) if rc == 0 else None
         if m:
-            from ..kernlog.timeparse import parse_timestamp
+            from ..platform.kernlog.timeparse import parse_timestamp
 
             start = parse_timestamp(m.group(1))
             if start is not None:
@@ -310,7 +310,7 @@ class _Hook:
     started: float
     scontrol: str
     on_error: str
-    state: Any  # gpucheck.state.State
+    state: Any  # gpucheck.core.state.State
     plan: dict[str, Any]
 
     @property
@@ -339,7 +339,7 @@ def resolve_on_error(explicit: str | None, environ: Mapping[str, str], config_pa
     GPUCHECK_ON_ERROR (the wrapper's env file), else the config's `[run] on_error` (read on its
     own, so that it survives any other error in the file), else pass. A value other than pass
     or fail is passed over."""
-    from ..config import read_on_error
+    from ..core.config import read_on_error
 
     if explicit in ("pass", "fail"):
         return explicit, "--on-error"
@@ -353,7 +353,7 @@ def resolve_on_error(explicit: str | None, environ: Mapping[str, str], config_pa
 
 def _setup(opts: HookOptions, environ: Mapping[str, str], runner: Runner, log: Logger,
            now: Callable[[], float]) -> _Hook:
-    from ..state import State, default_state_dir
+    from ..core.state import State, default_state_dir
 
     started = now()
     env = job_env(environ)
@@ -415,7 +415,7 @@ def _bookkeeping(hook: _Hook, verdict: dict[str, Any] | None, prior_ecc: dict[st
 
 def _usage_problem(hook: _Hook, error_line: str) -> str:
     """Why the pipeline refused to run (exit 2): its error line, else what is wrong with the config."""
-    from ..config import ConfigError, load_config
+    from ..core.config import ConfigError, load_config
 
     if error_line:
         return error_line
@@ -471,14 +471,14 @@ def run_hook(
 
 @contextlib.contextmanager
 def signals_held():
-    """SIGTERM and SIGINT recorded, never fatal (gpucheck.interrupts.INTERRUPTS), from before the
+    """SIGTERM and SIGINT recorded, never fatal (gpucheck.platform.interrupts.INTERRUPTS), from before the
     hook runs until it has decided, drained and logged: a signal before the verdict makes the
     verdict partial (the pipeline's rule), one after it changes nothing, and the hook still exits
     with its judgement (a node being drained is not left drained with an exit that says "run the
     job"). Armed here when the caller has not (in-process use; restored on return); the console
     script arms them at its first line and ignores them after its last output
     (gpucheck.cli.start)."""
-    from ..interrupts import INTERRUPTS
+    from ..platform.interrupts import INTERRUPTS
 
     armed_here = INTERRUPTS.arm()
     try:
@@ -507,10 +507,10 @@ def hook_failed(
 def _record_unjudged(hook: _Hook, cause: str) -> str:
     """Append a could-not-judge verdict (one `error` result, check `slurm.<hook>`) to the history
     for a run that produced none; "" or why it could not be written."""
-    from ..check import Level
-    from ..fingerprint import software_fingerprint
-    from ..result import Action, Result, Status
-    from ..verdict import build_verdict
+    from ..core.levels import Level
+    from ..platform.fingerprint import software_fingerprint
+    from ..core.result import Action, Result, Status
+    from ..core.verdict import build_verdict
 
     try:
         try:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fanout import SrunSettings, SshSettings
-from .nodeset import NodeSetError, parse_node_map
+from ..platform.fanout import SrunSettings, SshSettings
+from ..platform.nodeset import NodeSetError, parse_node_map
 from .sweep import SweepPlan, remote_command
 
 DEFAULT_NODE_TIMEOUT_S = 600.0

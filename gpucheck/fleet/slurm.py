@@ -11,9 +11,6 @@ pass now; nodes drained by people or other tools are never touched.
 
 scontrol runs through an injectable runner (argv -> (rc, stdout, stderr)); syslog through an
 injectable logger, so all of this is tested without a cluster too.
-
-The hooks' names (run_hook, HookOptions, EXIT_HOOK_UNHEALTHY, ...) are still importable from
-here.
 """
 
 from __future__ import annotations
@@ -194,7 +191,7 @@ class ResumeDecision:
 
 
 def node_states(nodes: list[str], *, scontrol: str, runner: Runner) -> dict[str, NodeState]:
-    from .nodeset import fold
+    from ..platform.nodeset import fold
 
     rc, out, err = runner([scontrol, "-o", "show", "node", fold(nodes)])
     if rc != 0 and not out.strip():
@@ -231,11 +228,11 @@ def resume_nodes(
     """Resume the nodes of `nodes` that gpucheck drained and that pass `test` now.
 
     test(candidates) -> {node: (passes, why)}: a sweep of the candidates. A stop (SIGTERM/SIGINT,
-    gpucheck.processes) resumes nothing more: test() raising Interrupted (with the nodes that
+    gpucheck.platform.processes) resumes nothing more: test() raising Interrupted (with the nodes that
     answered as `partial`), or a signal while resuming, makes every candidate not yet resumed
     `interrupted` (`still-bad` when its answer was bad).
     """
-    from ..processes import Interrupted, stopping
+    from ..platform.processes import Interrupted, stopping
 
     states = node_states(nodes, scontrol=scontrol, runner=runner)
     candidates, decisions = plan_resume(nodes, states)
@@ -290,7 +287,7 @@ def sweep_test(nodes: list[str], opts: Any, sweep: Callable[[Any], Any]) -> Call
     of the candidates with the remote options `opts` (gpucheck.fleet.remote.RemoteOptions); a
     node passes when its outcome is not bad. A stop raises processes.Interrupted with the
     answers of the nodes that answered."""
-    from ..processes import Interrupted
+    from ..platform.processes import Interrupted
     from .remote import build_plan
 
     def test(candidates: list[str]) -> dict[str, tuple[bool, str]]:
@@ -302,12 +299,3 @@ def sweep_test(nodes: list[str], opts: Any, sweep: Callable[[Any], Any]) -> Call
         return judged
 
     return test
-
-def __getattr__(name: str) -> Any:
-    """The hooks' names, from gpucheck.fleet.hook (imported on first use: it imports this module)."""
-    from . import hook
-
-    try:
-        return getattr(hook, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

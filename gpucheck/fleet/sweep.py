@@ -26,9 +26,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from .compare import FleetInputs, fleet_inputs
-from .fanout import MAX_OUTPUT_BYTES, NodeRun
-from .snippets import last_line, snippet
+from ..core.documents import FleetInputs, fleet_inputs
+from ..core.verdict import iso_utc
+from ..platform import fanout
+from ..platform.fanout import MAX_OUTPUT_BYTES, NodeRun, session_stdin
+from ..platform.nodeset import fold
+from ..platform.processes import Interrupted
+from ..platform.snippets import last_line, snippet
 from .verdict_check import verdict_problem
 
 GOOD = ("pass", "warn", "skip")
@@ -90,7 +94,7 @@ def remote_command(remote_cmd: str, run_args: list[str], extra: str = "") -> str
 
 
 # The node-side limit's SIGKILL follows its SIGTERM after twice the runner's cancel grace
-# (gpucheck.runner.CANCEL_GRACE_S, 5 s): time for the node's gpucheck to stop its checks.
+# (gpucheck.core.runner.CANCEL_GRACE_S, 5 s): time for the node's gpucheck to stop its checks.
 NODE_KILL_AFTER_S = 10
 
 
@@ -100,7 +104,7 @@ def die_with_session(command: str, timeout_s: float | None, session_stdin: bool 
 
     The command runs under `timeout -k 10 <timeout_s>` (coreutils, where the node has it: SIGTERM
     at the limit, SIGKILL 10 s later, to the command's whole process group). `session_stdin`
-    says that the command's standard input is the session's (gpucheck.fleet.fanout.session_stdin:
+    says that the command's standard input is the session's (gpucheck.platform.fanout.session_stdin:
     the fan-out keeps it open and never writes it): the command then runs in the background and a
     watcher reads that input; when the local ssh or srun client is killed (the sweep's
     --timeout, a SIGTERM/SIGINT of the sweep), the session closes it, the watcher reads
@@ -230,17 +234,6 @@ def verdict_cause(verdict: Mapping[str, Any]) -> str:
     return f"{first.get('check')}{where}: {first.get('summary', '')}{more}"
 
 
-def failing_text(failing: list[str]) -> str:
-    """["ecc:gpu0", "ecc:gpu3", "xid"] -> "ecc[gpu0,gpu3], xid"."""
-    groups: dict[str, list[str]] = {}
-    for item in failing:
-        check, _, subj = item.partition(":")
-        groups.setdefault(check, [])
-        if subj:
-            groups[check].append(subj)
-    return ", ".join(f"{c}[{','.join(s)}]" if s else c for c, s in groups.items())
-
-
 def worst(statuses: list[str]) -> str:
     return max(statuses, key=lambda s: _RANK.get(s, 0)) if statuses else "skip"
 
@@ -327,7 +320,7 @@ def run_sweep(
     spool: VerdictSpool | None = None,
     **runner_kw: Any,
 ) -> tuple[list[NodeOutcome], float]:
-    """Fan the command out with `runner` (gpucheck.fleet.fanout.run_nodes), classify every node.
+    """Fan the command out with `runner` (gpucheck.platform.fanout.run_nodes), classify every node.
 
     Returns the outcomes in node order and the wall time. Each node's output is released as
     soon as it is classified and its verdict goes to `spool` (when given): the outcomes hold
@@ -345,8 +338,6 @@ def run_sweep(
         seen[run.node] = outcome = judge(run)
         if on_node is not None:
             on_node(outcome)
-
-    from .fanout import session_stdin
 
     watch = session_stdin(plan.mode, ssh=runner_kw.get("ssh"), srun=runner_kw.get("srun"))
     runs = runner(plan.commands(watch), mode=plan.mode, fanout=plan.fanout, timeout_s=plan.timeout_s,
@@ -381,9 +372,6 @@ def build_report(
 ) -> dict[str, Any]:
     """The sweep report (`--report FILE`) but the verdicts: the nodes' summaries and the fleet
     comparison. report_chunks writes it out with every node's verdict."""
-    from ..verdict import iso_utc
-    from .nodeset import fold
-
     counts = {s: 0 for s in NODE_STATUSES}
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -437,11 +425,8 @@ class SweepRun:
 def sweep_until_stopped(plan: SweepPlan, settings: Mapping[str, Any], *,
                         on_node: Callable[[NodeOutcome], None] | None = None,
                         spool: VerdictSpool | None = None) -> SweepRun:
-    """run_sweep with the fan-out (gpucheck.fleet.fanout.run_nodes); on a stop
+    """run_sweep with the fan-out (gpucheck.platform.fanout.run_nodes); on a stop
     (processes.Interrupted: SIGTERM/SIGINT) the outcomes of the nodes that answered before it."""
-    from ..processes import Interrupted
-    from . import fanout
-
     t0 = time.monotonic()
     answered: dict[str, NodeOutcome] = {}
 
@@ -460,8 +445,6 @@ def sweep_until_stopped(plan: SweepPlan, settings: Mapping[str, Any], *,
 def mark_interrupted(report: dict[str, Any], plan: SweepPlan, outcomes: list[NodeOutcome], signame: str) -> None:
     """A sweep report cut short: it covers only the nodes that answered, names the others, and
     its exit code is 3 (could not judge the node set)."""
-    from .nodeset import fold
-
     seen = {o.node for o in outcomes}
     report["interrupted"] = signame
     report["unanswered"] = fold(n for n in plan.nodes if n not in seen)
@@ -508,11 +491,11 @@ def spool_folder(report_path: str | None) -> str | None:
 
 
 def write_report(path: str, chunks: Iterable[str]) -> None:
-    """Write the report's text chunks to `path` (gpucheck.safeio: a regular file replaced by an
+    """Write the report's text chunks to `path` (gpucheck.platform.safeio: a regular file replaced by an
     atomic rename, or written into a FIFO, /dev/null or a terminal; a device or an untrusted
     symlink is refused, never replaced). The report is one line: the indented encoder is ten
     times slower on a big fleet."""
-    from ..safeio import write_output
+    from ..platform.safeio import write_output
 
     write_output(path, chunks)
 
@@ -521,7 +504,7 @@ def save_report(report: Mapping[str, Any], spool: VerdictSpool | None, report_pa
     """Write --report; the warnings to show. The sweep's result (its exit code) never depends on
     the report: one that cannot be written, or verdicts the spool could not keep (a full disk),
     are warnings, and an incomplete report never replaces a good old one."""
-    from ..safeio import output_problem
+    from ..platform.safeio import output_problem
 
     stands = f"the sweep's result stands (exit {report['exit_code']})"
     if spool is not None and spool.error:

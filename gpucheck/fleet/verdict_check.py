@@ -1,7 +1,7 @@
 """Is a node's answer a verdict the fleet commands can trust? (no jsonschema at run time)
 
 `verdict_problem(doc)` checks a parsed document against the parts of the verdict schema
-(gpucheck/verdict.py SCHEMA, any 1.x) that the sweep, the fleet comparison and bisect read,
+(gpucheck/core/verdict.py SCHEMA, any 1.x) that the sweep, the fleet comparison and bisect read,
 and that the verdict is consistent with itself; it returns one line naming the first problem,
 or None. A verdict of a later 1.x may carry fields this version does not know: they are allowed
 (a minor schema version only adds optional fields), as are the values nothing here reads.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..verdict import SCHEMA
+from ..core.verdict import SCHEMA
 
 STATUSES = ("pass", "warn", "fail", "skip", "error")
 ACTIONS = tuple(SCHEMA["properties"]["action"]["enum"])

@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from operator import itemgetter
 from typing import Any, Iterable
 
+from .. import __version__
 from .folding import fold
 from .topology import Topology, evict_plan
 
@@ -411,8 +412,7 @@ def document(report: dict[str, Any], *, source: dict[str, Any], started: float,
     never a judgement of the whole job: exit 3, whatever the ranks collected show."""
     import time
 
-    from .. import __version__
-    from ..verdict import iso_utc
+    from ..core.verdict import iso_utc
 
     now = time.time() if now is None else now
     doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "gpucheck_version": __version__,

@@ -1,5 +1,5 @@
 """Collect from many nodes: `gpucheck hang --local --json` on each node through the sweep's
-fan-out (gpucheck.fleet.fanout.run_nodes: ClusterShell over ssh, or srun), and validation of the
+fan-out (gpucheck.platform.fanout.run_nodes: ClusterShell over ssh, or srun), and validation of the
 `gpucheck.hang.node` documents that come back. A node that answers garbage, no document, or
 not at all is a node status with a reason (unreachable, timeout, error), never a crash; the
 ranks of the documents that validate become the analysis's input.
@@ -18,8 +18,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from ..fleet.snippets import SNIPPET, last_line, snippet
-from ..safeio import loads_json
+from ..platform.safeio import loads_json
+from ..platform.snippets import SNIPPET, last_line, snippet
 from .local import NODE_SCHEMA
 
 NODE_STATUSES = ("ok", "partial", "error", "no-processes", "interrupted")
@@ -162,7 +162,7 @@ def from_doc(node: str, doc: dict[str, Any], duration_s: float = 0.0) -> NodeRes
 
 
 def classify(run, *, timeout_s: float | None = None) -> NodeResult:
-    """One node's result from its fan-out run (gpucheck.fleet.fanout.NodeRun)."""
+    """One node's result from its fan-out run (gpucheck.platform.fanout.NodeRun)."""
     if run.timed_out:
         limit = f" within {timeout_s:g} s" if timeout_s else ""
         return NodeResult(run.node, "timeout", f"no answer{limit} (killed)", run.duration_s)

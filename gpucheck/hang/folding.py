@@ -10,7 +10,7 @@ _NODE_NUMBER = re.compile(r"(.*?)(\d+)(\D*)")
 
 
 def fold(nodes: Iterable[str]) -> str:
-    """gpucheck.fleet.nodeset.fold's node set text, for thousands of names at once: the numbers
+    """gpucheck.platform.nodeset.fold's node set text, for thousands of names at once: the numbers
     are folded into ranges here and ClusterShell parses only the few folded pieces (it parses
     every name of a plain list: about 50 ms for 2,048 names, many times per analysis)."""
     from ClusterShell.NodeSet import NodeSet

@@ -130,7 +130,7 @@ def collect_node(opts: LocalOptions, children: pyspy.Children | None = None) -> 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="py-spy") as pool:
         entries = list(pool.map(lambda r: _dump_one(r, opts, py_spy, refusal, children), sel.ranks))
     status, reason = _status(entries, children.stopped.is_set())
-    from ..verdict import iso_utc
+    from ..core.verdict import iso_utc
 
     return {
         "schema": NODE_SCHEMA,

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..safeio import loads_json
-from ..processes import kill_group
+from ..platform.processes import kill_group
+from ..platform.safeio import loads_json
 
 DUMP_ATTEMPTS = 3  # a non-blocking read can race the interpreter; a hung process reads the same
 OUTPUT_MAX = 16 << 20

@@ -46,7 +46,7 @@ def parse_show_job(text: str) -> dict[str, str]:
 
 
 def job_info(job_id: str, *, runner: Runner, scontrol: str) -> JobInfo:
-    from ..fleet.nodeset import NodeSetError, parse_nodeset
+    from ..platform.nodeset import NodeSetError, parse_nodeset
 
     job_id = valid_job_id(job_id)
     rc, out, err = runner([scontrol, "-o", "show", "job", job_id])

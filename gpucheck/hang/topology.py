@@ -103,9 +103,9 @@ def megatron(spec: MegatronSpec, world: int) -> Topology:
 def load_groups(path: str) -> Topology:
     """A groups file: {"DIMENSION": [[rank, ...], ...], ...}; TopologyError naming the key.
 
-    Read through gpucheck.safeio: a regular file of at most LIMITS["groups"] bytes (a FIFO or a
+    Read through gpucheck.platform.safeio: a regular file of at most LIMITS["groups"] bytes (a FIFO or a
     device is refused, never waited on), JSON nested at most MAX_JSON_DEPTH deep."""
-    from ..safeio import describe_error, loads_json, read_input
+    from ..platform.safeio import describe_error, loads_json, read_input
 
     try:
         doc = loads_json(read_input(path, "groups").decode("utf-8"))

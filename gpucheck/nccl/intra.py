@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Any, Callable
 
-from ..result import Action, Basis, Key, Result, Rule, Status, evaluate, settle
+from ..core.result import Action, Basis, Key, Result, Rule, Status, evaluate, settle
 from .bandwidth import format_size, median
 from .collective import RankSpec
 from .expected import expected_busbw

@@ -13,8 +13,8 @@ placeholder among other text (``--nodelist={host}``, or the script of ``sh -c 't
 exec {qcmd}'``) may be shell text for a shell the launcher starts, so the values go in
 shell-quoted (``{cmd}``/``{qcmd}``: the command as shell words), and a placeholder inside a
 quoted string or after a backslash within such a word is refused (validate(): quoting cannot
-protect it there; gpucheck.fleet.placeholders). Host names and addresses are checked where
-they are parsed (gpucheck.fleet.nodeset; parse_addrs), so no value starts with ``-`` or holds
+protect it there; gpucheck.platform.placeholders). Host names and addresses are checked where
+they are parsed (gpucheck.platform.nodeset; parse_addrs), so no value starts with ``-`` or holds
 shell syntax.
 
 The rendezvous is on the group's first host. Its rank binds a free port and prints a
@@ -47,10 +47,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import processes
-from ..fleet.nodeset import NodeSetError, check_node_name, node_name_problem
-from ..fleet.placeholders import quoted_placeholder, refusal, substitute
-from ..processes import kill_group
+from ..platform import processes
+from ..platform.nodeset import NodeSetError, check_node_name, node_name_problem
+from ..platform.placeholders import quoted_placeholder, refusal, substitute
+from ..platform.processes import kill_group
 from .report import merge, parse_events
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -- {host} {qcmd}"
@@ -109,7 +109,7 @@ class Launcher:
 def _ssh_without_stdin(toks: list[str]) -> bool:
     """Whether an `ssh` word of the template is given options that replace the remote command's
     standard input with /dev/null (the options before its destination: `--` or a placeholder)."""
-    from ..fleet.fanout import ssh_reads_no_stdin
+    from ..platform.fanout import ssh_reads_no_stdin
 
     for i, tok in enumerate(toks):
         if tok.rsplit("/", 1)[-1] != "ssh":
@@ -125,7 +125,7 @@ def _ssh_without_stdin(toks: list[str]) -> bool:
 
 
 def parse_addrs(items: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """['h1=10.0.0.1', ...] -> {'h1': '10.0.0.1'}. HOST is a node name (gpucheck.fleet.nodeset's
+    """['h1=10.0.0.1', ...] -> {'h1': '10.0.0.1'}. HOST is a node name (gpucheck.platform.nodeset's
     rule), ADDRESS an IPv4/IPv6 address or a host name by the same rule."""
     out: dict[str, str] = {}
     for item in items:
@@ -214,7 +214,7 @@ def run_group(
     because another host could not take part). A launcher that exits without a result while the
     others run (an unreachable host, gpucheck missing there) ends the group at once: its peers
     would only wait for it until their rendezvous timeout. Each host's process leads a session
-    of its own, tracked by gpucheck.processes: a stop (SIGTERM/SIGINT of the command) ends them,
+    of its own, tracked by gpucheck.platform.processes: a stop (SIGTERM/SIGINT of the command) ends them,
     and run_group raises Interrupted instead of returning what the stopped ranks left."""
     group = _Group(hosts, launcher, args, deadline_s=deadline_s, index=index, corrupt=corrupt, on_event=on_event,
                    nproc_per_node=nproc_per_node)

@@ -2,7 +2,7 @@
 interface, the events, the exit code.
 
 `run_node(topo, settings, emit=..., note=...)` builds a RankSpec per rank of this invocation,
-refuses GPUs a job is using (gpucheck.busy; every rank then reports failure kind "busy"),
+refuses GPUs a job is using (gpucheck.workers.busy; every rank then reports failure kind "busy"),
 picks the network interface when none is given (gpucheck.nccl.topology.pick_interface), runs
 the ranks (gpucheck.nccl.procs) and returns 0 verified, 1 fail, 3 could not judge. Events go to
 `emit` (one JSON object each); `note` gets the lines meant for stderr.
@@ -165,11 +165,11 @@ def run_node(topo: Topology, cfg: NodeSettings, *, emit: Callable[[dict[str, Any
 
 def refuse_busy_gpus(specs: list[RankSpec], local_ranks: list[int], *, force: bool,
                      emit: Callable[[dict[str, Any]], None], notes: list[str], note: Callable[[str], None]) -> bool:
-    """The load-test guard (gpucheck.busy) for this invocation's GPUs: when one is in use (or
+    """The load-test guard (gpucheck.workers.busy) for this invocation's GPUs: when one is in use (or
     whether it is cannot be read), emit an error result for every rank (failure kind "busy",
     which report.merge turns into a could-not-judge group, blaming no host) and return True.
     With --force, the notes go to stderr and into every result event."""
-    from ..busy import guard_ranks
+    from ..workers.busy import guard_ranks
 
     refusals, forced = guard_ranks(local_ranks, force=force, environ=os.environ)
     for line in forced:

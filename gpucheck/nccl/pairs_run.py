@@ -12,6 +12,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from ..platform.processes import Interrupted, stopping
 from . import pairs as P
 from .launch import Launcher, run_group
 from .report import largest
@@ -53,8 +54,6 @@ def run_plan(plan: list[list[P.Pair]], lau: Launcher, args: list[str], *, deadli
 
     On a stop (SIGTERM/SIGINT) raises Interrupted with the outcomes of the pairs that finished
     before it as `partial`: the pairs it cut short are left out, and no further round starts."""
-    from ..processes import Interrupted, stopping
-
     outcomes: list[P.PairOutcome] = []
     index = 0
     for rnd, pairs in enumerate(plan, start=1):

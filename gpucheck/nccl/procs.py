@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..processes import die_with_parent
+from ..platform.processes import die_with_parent
 from .collective import CULPRIT_LIMIT_S, RankSpec, base_report, run_rank, timeout_summary
 
 REAP_S = 5.0

@@ -16,7 +16,7 @@ from .collective import timeout_summary
 
 def parse_events(text: str) -> list[dict[str, Any]]:
     """The JSON event lines in a `gpucheck nccl run` output; other lines are ignored."""
-    from ..safeio import loads_json
+    from ..platform.safeio import loads_json
 
     out = []
     for line in text.splitlines():

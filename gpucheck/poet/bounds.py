@@ -70,7 +70,7 @@ class PoetInputError(ValueError):
 
 def parse_dtypes(value: str | list[str] | tuple[str, ...]) -> list[str]:
     """'fp32,bf16' or ['bf16'] -> ['fp32', 'bf16']; PoetInputError for anything else."""
-    from ..choices import parse_choices
+    from ..core.choices import parse_choices
 
     return parse_choices(value, DTYPES, what="dtype", error=PoetInputError, aliases=ALIASES)
 

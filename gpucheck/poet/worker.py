@@ -4,7 +4,7 @@
 backend (the CUDA kernels through CuPy on a GPU when CuPy is installed, else the torch
 implementation of the same operations), then runs problems round-robin over every (dtype, block
 size) pair until the duration is used up, sending a heartbeat after every operation and a
-progress report every `window_s`. It returns plain data; gpucheck.tests_suite.poet judges it.
+progress report every `window_s`. It returns plain data; gpucheck.tests_suite.poet_ortho judges it.
 
 Fault injection (args): `bitflip` = {"op", "bit", "row", "col", "problem"} flips one bit of one
 output of that operation in that problem (gpucheck.poet.invariants.INJECT_OPS); `hang_after_s`
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .bounds import DENSE_ACC_ROUNDOFF, parse_blocks, parse_dtypes
 from .invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
+from .ortho import QPool, TorchOps, make_problem, set_precision
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..workers.results import PoetResult, SetupError
@@ -130,8 +131,6 @@ class PoetConfig:
 def select_backend(torch: Any, dev: Any, want: str) -> tuple[Any, str | None]:
     """(ops, note): the CuPy kernels where asked for or available on a GPU, else torch. `note`
     says why the CUDA kernels are not exercised (None when they are, or on a CPU)."""
-    from .ortho import TorchOps
-
     if dev.type != "cuda":
         if want == "cupy":
             raise ValueError("the CuPy backend needs a CUDA device")
@@ -167,7 +166,6 @@ def poet_worker(args: dict[str, Any], chan: Any) -> "PoetResult | SetupError":
         return setup_error
     from ..kernels.cupy_module import KernelError
     from .cupy_ops import CupyUnavailable, size_problem
-    from .ortho import set_precision
 
     if dev.type == "cuda":
         set_precision(torch)
@@ -192,8 +190,6 @@ class PoetRunner:
     """The problem loop on one device. torch and the backend are passed in."""
 
     def __init__(self, torch: Any, dev: Any, chan: Any, cfg: PoetConfig, ops: Any, note: str | None = None):
-        from .ortho import QPool
-
         self.torch = torch
         self.dev = dev
         self.chan = chan
@@ -252,8 +248,6 @@ class PoetRunner:
     def _solve(self, i: int, dt: str, b: int, c: dict[str, Any], out: dict[str, Any]) -> dict[str, Any] | None:
         """Problem `i`, made and checked; None when the run ends here (`out` says why: asked to
         stop, or out of memory)."""
-        from .ortho import make_problem
-
         cfg = self.cfg
         try:
             prob = make_problem(self.torch, self.dev, self.pool, index=i, seed=cfg.seed * 1_000_003 + i,

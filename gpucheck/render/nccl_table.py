@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from .console import STYLES, line, styled
+from .console import STYLES, line, make_console, styled
 
 HEADER = ("#       size         count      type   redop      time     algbw     busbw  #wrong",
           "#        (B)    (elements)                        (us)    (GB/s)    (GB/s)")
@@ -94,8 +94,6 @@ class RunView:
 
     def __init__(self, file=None, err=None):
         import sys
-
-        from .console import make_console
 
         self.console = make_console(file if file is not None else sys.stdout)
         self.err = err if err is not None else sys.stderr

@@ -68,7 +68,7 @@ def describe(info: dict[str, Any]) -> str:
 
 
 class ProgressLines:
-    """The run pipeline's display without a terminal (the interface of gpucheck.output.LiveStatus:
+    """The run pipeline's display without a terminal (the interface of gpucheck.render.live.LiveStatus:
     started / progress / finished / close)."""
 
     def __init__(self, stream: TextIO | None = None, *, interval_s: float = PROGRESS_INTERVAL_S,

@@ -72,10 +72,19 @@ def grid_lines(outcomes: Iterable[Any], width: int) -> list[Any]:
     return out + legend
 
 
+def failing_text(failing: list[str]) -> str:
+    """["ecc:gpu0", "ecc:gpu3", "xid"] -> "ecc[gpu0,gpu3], xid"."""
+    groups: dict[str, list[str]] = {}
+    for item in failing:
+        check, _, subj = item.partition(":")
+        groups.setdefault(check, [])
+        if subj:
+            groups[check].append(subj)
+    return ", ".join(f"{c}[{','.join(s)}]" if s else c for c, s in groups.items())
+
+
 def node_lines(outcomes: Iterable[Any], strict: bool, width: int) -> list[Any]:
     """One line per node that is not a plain pass: status, node, failing checks, cause, action."""
-    from ..fleet.sweep import failing_text
-
     out = []
     for o in sorted(outcomes, key=lambda o: (-RANK.get(o.status, 0), o.node)):
         if o.status in ("pass", "skip"):
@@ -106,7 +115,7 @@ def worst_causes(outcomes: Iterable[Any], strict: bool) -> list[tuple[str, str, 
 
 
 def worst_cause_lines(outcomes: list[Any], strict: bool, width: int) -> list[Any]:
-    from ..fleet.nodeset import fold
+    from ..platform.nodeset import fold
 
     groups = worst_causes(outcomes, strict)
     if not groups:

@@ -6,7 +6,7 @@ The plots are plotly.js figures (the optional extra `report`: `pip install 'gpuc
 with plotly.js itself embedded in the page. Every piece of data is escaped for HTML and for
 plotly's own text markup: a node name or a log line is shown as it is, never interpreted.
 
-- `inputs.load_input(path)` reads and classifies one file (ReportError: unusable, exit 2);
+- `inputs.load_input(path)` reads and classifies one file (inputs.ReportError: unusable, exit 2);
 - `sections` turn each document into a Section (HTML blocks and figures);
 - `page.render_page(sections)` assembles the page.
 """
@@ -14,14 +14,10 @@ plotly's own text markup: a node name or a log line is shown as it is, never int
 from __future__ import annotations
 
 
-class ReportError(Exception):
-    """An input that cannot be used, or an output that cannot be made: exit 2 with this line."""
-
-
 def build_report(paths: list[str], *, generated: str | None = None) -> str:
     """The HTML page for the input files, in the order given (ReportError for an input that
     cannot be used, or a missing plotly)."""
-    from ..verdict import iso_utc
+    from ..core.verdict import iso_utc
     from .inputs import display_name, load_input
     from .page import render_page
 

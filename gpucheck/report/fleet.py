@@ -67,7 +67,7 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]]) -> Figure:
 
 
 def _sweep_distributions(doc: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[Any]:
-    from ..fleet.compare import fleet_inputs
+    from ..core.documents import fleet_inputs
 
     values: dict[tuple[str, str, str, str], list[tuple[str, str, float]]] = {}
     for n in nodes:
@@ -204,7 +204,7 @@ def bisect_section(inp: Input) -> Section:
 
 
 def _members(label: Any) -> frozenset[str]:
-    from ..fleet.nodeset import NodeSetError, parse_nodeset
+    from ..platform.nodeset import NodeSetError, parse_nodeset
 
     try:
         return frozenset(parse_nodeset(str(label)))

@@ -1,4 +1,4 @@
-"""Reading `gpucheck report`'s inputs: each file through gpucheck.safeio (a regular file, at most
+"""Reading `gpucheck report`'s inputs: each file through gpucheck.platform.safeio (a regular file, at most
 1 GiB, JSON nested at most 64 levels), classified by its content:
 
 | kind | what identifies it |
@@ -19,7 +19,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import ReportError
+
+class ReportError(Exception):
+    """An input that cannot be used, or an output that cannot be made: exit 2 with this line."""
+
 
 KINDS = {"gpucheck.verdict": "verdict", "gpucheck.sweep": "sweep", "gpucheck.nccl.pairs": "pairs",
          "gpucheck.bisect": "bisect"}
@@ -35,7 +38,7 @@ class Input:
 
 def load_input(path: str) -> Input:
     """Read and classify one input file; ReportError (one line naming the file) otherwise."""
-    from ..safeio import describe_error, read_input
+    from ..platform.safeio import describe_error, read_input
 
     try:
         data = read_input(path, "report input")
@@ -55,7 +58,7 @@ def load_input(path: str) -> Input:
 
 
 def _one_document(text: str) -> tuple[Any, str | None]:
-    from ..safeio import loads_json
+    from ..platform.safeio import loads_json
 
     try:
         return loads_json(text), None
@@ -92,7 +95,7 @@ def _shape_problem(kind: str, doc: dict[str, Any]) -> str | None:
 
 def _json_lines(text: str) -> tuple[list[dict[str, Any]], int]:
     """The verdicts of a JSON-lines history and the number of lines that were not one."""
-    from ..safeio import loads_json
+    from ..platform.safeio import loads_json
 
     verdicts, skipped = [], 0
     for line in text.splitlines():

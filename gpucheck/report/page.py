@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ReportError
+from .inputs import ReportError
 
 STATUS_COLORS = {"pass": "#2e7d32", "warn": "#f9a825", "fail": "#c62828", "error": "#8e24aa",
                  "unexamined": "#6a1b9a", "skip": "#9e9e9e", "unreachable": "#4a148c", "timeout": "#ad1457",

@@ -142,7 +142,7 @@ def cublas_version() -> str | None:
             m = re.search(r"libcublas\.so\.(\d+(?:\.\d+)*)", os.path.basename(os.path.realpath(path)))
             if m:
                 return m.group(1)
-    from ..fingerprint import _cuda_pkg_version
+    from ..platform.fingerprint import _cuda_pkg_version
 
     return _cuda_pkg_version("nvidia-cublas")
 

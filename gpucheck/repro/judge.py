@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..result import Action, Basis, Result, Rule, Status, evaluate
+from ..core.result import Action, Basis, Result, Rule, Status, evaluate
 from . import majority as mj
 from .fingerprint import canonical, closest, describe, fingerprint_key, short_key
 from .store import entries

@@ -23,7 +23,7 @@ a digest that disagrees with one stored for the same fingerprint and workload is
 that shows both, and nothing is written. Writes are atomic (a temporary file and a rename) under
 an exclusive lock, so two concurrent records never lose one another's digests.
 
-Files (gpucheck.safeio): the reference file and its lock are opened with O_NOFOLLOW and used only
+Files (gpucheck.platform.safeio): the reference file and its lock are opened with O_NOFOLLOW and used only
 when they are regular files (at most LIMITS["reference"] bytes); as root, the folder holding them
 must be owned by root and not writable by group or others, and so must every folder on the way
 (a sticky one excepted), else RefFileError naming it.
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .. import safeio
+from ..platform import safeio
 from . import DEFAULT_REFERENCE_PATH
 from .fingerprint import fingerprint_key, short_key
 
@@ -216,7 +216,7 @@ def loads(text: str | bytes, path: str = "<reference file>") -> dict[str, Any]:
 
 def check_folder(path: str | os.PathLike[str]) -> None:
     """As root: RefFileError when the folder of `path` (or one on the way) could be changed by
-    users other than root (gpucheck.safeio.check_private_dir). Nothing to check otherwise."""
+    users other than root (gpucheck.platform.safeio.check_private_dir). Nothing to check otherwise."""
     if os.geteuid() != 0:
         return
     p = Path(path)

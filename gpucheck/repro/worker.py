@@ -31,7 +31,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from .workloads import CUBLAS_WORKSPACE_CONFIG, PRESET_DEFS, WorkloadError, select_workloads
+from .workloads import (CUBLAS_WORKSPACE_CONFIG, PRESET_DEFS, WorkloadError, determinism, digest, flip_bit,
+                        run_workload, select_workloads)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..workers.results import ReproResult, SetupError
@@ -55,8 +56,6 @@ def repro_worker(args: dict[str, Any], chan: Any) -> "ReproResult | SetupError":
 def run_all(torch: Any, dev: Any, chan: Any, workloads: list[str], preset_name: str,
             args: dict[str, Any]) -> dict[str, Any]:
     """The two runs of every workload on `dev` (the worker's body; callable in-process)."""
-    from .workloads import determinism
-
     with determinism(torch) as settings:
         settings["cublas_workspace_config"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
         return _run_all(torch, dev, chan, workloads, preset_name, args, settings)
@@ -65,7 +64,6 @@ def run_all(torch: Any, dev: Any, chan: Any, workloads: list[str], preset_name: 
 def _run_all(torch: Any, dev: Any, chan: Any, workloads: list[str], preset_name: str,
              args: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
     from . import fingerprint as fpm
-    from .workloads import digest, flip_bit, run_workload
 
     preset = PRESET_DEFS[preset_name]
     t_start = time.monotonic()

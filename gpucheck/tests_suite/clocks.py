@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..result import Key, Result, Rule, Status, evaluate
-from ..telemetry.throttle import is_set, reason_names
-from . import apply_unreadable, each_gpu, get
+from ..platform.telemetry.throttle import is_set, reason_names
+from ..sdk import (Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, define, each_gpu, evaluate,
+                   get)
 
 ID = "clocks"
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..result import Action, Key, Result, Rule, Status, evaluate, settle
-from ..telemetry.fields import judged_view
-from . import apply_unreadable, get, gpu_state_result, nvml_unjudged, unreadable_fields
+from ..platform.telemetry.fields import judged_view
+from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
+                   gpu_state_result, nvml_unjudged, settle, unreadable_fields)
 
 ID = "inventory"
 

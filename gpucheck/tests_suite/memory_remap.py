@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..result import Action, Key, Result, Rule, Status, evaluate
-from . import apply_unreadable, each_gpu, get
+from ..sdk import (Action, Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, define, each_gpu,
+                   evaluate, get)
 
 ID = "memory-remap"
 ARCH_AMPERE = 7  # nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_AMPERE

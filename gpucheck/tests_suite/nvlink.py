@@ -31,9 +31,8 @@ import datetime as _dt
 from dataclasses import dataclass
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..result import Action, Key, Result, Rule, Status, evaluate
-from . import apply_unreadable, counter_growth, each_gpu, previous_interval, snapshot_time, unreadable_fields
+from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, counter_growth, define,
+                   each_gpu, evaluate, previous_interval, snapshot_time, unreadable_fields)
 
 ID = "nvlink"
 

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..result import Action, Key, Result, Rule, Status, evaluate
-from . import apply_unreadable, counter_growth, each_gpu, latest_metrics_by, previous_interval, snapshot_time
+from ..sdk import (Action, Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, counter_growth,
+                   define, each_gpu, evaluate, latest_metrics_by, previous_interval, snapshot_time)
 
 ID = "pcie"
 

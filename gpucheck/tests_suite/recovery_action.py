@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..result import Action, Key, Result, Rule, Status, evaluate
-from . import apply_unreadable, each_gpu
+from ..sdk import Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, each_gpu, evaluate
 
 ID = "recovery-action"
 

@@ -3,9 +3,9 @@
 Reads the kernel log (auto: /dev/kmsg, then journalctl -k, dmesg, /var/log files), keeps the
 events of the window (default `last-pass`: everything since the last passing run, so a prolog
 fails for new errors and not for ones already handled; a GPU's events since the last passing run
-that examined that GPU, gpucheck.kernlog.cursor; `ctx.options.xid_since`, set by the Slurm
+that examined that GPU, gpucheck.platform.kernlog.cursor; `ctx.options.xid_since`, set by the Slurm
 epilog to the job's start, wins), maps them to GPUs and judges them with the catalog in
-gpucheck.kernlog.catalog. See docs/xid.md.
+gpucheck.xid.catalog. See docs/xid.md.
 
 When `gpucheck run` replays a recorded snapshot, the live kernel log belongs to another machine:
 the snapshot's own `kernel_log` is judged instead, or the check is skipped saying so.
@@ -16,16 +16,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..check import Context, Level, Need, define
-from ..config import Limit
-from ..kernlog import judge as J
-from ..kernlog.cursor import gpu_starts
-from ..kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
-from ..kernlog.scan import Window, keep_from, read_from_snapshot, resolve_window, scan, scan_read
-from ..kernlog.sources import SOURCES
-from ..kernlog.timeparse import validate_since
-from ..pci import short_bus_id
-from ..result import Result, Status
+from ..platform.kernlog.cursor import gpu_starts
+from ..platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
+from ..platform.kernlog.scan import Window, keep_from, read_from_snapshot, resolve_window, scan, scan_read
+from ..platform.kernlog.sources.selection import SOURCES
+from ..platform.kernlog.timeparse import parse_timestamp, validate_since
+from ..platform.pci import short_bus_id
+from ..sdk import Context, Level, Limit, Need, Result, Status, define
+from ..xid import judge as J
 
 ID = "xid"
 DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)
@@ -48,8 +46,6 @@ def _inventory(ctx: Context) -> list[GpuInfo]:
 
 
 def _snapshot_epoch(snap: dict[str, Any]) -> float | None:
-    from ..kernlog.timeparse import parse_timestamp
-
     v = snap.get("captured_at")
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
@@ -122,7 +118,7 @@ def run(ctx: Context) -> list[Result]:
 
 def _from_gpu_marks(sc: Any, gpu_map: GpuMap) -> list[str]:
     """With the last-pass window, judge each GPU's events from its own last-pass mark where a run
-    on that GPU passed after the node mark (gpucheck.kernlog.cursor): a GPU is matched by UUID;
+    on that GPU passed after the node mark (gpucheck.platform.kernlog.cursor): a GPU is matched by UUID;
     every event that names no GPU with a UUID keeps the window's start (the node mark). Returns
     the notes for the node result."""
     if sc.window.since != "last-pass" or sc.window.cursor is None:

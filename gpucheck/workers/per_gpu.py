@@ -26,11 +26,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..check import Context, Slice
-from ..result import Action, Result, Status, settle
+from ..core.check import Context, Slice
+from ..core.result import Action, Basis, Result, Status, settle
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..telemetry.model import TelemetrySummary
+    from ..platform.telemetry.model import TelemetrySummary
     from .pool import WorkerJob, WorkerOutcome
     from .sampler import Sampler
     from .targets import WorkerTarget
@@ -294,8 +294,6 @@ def finish_result(r: Result, t: "TelemetrySummary", *, device: str, gpu: int, no
 
 
 def _cuda_crash(err: str) -> tuple[str, Any]:
-    from ..result import Action
-
     low = err.lower()
     return "", (Action.RESET_GPU if ("cuda" in low or "cublas" in low) else Action.INVESTIGATE)
 
@@ -322,7 +320,6 @@ def unfinished_result(
     - no result (cancelled, over budget): error "not finished".
 
     `partial(result, last_progress)` adds what the worker reported before it stopped."""
-    from ..result import Action, Basis
     from .pool import CANCELLED, CRASHED, HUNG
 
     if oc is None:

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as _wait
 from typing import TYPE_CHECKING, Any, Callable, cast
 
-from ..processes import die_with_parent
+from ..platform.processes import die_with_parent
 
 if TYPE_CHECKING:  # pragma: no cover
     from .results import DeviceInfo, SetupError

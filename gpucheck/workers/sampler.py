@@ -6,8 +6,8 @@ event the source delivered since the last tick. `summary(gpu)` folds the samples
 that go into that GPU's result: min/median/max SM clock, max temperature, mean power, the throttle
 reasons seen, Xid codes.
 
-The samples come from the run's telemetry source (gpucheck.telemetry.source, `ctx.telemetry`):
-live NVML through the one choke point, gpucheck.telemetry.nvml, opened in the sampling thread, or
+The samples come from the run's telemetry source (gpucheck.platform.telemetry.source, `ctx.telemetry`):
+live NVML through the one choke point, gpucheck.platform.telemetry.nvml, opened in the sampling thread, or
 whatever source the edge chose (a fake in tests). Where it has no telemetry (no driver) the
 sampler records why in `note` ("no NVML telemetry: ...") and is otherwise a no-op: that is
 evidence, not an error.
@@ -20,10 +20,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..telemetry.model import Sample, TelemetrySummary, XidEvent
+from ..platform.telemetry.model import Sample, TelemetrySummary, XidEvent
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..telemetry.source import SamplingSession, TelemetrySource
+    from ..platform.telemetry.source import SamplingSession, TelemetrySource
 
 # Clock-event reasons that are not a cause of low throughput under load (an idle GPU, clocks set
 # by the administrator, a display, multi-GPU boost synchronisation).
@@ -128,7 +128,7 @@ class Sampler:
     def _run(self) -> None:
         source = self.source
         if source is None:
-            from ..telemetry.source import LiveTelemetry
+            from ..platform.telemetry.source import LiveTelemetry
 
             source = LiveTelemetry()
         try:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from ..check import Context
-from ..result import Result, Status
+from ..core.check import Context
+from ..core.result import Result, Status
 
 
 class WorkerTarget(TypedDict):

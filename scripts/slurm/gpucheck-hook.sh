@@ -75,7 +75,7 @@ say() {  # $1: syslog priority (daemon.$1), $2: the line (made one line: no forg
 }
 
 config_on_error() {  # on_error of the config file's run table: fail, pass or nothing
-  # The spellings gpucheck reads (gpucheck.config.scan_on_error): [run] or ["run"] / ['run'] then
+  # The spellings gpucheck reads (gpucheck.core.config.scan_on_error): [run] or ["run"] / ['run'] then
   # on_error = ..., a top-level run.on_error = ..., an inline run = { ..., on_error = ... }, keys
   # bare or quoted; a leading UTF-8 byte order mark is dropped. "fail" anywhere wins.
   config=${opt_config:-/etc/gpucheck/config.toml}

@@ -26,8 +26,8 @@ import math
 import time
 from typing import Any, Callable
 
-from ...processes import Interrupted
-from ..nodeset import fold
+from ...platform.nodeset import fold
+from ...platform.processes import Interrupted
 from .command import CommandTest
 from .confirm import Confirmation
 from .plan import plan_text
@@ -65,7 +65,7 @@ def bisect(
 ) -> BisectResult:
     """Find the bad nodes of `nodes` (order matters for the grid: it is the job's layout).
 
-    A stop (SIGTERM/SIGINT inside gpucheck.processes.stop_on_signals) ends it at once: the
+    A stop (SIGTERM/SIGINT inside gpucheck.platform.processes.stop_on_signals) ends it at once: the
     result then holds the rounds that completed, no verdict on any node, and `interrupted`.
     A test that cannot judge the nodes ends it with `broken`, no verdict on any node."""
     if strategy not in STRATEGIES:

@@ -52,7 +52,7 @@ class BitwiseProbe:
         self._lock = threading.Lock()
 
     def _probe(self, node: str) -> None:
-        from ...processes import run
+        from ...platform.processes import run
         from ..sweep import parse_verdict
 
         cmd = [*self.launcher.program, "run", "--json", "--no-history", "--check", "repro.bitwise",

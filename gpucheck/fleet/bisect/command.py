@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
+from ...platform.nodeset import fold
 from .session import GroupOutcome
 
 # Exit statuses that mean the command could not run at all (POSIX shells): no evidence about nodes.
@@ -30,7 +31,7 @@ class CommandTest:
     Placeholders: {nodes} (the group as a folded node set, e.g. n[1-4,7]), {nodes_comma}
     (n1,n2,...), {count}. Each is substituted shell-quoted, in one pass; a template that puts
     one inside a quoted string or after a backslash is refused (quoting cannot protect it there:
-    gpucheck.fleet.placeholders). The command runs with /bin/sh in a process group of its own;
+    gpucheck.platform.placeholders). The command runs with /bin/sh in a process group of its own;
     past `timeout_s` the whole group is stopped (SIGTERM, SIGKILL a second later) and the test
     counts as failed (a hang is what bad nodes often do).
 
@@ -43,7 +44,7 @@ class CommandTest:
     ALL = ("{nodes}", "{nodes_comma}", "{count}")
 
     def __init__(self, template: str, *, timeout_s: float | None = None, shell: str = "/bin/sh"):
-        from ..placeholders import quoted_placeholder, refusal
+        from ...platform.placeholders import quoted_placeholder, refusal
 
         if not any(p in template for p in self.PLACEHOLDERS):
             raise ValueError(f"--test {template!r} has no {{nodes}} (or {{nodes_comma}}) placeholder")
@@ -55,14 +56,13 @@ class CommandTest:
         self.shell = shell
 
     def command(self, nodes: list[str]) -> str:
-        from ..nodeset import fold
-        from ..placeholders import substitute
+        from ...platform.placeholders import substitute
 
         return substitute(self.template, {"{nodes_comma}": ",".join(nodes), "{nodes}": fold(nodes),
                                           "{count}": str(len(nodes))})
 
     def __call__(self, nodes: list[str]) -> GroupOutcome:
-        from ...processes import run
+        from ...platform.processes import run
 
         cmd = self.command(nodes)
         t0 = time.monotonic()

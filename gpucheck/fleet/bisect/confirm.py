@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...platform.nodeset import fold
 from .result import Suspect, posterior_bad, search_evidence
 from .search import Search, pad
 from .session import Session, TestBroken
@@ -153,8 +154,6 @@ class Confirmation:
         return bad, cleared
 
     def _retest_lines(self, node: str) -> list[str]:
-        from ..nodeset import fold
-
         controls = {r.round: r for r in self.session.records if r.phase == "control"}
         lines = []
         for r in self.session.records:

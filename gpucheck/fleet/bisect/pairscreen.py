@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..nodeset import fold
+from ...platform.nodeset import fold
 from .result import posterior_bad
 from .session import GroupOutcome, Session, TestBroken
 

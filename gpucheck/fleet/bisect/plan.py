@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 
+from ...platform.nodeset import fold
 from .search import splitting_bound
 from .strategies import grid_layout
 
 
 def plan_text(nodes: list[str], *, strategy: str, group_size: int | None, min_group: int,
               repeats: int, max_bad: int | None, parallel: int = 0, pairs_first: bool = False) -> list[str]:
-    from ..nodeset import fold
-
     n = len(nodes)
     lines = [f"{n} node(s): {fold(nodes)}; strategy {strategy}"]
     if pairs_first:

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ...platform.nodeset import fold
 from .session import GroupRecord
 
 SCHEMA = "gpucheck.bisect"
@@ -84,8 +85,6 @@ class BisectResult:
         return [n for n in (self.bandwidth or {}).get("unjudged", []) if n not in bad]
 
     def to_dict(self) -> dict[str, Any]:
-        from ..nodeset import fold
-
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
             "strategy": self.strategy, "nodeset": fold(self.nodes), "nodes": len(self.nodes),

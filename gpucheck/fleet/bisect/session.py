@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...processes import check_stop
+from ...platform.nodeset import fold
+from ...platform.processes import check_stop
 
 
 @dataclass
@@ -64,8 +65,6 @@ class GroupRecord:
     @functools.cached_property
     def label(self) -> str:
         """The group as a folded node set (computed once: folding thousands of names is slow)."""
-        from ..nodeset import fold
-
         return fold(self.nodes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,7 +76,7 @@ class GroupRecord:
 
 class Session:
     """Runs rounds of group tests, keeps every record, counts tests and rounds. A stop
-    (gpucheck.processes) raises Interrupted out of run(); the round it cut short is not kept.
+    (gpucheck.platform.processes) raises Interrupted out of run(); the round it cut short is not kept.
     An outcome marked `broken` raises TestBroken once its round is recorded."""
 
     def __init__(self, test: GroupTest, *, parallel: int = 0,

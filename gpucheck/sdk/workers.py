@@ -1,0 +1,24 @@
+"""The check SDK for compute checks: one worker process per GPU (gpucheck.workers.per_gpu), the
+pool's outcome kinds and jobs (gpucheck.workers.pool) and the guard that never loads a GPU a job
+is using (gpucheck.workers.busy). A compute check imports this inside the function that computes,
+so that a level-1 run never loads the worker plumbing; the names are defined in those modules,
+this one only gathers them. A check that drives the pool itself calls `pool.run_workers`, looked
+up at the call: the tests replace it there.
+"""
+
+from __future__ import annotations
+
+from ..workers import pool
+from ..workers.busy import guard_context, guarded_targets, unknown_gpus
+from ..workers.per_gpu import (TORCH_IMPORT_CPU_S, LoadTime, Promise, cut_short, deadline_problem, duration_slice,
+                               finish_result, level_duration, pool_budget, progress_evidence, promised, run_per_gpu,
+                               stop_timings, stopped_early, telemetry_summary, unfinished_result)
+from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET, WorkerJob
+
+__all__ = [
+    "guard_context", "guarded_targets", "unknown_gpus",
+    "TORCH_IMPORT_CPU_S", "LoadTime", "Promise", "cut_short", "deadline_problem", "duration_slice", "finish_result",
+    "level_duration", "pool_budget", "progress_evidence", "promised", "run_per_gpu", "stop_timings",
+    "stopped_early", "telemetry_summary", "unfinished_result",
+    "pool", "CANCELLED", "CRASHED", "HUNG", "OVER_BUDGET", "WorkerJob",
+]
