@@ -1,4 +1,4 @@
-"""How far past `--timeout` a whole gpucheck process ends (the README promises at most 1 s).
+"""How far past `--timeout` a whole gpucheck process ends (docs/run.md promises at most 1 s).
 
     python benchmarks/bench_timeout.py [--runs 3]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Make the README's screenshots with the test suite's headless Chromium (tests/chromium.py):
+"""Make the screenshots of the README and docs/ with the test suite's headless Chromium (tests/chromium.py):
 
     python3 scripts/screenshots.py [--out docs/img]
 

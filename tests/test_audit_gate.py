@@ -78,6 +78,7 @@ def test_a_run_on_some_gpus_never_hides_another_gpus_xid(tmp_path, monkeypatch, 
     assert run(None) == 1  # still the same node, still the same Xid
 
 
+@pytest.mark.slow
 def test_a_hung_nvml_never_starves_the_prolog_of_its_xid_check(tmp_path, monkeypatch):
     from gpucheck.platform.telemetry import snapshot as telemetry_snapshot
 
@@ -109,6 +110,7 @@ def test_a_job_gpu_missing_from_nvml_fails_the_prolog(tmp_path):
 
 # -- 2. a signal after the verdict: the hook dies, the wrapper lets the job run on a bad node -------------
 
+@pytest.mark.slow
 def test_sigterm_while_the_prolog_drains_keeps_the_unhealthy_exit(tmp_path):
     marker = tmp_path / "scontrol-called"
     scontrol = tmp_path / "scontrol"
@@ -157,6 +159,7 @@ def test_a_full_stdout_never_turns_a_healthy_run_into_exit_1(tmp_path):
     assert _history_lines(tmp_path) == 1
 
 
+@pytest.mark.slow
 def test_a_closed_stdout_pipe_never_turns_a_healthy_run_into_exit_1(tmp_path):
     argv = [sys.executable, "-m", "gpucheck", "run", "--snapshot", str(HEALTHY), "--state-dir", str(tmp_path / "state"),
             "--json"]
@@ -168,6 +171,7 @@ def test_a_closed_stdout_pipe_never_turns_a_healthy_run_into_exit_1(tmp_path):
     assert _history_lines(tmp_path) == 1
 
 
+@pytest.mark.slow
 def test_the_table_prints_bus_ids_as_they_are(tmp_path):
     """rich turned ':ab:' of a PCI bus id into an emoji: the table showed the wrong bus id, and a
     non-UTF-8 stdout crashed a healthy run with exit 1. (The default view is the grid, which
@@ -353,6 +357,7 @@ def test_a_nan_mad_z_would_let_a_slow_node_pass():
 
 # -- 8. two prologs at once lose a job's record ----------------------------------------------------------
 
+@pytest.mark.slow
 def test_two_prologs_at_once_both_remember_their_job(tmp_path, monkeypatch):
     barrier = threading.Barrier(2, timeout=3)
     real = State.read_cursor
@@ -390,6 +395,7 @@ def test_two_prologs_at_once_both_remember_their_job(tmp_path, monkeypatch):
 
 # -- guarantees that hold (variations of the issue's items, untested until now) --------------------------
 
+@pytest.mark.slow
 def test_repro_record_of_an_explicit_cuda_run_without_a_gpu_exits_3_and_records_nothing(tmp_path):
     """`repro record --device cuda` where CUDA cannot run: the command's purpose did not run
     (exit 3, the reason on stderr) and no reference file appears."""

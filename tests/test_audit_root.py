@@ -135,6 +135,7 @@ def test_a_session_that_ends_in_its_first_seconds_still_stops_the_node_command(t
     assert not still_running and not finished
 
 
+@pytest.mark.slow
 def test_a_session_that_ends_later_stops_the_node_command(tmp_path):
     """Holds: past the first seconds, the end of the session stops the node's command (SIGTERM)."""
     rc, finished = run_node_command(tmp_path, "sleep 8; touch {marker}", end_session_after_s=2.5, wait_s=5)

@@ -63,6 +63,7 @@ def test_a_missing_pynvml_module_is_could_not_judge_never_a_drain(tmp_path):
     assert rc == 3 and v["status"] == "error"
 
 
+@pytest.mark.slow
 def test_without_pynvml_the_verdict_still_names_the_missing_module_and_the_bound_driver(tmp_path):
     """What an operator reads today (and after a fix): the PCI evidence shows the nvidia driver
     bound, so the node's driver is loaded; the NVML error names the module."""
@@ -91,6 +92,7 @@ def test_bisect_builtin_whose_launcher_reaches_no_host_blames_no_node():
     assert p.returncode == 3 and result["broken"], result["notes"]
 
 
+@pytest.mark.slow
 def test_pairs_where_every_host_fails_alike_blame_no_node_every_time():
     """Every rank's program exits 3 at once on every host: a broken setup, never a bad node. Four
     runs (the pair summaries depend on which rank's exit is seen first); today about four in five

@@ -105,6 +105,7 @@ def torch_cpu():
     return torch, torch_device(chan), chan
 
 
+@pytest.mark.slow
 def test_healthy_gemms_pass_verification_in_every_dtype_and_distribution(torch_cpu):
     torch, dev, chan = torch_cpu
     cfg = BurnConfig(duration_s=3.0, dtypes=list(DTYPES), size=48, repeats=2, window_s=0.05, ref_every_s=0.0,
@@ -135,6 +136,7 @@ def test_fp8_is_skipped_on_cpu_and_says_why(torch_cpu, monkeypatch):
     assert "compute capability >= 8.9" in out["skipped"]["fp8"]
 
 
+@pytest.mark.slow
 def test_fp8_operands_are_made_in_fp8_without_a_bf16_temporary(torch_cpu):
     """Each fp8 operand of each set is two passes over its own bytes (random bytes, one AND), never
     a bf16 temporary filled, clamped and cast (three passes of twice the bytes per operand, which
@@ -251,6 +253,7 @@ def _fake_sample(gpu):
             "throttle_reason_names": ["sw_power_cap"]}
 
 
+@pytest.mark.slow
 def test_injections_turn_exactly_their_gpu_into_the_right_verdict():
     ctx = _ctx(workers=3, injections=["bitflip:gpu=1", "slow:gpu=2,factor=0.2"],
                telemetry=FakeTelemetry(samples=_fake_sample))
@@ -285,6 +288,7 @@ def test_injections_turn_exactly_their_gpu_into_the_right_verdict():
     assert any(info.get("temperature_c") == 92 for s, info in progress if s == "gpu2")
 
 
+@pytest.mark.slow
 def test_a_hanging_worker_fails_its_gpu_and_the_others_finish():
     ctx = _ctx(workers=2, injections=["hang:gpu=0,after=0.3"])
     res = _by_gpu(run_checks([burn_gemm], ctx, install_signal_handlers=False).results)
@@ -299,6 +303,7 @@ def test_a_hanging_worker_fails_its_gpu_and_the_others_finish():
     assert "no peer result to compare with" in other.summary
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_workers_and_keeps_a_partial_verdict():
     ctx = _ctx(workers=2, duration=120.0)
     # Interrupted in its first windows, two CPU workers' throughput can differ a lot: this test
@@ -336,6 +341,7 @@ def test_sigterm_stops_the_workers_and_keeps_a_partial_verdict():
         assert r.metrics["tflops_fp32"] > 0
 
 
+@pytest.mark.slow
 def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail(monkeypatch):
     from gpucheck.core import check as check_mod
 
@@ -471,6 +477,7 @@ def test_cli_usage_errors_exit_2(burn_cli, capsys):
     assert burn_cli("--size", "8") == 2
 
 
+@pytest.mark.slow
 def test_cli_json_verdict_and_exit_codes(burn_cli, capsys, tmp_path):
     rc = burn_cli("--workers", "1", "--duration", "0.5s", "--size", "32", "--dtype", "fp32", "--json")
     verdict = json.loads(capsys.readouterr().out)

@@ -267,6 +267,7 @@ def test_live_run_on_this_machine(capsys, tmp_path):
         assert json.loads((tmp_path / "cursor-last-pass.json").read_text())["time"] == v["time"]
 
 
+@pytest.mark.slow
 def test_sigterm_to_a_real_process_prints_a_partial_verdict_and_leaves_no_workers():
     """What a Slurm prolog timeout does: SIGTERM to gpucheck while GPU workers run."""
     import signal

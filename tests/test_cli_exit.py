@@ -1,6 +1,6 @@
 """Exit codes when gpucheck itself fails: an uncaught exception or an output that cannot be
 written is "could not judge" (3, one line on stderr), never "unhealthy" (1); a verdict already
-judged keeps its exit code when only printing it failed (README "Exit codes")."""
+judged keeps its exit code when only printing it failed (docs/exit-codes.md)."""
 
 from __future__ import annotations
 
@@ -128,6 +128,7 @@ def test_a_bug_in_the_table_never_changes_the_verdict(tmp_path, monkeypatch, cap
     assert "the verdict was not printed on stdout: KeyError" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_stdout_that_cannot_encode_the_table_never_crashes_a_healthy_run(tmp_path):
     """An ASCII stdout (LANG=C): what it cannot encode is escaped, the run exits 0."""
     r = subprocess.run([sys.executable, "-m", "gpucheck", "run", "--snapshot", str(HEALTHY), "--no-history"],

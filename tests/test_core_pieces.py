@@ -175,6 +175,7 @@ def _append_many(root: str, who: int, n: int) -> None:
         st.append_history({"schema": "gpucheck.verdict", "who": who, "i": i, "pad": pad, "results": []})
 
 
+@pytest.mark.slow
 def test_history_appends_are_atomic_across_processes(tmp_path):
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_append_many, args=(str(tmp_path), w, 50)) for w in range(4)]

@@ -51,6 +51,7 @@ def test_pass_fail_and_crash_are_isolated():
     assert out.interrupted is None
 
 
+@pytest.mark.slow
 def test_hung_check_is_a_fail_and_the_run_goes_on(monkeypatch):
     monkeypatch.setattr(runner_mod, "BUDGET_SLACK_S", 0.0)
     monkeypatch.setattr(runner_mod, "BUDGET_FACTOR", 1.0)

@@ -345,6 +345,7 @@ def signature_misfit(fake: list[tuple[str, str, bool]], real: list[tuple[str, st
 
 
 # -- (a) the chains -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_scan_finds_gpuchecks_cupy_code(uses):
     """The scan reads the CuPy-using modules (a scan that found nothing would pass everything)."""
     files = {u.where.split(":")[0] for u in uses}
@@ -355,6 +356,7 @@ def test_the_scan_finds_gpuchecks_cupy_code(uses):
         {u.target for u in _of(uses, "path")}
 
 
+@pytest.mark.slow
 def test_every_cupy_chain_gpucheck_uses_resolves_on_the_real_module(uses):
     bad = []
     for u in _of(uses, "path"):
@@ -366,6 +368,7 @@ def test_every_cupy_chain_gpucheck_uses_resolves_on_the_real_module(uses):
 
 
 # -- (b) the members, calls, exceptions and keys -----------------------------------------------------------
+@pytest.mark.slow
 def test_every_member_gpucheck_uses_on_a_cupy_object_exists_on_the_real_class(uses):
     bad = []
     for u in _of(uses, "member"):
@@ -375,6 +378,7 @@ def test_every_member_gpucheck_uses_on_a_cupy_object_exists_on_the_real_class(us
     assert not bad, "members the real CuPy classes lack:\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_every_value_gpucheck_uses_as_an_object_has_a_known_kind(uses):
     """A member or return value the tables do not describe, used further, and a parameter that
     PARAMS does not account for, in code that touches CuPy: extend the tables (from CuPy's source)."""
@@ -382,6 +386,7 @@ def test_every_value_gpucheck_uses_as_an_object_has_a_known_kind(uses):
     assert not bad, "uses the conformance tables do not cover:\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_every_cupy_call_fits_the_real_signature(uses):
     bad, unchecked = [], []
     for u in _of(uses, "call"):
@@ -402,6 +407,7 @@ def test_every_cupy_call_fits_the_real_signature(uses):
     assert not unchecked, unchecked
 
 
+@pytest.mark.slow
 def test_every_exception_gpucheck_catches_is_a_real_exception_and_none_is_made(uses):
     catches = _of(uses, "except")
     assert {u.target for u in catches} >= {"cupy.cuda.driver.CUDADriverError", "cupy.cuda.runtime.CUDARuntimeError"}
@@ -422,6 +428,7 @@ def _resolved(path: str) -> Any:
         return None
 
 
+@pytest.mark.slow
 def test_every_device_property_gpucheck_reads_is_one_cupy_sets(uses):
     keys = _of(uses, "key")
     assert {u.target for u in keys} >= {"l2CacheSize", "multiProcessorCount", "totalGlobalMem", "name"}
@@ -553,6 +560,7 @@ def _fake_members(obj: Any) -> tuple[set[str], set[str]]:
     return public, private
 
 
+@pytest.mark.slow
 def test_no_fake_class_has_a_member_its_real_class_lacks(fake):
     bad = []
     for obj in fake_instances(fake):

@@ -61,6 +61,7 @@ def test_other_architectures_and_options_go_through_cupys_own_code():
     assert opts.index("-DX=1") < opts.index("--std=c++17")
 
 
+@pytest.mark.slow
 def test_gpuchecks_kernels_compile_with_cupys_options():
     if nvrtc.find_library() is None:
         pytest.skip("libnvrtc not found (pip install nvidia-cuda-nvrtc)")

@@ -283,6 +283,7 @@ LOOSE = {"cpu_bytes": 2 << 20, "cpu_repeats": 3, "warmup": 1, "peer_warn_fractio
          "startup_timeout_s": 60.0}
 
 
+@pytest.mark.slow
 def test_check_fails_exactly_the_slowed_gpu(torch):
     ctx = Context(level=Level.STANDARD, config=Config(checks={"eud.bandwidth": dict(LOOSE)}), device="cpu", workers=3,
                   injections=[parse_injection("slow:gpu=1,factor=0.1")])
@@ -303,6 +304,7 @@ def test_bad_injection_is_an_error(torch):
     assert r.status == Status.ERROR and "factor must be in (0, 1]" in r.summary
 
 
+@pytest.mark.slow
 def test_cli_run_json(torch, monkeypatch, tmp_path, capsys):
     from gpucheck import app
     from gpucheck.tests_suite import registry

@@ -109,6 +109,7 @@ def _run(tmp_path, capsys, *argv):
     return rc, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_level2_on_cpu_workers_passes_and_runs_only_level2_checks(tmp_path, capsys):
     rc, v = _run(tmp_path, capsys, "--level", "2", "--memtest-fraction", "0.5", "--pattern", "zeros,random")
     assert rc == 0, [(r["check"], r["status"], r["summary"]) for r in v["results"]]

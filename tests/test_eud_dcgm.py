@@ -238,6 +238,7 @@ def test_nonzero_exit_with_a_clean_document_is_a_warn(fake):
 
 
 # -- timeout and cancel kill the process group -------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sleep", "stubborn"])
 def test_timeout_kills_the_process_group(fake, mode):
     fake.diag(mode)
@@ -252,6 +253,7 @@ def test_timeout_kills_the_process_group(fake, mode):
     assert took < 6.0
 
 
+@pytest.mark.slow
 def test_cancel_stops_dcgmi_quickly(fake):
     fake.diag("stubborn")
     ctx = _ctx()

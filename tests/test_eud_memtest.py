@@ -382,6 +382,7 @@ def _ctx(workers=2, injections=(), level=Level.STANDARD, **options):
                    injections=[parse_injection(t) for t in injections], options=options)
 
 
+@pytest.mark.slow
 def test_check_fails_exactly_the_gpu_with_the_injected_flip():
     ctx = _ctx(workers=3, injections=["bitflip:gpu=1,offset=72000,bit=3"])
     res = {r.gpu: r for r in run_checks([mt.memtest], ctx, install_signal_handlers=False).results}
@@ -405,6 +406,7 @@ def test_bad_injection_and_options_are_errors_not_verdicts():
     assert r.status == Status.ERROR and "unknown pattern 'stripes'" in r.summary
 
 
+@pytest.mark.slow
 def test_level4_loops_for_the_duration():
     ctx = _ctx(workers=1, level=Level.BURN_IN, duration_s=1.0, memtest_patterns="zeros,random")
     (r,) = run_checks([mt.memtest], ctx, install_signal_handlers=False).results

@@ -154,6 +154,7 @@ def test_counters_that_could_not_be_read_are_could_not_judge_never_a_pass():
                                       "volatile_uncorrected" in " ".join(r.evidence)
 
 
+@pytest.mark.slow
 def test_the_cupy_path_reads_the_counters_around_every_pass(monkeypatch, fake, ecc_readers):
     monkeypatch.setattr(pool, "run_workers", _in_process_workers)
     fake.free = (48 << 10) + STEP_BYTES

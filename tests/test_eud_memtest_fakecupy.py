@@ -190,6 +190,7 @@ def test_grids_are_one_wave_from_the_occupancy_api(monkeypatch):
     assert {ln.grid for ln in fake.launches} == {(4, 1, 1)}
 
 
+@pytest.mark.slow
 def test_steps_are_waited_for_by_polling_an_event_with_heartbeats(fake):
     """A step's end is an event that is polled with a heartbeat per poll, not a blocking wait: a
     long step (a chunk full of errors) keeps the worker alive."""
@@ -312,6 +313,7 @@ def _cuda_ctx(injections=()):
                    telemetry=FakeTelemetry(samples=lambda gpu: {"temperature_c": 40.0}))  # and no job on the GPUs
 
 
+@pytest.mark.slow
 def test_the_whole_check_on_cuda_fails_exactly_the_gpu_with_the_flip(monkeypatch, fake, ecc_readers):
     monkeypatch.setattr(pool, "run_workers", _in_process_workers)
     fake.free = (48 << 10) + STEP_BYTES  # fraction 0.5 of the free memory: 24 KiB per GPU

@@ -107,6 +107,7 @@ def _bodies(ptx: str) -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_code_moves_16_bytes_and_has_no_64_bit_shared_atomics(arch):
     """What the GPU runs: the sweeps load and store 16 bytes at a time (ld/st.global.v2.u64) and
@@ -124,6 +125,7 @@ def test_nvrtc_code_moves_16_bytes_and_has_no_64_bit_shared_atomics(arch):
 
 
 # -- fill, check, scrub against the reference ---------------------------------------------------------
+@pytest.mark.slow
 def test_kernels_fill_every_pattern_as_defined(emu):
     n, seed = 3000, 0xC0FFEE
     for base in (123456, (1 << 33) + 6):  # region words past 2^32: the values use 64-bit word indices

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from gpucheck.core.check import Context
 from gpucheck.core.levels import Level
@@ -44,6 +45,7 @@ def _by_gpu(results):
     return {r.gpu: r for r in results}
 
 
+@pytest.mark.slow
 def test_healthy_node_passes_then_injected_faults_fail_exactly_their_gpu():
     base = _by_gpu(run_checks([power_check], _ctx(2), install_signal_handlers=False).results)
     assert set(base) == {0, 1}
@@ -84,6 +86,7 @@ def test_healthy_node_passes_then_injected_faults_fail_exactly_their_gpu():
     assert any(info.get("power_w") is not None for _, _, info in progress)
 
 
+@pytest.mark.slow
 def test_a_load_that_never_started_is_could_not_judge_not_a_verdict():
     """The workers run but no GEMM window ever finishes (fp8 is refused on CPU workers): there is no
     load window, so no power, clock or temperature verdict; each GPU is an error that says why."""

@@ -53,6 +53,7 @@ def placements(n: int, k: int, seeds: int, neighbours: bool = True):
             yield nodes, set(nodes[start:start + k]), True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,k", [(16, 1), (64, 1), (1024, 1), (4096, 1), (256, 3), (1024, 4), (1024, 8),
                                  (4096, 8), (4096, 16)])
 def test_sequential_binary_finds_k_bad_nodes_within_the_bound(n, k):
@@ -76,6 +77,7 @@ def test_sequential_binary_finds_k_bad_nodes_within_the_bound(n, k):
         assert all(s.failures == s.runs == 1 for s in r.bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,k", [(16, 1), (64, 3), (1024, 1), (1024, 8), (1024, 16), (4096, 16), (64, 16)])
 def test_parallel_binary_rounds_do_not_grow_with_k(n, k):
     """--parallel 0 (every disjoint group at once): the whole set, then every failing group in
@@ -109,6 +111,7 @@ def hwang_bound(n: int, k: int) -> int:
     return math.ceil(math.log2(math.comb(n, k))) + k - 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_bad", [1, 2, 3])
 def test_max_bad_sequential_names_every_placement_within_hwangs_bound(max_bad):
     """--parallel 1 --max-bad K: Hwang's generalized binary splitting for at most K bad nodes.
@@ -128,6 +131,7 @@ def test_max_bad_sequential_names_every_placement_within_hwangs_bound(max_bad):
             assert not any(t.phase == "probe" for t in r.records)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,k", [(1024, 8), (4096, 16)])
 def test_max_bad_sequential_stays_within_hwangs_bound_at_scale(n, k):
     """Random placements and a rack at the front, the middle, the end: within Hwang's bound,
@@ -298,6 +302,7 @@ def _script(tmp_path: Path, bad: list[str], *, hang: bool = False) -> str:
     return f"{sys.executable} {script} {{nodes_comma}}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_command_test_end_to_end_json(tmp_path, capsys, strategy):
     rc = main(["bisect", "gpu[001-032]", "--test", _script(tmp_path, ["gpu007", "gpu020"]), "--strategy", strategy,
@@ -313,6 +318,7 @@ def test_command_test_end_to_end_json(tmp_path, capsys, strategy):
     assert "round 1 (" in err  # rounds are printed live (on stderr with --json)
 
 
+@pytest.mark.slow
 def test_command_test_table_hang_and_dry_run(tmp_path, capsys):
     rc = main(["bisect", "n[1-8]", "--test", _script(tmp_path, ["n6"], hang=True), "--test-timeout", "2s",
                "--max-bad", "1"])
@@ -329,6 +335,7 @@ def test_command_test_table_hang_and_dry_run(tmp_path, capsys):
     assert not (tmp_path / "calls.log").exists()  # nothing ran
 
 
+@pytest.mark.slow
 def test_command_test_max_bad_exceeded_names_every_bad_node(tmp_path, capsys):
     """--parallel 1 --max-bad 1 with two bad nodes: both named (exit 1), the note says so."""
     rc = main(["bisect", "n[1-16]", "--test", _script(tmp_path, ["n3", "n12"]), "--parallel", "1",
@@ -371,6 +378,7 @@ def test_a_test_that_cannot_run_is_broken_exit_3_with_the_command(tmp_path, caps
     assert doc["command"] == template
 
 
+@pytest.mark.slow
 def test_a_test_that_always_times_out_is_broken(tmp_path, capsys):
     rc = main(["bisect", "n[1-4]", "--test", "sleep 30; true {nodes}", "--test-timeout", "0.3s", "--json"])
     doc = json.loads(capsys.readouterr().out)
@@ -417,6 +425,7 @@ def _screen(**kw):
     return PairScreen(("all_gather", "all_reduce"), slow_limit=0.5, min_busbw=kw.get("min_busbw"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_reference_pairs_name_the_slow_node_and_compare_like_with_like(strategy):
     """Rounds run 4, then 3, then 1 group at once, so bandwidth differs fourfold with no fault:

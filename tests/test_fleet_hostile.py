@@ -193,6 +193,7 @@ def test_addresses_are_checked():
 
 # -- 3: sizes are checked before anything is expanded -------------------------------------------
 
+@pytest.mark.slow
 def test_node_set_size_is_checked_before_expanding():
     t0 = time.monotonic()
     for text in ("n[1-100000000]", "n[1-2000000]", "n[1-100000]-[1-100000]", "a[1-600000],b[1-600000]",
@@ -277,6 +278,7 @@ def test_verdict_checks_name_the_problem():
         assert o.status == "error" and words in o.reason and o.inputs is None, (name, o.reason)
 
 
+@pytest.mark.slow
 def test_one_bad_node_never_crashes_the_sweep(tmp_path, fake_bin, capsys):
     v = healthy_verdict()
     answers = {name: text for name, (text, _) in mutations(v).items()}

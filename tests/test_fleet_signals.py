@@ -238,6 +238,7 @@ def test_bisect_keeps_the_rounds_done_and_a_second_signal_loses_nothing(fakes):
     assert_no_leftovers(fakes, 8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", SIGNALS)
 def test_bisect_builtin_stops_launchers_and_ranks(fakes, signame):
     rc, out, err, dt = stop_command(
@@ -270,6 +271,7 @@ def _answered(fakes: Fakes):
     return pid_file.exists() and not Path(f"/proc/{pid_file.read_text().strip()}").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ssh", "srun"])
 @pytest.mark.parametrize("signame", SIGNALS)
 def test_sweep_reports_the_nodes_that_answered(fakes, signame, mode):
@@ -285,6 +287,7 @@ def test_sweep_reports_the_nodes_that_answered(fakes, signame, mode):
     assert_no_leftovers(fakes, 4)
 
 
+@pytest.mark.slow
 def test_sweep_table_says_it_was_interrupted(fakes):
     rc, out, err, dt = stop_command(
         fakes, ["sweep", "n[1-2]", "--remote-cmd", f"sh {fakes.gpucheck}", "--snapshot", str(HEALTHY),
@@ -296,6 +299,7 @@ def test_sweep_table_says_it_was_interrupted(fakes):
     assert_no_leftovers(fakes, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", SIGNALS)
 def test_slurm_resume_resumes_nothing_after_a_signal(fakes, signame):
     rc, out, err, dt = stop_command(
@@ -319,6 +323,7 @@ def _raise_signal(sig: int = signal.SIGTERM) -> str:
     return wait_for(processes.stopping, 5, "the handler")
 
 
+@pytest.mark.slow
 def test_stop_kills_a_group_that_ignores_sigterm_and_run_raises(fakes):
     stubborn = fakes._script("stubborn.sh", f"trap '' TERM\necho $$ >> {fakes.pids}\n"
                                             f"sleep {fakes.marker} & echo $! >> {fakes.pids}\nwait\n")
@@ -359,6 +364,7 @@ def test_a_group_tracked_after_the_stop_is_killed_at_once(fakes):
     fakes.cleanup()
 
 
+@pytest.mark.slow
 def test_children_left_by_an_exception_are_stopped_on_the_way_out(fakes):
     with pytest.raises(RuntimeError):
         with processes.stop_on_signals():
@@ -368,6 +374,7 @@ def test_children_left_by_an_exception_are_stopped_on_the_way_out(fakes):
     assert_no_leftovers(fakes, 2)
 
 
+@pytest.mark.slow
 def test_a_timed_out_run_stops_its_whole_group(fakes):
     done = processes.run(["sh", str(fakes.hang)], timeout_s=1.0)
     assert done.timed_out and done.rc is None

@@ -111,6 +111,7 @@ def test_clush_conf_is_read_from_clustershell_cfgdir(tmp_path, monkeypatch):
     assert fanout.default_fanout() == 7
 
 
+@pytest.mark.slow
 def test_exec_fanout_bounds_and_times_out(tmp_path):
     """ClusterShell's local exec worker: output per node, exit codes, a per-node timeout."""
     cmds = {f"h{i}": f"echo out-%h; echo err-%h >&2; exit {i}" for i in range(3)}

@@ -56,6 +56,7 @@ def _plan(part: int, *extra: str):
     return p.stdout, [(n, int(lim), kind, cmd) for n, lim, kind, cmd in PLAN_ROW.findall(p.stdout)]
 
 
+@pytest.mark.slow
 def test_the_script_parses_and_passes_shellcheck():
     assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True).returncode == 0
     if shutil.which("shellcheck") is None:
@@ -212,6 +213,7 @@ def _check_archive(archive: Path, base: str, md: Path) -> dict:
     return tsv
 
 
+@pytest.mark.slow
 def test_a_part_leaves_two_files_and_records_every_step(tmp_path):
     py = _exe(tmp_path, "python3", 'echo "stand-in python: $*"; exit 3\n')
     out = tmp_path / "out"
@@ -287,6 +289,7 @@ def _kill_marked(marker: str) -> None:
             pass
 
 
+@pytest.mark.slow
 def test_the_deadline_cuts_a_hanging_step_and_skips_the_rest(tmp_path):
     """A step whose own limit is longer than what the part's deadline leaves is cut at the deadline
     (status `deadline`, run for less than its limit), and the steps after it are skipped for time.
@@ -363,6 +366,7 @@ def _kill_at(tmp_path: Path, delay: float, tar: Path | None = None, wait_for: Pa
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_a_sigkill_at_a_random_moment_leaves_what_was_done(tmp_path, seed):
     delay = random.Random(seed).uniform(0.0, 4.5)
@@ -373,6 +377,7 @@ def test_a_sigkill_at_a_random_moment_leaves_what_was_done(tmp_path, seed):
             assert list(seen[1]) == PART1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["before-rename", "mid-write"])
 def test_a_sigkill_while_the_archive_is_rewritten_keeps_the_last_whole_one(tmp_path, when):
     real_tar = shutil.which("tar")
@@ -430,6 +435,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_wheels_are_installed_from_a_local_folder_into_a_private_one(tmp_path):
     import zipfile
 
@@ -472,6 +478,7 @@ def _blocked_env(tmp_path: Path, extra: str = "") -> dict:
     return {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
 
 
+@pytest.mark.slow
 def test_no_step_needs_clustershell_or_jsonschema(tmp_path):
     env = _blocked_env(tmp_path)
     p = subprocess.run([sys.executable, "-c", "import jsonschema"], env=env, capture_output=True, text=True)
@@ -490,6 +497,7 @@ def test_no_step_needs_clustershell_or_jsonschema(tmp_path):
         assert p.returncode in (0, 3) and "BLOCKED" not in p.stderr, (args, p.stderr[-2000:])
 
 
+@pytest.mark.slow
 def test_env_names_what_is_missing_and_the_wheel_to_carry(tmp_path):
     p = subprocess.run([sys.executable, str(HELPER), "env"], env=_blocked_env(tmp_path, '"cupy", "pynvml"'),
                        capture_output=True, text=True, timeout=120)
@@ -510,6 +518,7 @@ def _figures(step: str, d: Path) -> str:
     return p.stdout.strip()
 
 
+@pytest.mark.slow
 def test_figures_read_the_benchmarks_and_gpucheck_outputs(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -538,6 +547,7 @@ def test_figures_read_the_benchmarks_and_gpucheck_outputs(tmp_path):
     assert _figures("bench-allreduce", tmp_path) == "" and _figures("unknown-step", tmp_path) == ""
 
 
+@pytest.mark.slow
 def test_figures_count_a_pytest_run_whole_or_cut_short(tmp_path):
     (tmp_path / "test_x.py").write_text(
         "import pytest\n@pytest.mark.parametrize('b', [1, 2])\ndef test_a(b):\n    print(f'\\nline {b}')\n"
@@ -580,6 +590,7 @@ def test_only_a_core_step_skipped_for_time_makes_the_part_fail(tmp_path):
         assert md == {step: [kind, {"extra": "75", "core": "45"}[kind], "-", "-", "-", "skipped-for-time", ""]}, md
 
 
+@pytest.mark.slow
 def test_a_step_past_its_time_or_stopped_gets_to_clean_up(tmp_path):
     """SIGINT first (Python's KeyboardInterrupt: pytest's summary and XML, the benchmarks' finally
     blocks), though a script's background job starts with SIGINT ignored."""

@@ -201,6 +201,7 @@ def local_ranks(tmp_path):
         p.wait()
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_local_json_is_the_node_document(local_ranks):
     marker, procs = local_ranks
@@ -217,6 +218,7 @@ def test_local_json_is_the_node_document(local_ranks):
     assert all(p.poll() is None for p in procs)  # nothing was stopped or killed
 
 
+@pytest.mark.slow
 @needs_py_spy
 def test_local_table_names_the_stuck_rank(local_ranks):
     marker, procs = local_ranks
@@ -238,6 +240,7 @@ def test_local_without_any_rank_process_is_could_not_judge():
     assert r.returncode == 3 and doc["status"] == "no-processes" and doc["exit_code"] == 3
 
 
+@pytest.mark.slow
 def test_local_without_py_spy_reports_every_rank_undumped(local_ranks, tmp_path):
     marker, procs = local_ranks
     r = subprocess.run([sys.executable, "-m", "gpucheck", "hang", "--local", "--json", "--match", marker,

@@ -151,6 +151,7 @@ def sleeper():
     p.wait()
 
 
+@pytest.mark.slow
 def test_a_hung_py_spy_is_killed_at_the_deadline_and_the_process_is_untouched(tmp_path, sleeper):
     fake = _fake_py_spy(tmp_path, f'echo $$ > {tmp_path}/pid; exec sleep 60')
     t0 = time.monotonic()

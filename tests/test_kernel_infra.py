@@ -74,6 +74,7 @@ def _launch(fn, grid, block, *args):
     fn(*grid, *block, *args)
 
 
+@pytest.mark.slow
 def test_conversions_match_torch(lib):
     rng = np.random.default_rng(0)
     x = np.concatenate([
@@ -135,6 +136,7 @@ def test_prelude_and_test_kernels_compile_with_nvrtc(arch):
         assert f".entry {k}" in ptx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", kernels.names())
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_kernel_source_compiles_with_nvrtc(name, arch):
@@ -301,6 +303,7 @@ def _aligned(nbytes: int) -> np.ndarray:
     return raw[off:off + nbytes]
 
 
+@pytest.mark.slow
 def test_aligned_vector_accesses_run(guards):
     src = _aligned(1024)
     src[:] = np.arange(1024) % 251
@@ -450,6 +453,7 @@ def _underflow(lib):
     return out
 
 
+@pytest.mark.slow
 def test_flush_to_zero_as_the_gpu_under_cupy(guards, guards_ieee):
     """fp32 arithmetic written in C flushes subnormal results and inputs to zero, as CuPy's
     -ftz=true makes the GPU do; gc_fmaf (fma.rn.f32), the fp16 and bf16 conversions keep them. The

@@ -35,6 +35,9 @@ ARCHS = ["sm_80", "sm_90"]
 SOURCES = ["memtest", "poet"]
 GPU_OF = {"sm_80": sass.AMPERE, "sm_90": sass.HOPPER}
 
+# Every test here compiles the kernels with NVRTC and ptxas (seconds each): the full suite only.
+pytestmark = pytest.mark.slow
+
 
 def _require_tools() -> None:
     missing = [t for t in sass.TOOLS if sass.find_tool(t) is None]

@@ -129,6 +129,7 @@ def _results(out: str) -> list[dict]:
 
 # -- the node side, without root ----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["at-once", "ranks-started"])
 def test_an_end_of_file_on_the_session_stops_the_ranks(when):
     """Rank 1 waits for the port line that never comes; its session ends in the first second
@@ -160,6 +161,7 @@ def test_an_end_of_file_on_the_session_stops_the_ranks(when):
     assert gone_within(mark, GONE_WITHIN_S), leftovers(mark)
 
 
+@pytest.mark.slow
 def test_a_hand_started_run_without_the_option_runs_to_its_result():
     """Without --session-stdin nothing changes: rank 0 with its input at /dev/null, rank 1 with
     the port line and then an end-of-file (what `nccl pairs` did before) both measure."""
@@ -212,6 +214,7 @@ result("ok", "ok")
 """
 
 
+@pytest.mark.slow
 def test_the_launcher_holds_every_session_open_until_the_group_is_over(tmp_path):
     """Old: no --session-stdin, and rank 1's input was closed right after the port line."""
     fake = tmp_path / "fake_rank.py"
@@ -298,6 +301,7 @@ def test_stopping_nccl_pairs_stops_the_ranks_on_every_host(lab, sig):
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template, refused", [
     ("ssh -o BatchMode=yes -o ConnectTimeout=10 -- {host} {qcmd}", False),
     ("ip netns exec c ssh -F /x/ssh_config -o BatchMode=yes -- {host} {qcmd}", False),

@@ -539,6 +539,7 @@ def _run_intra(*extra: str) -> tuple[int, dict]:
     return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else {"stderr": r.stderr})
 
 
+@pytest.mark.slow
 def test_intra_check_on_cpu_workers_verifies_every_collective():
     code, doc = _run_intra("--workers", "2")
     assert code == 0, doc
@@ -550,6 +551,7 @@ def test_intra_check_on_cpu_workers_verifies_every_collective():
         assert "judged by data integrity and rank balance" in r["summary"]
 
 
+@pytest.mark.slow
 def test_intra_check_catches_injected_corruption_on_the_named_rank():
     code, doc = _run_intra("--workers", "3", "--inject", "corrupt:rank=2,op=all_gather")
     assert code == 1, doc

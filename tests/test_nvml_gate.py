@@ -89,6 +89,7 @@ def test_the_wait_for_nvml_leaves_a_reserve_for_the_kernel_log_check():
     assert app.telemetry_wait(level1, now - 1.0, now) == 0.0
 
 
+@pytest.mark.slow
 def test_a_hung_nvml_is_an_error_of_every_nvml_check_and_xid_still_fails_the_node(tmp_path):
     release = threading.Event()
     source = HungReplay(healthy(), release)
@@ -108,6 +109,7 @@ def test_a_hung_nvml_is_an_error_of_every_nvml_check_and_xid_still_fails_the_nod
     assert source.abandoned  # the hung read is left behind: its NVML is never shut down at exit
 
 
+@pytest.mark.slow
 def test_a_hung_nvml_alone_is_could_not_judge_never_a_pass(tmp_path):
     release = threading.Event()
     try:
@@ -119,6 +121,7 @@ def test_a_hung_nvml_alone_is_could_not_judge_never_a_pass(tmp_path):
     assert {r["status"] for r in v["results"]} == {"error"}
 
 
+@pytest.mark.slow
 def test_a_hung_nvml_in_a_prolog_on_the_jobs_gpus_still_lets_xid_drain(tmp_path, monkeypatch):
     """A job with GPUs (SLURM_JOB_GPUS) on a node whose NVML hangs: the job's GPUs cannot be checked
     against NVML, which is no usage error (that would skip every check and pass the node)."""
@@ -156,6 +159,7 @@ nvmlShutdown = _hang
 '''
 
 
+@pytest.mark.slow
 def test_a_driver_call_that_never_returns_never_holds_the_process_exit(tmp_path):
     """The reader stuck in the driver is a daemon thread and NVML is not shut down at exit (that
     call would hang too): `gpucheck run` ends within its --timeout and exits with its verdict."""
@@ -297,6 +301,7 @@ def test_a_library_is_not_shut_down_at_exit_while_a_call_is_stuck_in_it():
     assert calls == ["shutdown"]
 
 
+@pytest.mark.slow
 def test_a_lock_held_by_a_hung_call_never_holds_the_exit():
     lib = N.Library(load=lambda: None)
     held, release = threading.Event(), threading.Event()

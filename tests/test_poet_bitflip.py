@@ -77,6 +77,7 @@ def emu_lib():
     return poet_emu.build()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", list(BITS))
 def test_the_lowest_bit_of_every_kernel_output_fails_on_the_emulated_cuda_kernels(pool, emu_lib, dtype):
     """The CUDA kernels (scalar, tensor-core for bf16/fp16, CNP) run twice give the same bits, so
@@ -90,6 +91,7 @@ def test_the_lowest_bit_of_every_kernel_output_fails_on_the_emulated_cuda_kernel
     assert check_problem(torch, poet_emu.EmuOps(emu_lib), p, VerifyConfig(ortho_blocks=1))["violations"] == []
 
 
+@pytest.mark.slow
 def test_gpucheck_poet_on_the_cpu_fails_a_flip_of_bits_0_to_5_of_an_fp32_output(tmp_path):
     """The issue's measurement: `gpucheck poet --device cpu --inject bitflip:gpu=0,op=output,bit=B`
     passed for B = 0..5. One run, one CPU worker per bit: every one fails (exit 1, drain), each

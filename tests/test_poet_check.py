@@ -48,6 +48,7 @@ def test_spec_levels_and_budget():
     assert poet_ortho.spec.budget(ctx) == 12.0 + 120.0 + 30.0
 
 
+@pytest.mark.slow
 def test_injected_bitflip_and_hang_fail_exactly_their_gpus():
     ctx = _ctx(workers=3, injections=["bitflip:gpu=1", "hang:gpu=2,after=0.2"])
     progress = []
@@ -177,6 +178,7 @@ def test_backend_selection_without_cupy(monkeypatch):
         select_backend(torch, torch.device("cpu"), "cupy")
 
 
+@pytest.mark.slow
 def test_cuda_without_cuda_is_could_not_judge(monkeypatch):
     from gpucheck.core import check as check_mod
 
@@ -237,6 +239,7 @@ def test_cli_usage_errors_exit_2_with_one_line(poet_cli, capsys, args, message):
     assert message in err and len(err.splitlines()) == 1 and err.startswith(("gpucheck poet: error:", "gpucheck: error:"))
 
 
+@pytest.mark.slow
 def test_cli_json_verdict_exit_codes_and_attribution(poet_cli, capsys, tmp_path):
     rc = poet_cli("--workers", "2", "--duration", "2s", "--json")
     verdict = json.loads(capsys.readouterr().out)

@@ -72,6 +72,7 @@ def _problem(dtype, b, m=40, chain_steps=1, seed=None, index=0):
                         m=m, rho_min=0.1, rho_max=0.5, chain_steps=chain_steps)
 
 
+@pytest.mark.slow
 def test_the_backend_selection_picks_the_cupy_kernels_and_compiles_them_once(fake):
     ops, note = select_backend(torch, CUDA0, "auto")
     assert isinstance(ops, CupyOps) and ops.cuda_kernels and note is None
@@ -107,6 +108,7 @@ def _bd_bound(dtype, X, G, unit="cuda", **kw):
     return ref, u * ref.abs() + (1 + u) * unit_acc_coeff(unit, b) * absr + unit_floor(unit, dtype, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("b", [32, 64])
 def test_cupy_ops_compute_what_the_reference_does(fake, dtype, b):
@@ -239,6 +241,7 @@ def test_a_kernel_fault_is_a_kernel_error_naming_the_launch(fake):
     ops.sync()  # reported once: the launches are no longer pending
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_the_per_problem_check_is_clean_and_catches_a_flipped_bit(fake, dtype):
     p = _problem(dtype, 32, m=40, chain_steps=2, seed=31, index=1)
@@ -255,6 +258,7 @@ def test_the_per_problem_check_is_clean_and_catches_a_flipped_bit(fake, dtype):
     assert v["where"] == "row 20, col 21"
 
 
+@pytest.mark.slow
 def test_the_worker_loop_on_the_cupy_backend_passes_clean_and_fails_a_flip(fake):
     def run(bitflip):
         cfg = PoetConfig.from_args({"duration_s": 0.3, "dtypes": "fp32,bf16,fp16", "blocks": "32", "cpu_rows": 32,

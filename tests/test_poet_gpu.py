@@ -429,6 +429,7 @@ def test_launch_arguments_and_grids_refuse_what_cuda_cannot_take():
         bd_plan(X, torch.zeros(1, 32, 32), Y, in_idx=torch.arange(32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_poet_cu_compiles_with_the_options_cupy_compiles_it_with(arch):
     """cupy.RawModule adds its own NVRTC options after gpucheck's (CuPy 14: -ftz=true, then

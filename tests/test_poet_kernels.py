@@ -60,6 +60,7 @@ def _assert_bd_within_bound(dtype, Y, X, G, **kw):
     return bound
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("b,k,m", [(32, 3, 40), (64, 2, 130)])
 def test_bd_kernel_matches_the_reference_in_every_mode(lib, dtype, b, k, m):
@@ -107,6 +108,7 @@ def test_cnp_kernel_matches_the_float64_cayley_neumann(lib, dtype, b):
     assert bool(((G.double() - Gt.double()).abs() <= 2 * beta).all())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 def test_the_whole_check_runs_on_the_emulated_kernels(lib, dtype):
     ops = EmuOps(lib)
@@ -151,6 +153,7 @@ def test_the_bound_holds_at_the_bottom_of_fp32_under_the_gpus_flush_to_zero(lib,
         _assert_bd_within_bound(dtype, Y, X, G, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_kernels_keep_gradual_underflow_under_cupys_options(arch):
     """The PTX of poet.cu compiled with gpucheck's options plus what CuPy appends (-ftz=true): every

@@ -86,6 +86,7 @@ def _run_ldsm(lib, rows: np.ndarray, data: np.ndarray, num: int, trans: bool) ->
     return out.reshape(64, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num", [1, 2, 4])
 @pytest.mark.parametrize("trans", [False, True])
 def test_ldmatrix_delivers_the_isa_layout(ldsm_lib, num, trans):
@@ -279,6 +280,7 @@ def bank_lib():
     return lib
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transpose", [0, 1])
 @pytest.mark.parametrize("b", [32, 64, 96, 128, 160, 192, 224, 256])
 def test_every_shared_access_of_the_tensor_core_kernel_is_conflict_free(bank_lib, b, transpose):
@@ -306,6 +308,7 @@ def test_every_shared_access_of_the_tensor_core_kernel_is_conflict_free(bank_lib
 
 
 # ---- (3) the block sizes with an idle warp in the last pass ---------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("b", [160, 224])
 def test_the_tensor_core_kernel_with_a_partial_last_pass(b):
     """b = 160 and 224 run in sub-tiles of 32 rows and passes of 64 columns: the last pass has 32

@@ -158,6 +158,7 @@ def _bits16(t):
 
 
 # ---- the emulator's warp collectives -----------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [32, 16, 8, 4, 2, 1])
 def test_shuffles_votes_and_syncwarp_follow_the_documented_semantics(warp_lib, width):
     rng = np.random.default_rng(width)
@@ -283,6 +284,7 @@ def _kw(mode, perm, inv):
     return kw
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("b,k,m", [(32, 3, 40), (64, 2, 130), (128, 2, 64), (256, 1, 70), (96, 2, 20)])
 def test_the_tensor_core_kernel_matches_the_reference_in_every_mode(poet_lib, dtype, b, k, m):
@@ -390,6 +392,7 @@ def test_the_warp_test_kernels_assemble_for_the_gpu(arch):
     assert "shfl.sync.bfly.b32" in ptx and "vote.sync.ballot.b32" in ptx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_the_tensor_core_kernel_fits_its_launch_without_spills(arch):
     """ptxas's report for poet_bd_mma_*: no spills, its static shared memory as planned

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
 
@@ -70,6 +72,7 @@ def test_one_line_per_gpu_at_once_then_every_interval_with_staleness():
     assert out.getvalue().splitlines()[-1] == "gpucheck: burn.gemm pass (31.0 s)"
 
 
+@pytest.mark.slow
 def test_a_check_that_reports_nothing_still_prints_every_interval():
     from gpucheck.render.progress import ProgressLines
 
@@ -99,6 +102,7 @@ def test_short_quiet_checks_print_nothing_and_describe_is_plain():
     assert describe({"what": "p2p 0->1", "new_key": 0.123456}) == "p2p 0->1, new_key=0.1235"
 
 
+@pytest.mark.slow
 def test_burn_without_a_terminal_prints_progress_lines_on_stderr(tmp_path):
     cmd = [sys.executable, "-m", "gpucheck", "burn", "--device", "cpu", "--workers", "2", "--duration", "3s",
            "--size", "64", "--no-history"]
@@ -136,6 +140,7 @@ def _on_a_terminal(cmd: list[str], cwd: Path) -> tuple[int, str, str]:
     return p.wait(timeout=120), re.sub(r"\x1b\[[0-9;]*m", "", out.decode()), err
 
 
+@pytest.mark.slow
 def test_nccl_run_prints_the_nccl_tests_table_on_a_terminal_and_json_lines_otherwise(tmp_path):
     rc, out, err = _on_a_terminal(NCCL_RUN, tmp_path)
     assert rc == 0, err

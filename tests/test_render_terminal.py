@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
 
 from gpucheck.cli.main import main
 
@@ -223,6 +224,7 @@ def test_sweep_grid_for_a_few_nodes():
                          "  G recovery-action  H repro.bitwise  I xid  J burn.gemm"]
 
 
+@pytest.mark.slow
 def test_sweep_of_many_nodes_prints_worst_causes_not_rows():
     from gpucheck.render.sweep_view import GRID_MAX_NODES, print_sweep
 

@@ -19,8 +19,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 import chromium  # noqa: E402
 import report_inputs as ri  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not chromium.available(), reason=f"no chromium at {chromium.CHROMIUM} "
-                                "(apt-get install chromium; .ci/run installs it)")
+pytestmark = [pytest.mark.slow,  # a browser per module: out of the fast subset (-m "not slow and not root")
+              pytest.mark.skipif(not chromium.available(), reason=f"no chromium at {chromium.CHROMIUM} "
+                                 "(apt-get install chromium; .ci/run installs it)")]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,7 @@ def open_report(browser, inputs: list[Path], out: Path) -> chromium.Page:
     return browser.open(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(NAMED))
 def test_each_kind_of_report_opens_offline_without_errors(kind, browser, tmp_path):
     files = write_inputs(tmp_path)
@@ -72,6 +74,7 @@ def test_each_kind_of_report_opens_offline_without_errors(kind, browser, tmp_pat
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and chromium.distinct_colours(png) > 30
 
 
+@pytest.mark.slow
 def test_all_inputs_in_one_page(browser, tmp_path):
     files = write_inputs(tmp_path)
     page = open_report(browser, list(files.values()), tmp_path / "all.html")
@@ -87,6 +90,7 @@ HOSTILE = ['<img src=x onerror="window.pwned=1">', "</script><script>window.pwne
            '<a href="javascript:window.pwned=3">click</a>', "<b>bold</b> &amp; :ab: [red]x[/red]"]
 
 
+@pytest.mark.slow
 def test_hostile_strings_stay_text(browser, tmp_path):
     """Node names, hosts, summaries and evidence with HTML, script ends and plotly's own markup
     are shown as typed: nothing runs, no element is made of them."""

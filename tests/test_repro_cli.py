@@ -78,6 +78,7 @@ def test_a_stop_request_returns_what_ran():
 
 
 # -- worker processes -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_injected_flip_fails_exactly_that_worker_and_digests_agree_across_processes(capsys, tmp_path, local):
     # A reference file for another fingerprint only, world-writable: never compared, and warned about.
     fp = dict(local["fingerprint"], torch="0.0.0-other")
@@ -109,6 +110,7 @@ def test_injected_flip_fails_exactly_that_worker_and_digests_agree_across_proces
         assert by["reference"]["status"] == "warn" and "can be changed by other users" in by["reference"]["summary"]
 
 
+@pytest.mark.slow
 def test_record_check_tamper_conflict(capsys, tmp_path, local):
     ref = tmp_path / "refs.json"
     rc, out, err = cli(capsys, "repro", "record", "--device", "cpu", "--workers", "2",
@@ -144,6 +146,7 @@ def test_record_check_tamper_conflict(capsys, tmp_path, local):
     assert ref.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_record_refuses_injected_faults(capsys, tmp_path):
     ref = tmp_path / "refs.json"
     rc, out, err = cli(capsys, "repro", "record", "--device", "cpu", "--workers", "1", "--workload", "gemm.fp32",

@@ -131,6 +131,7 @@ def test_flip_bit_changes_exactly_one_bit(dtype, bit):
         W.flip_bit(torch, t, 0, 40)
 
 
+@pytest.mark.slow
 def test_transformer_training_step(cpu):
     dev, chan = cpu
     pre = W.preset_for("cpu")

@@ -92,6 +92,7 @@ def test_a_compute_check_without_a_meaningful_slice_is_not_run_and_says_so():
     assert out.interrupted == "timeout"  # the time limit cut the run: exit 3, never a pass
 
 
+@pytest.mark.slow
 def test_a_check_stopped_by_the_deadline_leaves_the_run_partial_even_when_it_is_the_last():
     """A check still running when the checks' time is up (3 s less the stop and output reserves:
     2.2 s) is cancelled; one that returns in its stop time (a pass that ignored the cancel) leaves
@@ -190,7 +191,7 @@ def test_timeout_ends_the_whole_run_with_its_workers_inside_the_limit():
     """A burn whose GPU 0 hangs, under --timeout 6s: the old runner shortened the burn, waited for
     the hung worker's stop and kill on top of the limit (about 10 s). The whole run, stopping
     the workers and writing the verdict, now ends within the limit plus 1 s of gpucheck's first
-    line (the README's margin); the interpreter's own start comes before that line."""
+    line (docs/run.md's margin); the interpreter's own start comes before that line."""
     psutil = pytest.importorskip("psutil")
     timeout = 6.0
     p = subprocess.Popen(
@@ -404,6 +405,7 @@ def test_injection_on_a_replay_with_cpu_workers_is_honoured():
         app_mod.prepare(req("bitflip:gpu=9"))
 
 
+@pytest.mark.slow
 def test_repro_determinism_settings_do_not_import_inductor():
     """torch.use_deterministic_algorithms imports torch._inductor (about 2.3 s of CPU in torch
     2.13, more than torch itself), once per worker, that is per GPU, in every level-1 run."""

@@ -152,6 +152,7 @@ def test_sigterm_just_after_the_checks_end_gives_a_whole_verdict(after_s):
         _assert_interrupted(rc, v)
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_verdict_is_written_never_truncates_it():
     """The replayed 8-GPU verdict (about 130 KiB) fills the stdout pipe, which nobody reads yet:
     gpucheck blocks in the middle of writing it. The signal arrives there. The old code died

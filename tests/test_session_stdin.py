@@ -56,6 +56,7 @@ def test_a_sweep_tells_the_node_whether_to_watch_its_input(tmp_path, monkeypatch
         assert ("read -r" in seen["n1"]) is watched
 
 
+@pytest.mark.slow
 def test_a_command_without_a_session_input_runs_to_its_end(tmp_path):
     """ssh -n: end-of-file at once, and the command still runs to its end with its own status."""
     rc, finished = run_node_command(tmp_path, "sleep 1; touch {marker}; exit 7", end_session_after_s=0,

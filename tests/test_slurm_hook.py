@@ -241,6 +241,7 @@ def test_a_full_tmpdir_never_masks_an_unhealthy_verdict(tmp_path, full_tmpdir):
     assert calls.startswith("update NodeName=gpu7 State=DRAIN Reason=gpucheck: ecc gpu3")
 
 
+@pytest.mark.slow
 def test_full_stdout_and_stderr_never_mask_an_unhealthy_verdict(tmp_path):
     """/dev/full as stdout made Python exit 120 at its final flush, instead of the verdict's code."""
     with open("/dev/full", "w") as sink:

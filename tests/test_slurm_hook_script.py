@@ -343,6 +343,7 @@ def test_settings_may_vary_per_node(hooks):
 
 # -- signals: forwarded to gpucheck, which the wrapper waits for ------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_are_forwarded_and_waited_for(hooks, tmp_path, sig):
     marks = tmp_path / "marks"
@@ -384,6 +385,7 @@ def test_a_failing_scontrol_is_logged_and_still_fails_closed(hooks):
             "exit 1") in hooks.calls("logger")[-1]
 
 
+@pytest.mark.slow
 def test_sigterm_while_the_real_gpucheck_drains_still_fails_the_job(hooks, tmp_path):
     """Slurm's timeout (or a Ctrl-C) arrives while gpucheck, having judged the node unhealthy,
     waits for `scontrol update ... State=DRAIN`: the wrapper forwards it, gpucheck holds it until

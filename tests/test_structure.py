@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "gpucheck"
 MAX_FUNCTION_LINES = 80
 
@@ -22,6 +24,7 @@ def long_functions(root: Path, limit: int) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_no_function_over_80_lines():
     offenders = long_functions(PACKAGE, MAX_FUNCTION_LINES)
     assert not offenders, "functions over 80 lines (split them along their seams):\n" + "\n".join(offenders)

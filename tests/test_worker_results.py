@@ -56,6 +56,7 @@ def _copybw():
                           "p2p_bytes": 4096, "repeats": 1, "warmup": 0}, _chan())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run,typed", [(_burn, R.BurnResult), (_poet, R.PoetResult), (_memtest, R.MemtestResult),
                                        (_repro, R.ReproResult), (_copybw, R.CopyBwResult)],
                          ids=["burn", "poet", "memtest", "repro", "copybw"])

@@ -116,6 +116,7 @@ def test_ok_results_and_progress_arrive_for_every_worker():
     assert all(info["step"] == 1 for _, info in seen)
 
 
+@pytest.mark.slow
 def test_exception_crash_and_signal_kill_do_not_stop_the_others():
     jobs = [
         WorkerJob("gpu0", gpu=0, args={"x": 1}),
@@ -147,6 +148,7 @@ def dispatch_target(args, chan):
     return resolve_target(args["target"])(args, chan)
 
 
+@pytest.mark.slow
 def test_hung_worker_is_killed_and_keeps_its_last_progress():
     jobs = [WorkerJob("gpu0", gpu=0, args={"target": f"{__name__}:hang_target"}),
             WorkerJob("gpu1", gpu=1, args={"target": f"{__name__}:busy_target", "seconds": 2.5})]
@@ -161,6 +163,7 @@ def test_hung_worker_is_killed_and_keeps_its_last_progress():
     assert out["gpu1"].kind == OK and out["gpu1"].result["loops"] > 0
 
 
+@pytest.mark.slow
 def test_worker_that_never_starts_is_a_hang():
     out = run_workers(silent_target, [WorkerJob("gpu0", gpu=0)], budget_s=60,
                       **{**FAST, "startup_timeout_s": 1.0})
@@ -168,6 +171,7 @@ def test_worker_that_never_starts_is_a_hang():
     assert "did not start within 1 s" in out["gpu0"].error
 
 
+@pytest.mark.slow
 def test_cancel_stops_every_worker_and_returns_partial_data():
     cancel = threading.Event()
     jobs = [WorkerJob("gpu0", gpu=0, args={"target": f"{__name__}:cooperative_target"}),
@@ -191,6 +195,7 @@ def test_cancel_stops_every_worker_and_returns_partial_data():
     assert "did not stop" in stubborn.error and stubborn.signal == "SIGKILL"
 
 
+@pytest.mark.slow
 def test_over_budget_asks_to_stop_then_reports():
     jobs = [WorkerJob("gpu0", gpu=0, args={"target": f"{__name__}:cooperative_target"})]
     out = run_workers(dispatch_target, jobs, budget_s=1.0, **FAST)
@@ -210,6 +215,7 @@ def test_sigterm_from_outside_means_stop_at_the_next_step():
     assert out["gpu0"].result["stopped"] == "SIGTERM"
 
 
+@pytest.mark.slow
 def test_bad_return_value_and_bad_target_names():
     out = run_workers(not_a_dict_target, [WorkerJob("w", gpu=0)], budget_s=60, **FAST)
     assert out["w"].kind == CRASHED and "not a dict" in out["w"].error
@@ -228,6 +234,7 @@ def test_cuda_jobs_pin_the_pci_order_in_the_worker():
     assert out["gpu0"].result["cuda_order"] == "PCI_BUS_ID"
 
 
+@pytest.mark.slow
 def test_sampler_runs_beside_the_workers_and_summarizes():
     calls = []
 

@@ -219,6 +219,7 @@ def test_the_default_window_and_what_covers_the_node():
 
 # -- the lock ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_two_runs_at_once_keep_both_marks(tmp_path, monkeypatch):
     from gpucheck.platform.kernlog.cursor import advance
 
