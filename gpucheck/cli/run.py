@@ -35,31 +35,6 @@ def parse_duration(text: str | None) -> float | None:
         raise click.BadParameter(str(e)) from None
 
 
-def duration_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """click callback form of parse_duration (the error names the option)."""
-    return parse_duration(value)
-
-
-def parsed_list(parse, error: type[Exception]):
-    """A click callback for a repeatable comma-list option: the values joined and parsed by
-    `parse`; its `error` becomes a usage error naming the option. None when not given."""
-
-    def callback(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
-        if not value:
-            return None
-        try:
-            return parse(",".join(value))
-        except error as e:
-            raise click.BadParameter(str(e)) from None
-
-    return callback
-
-
-def given(**values) -> dict[str, object]:
-    """Command options for ctx.options: only those the user gave (not None, not empty)."""
-    return {k: v for k, v in values.items() if v is not None and v != [] and v != ()}
-
-
 def common_run_options(f):
     """Options shared by `run` and the per-check commands (burn, ...)."""
     opts = [
@@ -98,7 +73,7 @@ def common_run_options(f):
 
 def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, strict, on_error,
                   config_path, snapshot_path, state_dir, no_history, timeout_text, device, workers,
-                  injections, options=None, force=False, verbose=False) -> RunRequest:
+                  injections, options=None, check_options=(), force=False, verbose=False) -> RunRequest:
     try:
         gpus = parse_gpu_list(gpus_text)
     except UsageError as e:
@@ -112,6 +87,7 @@ def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, str
         workers=workers,
         injections=list(injections),
         options=dict(options or {}),
+        check_options=tuple(check_options),
         json=as_json,
         output=output,
         prom=prom,
