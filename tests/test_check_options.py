@@ -85,6 +85,8 @@ def test_two_checks_of_one_command_may_not_share_a_flag():
     other = define("t.other", title="t", level=1, detects="t", options=Same)(lambda ctx: [])
     with pytest.raises(TypeError, match="--size"):
         check_options(burn_gemm, other)
+    with pytest.raises(TypeError, match="no option sise"):
+        check_options(burn_gemm, only=("sise",))  # a misspelt field would silently drop the flag
 
 
 # -- declarations ----------------------------------------------------------------------------------

@@ -76,16 +76,22 @@ def _int(bound: float | None) -> int | None:
 def check_options(*checks: Check, only: Iterable[str] | None = None, exclude: Iterable[str] = ()):
     """Decorator: the options `checks` declare, in their order (`only` / `exclude`: field names),
     as options of a command; chosen_options() returns what was given. TypeError when two of them
-    share a flag."""
+    share a flag, or `only` / `exclude` names a field none of them declares."""
     wanted = None if only is None else set(only)
     unwanted = set(exclude)
     options: list[tuple[list[str], dict[str, Any]]] = []
+    fields: set[str] = set()
     for check in checks:
-        if check.spec.options is None:
+        options_class = check.spec.options
+        if options_class is None:
             continue
-        for field, decl in declared(check.spec.options):
+        for field, decl in declared(options_class):
+            fields.add(field)
             if (wanted is None or field in wanted) and field not in unwanted:
-                options.append(_click_args(field, decl, check.spec.options))
+                options.append(_click_args(field, decl, options_class))
+    unknown = sorted(((wanted or set()) | unwanted) - fields)
+    if unknown:
+        raise TypeError(f"{', '.join(c.id for c in checks)} declare(s) no option {', '.join(unknown)}")
     flags = [decls[0] for decls, _ in options]
     doubled = sorted({f for f in flags if flags.count(f) > 1})
     if doubled:
