@@ -66,6 +66,8 @@ class RunRequest:
     workers: int = 2
     injections: list[str] = field(default_factory=list)
     options: RunOptions | Mapping[str, Any] = field(default_factory=dict)  # RunOptions' fields
+    # The checks' own options (instances of their options dataclasses: gpucheck.core.options).
+    check_options: tuple[Any, ...] = ()
     json: bool = False
     output: str | None = None
     prom: str | None = None
@@ -330,6 +332,7 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
         injections=injections,
         state=state,
         options=options,
+        check_options=req.check_options,
         telemetry=telemetry,
         requested=frozenset(c.id for c in checks) if req.check_patterns else frozenset(),
         force=req.force,

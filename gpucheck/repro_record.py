@@ -105,11 +105,11 @@ def _prepare(req: RecordRequest) -> tuple[Any, Any, dict[str, Any], str]:
     RecordUsageError for what cannot be done."""
     from .app import RunRequest, UsageError, prepare
     from .repro import store
-    from .tests_suite.repro_bitwise import reference_path
+    from .tests_suite.repro_bitwise import ReproOptions, reference_path
 
     run = RunRequest(level=req.level, check_patterns=[CHECK_ID], gpus=req.gpus, device=req.device,
                      workers=req.workers, injections=list(req.injections),
-                     options={"workloads": req.workloads} if req.workloads else {},
+                     check_options=(ReproOptions(workloads=req.workloads),) if req.workloads else (),
                      config_path=req.config_path, history=False, force=req.force)
     try:
         prep = prepare(run)

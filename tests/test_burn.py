@@ -32,7 +32,7 @@ from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
 from gpucheck.platform.telemetry.fake import FakeTelemetry
 from gpucheck.tests_suite import burn_gemm as burn_mod
-from gpucheck.tests_suite.burn_gemm import burn_gemm
+from gpucheck.tests_suite.burn_gemm import BurnOptions, burn_gemm
 from gpucheck.workers.pool import CRASHED, HUNG, OK, LocalChannel, WorkerJob, WorkerOutcome, torch_device
 from gpucheck.workers.sampler import summarize
 
@@ -41,11 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST_CFG = {"window_s": 0.2, "heartbeat_timeout_s": 1.5, "startup_timeout_s": 60.0, "sample_interval_s": 0.2}
 
 
-def _ctx(workers=2, injections=(), duration=1.0, dtypes=("fp32",), size=64, telemetry=None, **options):
+def _ctx(workers=2, injections=(), duration=1.0, dtypes=("fp32",), size=64, telemetry=None):
     extra = {} if telemetry is None else {"telemetry": telemetry}
     return Context(level=Level.STANDARD, config=Config(checks={"burn.gemm": dict(FAST_CFG)}), device="cpu",
                    workers=workers, injections=[parse_injection(t) for t in injections],
-                   options={"duration_s": duration, "dtypes": list(dtypes), "size": size, **options}, **extra)
+                   check_options=[BurnOptions(duration_s=duration, dtypes=list(dtypes), size=size)], **extra)
 
 
 def _by_gpu(results):
@@ -80,7 +80,7 @@ def test_level_defaults_and_budget():
     assert burn_mod.burn_duration(ctx) == 300.0
     assert burn_mod._params(ctx)["dtypes_level3"] == list(DTYPES)
     assert burn_mod.burn_duration(Context(level=Level.BURN_IN)) == 3600.0
-    ctx2 = Context(level=Level.STANDARD, options={"duration_s": 42.0})
+    ctx2 = Context(level=Level.STANDARD, check_options=[BurnOptions(duration_s=42.0)])
     assert burn_mod.burn_duration(ctx2) == 42.0
     assert burn_gemm.spec.budget(ctx2) == 42.0 + 120.0 + 30.0
     over = Context(level=Level.STANDARD, config=Config(checks={"burn.gemm": {"duration_s_level2": 5.0}}))
@@ -348,7 +348,7 @@ def test_cuda_without_cuda_is_could_not_judge_not_a_hardware_fail(monkeypatch):
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"},
                          {"index": 1, "uuid": "GPU-11111111-fake", "name": "NVIDIA H100 80GB HBM3", "state": "lost"}]}
     ctx = Context(level=Level.STANDARD, config=Config(checks={"burn.gemm": dict(FAST_CFG)}), device="cuda",
-                  snapshot=snapshot, options={"duration_s": 1.0, "dtypes": ["bf16"], "size": 64},
+                  snapshot=snapshot, check_options=[BurnOptions(duration_s=1.0, dtypes=["bf16"], size=64)],
                   telemetry=FakeTelemetry(snapshot))  # no job on the GPUs
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -30,6 +30,10 @@ from gpucheck.platform.telemetry import nvml as N
 from gpucheck.platform.telemetry.fake import FakeTelemetry
 from gpucheck.platform.telemetry.nvml import GpuProcess, GpuProcesses, NvmlFailure
 from gpucheck.core.verdict import exit_code_for
+from gpucheck.tests_suite.burn_gemm import BurnOptions
+from gpucheck.tests_suite.eud_memtest import MemtestOptions
+from gpucheck.tests_suite.eud_power import PowerOptions
+from gpucheck.tests_suite.poet_ortho import PoetOptions
 
 GIB = 1 << 30
 JOB_PID = 4711  # a job's process in the fakes: never this test's own PID
@@ -185,13 +189,14 @@ def test_cpu_workers_have_no_gpu_to_protect():
 
 
 # -- every load check: the busy GPU gets no worker -----------------------------------------------------
-def _cuda_ctx(force=False, gpus=3, refs=None, processes=None, **options):
+def _cuda_ctx(force=False, gpus=3, refs=None, processes=None):
     snap = {"gpus": [{"index": i, "uuid": f"GPU-{i:08d}-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok",
                       "pci_bus_id": f"00000000:{0x18 + i:02X}:00.0"} for i in range(gpus)]}
     config = Config(checks={"repro.bitwise": {"reference": str(refs)}} if refs else {})  # none yet: peers judge
     return Context(level=Level.EXTENDED, config=config, device="cuda", snapshot=snap, force=force,
                    telemetry=FakeTelemetry(processes=processes or reader(), samples=lambda gpu: {"temperature_c": 40}),
-                   options={"duration_s": 1.0, "power_duration_s": 1.0, **options})
+                   check_options=[BurnOptions(duration_s=1.0), PoetOptions(duration_s=1.0),
+                                  MemtestOptions(duration_s=1.0), PowerOptions(duration_s=1.0)])
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from gpucheck.core.check import Context
 from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
-from gpucheck.tests_suite.eud_dcgm import dcgm_check
+from gpucheck.tests_suite.eud_dcgm import DcgmOptions, dcgm_check
 from gpucheck.eud.dcgm_parse import map_results, parse_diag
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
@@ -90,7 +90,7 @@ def test_real_dcgmi_document(name, dcgmi):
     log = dcgmi(name)
     snapshot = {"gpus": [{"index": i} for i in range(n_gpus)]}
     ctx = Context(level=Level.EXTENDED, config=Config(checks={"eud.dcgm": {}}), snapshot=snapshot,
-                  options={"dcgm_level": level}, telemetry=_idle_telemetry(snapshot))
+                  check_options=[DcgmOptions(diag_level=level)], telemetry=_idle_telemetry(snapshot))
     results = run_checks([dcgm_check], ctx, install_signal_handlers=False).results
     assert log.read_text().splitlines()[-1] == f"diag -r {level} -j"
     got = {r.subject: (r.status, r.action) for r in results}

@@ -19,6 +19,7 @@ from gpucheck.tests_suite import registry
 from gpucheck.core.check import Context, Need
 from gpucheck.core.levels import Level
 from gpucheck.core.config import load_config
+from gpucheck.core.options import declared
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
 from gpucheck.platform.telemetry.snapshot import load_snapshot
@@ -72,6 +73,29 @@ def test_the_example_registers_a_level_1_nvml_check(example):
     assert example.spec.level is Level.QUICK and example.spec.needs == (Need.NVML,)
     assert example.spec.defaults == {"warn_c": 85, "fail_c": 95}
     assert not example.spec.is_compute
+    assert [(d.name, d.kind) for _, d in declared(example.spec.options)] == [("fail-above", "real")]
+
+
+def test_the_examples_option_wins_over_its_config_for_the_run(example, tmp_path):
+    """The option the example declares reaches its judge, typed, and for this run wins over the
+    config's fail_c; not given, the config's limits judge as before."""
+    snap = copy.deepcopy(load_snapshot(HEALTHY))
+    _gpu(snap, 2)["temperature"]["gpu_c"] = 90  # over warn_c 85, under fail_c 95
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[checks."example.temperature"]\nfail_c = 99\n')
+    config = load_config(str(cfg))
+
+    def status_of_gpu2(**given):
+        ctx = Context(level=Level.QUICK, snapshot=snap, config=config,
+                      check_options=[example.spec.options(**given)] if given else [])
+        return {r.gpu: r for r in run_checks([example], ctx, install_signal_handlers=False).results}[2]
+
+    assert status_of_gpu2().status is Status.WARN
+    hot = status_of_gpu2(fail_above=88.0)
+    assert hot.status is Status.FAIL and ("temperature_c", ">", 88.0, Status.FAIL) in [
+        (t.metric, t.op, t.limit, t.status) for t in hot.thresholds]
+    with pytest.raises(TypeError):
+        example.spec.options(fail_c=88.0)  # not an option it declares
 
 
 def test_the_example_judges_every_case_through_the_runner(example):
@@ -152,3 +176,39 @@ def test_one_file_and_one_line_add_the_check_to_gpucheck(tmp_path, monkeypatch, 
         sys.modules.pop(f"gpucheck.tests_suite.{name}", None)
     mine = [(r["subject"], r["status"]) for r in verdict["results"] if r["check"] == "example.temperature"]
     assert rc == 1 and ("gpu2", "fail") in mine and len(mine) == len(snap["gpus"])
+
+
+def test_the_examples_option_is_given_on_the_command_line(tmp_path, monkeypatch, capsys):
+    """With the file and the line of the doc, `gpucheck run --option example.temperature:fail-above=88`
+    fails the GPU at 90 C that the defaults only warn about; a value that is no finite number, or
+    an option the example does not declare, is a usage error (exit 2) naming --option."""
+    from gpucheck import tests_suite
+    from gpucheck.cli.main import main
+
+    name, level = table_line()
+    (tmp_path / f"{name}.py").write_text(example_source())
+    monkeypatch.setattr(tests_suite, "__path__", [*tests_suite.__path__, str(tmp_path)])
+    monkeypatch.setitem(registry.TABLE, name, level)
+    monkeypatch.delitem(sys.modules, f"gpucheck.tests_suite.{name}", raising=False)
+    snap = copy.deepcopy(load_snapshot(HEALTHY))
+    _gpu(snap, 2)["temperature"]["gpu_c"] = 90
+    snap_file = tmp_path / "warm.json"
+    snap_file.write_text(json.dumps(snap))
+    run = ["run", "--snapshot", str(snap_file), "--check", "example.temperature", "--json", "--no-history"]
+
+    def gpu2(*argv):
+        rc = main([*run, *argv])
+        out = capsys.readouterr()
+        assert out.out, (rc, out.err)
+        verdict = json.loads(out.out)
+        return rc, next(r["status"] for r in verdict["results"] if r["subject"] == "gpu2")
+
+    try:
+        assert gpu2() == (0, "warn")
+        assert gpu2("--option", "example.temperature:fail-above=88") == (1, "fail")
+        for bad, words in (("fail-above=nan", "not a finite number"), ("fail_c=88", "has no option 'fail_c'")):
+            assert main([*run, "--option", f"example.temperature:{bad}"]) == 2
+            err = capsys.readouterr().err
+            assert "--option" in err and words in err, err
+    finally:
+        sys.modules.pop(f"gpucheck.tests_suite.{name}", None)

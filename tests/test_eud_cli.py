@@ -53,18 +53,19 @@ def test_every_option_reaches_the_checks(monkeypatch, tmp_path):
                "--power-duration", "2m", "--dcgm-level", "medium"])
     assert rc == 0
     (req,) = seen
-    assert req.options == {"memtest_fraction": 0.25, "memtest_patterns": ["zeros", "moving-inversions"],
-                           "duration_s": 90.0, "power_duration_s": 120.0, "dcgm_level": 2}
+    assert req.check_options == (
+        memtest.MemtestOptions(fraction=0.25, patterns=["zeros", "moving-inversions"], duration_s=90.0),
+        power.PowerOptions(duration_s=120.0), dcgm.DcgmOptions(diag_level=2))
     assert sorted(req.check_patterns) == ["eud.bandwidth", "eud.dcgm", "eud.memtest", "eud.power"]
-    ctx = Context(level=Level.BURN_IN, options=req.options)
+    ctx = Context(level=Level.BURN_IN, check_options=req.check_options)
     assert memtest.plan(ctx) == {"fraction": 0.25, "duration_s": 90.0, "passes": 1,
                                  "patterns": ["zeros", "moving-inversions"], "headroom_round": True}
     assert power.power_duration(ctx) == 120.0 and dcgm.dcgm_level(ctx) == 2
     # nothing given: nothing passed, the checks' level defaults apply
     seen.clear()
     assert main(["eud", "--device", "cpu", "--state-dir", str(tmp_path), "--level", "3"]) == 0
-    assert seen[0].options == {}
-    ctx = Context(level=Level.EXTENDED, options=seen[0].options)
+    assert seen[0].options == {} and seen[0].check_options == ()
+    ctx = Context(level=Level.EXTENDED, check_options=seen[0].check_options)
     assert memtest.plan(ctx)["fraction"] == 1.0 and power.power_duration(ctx) == 120.0 and dcgm.dcgm_level(ctx) == 3
 
 

@@ -15,7 +15,7 @@ from gpucheck.core.check import Context
 from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.tests_suite import eud_dcgm as dcgm_mod
-from gpucheck.tests_suite.eud_dcgm import dcgm_check, parse_dcgm_level, settings_changes, site_settings
+from gpucheck.tests_suite.eud_dcgm import DcgmOptions, dcgm_check, parse_dcgm_level, settings_changes, site_settings
 from gpucheck.eud.dcgm_run import diag_argv, find_dcgmi, probe_hostengine, run_command
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
@@ -91,13 +91,14 @@ def fake(tmp_path, monkeypatch):
     return Fake
 
 
-def _ctx(level=Level.EXTENDED, checks=None, after=None, **options):
+def _ctx(level=Level.EXTENDED, checks=None, after=None, dcgm_level=None, snapshot_path=None):
     """A node with GPUs 0 and 1 (a snapshot without NVML settings) that no job is using (a fake
     telemetry source: no process on any GPU; `after`: the snapshot it reads after the run)."""
     from gpucheck.platform.telemetry.fake import FakeTelemetry
 
     return Context(level=level, config=Config(checks={"eud.dcgm": dict(checks or {})}),
-                   snapshot={"gpus": [{"index": 0}, {"index": 1}]}, options=options,
+                   snapshot={"gpus": [{"index": 0}, {"index": 1}]}, options={"snapshot_path": snapshot_path},
+                   check_options=[DcgmOptions(diag_level=dcgm_level)],
                    telemetry=FakeTelemetry(after))
 
 

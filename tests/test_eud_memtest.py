@@ -21,6 +21,7 @@ from gpucheck.core.check import Context
 from gpucheck.core.levels import Level  # noqa: E402
 from gpucheck.core.config import Config  # noqa: E402
 from gpucheck.tests_suite import eud_memtest as mt  # noqa: E402
+from gpucheck.tests_suite.eud_memtest import MemtestOptions  # noqa: E402
 from gpucheck.eud import patterns as P  # noqa: E402
 from gpucheck.eud.memtest_worker import MemtestConfig, NumpyBackend, run_memtest  # noqa: E402
 from gpucheck.core.inject import parse_injection  # noqa: E402
@@ -356,12 +357,12 @@ def test_plan_by_level_and_options():
     assert pl["fraction"] == 1.0 and pl["passes"] == 2 and pl["duration_s"] is None and pl["headroom_round"] is True
     pl = mt.plan(Context(level=Level.BURN_IN))
     assert pl["duration_s"] == 3600.0 and pl["passes"] == 1 and pl["headroom_round"] is True
-    pl = mt.plan(Context(level=Level.STANDARD, options={"memtest_fraction": 0.5, "memtest_patterns": "random,ones",
-                                                          "duration_s": 20}))
+    pl = mt.plan(Context(level=Level.STANDARD, check_options=[MemtestOptions(fraction=0.5, patterns="random,ones",
+                                                                             duration_s=20)]))
     assert pl == {"fraction": 0.5, "duration_s": 20.0, "passes": 1, "patterns": ["random", "ones"],
                   "headroom_round": False}
     with pytest.raises(ValueError):
-        mt.plan(Context(options={"memtest_fraction": 1.5}))
+        mt.plan(Context(check_options=[MemtestOptions(fraction=1.5)]))
     assert mt.memtest.spec.budget(Context(level=Level.STANDARD)) == 120 + 120 + 30
     # levels 3 and 4: one more pass's budget for the headroom round
     assert mt.memtest.spec.budget(Context(level=Level.EXTENDED)) == 120 + 2 * 120 + 120 + 30
@@ -379,7 +380,7 @@ def test_check_modules_import_nothing_heavy():
 # -- the check through CPU workers, and through `gpucheck run` ------------------------------------
 def _ctx(workers=2, injections=(), level=Level.STANDARD, **options):
     return Context(level=level, config=Config(checks={"eud.memtest": dict(SMALL)}), device="cpu", workers=workers,
-                   injections=[parse_injection(t) for t in injections], options=options)
+                   injections=[parse_injection(t) for t in injections], check_options=[MemtestOptions(**options)])
 
 
 @pytest.mark.slow
@@ -401,14 +402,14 @@ def test_bad_injection_and_options_are_errors_not_verdicts():
     ctx = _ctx(workers=1, injections=["bitflip:gpu=0,bit=64"])
     (r,) = run_checks([mt.memtest], ctx, install_signal_handlers=False).results
     assert r.status == Status.ERROR and "bit must be in 0..63" in r.summary
-    ctx = _ctx(workers=1, memtest_patterns=["stripes"])
+    ctx = _ctx(workers=1, patterns=["stripes"])
     (r,) = run_checks([mt.memtest], ctx, install_signal_handlers=False).results
     assert r.status == Status.ERROR and "unknown pattern 'stripes'" in r.summary
 
 
 @pytest.mark.slow
 def test_level4_loops_for_the_duration():
-    ctx = _ctx(workers=1, level=Level.BURN_IN, duration_s=1.0, memtest_patterns="zeros,random")
+    ctx = _ctx(workers=1, level=Level.BURN_IN, duration_s=1.0, patterns="zeros,random")
     (r,) = run_checks([mt.memtest], ctx, install_signal_handlers=False).results
     assert r.status == Status.PASS and r.metrics["passes"] >= 2 and "2 pattern(s) x" in r.summary
 

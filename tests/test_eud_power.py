@@ -16,7 +16,7 @@ from gpucheck.core.check import Context
 from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
 from gpucheck.tests_suite import eud_power as power_mod
-from gpucheck.tests_suite.eud_power import power_check
+from gpucheck.tests_suite.eud_power import PowerOptions, power_check
 from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
@@ -34,10 +34,10 @@ def healthy_sample(gpu):
             "throttle_reasons": 0x4, "throttle_reason_names": ["sw_power_cap"], "error": None}
 
 
-def _ctx(workers, injections=(), samples=healthy_sample, **options):
+def _ctx(workers, injections=(), samples=healthy_sample):
     return Context(level=Level.EXTENDED, config=Config(checks={"eud.power": dict(FAST)}), device="cpu",
                    workers=workers, injections=[parse_injection(t) for t in injections],
-                   options={"power_duration_s": 2.0, "power_size": 64, **options},
+                   check_options=[PowerOptions(duration_s=2.0, size=64)],
                    telemetry=FakeTelemetry(samples=samples))
 
 
@@ -100,7 +100,7 @@ def test_a_load_that_never_started_is_could_not_judge_not_a_verdict():
 
 
 def test_cpu_workers_without_telemetry_skip_and_say_why():
-    ctx = Context(level=Level.EXTENDED, device="cpu", workers=2, options={"power_duration_s": 1.0})
+    ctx = Context(level=Level.EXTENDED, device="cpu", workers=2, check_options=[PowerOptions(duration_s=1.0)])
     (r,) = run_checks([power_check], ctx, install_signal_handlers=False).results
     assert r.status == Status.SKIP
     assert r.summary.startswith("no power telemetry: CPU workers stand in for GPUs")

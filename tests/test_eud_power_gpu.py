@@ -11,7 +11,7 @@ import pytest
 from gpucheck.core.check import Context
 from gpucheck.core.levels import Level
 from gpucheck.core.config import Config
-from gpucheck.tests_suite.eud_power import power_check
+from gpucheck.tests_suite.eud_power import PowerOptions, power_check
 from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
@@ -30,7 +30,7 @@ def _live_ctx(injections=()):
         pytest.skip(f"no NVML GPU: {snap['nvml']}")
     return Context(level=Level.EXTENDED, config=Config(checks={"eud.power": {"warmup_s": 5.0}}), snapshot=snap,
                    device="cuda", injections=[parse_injection(t) for t in injections],
-                   options={"power_duration_s": DURATION_S})
+                   check_options=[PowerOptions(duration_s=DURATION_S)])
 
 
 def test_real_gpus_reach_their_power_cap_without_hardware_slowdown():

@@ -204,7 +204,8 @@ def test_injection_specs_and_application():
 def test_defaults_level_durations_and_spec():
     assert power_mod.power_duration(Context(level=Level.EXTENDED)) == 120.0
     assert power_mod.power_duration(Context(level=Level.BURN_IN)) == 900.0
-    assert power_mod.power_duration(Context(level=Level.EXTENDED, options={"power_duration_s": 7})) == 7.0
+    assert power_mod.power_duration(Context(level=Level.EXTENDED,
+                                            check_options=[power_mod.PowerOptions(duration_s=7)])) == 7.0
     over = Context(level=Level.EXTENDED, config=Config(checks={"eud.power": {"duration_s_level3": 30.0}}))
     assert power_mod.power_duration(over) == 30.0
     spec = power_mod.power_check.spec

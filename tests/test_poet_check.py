@@ -20,7 +20,7 @@ from gpucheck.core.inject import parse_injection
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
 from gpucheck.tests_suite import poet_ortho as poet_mod
-from gpucheck.tests_suite.poet_ortho import describe_violation, judge_data, judge_outcomes, poet_ortho
+from gpucheck.tests_suite.poet_ortho import PoetOptions, describe_violation, judge_data, judge_outcomes, poet_ortho
 from gpucheck.workers.pool import CRASHED, HUNG, OK, WorkerJob, WorkerOutcome
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,9 +29,9 @@ FAST_CFG = {"heartbeat_timeout_s": 1.5, "startup_timeout_s": 60.0, "window_s": 0
 
 
 def _ctx(workers=2, injections=(), duration=1.5, **options):
-    opts = {"duration_s": duration, "blocks": [32, 64], "dtypes": ["fp32", "bf16"], **options}
+    opts = PoetOptions(**{"duration_s": duration, "blocks": [32, 64], "dtypes": ["fp32", "bf16"], **options})
     return Context(level=Level.STANDARD, config=Config(checks={"poet.ortho": dict(FAST_CFG)}), device="cpu",
-                   workers=workers, injections=[parse_injection(t) for t in injections], options=opts)
+                   workers=workers, injections=[parse_injection(t) for t in injections], check_options=[opts])
 
 
 def _by_gpu(results):
@@ -44,7 +44,7 @@ def test_spec_levels_and_budget():
     assert poet_mod.poet_duration(Context(level=Level.STANDARD)) == 30.0
     assert poet_mod.poet_duration(Context(level=Level.EXTENDED)) == 300.0
     assert poet_mod.poet_duration(Context(level=Level.BURN_IN)) == 1800.0
-    ctx = Context(level=Level.STANDARD, options={"duration_s": 12.0})
+    ctx = Context(level=Level.STANDARD, check_options=[PoetOptions(duration_s=12.0)])
     assert poet_ortho.spec.budget(ctx) == 12.0 + 120.0 + 30.0
 
 
@@ -189,7 +189,8 @@ def test_cuda_without_cuda_is_could_not_judge(monkeypatch):
 
     snapshot = {"gpus": [{"index": 0, "uuid": "GPU-00000000-fake", "name": "NVIDIA H100 80GB HBM3", "state": "ok"}]}
     ctx = Context(level=Level.STANDARD, config=Config(checks={"poet.ortho": dict(FAST_CFG)}), device="cuda",
-                  snapshot=snapshot, options={"duration_s": 1.0}, telemetry=FakeTelemetry(snapshot))  # no job on it
+                  snapshot=snapshot, check_options=[PoetOptions(duration_s=1.0)],
+                  telemetry=FakeTelemetry(snapshot))  # no job on it
     if not check_mod._torch_has_cuda(importlib.util.find_spec("torch")):
         (r,) = run_checks([poet_ortho], ctx, install_signal_handlers=False).results
         assert r.status == Status.SKIP and "CPU-only build" in r.summary

@@ -294,7 +294,7 @@ def test_the_old_test_hooks_are_not_options_any_more():
         with pytest.raises(TypeError, match=hook):
             Context(options={hook: lambda *a: None})
     assert isinstance(Context().telemetry, LiveTelemetry)
-    assert Context(options={"duration_s": 3.0}).options == RunOptions(duration_s=3.0)
+    assert Context(options={"xid_since": "@3"}).options == RunOptions(xid_since="@3")
 
 
 def test_a_burn_config_cannot_turn_fp8_on_for_cpu_workers():

@@ -251,12 +251,12 @@ def test_a_reference_file_others_can_change_warns_by_its_rule(tmp_path, monkeypa
     from gpucheck.core.levels import Level
     from gpucheck.core.inject import parse_injection
     from gpucheck.repro import store
-    from gpucheck.tests_suite.repro_bitwise import REFERENCE_RULES, repro_bitwise
+    from gpucheck.tests_suite.repro_bitwise import REFERENCE_RULES, ReproOptions, repro_bitwise
 
     path = tmp_path / "refs{0}.json"  # braces in a path name nothing: a fact is not a template
     path.write_text(__import__("json").dumps(refs((FP, {"gemm.bf16": A}))))
     monkeypatch.setattr(store, "permission_problems", lambda p: [f"{p} is writable by group or others"])
-    ctx = Context(level=Level.QUICK, device="cpu", workers=1, options={"reference": str(path)},
+    ctx = Context(level=Level.QUICK, device="cpu", workers=1, check_options=[ReproOptions(reference=str(path))],
                   injections=[parse_injection("bitflip:gpu=x")])  # an injection error: no worker is started
     warn = next(r for r in repro_bitwise.run(ctx) if r.subject == "reference")
     assert (warn.status, warn.action) == (Status.WARN, Action.INVESTIGATE)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck import app as app_mod
-from gpucheck.core.check import Context, Need, RunOptions, Slice, define, missing_need
+from gpucheck.core.check import Context, Need, Slice, define, missing_need
 from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
 from gpucheck.core.result import Result, Status
@@ -255,8 +255,8 @@ def test_the_readme_config_timeout_does_not_cut_a_level_3_check(capsys, tmp_path
 def test_cut_short_turns_a_pass_into_an_error_naming_the_promise():
     from gpucheck.workers.per_gpu import Promise, cut_short, promised
 
-    ctx = Context(level=Level.STANDARD, options={"duration_s": 5.0})
-    pr = promised(ctx, {"duration_s_level2": 30.0}, "burn")
+    ctx = Context(level=Level.STANDARD)
+    pr = promised(ctx, {"duration_s_level2": 30.0}, "burn", 5.0)  # --duration 5
     assert pr == Promise(5.0, "--duration", "burn")
     assert promised(Context(level=Level.EXTENDED), {"duration_s_level3": 300.0}, "burn").source == \
         "the level-3 default"
@@ -272,10 +272,10 @@ def test_cut_short_turns_a_pass_into_an_error_naming_the_promise():
 def test_an_explicit_short_duration_fits_the_time_limit():
     from gpucheck.workers.per_gpu import deadline_problem, promised
 
-    ctx = Context(level=Level.STANDARD, device="cpu", workers=1, options={"duration_s": 2.0})
+    ctx = Context(level=Level.STANDARD, device="cpu", workers=1)
     ctx.deadline = time.monotonic() + 10.0
-    assert deadline_problem(ctx, "burn.gemm", promised(ctx, {"duration_s_level2": 30.0}, "burn")) is None
-    ctx.options = RunOptions()  # the level-2 default, 30 s, does not fit in 10 s
+    assert deadline_problem(ctx, "burn.gemm", promised(ctx, {"duration_s_level2": 30.0}, "burn", 2.0)) is None
+    # the level-2 default, 30 s, does not fit in 10 s
     problem = deadline_problem(ctx, "burn.gemm", promised(ctx, {"duration_s_level2": 30.0}, "burn"))
     assert problem is not None and problem.status is Status.ERROR and "the level-2 default" in problem.summary
 

@@ -12,32 +12,27 @@ Exit codes as for `gpucheck run`: 0 healthy, 1 unhealthy, 2 usage error, 3 could
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from ..core.levels import Level
-from ..eud.patterns import PatternError, parse_patterns
-from .numbers import FiniteFloat
-from .run import build_request, common_run_options, duration_callback, given, parsed_list
+from ..tests_suite.registry import all_checks
+from .check_options import check_options, chosen_options
+from .run import build_request, common_run_options
 
+# In this order: their options in `gpucheck eud --help`.
 EUD_MODULES = tuple(f"gpucheck.tests_suite.eud_{name}" for name in ("memtest", "bandwidth", "power", "dcgm"))
 
 
 def eud_check_ids(level: int) -> list[str]:
     """The eud.* check ids at or below `level` (importing only the eud modules)."""
-    from ..tests_suite.registry import all_checks
-
     return [c.id for c in all_checks(EUD_MODULES) if int(c.spec.level) <= level]
 
 
-def _dcgm_level_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    from ..tests_suite.eud_dcgm import parse_dcgm_level
-
-    try:
-        return parse_dcgm_level(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+def _eud_checks() -> list:
+    """The eud checks in EUD_MODULES' order (their options' order in `--help`)."""
+    return [c for name in EUD_MODULES for c in importlib.import_module(name).CHECKS]
 
 
 @click.command("eud")
@@ -47,23 +42,9 @@ def _dcgm_level_callback(ctx: click.Context, param: click.Parameter, value: str 
 @click.option("--check", "checks", multiple=True, metavar="ID",
               help="Only these eud checks (ids or globs, comma list, repeatable; any level).")
 @click.option("--skip", "skips", multiple=True, metavar="ID", help="Leave these checks out.")
-@click.option("--memtest-fraction", type=FiniteFloat(min=0.0, min_open=True, max=1.0), default=None,
-              help="Fraction of each GPU's free memory the pattern test covers (default by level).")
-@click.option("--pattern", "patterns", multiple=True, metavar="NAME",
-              callback=parsed_list(parse_patterns, PatternError),
-              help="Memtest patterns to run (comma list; default all; see docs/eud.md).")
-@click.option("--duration", callback=duration_callback, default=None,
-              help="How long the memtest loops over its patterns (30s, 5m, 1h; default: 1 h at level 4; "
-                   "given at level 2 or 3 it replaces the fixed passes).")
-@click.option("--power-duration", callback=duration_callback, default=None,
-              help="How long eud.power sustains its GEMM load (default by level).")
-@click.option("--dcgm-level", callback=_dcgm_level_callback, default=None,
-              help="DCGM diagnostic level for eud.dcgm: 1-4 or quick, medium, long, xlong (dcgmi diag -r N; "
-                   "default: 3 at level 3, 4 at level 4, see docs/eud.md).")
+@check_options(*_eud_checks())
 @common_run_options
-def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], memtest_fraction: float | None,
-                patterns: list[str] | None, duration: float | None, power_duration: float | None,
-                dcgm_level: int | None, **kw) -> int:
+def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], **kw) -> int:
     """Extended diagnostics: HBM pattern test, copy bandwidth, power and clock stability under
     load, and NVIDIA DCGM's diagnostics when DCGM is installed.
 
@@ -85,7 +66,5 @@ def eud_command(level: str, checks: tuple[str, ...], skips: tuple[str, ...], mem
     if not selected:
         raise click.BadParameter(f"no eud check runs at level {int(lv)} (they start at level 2)",
                                  param_hint="--level")
-    options = given(memtest_fraction=memtest_fraction, memtest_patterns=patterns, duration_s=duration,
-                    power_duration_s=power_duration, dcgm_level=dcgm_level)
-    req = build_request(level=str(int(lv)), checks=selected, skips=skips, options=options, **kw)
+    req = build_request(level=str(int(lv)), checks=selected, skips=skips, check_options=chosen_options(), **kw)
     return execute(req)

@@ -14,28 +14,16 @@ from __future__ import annotations
 
 import click
 
-from ..poet.bounds import PoetInputError, parse_blocks, parse_dtypes
-from .run import build_request, common_run_options, duration_callback, given, parsed_list
+from ..tests_suite.poet_ortho import PoetOptions, poet_ortho
+from .check_options import check_options, chosen, chosen_options
+from .run import build_request, common_run_options
 
 
 @click.command("poet")
-@click.option("--duration", callback=duration_callback, default=None,
-              help="How long: 30s, 5m, 1h or seconds (default by level: 30 s at 2, 300 s at 3, 1800 s at 4).")
-@click.option("--block", "blocks", multiple=True, callback=parsed_list(parse_blocks, PoetInputError),
-              help="Comma list of block sizes from 32,64,128,256 (repeatable; default all).")
-@click.option("--dtype", "dtypes", multiple=True, callback=parsed_list(parse_dtypes, PoetInputError),
-              help="Comma list of fp32,bf16,fp16 (repeatable; default all).")
-@click.option("--size", type=click.IntRange(min=32), default=None,
-              help="n, the features of x and W: a multiple of every block size (default 4096 on GPUs, "
-                   "2 blocks on CPU workers).")
-@click.option("--rows", type=click.IntRange(min=1), default=None,
-              help="m, the rows of x (default 4096 on GPUs, 64 on CPU workers).")
-@click.option("--backend", type=click.Choice(["auto", "cupy", "torch"]), default=None,
-              help="auto (default): the CUDA kernels through CuPy on GPUs when CuPy is installed, torch otherwise.")
+@check_options(poet_ortho)
 @click.option("--level", "-l", default="2", show_default=True, help="Level whose defaults apply (2, 3, 4).")
 @common_run_options
-def poet_command(duration: float | None, blocks: list[int] | None, dtypes: list[str] | None, size: int | None,
-                 rows: int | None, backend: str | None, level: str, **kw) -> int:
+def poet_command(level: str, **kw) -> int:
     """POET-style orthogonal matmuls on every GPU at once, verified by invariants that hold in
     exact arithmetic (Cayley-Neumann orthogonality, input- vs weight-centric forward, norm
     preservation, round trip, merge chain) and against float64 references.
@@ -46,14 +34,14 @@ def poet_command(duration: float | None, blocks: list[int] | None, dtypes: list[
     from ..app import execute
     from ..render.burn_display import BurnDisplay
 
-    if size is not None:
-        bad = [b for b in (blocks or [32, 64, 128, 256]) if size % b]
+    given = chosen(PoetOptions)
+    if given.size is not None:
+        bad = [b for b in (given.blocks or [32, 64, 128, 256]) if given.size % b]
         if bad:
-            raise click.BadParameter(f"{size} is not a multiple of block size(s) {','.join(map(str, bad))}",
+            raise click.BadParameter(f"{given.size} is not a multiple of block size(s) {','.join(map(str, bad))}",
                                      param_hint="--size")
-    if backend == "cupy" and kw.get("device") == "cpu":
+    if given.backend == "cupy" and kw.get("device") == "cpu":
         raise click.BadParameter("cupy runs the CUDA kernels on GPUs, not on CPU workers (--device cpu)",
                                  param_hint="--backend")
-    options = given(duration_s=duration, dtypes=dtypes, blocks=blocks, size=size, rows=rows, backend=backend)
-    req = build_request(level=level, checks=["poet.ortho"], skips=(), options=options, **kw)
+    req = build_request(level=level, checks=["poet.ortho"], skips=(), check_options=chosen_options(), **kw)
     return execute(req, display_factory=BurnDisplay)

@@ -26,25 +26,9 @@ import click
 
 from ..app import UsageError, parse_gpu_list
 from ..repro_record import CHECK_ID, RecordRequest, RecordUsageError, record_references
+from ..tests_suite.repro_bitwise import ReproOptions, repro_bitwise
+from .check_options import check_options, chosen, chosen_options
 from .run import WORKER_COUNT, common_run_options, build_request
-
-
-def _workloads(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[str] | None:
-    if not value:
-        return None
-    from ..repro.workloads import WORKLOADS
-
-    names = [n.strip() for v in value for n in v.split(",") if n.strip()]
-    bad = [n for n in names if n != "all" and n not in WORKLOADS]
-    if bad:
-        raise click.BadParameter(f"unknown workload {bad[0]!r} (known: {', '.join(WORKLOADS)}, all)")
-    return names
-
-
-def _workload_option(f):
-    return click.option("--workload", "workloads", multiple=True, callback=_workloads, metavar="NAME",
-                        help="Workloads to run (comma list or repeated; default by level: "
-                             "gemm.bf16,gemm.fp32 at 1, all at 2).")(f)
 
 
 @click.group("repro")
@@ -53,30 +37,17 @@ def repro_group() -> None:
 
 
 @repro_group.command("check")
-@click.option("--reference", metavar="FILE",
-              help="Reference file (default: the check's `reference` parameter, /etc/gpucheck/repro-refs.json; "
-                   "a missing default file means no reference).")
+@check_options(repro_bitwise, only=("reference",))
 @click.option("--level", "-l", default="1", show_default=True,
               help="1: the fast subset; 2 and above: every workload.")
-@_workload_option
+@check_options(repro_bitwise, exclude=("reference",))
 @common_run_options
-def check_command(reference: str | None, level: str, workloads: list[str] | None, **kw: Any) -> int:
+def check_command(level: str, **kw: Any) -> int:
     """Run the reference workloads on every GPU and compare their bits with the reference, with
     each other and with a second run (the repro.bitwise check)."""
-    from ..repro import store
-
-    options: dict[str, Any] = {}
-    if reference:
-        try:
-            store.load(reference)
-        except store.RefFileError as e:
-            raise click.BadParameter(str(e), param_hint="--reference") from None
-        options["reference"] = reference
-    if workloads:
-        options["workloads"] = workloads
     from ..app import execute
 
-    req = build_request(level=level, checks=(CHECK_ID,), skips=(), options=options, **kw)
+    req = build_request(level=level, checks=(CHECK_ID,), skips=(), check_options=chosen_options(), **kw)
     return execute(req)
 
 
@@ -86,7 +57,7 @@ def check_command(reference: str | None, level: str, workloads: list[str] | None
                    "/etc/gpucheck/repro-refs.json). Created when missing.")
 @click.option("--level", "-l", default="2", show_default=True,
               help="2 and above: every workload; 1: only the fast subset.")
-@_workload_option
+@check_options(repro_bitwise, only=("workloads",))
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu: CPU worker processes stand in for GPUs (their own fingerprint).")
 @click.option("--workers", type=WORKER_COUNT, default=2, show_default=True,
@@ -99,7 +70,7 @@ def check_command(reference: str | None, level: str, workloads: list[str] | None
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary alone on stdout.")
 @click.option("--force", is_flag=True,
               help="Run on GPUs that a job is using (default: refuse to record, exit 3).")
-def record_command(out: str | None, level: str, workloads: list[str] | None, device: str, workers: int,
+def record_command(out: str | None, level: str, device: str, workers: int,
                    gpus_text: str | None, config_path: str | None, injections: tuple[str, ...], dry_run: bool,
                    as_json: bool, force: bool) -> int:
     """On a known-good node: run the reference workloads twice on every GPU and record the
@@ -113,8 +84,10 @@ def record_command(out: str | None, level: str, workloads: list[str] | None, dev
         if kind in ("warning", "error") or not as_json:
             click.echo(text, err=kind != "info")
 
-    req = RecordRequest(out=out, level=level, workloads=workloads, device=device, workers=workers, gpus=gpus,
-                        config_path=config_path, injections=list(injections), dry_run=dry_run, force=force)
+    workloads = chosen(ReproOptions).workloads
+    req = RecordRequest(out=out, level=level, workloads=None if workloads is None else list(workloads), device=device,
+                        workers=workers, gpus=gpus, config_path=config_path, injections=list(injections),
+                        dry_run=dry_run, force=force)
     try:
         outcome = record_references(req, say)
     except RecordUsageError as e:

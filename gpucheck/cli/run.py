@@ -11,6 +11,7 @@ from ..app import MAX_WORKERS, RunRequest, UsageError, execute, parse_gpu_list
 from ..core.check import Context
 from ..core.config import limit_of
 from ..core.levels import Level
+from ..core.options import declared
 from ..core.verdict import SCHEMA
 
 # --workers: CPU worker processes standing in for GPUs, bounded like --gpus (checked when parsed,
@@ -33,31 +34,6 @@ def parse_duration(text: str | None) -> float | None:
         return parse(text)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
-
-
-def duration_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    """click callback form of parse_duration (the error names the option)."""
-    return parse_duration(value)
-
-
-def parsed_list(parse, error: type[Exception]):
-    """A click callback for a repeatable comma-list option: the values joined and parsed by
-    `parse`; its `error` becomes a usage error naming the option. None when not given."""
-
-    def callback(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
-        if not value:
-            return None
-        try:
-            return parse(",".join(value))
-        except error as e:
-            raise click.BadParameter(str(e)) from None
-
-    return callback
-
-
-def given(**values) -> dict[str, object]:
-    """Command options for ctx.options: only those the user gave (not None, not empty)."""
-    return {k: v for k, v in values.items() if v is not None and v != [] and v != ()}
 
 
 def common_run_options(f):
@@ -98,7 +74,7 @@ def common_run_options(f):
 
 def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, strict, on_error,
                   config_path, snapshot_path, state_dir, no_history, timeout_text, device, workers,
-                  injections, options=None, force=False, verbose=False) -> RunRequest:
+                  injections, options=None, check_options=(), force=False, verbose=False) -> RunRequest:
     try:
         gpus = parse_gpu_list(gpus_text)
     except UsageError as e:
@@ -112,6 +88,7 @@ def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, str
         workers=workers,
         injections=list(injections),
         options=dict(options or {}),
+        check_options=tuple(check_options),
         json=as_json,
         output=output,
         prom=prom,
@@ -133,10 +110,19 @@ def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, str
 @click.option("--check", "-c", "checks", multiple=True, metavar="ID",
               help="Run only these checks (ids or globs like 'burn.*'; repeatable or comma-separated).")
 @click.option("--skip", "skips", multiple=True, metavar="ID", help="Skip these checks.")
+@click.option("--option", "option_texts", multiple=True, metavar="ID:NAME=VALUE",
+              help="A check's own option, as its command spells it (e.g. burn.gemm:duration=5m, "
+                   "eud.memtest:pattern=zeros; repeatable). `gpucheck list --json` lists each check's options.")
 @common_run_options
-def run_command(level, checks, skips, **kw) -> int:
+def run_command(level, checks, skips, option_texts, **kw) -> int:
     """Run the checks of a level and print a verdict."""
-    req = build_request(level=level, checks=checks, skips=skips, **kw)
+    check_options = ()
+    if option_texts:
+        from ..tests_suite.registry import find
+        from .check_options import options_from_text
+
+        check_options = options_from_text(option_texts, find)
+    req = build_request(level=level, checks=checks, skips=skips, check_options=check_options, **kw)
     return execute(req)
 
 
@@ -176,6 +162,7 @@ def list_command(level, as_json, defaults) -> int:
             "defaults": c.spec.defaults,
             "ranges": {k: _range_text(limit_of(c.spec, k)) for k in c.spec.defaults},
             "injects": list(c.spec.injects),
+            "options": _options_of(c),
         }
         for c in checks
     ]
@@ -189,14 +176,24 @@ def list_command(level, as_json, defaults) -> int:
     table = Table(header_style="bold")
     for col in ("id", "level", "needs", "budget", "detects"):
         table.add_column(col, overflow="fold")
-    for r in rows:
+    for check, r in zip(checks, rows):
         table.add_row(r["id"], f"{r['level']} {r['level_name']}", ", ".join(r["needs"]) or "-",
                       f"{r['budget_s']:g} s", r["detects"] or r["title"])
         if defaults and r["defaults"]:
             table.add_row("", "", "", "", "  " + ", ".join(f"{k}={v} ({r['ranges'][k]})"
                                                           for k, v in r["defaults"].items()))
+        names = list(_options_of(check))
+        if defaults and names:
+            table.add_row("", "", "", "", "  options (--option ID:NAME=VALUE): " + ", ".join(names))
     make_console(sys.stdout).print(table)
     return 0
+
+
+def _options_of(check) -> dict[str, str]:
+    """A check's own options (gpucheck.core.options): name (as `--option ID:NAME=VALUE` gives it) -> help."""
+    if check.spec.options is None:
+        return {}
+    return {decl.name: decl.help for _, decl in declared(check.spec.options)}
 
 
 def _range_text(limit) -> str:  # a gpucheck.core.config.Limit

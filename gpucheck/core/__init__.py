@@ -2,6 +2,7 @@
 compute backend in it.
 
 - `check`     the check contract: define(), CheckSpec, Level, Need, Context, RunOptions
+- `options`   a check's own options: option(), Option (what `gpucheck burn --size` gives one check)
 - `result`    Result, Rule, evaluate(): rules (data) over metrics -> status, action, summary
 - `runner`    runs the checks: one supervised execution per check
 - `verdict`   the node's verdict document and its exit code

@@ -24,9 +24,10 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .levels import Level
+from .options import declared
 from .result import Result, Status
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,6 +93,9 @@ class CheckSpec:
     # Why this check cannot examine anything on this run beyond its `needs` (CPU workers have no
     # power telemetry), or None: the runner skips it, and an --inject aimed at it is a usage error.
     unavailable_fn: Callable[["Context"], str | None] | None = None
+    # The check's own options (gpucheck.core.options): a dataclass of option(...) fields, which its
+    # command and `gpucheck run --option` build from; read with ctx.options_for(cls). None: none.
+    options: type | None = None
 
     def budget(self, ctx: "Context") -> float:
         return float(self.budget_fn(ctx)) if self.budget_fn else float(self.budget_s)
@@ -136,8 +140,12 @@ def define(
     min_slice_fn: Callable[["Context"], Slice] | None = None,
     top_level: Level | int | None = None,
     unavailable_fn: Callable[["Context"], str | None] | None = None,
+    options: type | None = None,
 ) -> Callable[[Callable[["Context"], list[Result]]], Check]:
-    """Decorator: turn a run function into a registered-by-module `Check`."""
+    """Decorator: turn a run function into a registered-by-module `Check`. `options`: the
+    dataclass of the check's own options (TypeError when it is not one)."""
+    if options is not None:
+        declared(options)
 
     def wrap(fn: Callable[["Context"], list[Result]]) -> Check:
         return Check(
@@ -156,6 +164,7 @@ def define(
                 min_slice_fn=min_slice_fn,
                 top_level=None if top_level is None else Level(top_level),
                 unavailable_fn=unavailable_fn,
+                options=options,
             ),
             fn,
         )
@@ -165,26 +174,18 @@ def define(
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What a command passes to its checks beyond the level (`gpucheck burn --duration`, ...):
-    None is "not given" (the check's level default applies). Every field is named here; a
-    command option without a field is a programming error (RunOptions.of raises TypeError)."""
+    """What a run passes to every check beyond the level, the GPUs and the device: facts about the
+    run that no one check owns (None: not given). A check's own options (`gpucheck burn --size`)
+    are its options dataclass (CheckSpec.options, read with ctx.options_for). Every field is named
+    here; any other name is a programming error (RunOptions.of raises TypeError)."""
 
-    duration_s: float | None = None  # --duration: burn, poet, memtest's loop
-    dtypes: Sequence[str] | str | None = None  # burn's and poet's dtypes (a list, or "bf16,fp8")
-    size: int | None = None  # GEMM / POET matrix size
-    rows: int | None = None  # POET rows
-    blocks: Sequence[int] | str | None = None  # POET block sizes
-    backend: str | None = None  # POET backend
-    memtest_fraction: float | None = None  # eud.memtest: share of the free memory
-    memtest_patterns: Sequence[str] | str | None = None  # eud.memtest patterns
-    power_duration_s: float | None = None  # eud.power: load duration
-    power_size: int | None = None  # eud.power: GEMM size
-    dcgm_level: int | str | None = None  # eud.dcgm: dcgmi diag -r N
-    reference: str | None = None  # repro: --reference FILE
-    workloads: Sequence[str] | None = None  # repro workloads
-    xid_since: str | float | None = None  # xid: the window's start (the Slurm epilog's job start)
-    snapshot_path: str | None = None  # judging a recorded snapshot (--snapshot FILE)
-    peers: Sequence[str] | None = None  # nodes a multi-node check may pair with
+    # judging a recorded snapshot (--snapshot FILE): the core's needs (no live GPU to compute on),
+    # the pipeline and the checks that read this node's live state (xid, eud.dcgm) all read it
+    snapshot_path: str | None = None
+    # the window's start the Slurm epilog passes (the job's start, "@EPOCH"): the xid check judges
+    # from it, and the pipeline then leaves the last-pass cursor alone
+    xid_since: str | float | None = None
+    peers: Sequence[str] | None = None  # nodes a multi-node check may pair with (Need.PEERS)
 
     @classmethod
     def of(cls, given: "RunOptions | Mapping[str, Any] | None") -> "RunOptions":
@@ -197,17 +198,15 @@ class RunOptions:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(str(k) for k in given if k not in names)
         if unknown:
-            raise TypeError(f"unknown run option(s): {', '.join(unknown)} (options: {', '.join(sorted(names))})")
+            raise TypeError(f"unknown run option(s): {', '.join(unknown)} (options: {', '.join(sorted(names))}; "
+                            "a check's own options are its options dataclass, Context.check_options)")
         return cls(**dict(given))
-
-    def given(self, name: str) -> Any:
-        """The value of option `name` (a field name; AttributeError for any other)."""
-        if name not in {f.name for f in dataclasses.fields(self)}:
-            raise AttributeError(f"RunOptions has no option {name!r}")
-        return getattr(self, name)
 
     def with_(self, **changes: Any) -> "RunOptions":
         return dataclasses.replace(self, **changes)
+
+
+OptionsT = TypeVar("OptionsT")
 
 
 def _live_telemetry() -> "TelemetrySource":
@@ -226,7 +225,9 @@ class Context:
     telemetry: where this run's telemetry comes from (gpucheck.platform.telemetry.source): the snapshot was
       read from it, and the sampler (load telemetry, Xid events) and the busy guard (the GPUs'
       running processes) read it too. Chosen at the edge; default: this node's NVML.
-    options: the command's options (RunOptions; a mapping of its field names is converted).
+    options: the run's options (RunOptions; a mapping of its field names is converted).
+    check_options: the checks' own options a command gave (instances of the checks' options
+      dataclasses, at most one per class); a check reads its own with `options_for(cls)`.
     gpus: the selected GPU indices (None = all).
     device: "cuda" or "cpu" for compute checks; workers: number of CPU workers standing in for GPUs.
     level: the run's level; checks that scale with the level (burn length) read it.
@@ -249,6 +250,7 @@ class Context:
     stop_s: float = 5.0  # after cancel: how long a check has to stop its workers and return
     requested: frozenset[str] = frozenset()
     options: RunOptions = field(default_factory=RunOptions)
+    check_options: tuple[Any, ...] = ()
     telemetry: "TelemetrySource" = field(default_factory=_live_telemetry)
     # Set by the runner on SIGTERM/SIGINT or the whole-run timeout: long checks poll it and
     # return what they have; worker pools stop their workers when it is set.
@@ -261,6 +263,22 @@ class Context:
     def __post_init__(self) -> None:
         if not isinstance(self.options, RunOptions):
             self.options = RunOptions.of(self.options)
+        self.check_options = tuple(self.check_options)
+        classes = [type(o) for o in self.check_options]
+        for cls in classes:
+            declared(cls)  # TypeError: not a check's options dataclass (a dict of names, a RunOptions)
+        doubled = sorted({c.__name__ for c in classes if classes.count(c) > 1})
+        if doubled:
+            raise TypeError(f"check options given twice: {', '.join(doubled)}")
+
+    def options_for(self, options_class: type[OptionsT]) -> OptionsT:
+        """The options of `options_class` (a check's options dataclass) this run was given; the
+        class's defaults (every option None: not given) when none were."""
+        declared(options_class)
+        for o in self.check_options:
+            if type(o) is options_class:
+                return o
+        return options_class()
 
     def report(self, check_id: str, subject: str, info: dict[str, Any]) -> None:
         if self.progress is not None:

@@ -7,6 +7,8 @@ A check is a run function declared with `define(...)` and listed in its module's
 
 - the contract (gpucheck.core.check, gpucheck.core.levels): `define`, `Level`, `Need`, `Context`,
   `Slice`, `RunOptions`, `compute_skip`;
+- a check's own options (gpucheck.core.options): `option` (a field of its options dataclass),
+  `Option`, `flag_of`;
 - results and rules (gpucheck.core.result): `Result`, `Status`, `Action`, `Basis`, `Rule`, `Key`,
   `evaluate`, `settle`, `Threshold`;
 - the limits of a check's settings (gpucheck.core.config): `Limit`;
@@ -24,6 +26,7 @@ from ..core.check import Check, CheckSpec, Context, Need, RunOptions, Slice, com
 from ..core.config import Limit
 from ..core.inject import InjectionArgs, choice, fraction, injections_for_gpu
 from ..core.levels import Level
+from ..core.options import Option, flag_of, option
 from ..core.result import Action, Basis, Key, Result, Rule, Status, Threshold, evaluate, settle
 from .snapshot import (NOT_IN_CAPTURE, apply_unreadable, counter_growth, each_gpu, get, gpu_state_result,
                        latest_metrics_by, nvml_unavailable, nvml_unjudged, previous_interval, selected_gpus_or_skip,
@@ -32,6 +35,7 @@ from .snapshot import (NOT_IN_CAPTURE, apply_unreadable, counter_growth, each_gp
 __all__ = [
     "Check", "CheckSpec", "Context", "Level", "Need", "RunOptions", "Slice", "compute_skip", "define",
     "Limit",
+    "Option", "flag_of", "option",
     "InjectionArgs", "choice", "fraction", "injections_for_gpu",
     "Action", "Basis", "Key", "Result", "Rule", "Status", "Threshold", "evaluate", "settle",
     "NOT_IN_CAPTURE", "apply_unreadable", "counter_growth", "each_gpu", "get", "gpu_state_result",

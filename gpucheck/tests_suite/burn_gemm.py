@@ -23,12 +23,15 @@ matrices): that is how the whole model is tested without a GPU.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
+from ..platform.durations import parse_duration
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
-                   fraction, injections_for_gpu)
+                   fraction, injections_for_gpu, option)
 from ..sdk.workers import (LoadTime, finish_result, guarded_targets, progress_evidence, run_per_gpu, stopped_early,
                            telemetry_summary, unfinished_result)
 
@@ -67,8 +70,24 @@ LIMITS = {k: Limit("int", 1) for k in ("size", "cpu_size", "repeats", "ref_rows"
 _LEVEL_KEYS = (2, 3, 4)
 
 
+@dataclass(frozen=True)
+class BurnOptions:
+    """`gpucheck burn`'s options (None: not given, the level's default or the config's applies)."""
+
+    duration_s: float | None = option(
+        "--duration", parse=parse_duration,
+        help="How long to burn: 30s, 5m, 1h or seconds (default by level: 30 s at 2, 300 s at 3, 3600 s at 4).")
+    dtypes: Sequence[str] | str | None = option(
+        "--dtype", "list", parse=parse_dtypes, error=DtypeError,
+        help=f"Comma list of {','.join(DTYPES)} (repeatable; default by level: bf16 at 2, all at 3 and 4). "
+             "fp8 runs on GPUs with compute capability >= 8.9 only; elsewhere it is skipped, "
+             "and the result says why.")
+    size: int | None = option("--size", "int", low=16,
+                              help="n of the n x n operands (default 8192 on GPUs, 256 on CPU workers).")
+
+
 # The time functions (parameters, duration, budget, promise, least slice): gpucheck.workers.per_gpu.
-TIME = LoadTime(CHECK_ID, DEFAULTS, "burn")
+TIME = LoadTime(CHECK_ID, DEFAULTS, "burn", BurnOptions)
 _params = TIME.params
 burn_duration = TIME.duration
 
@@ -108,6 +127,7 @@ def _injection_args(ctx: Context, gpu: int) -> InjectionArgs:
     injects=("bitflip", "slow", "hang"),
     min_slice_fn=TIME.min_slice,
     top_level=Level.BURN_IN,
+    options=BurnOptions,
 )
 def burn_gemm(ctx: Context) -> list[Result]:
     p, promise, problem = TIME.start(ctx)
@@ -116,11 +136,12 @@ def burn_gemm(ctx: Context) -> list[Result]:
     device = _device(ctx)
     duration = promise.seconds
     notes: list[str] = []
+    given = ctx.options_for(BurnOptions)
     try:
-        dtypes = parse_dtypes(ctx.options.dtypes or p[f"dtypes_level{_level(ctx)}"])
+        dtypes = parse_dtypes(given.dtypes or p[f"dtypes_level{_level(ctx)}"])
     except DtypeError as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
-    size = int(ctx.options.size or (p["cpu_size"] if device == "cpu" else p["size"]))
+    size = int(given.size or (p["cpu_size"] if device == "cpu" else p["size"]))
 
     targets, results, guard = guarded_targets(ctx, device, CHECK_ID, "burned")  # GPUs in use: skipped
     if not targets:

@@ -19,18 +19,19 @@
   (enforced power limit, persistence mode, ECC and MIG modes) are read again afterwards and any
   change is a warn (subject "node/settings").
 
-Options read from ctx.options: dcgm_level (1-4; default by gpucheck level), snapshot_path (a
-replayed snapshot: skip). The after-run settings come from the run's telemetry source
+Options: DcgmOptions.diag_level (`gpucheck eud --dcgm-level`: 1-4; default by gpucheck level); the
+run's snapshot_path (a replayed snapshot: skip). The after-run settings come from the run's telemetry source
 (ctx.telemetry.snapshot()).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..eud.dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
-from ..sdk import Action, Context, Level, Limit, Result, Rule, Slice, Status, define, evaluate, settle
+from ..sdk import Action, Context, Level, Limit, Result, Rule, Slice, Status, define, evaluate, option, settle
 from ..sdk.workers import guard_context, unknown_gpus
 
 DEFAULTS: dict[str, Any] = {
@@ -73,13 +74,23 @@ def parse_dcgm_level(value: Any) -> int:
     raise ValueError(f"bad DCGM diag level {value!r}: use 1-4 (or quick, medium, long, xlong)")
 
 
+@dataclass(frozen=True)
+class DcgmOptions:
+    """`gpucheck eud`'s DCGM option (None: not given, the level's default or the config's applies)."""
+
+    diag_level: int | str | None = option(
+        "--dcgm-level", parse=parse_dcgm_level,
+        help="DCGM diagnostic level for eud.dcgm: 1-4 or quick, medium, long, xlong (dcgmi diag -r N; "
+             "default: 3 at level 3, 4 at level 4, see docs/eud.md).")
+
+
 def _params(ctx: Context) -> dict[str, Any]:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
 def dcgm_level(ctx: Context, p: dict[str, Any] | None = None) -> int:
     p = p or _params(ctx)
-    v = ctx.options.dcgm_level
+    v = ctx.options_for(DcgmOptions).diag_level
     if v is None:
         v = p["diag_level_level4" if int(ctx.level) >= 4 else "diag_level_level3"]
     return parse_dcgm_level(v)
@@ -226,6 +237,7 @@ def _limits(ctx: Context, p: dict[str, Any], level: int) -> tuple[float, float, 
     min_slice_fn=_min_slice,
     top_level=Level.BURN_IN,
     unavailable_fn=not_here,
+    options=DcgmOptions,
 )
 def dcgm_check(ctx: Context) -> list[Result]:
     from ..eud.dcgm_run import find_dcgmi, probe_hostengine, run_diag

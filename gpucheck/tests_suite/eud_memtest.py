@@ -26,19 +26,23 @@ Per GPU one result:
   efficient gpucheck's kernels are on this GPU model (a benchmark goal, >= 0.8); HBM speed itself
   is judged by eud.bandwidth.
 
-Options (ctx.options): memtest_fraction (0 < f <= 1 of the free memory), memtest_patterns (list
-or comma string), duration_s (loop for this long; level 4's default is duration_s_level4).
+Options (MemtestOptions, `gpucheck eud --memtest-fraction/--pattern/--duration`): fraction (0 < f
+<= 1 of the free memory), patterns (list or comma string), duration_s (loop for this long; level
+4's default is duration_s_level4).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..eud.memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
 from ..eud.patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
+from ..platform.durations import parse_duration
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Slice, Status, compute_skip,
-                   define, evaluate, injections_for_gpu, settle)
+                   define, evaluate, flag_of, injections_for_gpu, option, settle)
 from ..sdk.workers import (CANCELLED, OVER_BUDGET, Promise, cut_short, deadline_problem, duration_slice,
                            guarded_targets, progress_evidence, run_per_gpu, telemetry_summary, unfinished_result)
 
@@ -90,6 +94,22 @@ LIMITS = {
 _LEVELS = (2, 3, 4)
 
 
+@dataclass(frozen=True)
+class MemtestOptions:
+    """`gpucheck eud`'s memtest options (None: not given, the level's default or the config's applies)."""
+
+    fraction: float | None = option(
+        "--memtest-fraction", "real", low=0.0, low_open=True, high=1.0,
+        help="Fraction of each GPU's free memory the pattern test covers (default by level).")
+    patterns: Sequence[str] | str | None = option(
+        "--pattern", "list", metavar="NAME", parse=parse_patterns, error=PatternError,
+        help="Memtest patterns to run (comma list; default all; see docs/eud.md).")
+    duration_s: float | None = option(
+        "--duration", parse=parse_duration,
+        help="How long the memtest loops over its patterns (30s, 5m, 1h; default: 1 h at level 4; "
+             "given at level 2 or 3 it replaces the fixed passes).")
+
+
 def _params(ctx: Context) -> dict[str, Any]:
     return ctx.params(CHECK_ID, DEFAULTS)
 
@@ -107,16 +127,16 @@ def plan(ctx: Context, p: dict[str, Any] | None = None) -> dict[str, Any]:
     Raises ValueError / PatternError for bad options."""
     p = p or _params(ctx)
     lv = _level(ctx)
-    frac = ctx.options.memtest_fraction
-    frac = float(frac) if frac is not None else float(p[f"fraction_level{lv}"])
+    given = ctx.options_for(MemtestOptions)
+    frac = float(given.fraction) if given.fraction is not None else float(p[f"fraction_level{lv}"])
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"memtest_fraction must be in (0, 1], not {frac}")
-    duration = ctx.options.duration_s
+    duration = given.duration_s
     if duration is None and lv == 4:
         duration = p["duration_s_level4"]
     duration = None if duration is None else float(duration)
     passes = 1 if lv == 4 else int(p[f"passes_level{lv}"])
-    patterns = parse_patterns(ctx.options.memtest_patterns or p["patterns"])
+    patterns = parse_patterns(given.patterns or p["patterns"])
     headroom = bool(p.get(f"headroom_round_level{lv}", False))
     return {"fraction": frac, "duration_s": duration, "passes": passes, "patterns": patterns,
             "headroom_round": headroom}
@@ -141,11 +161,11 @@ def _budget(ctx: Context) -> float:
 
 def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
     """What this run promised: the pattern loop's duration, or its passes over the patterns."""
+    given = ctx.options_for(MemtestOptions)
     if pl["duration_s"] is not None:
-        given = ctx.options.duration_s is not None
-        return Promise(float(pl["duration_s"]), "--duration" if given else f"the level-{_level(ctx)} default",
-                       "pattern loop")
-    source = f"the level-{_level(ctx)} default" if ctx.options.memtest_patterns is None else "--pattern"
+        return Promise(float(pl["duration_s"]), flag_of(MemtestOptions, "duration_s") if given.duration_s is not None
+                       else f"the level-{_level(ctx)} default", "pattern loop")
+    source = f"the level-{_level(ctx)} default" if given.patterns is None else flag_of(MemtestOptions, "patterns")
     return Promise(0.0, source, f"{pl['passes']} pass(es) of {len(pl['patterns'])} pattern(s)")
 
 
@@ -209,6 +229,7 @@ def _bitflip_spec(inj: Any, patterns: list[str]) -> dict[str, Any]:
     injects=("bitflip", "ecc"),
     min_slice_fn=_min_slice,
     top_level=Level.BURN_IN,
+    options=MemtestOptions,
 )
 def memtest(ctx: Context) -> list[Result]:
     p = _params(ctx)

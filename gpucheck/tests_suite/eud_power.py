@@ -2,9 +2,9 @@
 
 One worker per GPU runs burn's verified GEMM loop (gpucheck.compute.gemm:burn_worker, one dtype,
 operands drawn from the normal distribution: the highest switching activity, the highest power)
-for `power_duration_s`; all GPUs are loaded together, as a node is in training. The parent samples
-NVML meanwhile (gpucheck.workers.sampler: SM clock, temperature, power, clock-event reasons, Xid
-events). gpucheck.eud.power_judge turns the samples of each GPU's load window (after `warmup_s`)
+for its duration (`--power-duration`); all GPUs are loaded together, as a node is in training.
+The parent samples NVML meanwhile (gpucheck.workers.sampler: SM clock, temperature, power,
+clock-event reasons, Xid events). gpucheck.eud.power_judge turns the samples of each GPU's load window (after `warmup_s`)
 into one result per GPU: fail on clocks cut by hardware (hw_slowdown, hw_thermal_slowdown,
 hw_power_brake_slowdown) in a meaningful share of the load samples, fail when the GPU cannot reach
 `power_fail_fraction` of its enforced power limit, warn when it runs more than `temp_peer_warn_c`
@@ -15,7 +15,7 @@ tests). No power telemetry, no verdict: with CPU workers (`--device cpu`) and a 
 telemetry for them (NVML has none) the check is a skip that says why; on GPUs whose NVML does not
 answer it is an error (could not judge).
 
-Options read from ctx.options: power_duration_s, power_size. Fault injection (telemetry of GPU N
+Options (PowerOptions, `gpucheck eud --power-duration/--power-size`): duration_s, size. Fault injection (telemetry of GPU N
 is altered after it is read, so the detectors are proven on real NVML data too):
 
     throttle:gpu=N[,reason=hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown][,factor=0.5]
@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..eud.power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
+from ..platform.durations import parse_duration
 from ..platform.telemetry.throttle import bit
-from ..sdk import (Context, InjectionArgs, Level, Limit, Need, Result, Status, choice, define, fraction,
-                   injections_for_gpu)
+from ..sdk import (Context, InjectionArgs, Level, Limit, Need, Result, Status, choice, define, flag_of, fraction,
+                   injections_for_gpu, option)
 from ..sdk.workers import (CANCELLED, OVER_BUDGET, cut_short, deadline_problem, duration_slice, guarded_targets,
                            level_duration, promised, run_per_gpu, unfinished_result)
 
@@ -68,12 +70,23 @@ LIMITS = {
 _INJECTS = ("throttle", "hot", "lowpower")
 
 
+@dataclass(frozen=True)
+class PowerOptions:
+    """`gpucheck eud`'s power options (None: not given, the level's default or the config's applies)."""
+
+    duration_s: float | None = option("--power-duration", parse=parse_duration,
+                                      help="How long eud.power sustains its GEMM load (default by level).")
+    size: int | None = option("--power-size", "int", low=16, metavar="N",
+                              help="n of the n x n operands of eud.power's GEMM load (default 8192 on GPUs, "
+                                   "128 on CPU workers).")
+
+
 def _params(ctx: Context) -> dict[str, Any]:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
 def power_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
-    return level_duration(ctx, p or _params(ctx), option="power_duration_s", lowest=3)
+    return level_duration(ctx, p or _params(ctx), ctx.options_for(PowerOptions).duration_s, lowest=3)
 
 
 def _budget(ctx: Context) -> float:
@@ -83,8 +96,8 @@ def _budget(ctx: Context) -> float:
 
 def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
     p = p or _params(ctx)
-    return promised(ctx, p, "load (with its warm-up)", option="power_duration_s", lowest=3,
-                    extra_s=float(p["warmup_s"]))
+    return promised(ctx, p, "load (with its warm-up)", ctx.options_for(PowerOptions).duration_s,
+                    flag=flag_of(PowerOptions, "duration_s"), lowest=3, extra_s=float(p["warmup_s"]))
 
 
 def _min_slice(ctx: Context) -> Any:
@@ -184,6 +197,7 @@ def power_limit(ctx: Context, gpu: int, samples: list[dict[str, Any]]) -> tuple[
     min_slice_fn=_min_slice,
     top_level=Level.BURN_IN,
     unavailable_fn=no_telemetry,
+    options=PowerOptions,
 )
 def power_check(ctx: Context) -> list[Result]:
     p = _params(ctx)
@@ -212,7 +226,7 @@ def power_check(ctx: Context) -> list[Result]:
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to load")]
 
-    size = int(ctx.options.power_size or (p["cpu_size"] if device == "cpu" else p["size"]))
+    size = int(ctx.options_for(PowerOptions).size or (p["cpu_size"] if device == "cpu" else p["size"]))
     specs: dict[int, dict[str, Any]] = {}  # telemetry injections, applied to the samples when judging
 
     def inject(g: int) -> tuple[dict[str, Any], list[str], str | None]:

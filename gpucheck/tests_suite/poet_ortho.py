@@ -21,10 +21,14 @@ workers and on GPUs without CuPy). Per GPU one result:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from ..platform.durations import parse_duration
+from ..poet.bounds import PoetInputError, parse_blocks, parse_dtypes
 from ..sdk import (Action, Context, InjectionArgs, Level, Limit, Need, Result, Rule, Status, choice, define, evaluate,
-                   injections_for_gpu)
+                   injections_for_gpu, option)
 from ..sdk.workers import (LoadTime, Promise, finish_result, guarded_targets, progress_evidence, run_per_gpu,
                            stopped_early, telemetry_summary, unfinished_result)
 
@@ -70,12 +74,36 @@ LIMITS = {
     "backend": Limit("str", choices=("auto", "cupy", "torch")),
 }
 
+
+@dataclass(frozen=True)
+class PoetOptions:
+    """`gpucheck poet`'s options (None: not given, the level's default or the config's applies)."""
+
+    duration_s: float | None = option(
+        "--duration", parse=parse_duration,
+        help="How long: 30s, 5m, 1h or seconds (default by level: 30 s at 2, 300 s at 3, 1800 s at 4).")
+    blocks: Sequence[int] | str | None = option(
+        "--block", "list", parse=parse_blocks, error=PoetInputError,
+        help="Comma list of block sizes from 32,64,128,256 (repeatable; default all).")
+    dtypes: Sequence[str] | str | None = option(
+        "--dtype", "list", parse=parse_dtypes, error=PoetInputError,
+        help="Comma list of fp32,bf16,fp16 (repeatable; default all).")
+    size: int | None = option(
+        "--size", "int", low=32,
+        help="n, the features of x and W: a multiple of every block size (default 4096 on GPUs, "
+             "2 blocks on CPU workers).")
+    rows: int | None = option("--rows", "int", low=1,
+                              help="m, the rows of x (default 4096 on GPUs, 64 on CPU workers).")
+    backend: str | None = option(
+        "--backend", "choice", choices=LIMITS["backend"].choices,
+        help="auto (default): the CUDA kernels through CuPy on GPUs when CuPy is installed, torch otherwise.")
+
 _WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_blocks", "q_pool", "dense_acc_roundoff",
                 "bound_scale", "seed", "window_s", "max_events", "cpu_blocks", "cpu_rows")
 
 
 # The time functions (parameters, duration, budget, promise, least slice): gpucheck.workers.per_gpu.
-TIME = LoadTime(CHECK_ID, DEFAULTS, "POET problems")
+TIME = LoadTime(CHECK_ID, DEFAULTS, "POET problems", PoetOptions)
 _params = TIME.params
 poet_duration = TIME.duration
 
@@ -100,15 +128,15 @@ def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = No
 
 
 def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
-    """dtypes, blocks, size, rows and backend of this run (ctx.options over the config); ValueError."""
-    from ..poet.bounds import parse_blocks, parse_dtypes
+    """dtypes, blocks, size, rows and backend of this run (its options over the config); ValueError."""
     from ..poet.worker import BACKENDS
 
-    dtypes = parse_dtypes(ctx.options.dtypes or p["dtypes"])
-    blocks = parse_blocks(ctx.options.blocks or p["blocks"])
+    given = ctx.options_for(PoetOptions)
+    dtypes = parse_dtypes(given.dtypes or p["dtypes"])
+    blocks = parse_blocks(given.blocks or p["blocks"])
     gpu = ctx.device != "cpu"
-    size = ctx.options.size or (p["size"] if gpu else None)
-    rows = ctx.options.rows or (p["rows"] if gpu else None)
+    size = given.size or (p["size"] if gpu else None)
+    rows = given.rows or (p["rows"] if gpu else None)
     if size is not None:
         size = int(size)
         bad = [b for b in blocks if size % b]
@@ -116,7 +144,7 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"size {size} is not a multiple of block size(s) {', '.join(map(str, bad))}")
     if rows is not None and int(rows) < 1:
         raise ValueError(f"rows must be positive, not {rows}")
-    backend = str(ctx.options.backend or p["backend"])
+    backend = str(given.backend or p["backend"])
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     if backend == "cupy" and ctx.device == "cpu":
@@ -140,6 +168,7 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
     injects=("bitflip", "hang"),
     min_slice_fn=TIME.min_slice,
     top_level=Level.BURN_IN,
+    options=PoetOptions,
 )
 def poet_ortho(ctx: Context) -> list[Result]:
     p, promise, problem = TIME.start(ctx)

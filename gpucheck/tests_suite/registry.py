@@ -63,3 +63,15 @@ def all_checks(modules: Iterable[str] | None = None, max_level: int | None = Non
             seen.add(c.id)
             checks.append(c)
     return sorted(checks, key=lambda c: (c.spec.level, c.id))
+
+
+def find(check_id: str) -> Check | None:
+    """The check of id `check_id`, or None: its module by the naming rule first (`burn.gemm` is
+    burn_gemm, `memory-remap` memory_remap), then every module of TABLE."""
+    name = f"{_PACKAGE}.{check_id.replace('.', '_').replace('-', '_')}"
+    named = (name,) if name in module_levels() else ()
+    for modules in (named, None):
+        for check in all_checks(modules):
+            if check.id == check_id:
+                return check
+    return None

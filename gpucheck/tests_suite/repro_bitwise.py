@@ -9,8 +9,9 @@ result per GPU (see there for the findings) and one node result holding the node
 per fingerprint, for fleet comparison (gpucheck.repro.majority.fleet_outliers).
 
 Level 1 runs a fast subset (workloads_level1: the bf16 and fp32 GEMM suites), level 2 and above
-every workload (workloads_level2). The reference file (gpucheck.repro.store) comes from
-ctx.options.reference (`gpucheck repro check --reference FILE`; a missing file is an error)
+every workload (workloads_level2; ReproOptions.workloads, `--workload`, chooses others). The
+reference file (gpucheck.repro.store) comes from ReproOptions.reference (`gpucheck repro check
+--reference FILE`; a missing file is an error)
 or the check's `reference` parameter (default /etc/gpucheck/repro-refs.json; a missing file means
 "no reference", and the GPUs are compared with each other and with themselves). A malformed
 file is an error result naming the file and the place; as root, a file other users can change
@@ -27,11 +28,12 @@ GPUs, so the runner skips it there (Need.GPU; CPU workers, `--device cpu`, still
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..repro import DEFAULT_REFERENCE_PATH
-from ..sdk import Action, Context, Level, Need, Result, Rule, Status, define, evaluate, injections_for_gpu
+from ..sdk import Action, Context, Level, Need, Result, Rule, Status, define, evaluate, injections_for_gpu, option
 
 CHECK_ID = "repro.bitwise"
 
@@ -52,6 +54,41 @@ DEFAULTS: dict[str, Any] = {
     "startup_timeout_s": 120.0,  # spawn + torch import + CUDA init
     "heartbeat_timeout_s": 60.0,  # a worker silent this long is hung
 }
+
+
+def reference_file(text: str) -> str | None:
+    """`--reference FILE`: a reference file that loads (gpucheck.repro.store.RefFileError, a
+    ValueError, says what is wrong with it); an empty text names none."""
+    if not text:
+        return None
+    from ..repro import store
+
+    store.load(text)
+    return text
+
+
+def workload_names(text: str) -> list[str]:
+    """`--workload a,b`: the names of known workloads (or all); ValueError names an unknown one."""
+    from ..repro.workloads import WORKLOADS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n != "all" and n not in WORKLOADS]
+    if bad:
+        raise ValueError(f"unknown workload {bad[0]!r} (known: {', '.join(WORKLOADS)}, all)")
+    return names
+
+
+@dataclass(frozen=True)
+class ReproOptions:
+    """`gpucheck repro check`'s options (None: not given, the level's default or the config's applies)."""
+
+    reference: str | None = option(
+        "--reference", metavar="FILE", parse=reference_file,
+        help="Reference file (default: the check's `reference` parameter, /etc/gpucheck/repro-refs.json; "
+             "a missing default file means no reference).")
+    workloads: Sequence[str] | None = option(
+        "--workload", "list", metavar="NAME", parse=workload_names,
+        help="Workloads to run (comma list or repeated; default by level: gemm.bf16,gemm.fp32 at 1, all at 2).")
 
 
 def _params(ctx: Context) -> dict[str, Any]:
@@ -97,7 +134,7 @@ def selected_workloads(ctx: Context, p: dict[str, Any] | None = None) -> tuple[l
     from ..repro.workloads import preset_for, select_workloads
 
     p = p or _params(ctx)
-    names = ctx.options.workloads or p[f"workloads_level{_lv(ctx)}"]
+    names = ctx.options_for(ReproOptions).workloads or p[f"workloads_level{_lv(ctx)}"]
     return select_workloads(list(names), preset_for(_device(ctx)).name)
 
 
@@ -194,7 +231,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
 
 def reference_path(ctx: Context, p: dict[str, Any] | None = None) -> tuple[str, bool]:
     """(path, explicit): the --reference option, else the check's parameter."""
-    explicit = ctx.options.reference
+    explicit = ctx.options_for(ReproOptions).reference
     if explicit:
         return str(explicit), True
     return str((p or _params(ctx))["reference"]), False
@@ -212,6 +249,7 @@ def reference_path(ctx: Context, p: dict[str, Any] | None = None) -> tuple[str, 
     injects=("bitflip",),
     min_slice_fn=_min_slice,
     top_level=Level.STANDARD,
+    options=ReproOptions,
 )
 def repro_bitwise(ctx: Context) -> list[Result]:
     from ..repro import store

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.check import Context, Slice
+from ..core.options import flag_of
 from ..core.result import Action, Basis, Result, Status, settle
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,11 +119,10 @@ def run_per_gpu(
     return run
 
 
-def level_duration(ctx: Context, p: dict[str, Any], *, option: str = "duration_s", lowest: int = 2,
+def level_duration(ctx: Context, p: dict[str, Any], given: float | None = None, *, lowest: int = 2,
                    highest: int = 4) -> float:
-    """A looping check's length: the command's option (`--duration`) when given, else the check's
-    `duration_s_level<N>` default for the run's level clamped to [lowest, highest]."""
-    given = ctx.options.given(option)
+    """A looping check's length: `given` (its duration option, `--duration`) when given, else the
+    check's `duration_s_level<N>` default for the run's level clamped to [lowest, highest]."""
     if given is not None:
         return float(given)
     return float(p[f"duration_s_level{max(lowest, min(highest, int(ctx.level)))}"])
@@ -173,13 +173,13 @@ class Promise:
         return f"{self.seconds:g} s of {self.what} ({self.source})" if self.seconds else f"{self.what} ({self.source})"
 
 
-def promised(ctx: Context, p: dict[str, Any], what: str, *, option: str = "duration_s", lowest: int = 2,
-             highest: int = 4, extra_s: float = 0.0) -> Promise:
-    """The Promise of a looping check: level_duration (plus `extra_s`, a warm-up) and its source."""
-    given = ctx.options.given(option) is not None
+def promised(ctx: Context, p: dict[str, Any], what: str, given: float | None = None, *, flag: str = "--duration",
+             lowest: int = 2, highest: int = 4, extra_s: float = 0.0) -> Promise:
+    """The Promise of a looping check: level_duration (plus `extra_s`, a warm-up) and its source:
+    `flag`, the option that gave the duration (`given`), or the level's default."""
     lv = max(lowest, min(highest, int(ctx.level)))
-    source = f"--{option.removesuffix('_s').replace('_', '-')}" if given else f"the level-{lv} default"
-    return Promise(level_duration(ctx, p, option=option, lowest=lowest, highest=highest) + extra_s, source, what)
+    source = flag if given is not None else f"the level-{lv} default"
+    return Promise(level_duration(ctx, p, given, lowest=lowest, highest=highest) + extra_s, source, what)
 
 
 def duration_slice(ctx: Context, promise: Promise | None, import_cpu_s: float = TORCH_IMPORT_CPU_S) -> Slice:
@@ -358,12 +358,21 @@ class LoadTime:
     check_id: str
     defaults: dict[str, Any]
     what: str  # what is promised, as the Promise names it ("burn", "POET problems")
+    options: type  # the check's options dataclass (gpucheck.core.options): its `duration_s` is the duration
+
+    def __post_init__(self) -> None:
+        flag_of(self.options, "duration_s")  # TypeError: no duration option to read
+
+    def given_s(self, ctx: Context) -> float | None:
+        """The duration the command gave (`--duration`), or None: the level's default."""
+        given: float | None = getattr(ctx.options_for(self.options), "duration_s")
+        return given
 
     def params(self, ctx: Context) -> dict[str, Any]:
         return ctx.params(self.check_id, self.defaults)
 
     def duration(self, ctx: Context, p: dict[str, Any] | None = None) -> float:
-        return level_duration(ctx, p or self.params(ctx))
+        return level_duration(ctx, p or self.params(ctx), self.given_s(ctx))
 
     def budget(self, ctx: Context) -> float:
         p = self.params(ctx)
@@ -382,7 +391,8 @@ class LoadTime:
         return p, promise, deadline_problem(ctx, self.check_id, promise)
 
     def promise(self, ctx: Context, p: dict[str, Any] | None = None) -> Promise:
-        return promised(ctx, p or self.params(ctx), self.what)
+        return promised(ctx, p or self.params(ctx), self.what, self.given_s(ctx),
+                        flag=flag_of(self.options, "duration_s"))
 
     def min_slice(self, ctx: Context) -> Slice:
         """The workers' start-up floor and the whole promised run: a shorter one is no level-N run."""
