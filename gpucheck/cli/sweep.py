@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..app import UsageError, _check_writable
 from .numbers import FiniteFloat
 from .run import parse_duration
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.documents import SweepReport
 
 DEFAULT_NODE_TIMEOUT = "10m"
 
@@ -137,7 +140,7 @@ class _Progress:
             self.progress.stop()
 
 
-def _print_sweep(outcomes, report: dict[str, Any], strict: bool) -> None:
+def _print_sweep(outcomes, report: "SweepReport", strict: bool) -> None:
     from ..render.sweep_view import print_sweep
 
     print_sweep(outcomes, report, strict)

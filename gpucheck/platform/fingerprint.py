@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 import sys
-from typing import Any
+from typing import Any, Mapping
 
 
 def _dist_version(*names: str) -> str | None:
@@ -26,7 +26,7 @@ def _cuda_pkg_version(prefix: str) -> str | None:
     return _dist_version(f"{prefix}-cu13", f"{prefix}-cu12", f"{prefix}-cu11", prefix)
 
 
-def software_fingerprint(snapshot: dict[str, Any] | None = None) -> dict[str, str | None]:
+def software_fingerprint(snapshot: Mapping[str, Any] | None = None) -> dict[str, str | None]:
     snap = snapshot or {}
     fp: dict[str, str | None] = {
         "driver": snap.get("driver_version"),

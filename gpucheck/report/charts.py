@@ -27,7 +27,7 @@ def status_heatmap(xs: list[str], ys: list[str], cells: Mapping[tuple[str, str],
     """Rows `ys`, columns `xs` (plain text, escaped here); cells[(y, x)] a status; hover[(y, x)]
     plotly text (already escaped). Cells without a status are left blank."""
     index = {s: i for i, s in enumerate(STATUS_ORDER)}
-    z = [[index.get(cells.get((y, x)), None) if cells.get((y, x)) else None for x in xs] for y in ys]
+    z = [[index.get(cells.get((y, x)) or "") for x in xs] for y in ys]
     text = [[hover.get((y, x), "") for x in xs] for y in ys]
     ex = [pt(x) for x in xs]
     ticktext = [f"<b>{pt(x)}</b>" if x in set(highlight_x) else pt(x) for x in xs]
@@ -44,7 +44,7 @@ def status_heatmap(xs: list[str], ys: list[str], cells: Mapping[tuple[str, str],
     return Figure(data, layout, height=max(220, 120 + 22 * len(ys)))
 
 
-def bars_against_limits(labels: list[str], values: list[float | None], statuses: list[str], *, title: str,
+def bars_against_limits(labels: list[str], values: Sequence[float | None], statuses: list[str], *, title: str,
                         unit: str, limits: Sequence[tuple[str, float, str]] = ()) -> Figure:
     """One bar per label coloured by its status, with horizontal lines (name, value, colour)."""
     data: list[dict[str, Any]] = [{

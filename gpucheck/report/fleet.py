@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..core.documents import fleet_inputs
+from ..core.verdict import Verdict
 from ..render.grid import check_marks
 from .charts import points_with_outliers, status_heatmap
 from .inputs import Input
@@ -21,14 +23,14 @@ def _entries(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 
 
 def sweep_section(inp: Input) -> Section:
-    doc = inp.doc
+    doc: Mapping[str, Any] = inp.doc  # read loosely: every value is checked where it is used
     nodes = _entries(doc, "nodes")
     sec = Section(f"Sweep of {doc.get('nodeset') or len(nodes)}: {len(nodes)} node(s)", inp.path, "sweep")
     bad = [n for n in nodes if n.get("status") not in GOOD]
     if doc.get("bad"):
         sec.attention.append(f"bad nodes: {doc.get('bad')}")
     sec.attention += [f"{str(n.get('status')).upper()} {n.get('node')}: {n.get('reason')}" for n in bad[:20]]
-    counts = doc.get("counts") if isinstance(doc.get("counts"), Mapping) else {}
+    counts: Mapping[str, Any] = doc["counts"] if isinstance(doc.get("counts"), Mapping) else {}
     facts = [["nodes", " ".join(badge(str(s), f"{c} {s}") for s, c in counts.items() if c)],
              ["bad", h(doc.get("bad") or "none")],
              ["time", h(f"{doc.get('time')} ({doc.get('duration_s')} s over {doc.get('mode')}"
@@ -37,13 +39,13 @@ def sweep_section(inp: Input) -> Section:
         facts.append(["interrupted", h(f"{doc.get('interrupted')}: not answered {doc.get('unanswered')}")])
     sec.blocks.append(table(["", ""], facts))
     sec.blocks.append(legend(["pass", "warn", "fail", "error", "unexamined", "skip", "unreachable", "timeout"]))
-    sec.blocks.append(_sweep_heatmap(nodes))
-    sec.blocks += _sweep_distributions(doc, nodes)
+    sec.blocks.append(_sweep_heatmap(nodes, inp.node_verdicts))
+    sec.blocks += _sweep_distributions(doc, nodes, inp.node_verdicts)
     sec.blocks.append(_bad_node_table(bad))
     return sec
 
 
-def _sweep_heatmap(nodes: list[Mapping[str, Any]]) -> Figure:
+def _sweep_heatmap(nodes: list[Mapping[str, Any]], verdicts: Mapping[str, Verdict]) -> Figure:
     xs = [str(n.get("node")) for n in nodes]
     checks: list[str] = []
     cells: dict[tuple[str, str], str] = {}
@@ -53,8 +55,8 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]]) -> Figure:
         cells[("node status", x)] = status
         reason = f"<br>{pt(str(n.get('reason'))[:200])}" if n.get("reason") else ""
         hover[("node status", x)] = pt(f"{x}: {status.upper()}") + reason
-        verdict = n.get("verdict")
-        if not isinstance(verdict, Mapping):
+        verdict = verdicts.get(x)
+        if verdict is None:
             continue
         for check, st in check_marks(verdict):
             if check not in checks:
@@ -66,13 +68,12 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]]) -> Figure:
                           highlight_x=bad)
 
 
-def _sweep_distributions(doc: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[Any]:
-    from ..core.documents import fleet_inputs
-
+def _sweep_distributions(doc: Mapping[str, Any], nodes: list[Mapping[str, Any]],
+                         verdicts: Mapping[str, Verdict]) -> list[Any]:
     values: dict[tuple[str, str, str, str], list[tuple[str, str, float]]] = {}
     for n in nodes:
-        verdict = n.get("verdict")
-        if isinstance(verdict, Mapping):
+        verdict = verdicts.get(str(n.get("node")))
+        if verdict is not None:
             for key, subject, value in fleet_inputs(verdict).throughput:
                 values.setdefault(key, []).append((str(n.get("node")), subject, value))
     perf = (doc.get("fleet") or {}).get("performance") or {} if isinstance(doc.get("fleet"), Mapping) else {}
@@ -101,7 +102,7 @@ def _bad_node_table(bad: list[Mapping[str, Any]]) -> str:
 
 # -- nccl pairs ---------------------------------------------------------------------------------
 def pairs_section(inp: Input) -> Section:
-    doc = inp.doc
+    doc: Mapping[str, Any] = inp.doc  # read loosely: every value is checked where it is used
     nodes = [str(n) for n in doc.get("nodes") or []]
     sec = Section(f"nccl pairs: {doc.get('op')} over {len(nodes)} node(s)", inp.path, "pairs")
     bad, suspects = [str(n) for n in doc.get("bad") or []], [str(n) for n in doc.get("suspects") or []]
@@ -178,7 +179,7 @@ def _pair_matrix(nodes: list[str], pairs: list[Mapping[str, Any]], marked: list[
 
 # -- bisect -------------------------------------------------------------------------------------
 def bisect_section(inp: Input) -> Section:
-    doc = inp.doc
+    doc: Mapping[str, Any] = inp.doc  # read loosely: every value is checked where it is used
     sec = Section(f"Bisection of {doc.get('nodeset')}: {doc.get('nodes')} node(s)", inp.path, "bisect")
     bad = _entries(doc, "bad_nodes")
     sec.attention = [f"bad node {b.get('node')}" + (" (confirmed)" if b.get("confirmed") else "") for b in bad]

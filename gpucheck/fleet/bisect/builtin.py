@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from ...core.verdict import Verdict
 from .command import tail
 from .session import GroupOutcome
 
@@ -47,7 +48,7 @@ class BitwiseProbe:
         self.launcher = launcher
         self.extra_args = list(extra_args or [])
         self.timeout_s = timeout_s
-        self.verdicts: dict[str, dict[str, Any] | None] = {}
+        self.verdicts: dict[str, Verdict | None] = {}
         self.errors: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -91,11 +92,11 @@ class BitwiseProbe:
         unjudged: dict[str, str] = {}
         for n in nodes:
             v = verdicts.get(n)
-            if v is not None and v.get("exit_code") == 1:
+            if v is not None and v.exit_code == 1:
                 bad[n] = f"bitwise check failed on the node: {verdict_cause(v)}"
-            elif v is not None and v.get("exit_code") == 3:
+            elif v is not None and v.exit_code == 3:
                 unjudged[n] = f"the bitwise check could not judge {n}: {verdict_cause(v)}"
-        fleet = bitwise_comparison(verdicts).get("by_node", {})
+        fleet = bitwise_comparison(verdicts).by_node
         for n in nodes:
             if n in fleet and n not in bad:
                 bad[n] = "; ".join(fleet[n])
