@@ -20,6 +20,7 @@ from .run import parse_duration
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.documents import SweepReport
+    from ..platform.fanout import RunnerSettings
 
 DEFAULT_NODE_TIMEOUT = "10m"
 
@@ -106,7 +107,7 @@ def build_plan(nodes: list[str], *, subset: list[str] | None = None, **kw: Any):
         raise click.BadParameter(str(e), param_hint=e.option) from None
 
 
-def runner_settings(**kw: Any) -> dict[str, Any]:
+def runner_settings(**kw: Any) -> "RunnerSettings":
     from ..fleet.remote import runner_settings as settings
 
     return settings(remote_settings(kw))
@@ -207,7 +208,7 @@ def _progress(plan, strict: bool, label: str | None = None):
         progress.close()
 
 
-def progress_sweep(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None, spool=None):
+def progress_sweep(plan, settings: "RunnerSettings", strict: bool, progress_label: str | None = None, spool=None):
     """gpucheck.fleet.sweep.sweep_until_stopped with the progress bar: a SweepRun."""
     from ..fleet.sweep import sweep_until_stopped
 

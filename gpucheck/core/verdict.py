@@ -24,7 +24,7 @@ import datetime as _dt
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, cast
 
 from .. import __version__
 from .jsonvalue import JsonValue
@@ -668,35 +668,58 @@ def _check_entry(i: int, v: JsonValue) -> CheckEntry:
                       _number(c, "duration_s", where, minimum=0))
 
 
-def _threshold_entry(where: str, v: JsonValue) -> ThresholdEntry:
+# A verdict holds hundreds of thresholds and metrics, and a sweep reads one verdict per node: the
+# entries are built on a fast path (one test of every field at once) and a problem is named on a
+# slow one, which checks the fields one by one, in order.
+_STATUS_OF = {s.value: s for s in Status}
+_ACTION_OF = {a.value: a for a in Action}
+
+
+def _threshold_problem(where: str, v: JsonValue) -> VerdictError:
     t = _object(v, where)
     where += "."
     op, limit, status = t.get("op"), t.get("limit"), t.get("status")
     if op not in OPERATORS:
-        raise _problem(where + "op", op, f"one of {' '.join(OPERATORS)}")
+        return _problem(where + "op", op, f"one of {' '.join(OPERATORS)}")
     if isinstance(limit, (list, dict)):
-        raise _problem(where + "limit", limit, "a number, a string, a boolean or null")
+        return _problem(where + "limit", limit, "a number, a string, a boolean or null")
     if status not in STATUSES:
-        raise _problem(where + "status", status, f"one of {', '.join(STATUSES)}")
-    return ThresholdEntry(_string(t, "metric", where), str(op), limit, _string(t, "unit", where), Status(status))
+        return _problem(where + "status", status, f"one of {', '.join(STATUSES)}")
+    _string(t, "metric", where)
+    _string(t, "unit", where)
+    return VerdictError(f"{where[:-1]} is not a threshold")  # pragma: no cover - one of the above holds
+
+
+def _threshold_entries(i: int, thresholds: list[JsonValue]) -> tuple[ThresholdEntry, ...]:
+    out = []
+    for k, t in enumerate(thresholds):
+        if isinstance(t, dict):
+            metric, op, limit, unit, status = t.get("metric"), t.get("op"), t.get("limit"), t.get("unit"), t.get("status")
+            if (isinstance(metric, str) and isinstance(op, str) and op in OPERATORS
+                    and not isinstance(limit, (list, dict)) and isinstance(unit, str) and isinstance(status, str)
+                    and status in _STATUS_OF):
+                out.append(ThresholdEntry(metric, op, limit, unit, _STATUS_OF[status]))
+                continue
+        raise _threshold_problem(f"results[{i}].thresholds[{k}]", t)
+    return tuple(out)
 
 
 def _result_entry(i: int, v: JsonValue) -> ResultEntry:
     r, where = _object(v, f"results[{i}]"), f"results[{i}]."
+    check, subject, summary = r.get("check"), r.get("subject"), r.get("summary")
     gpu, status, action, metrics = r.get("gpu"), r.get("status"), r.get("action"), r.get("metrics")
+    assert isinstance(check, str) and isinstance(subject, str) and isinstance(summary, str)  # verdict_problem
     assert (gpu is None or isinstance(gpu, int)) and isinstance(metrics, dict)  # verdict_problem
+    assert isinstance(status, str) and isinstance(action, str)  # verdict_problem: from their vocabularies
     duration = r.get("duration_s")
     if duration is not None and (not isinstance(duration, (int, float)) or isinstance(duration, bool)):
         raise _problem(where + "duration_s", duration, "a number or null")
-    thresholds = _list(r.get("thresholds"), where + "thresholds")
-    return ResultEntry(
-        check=_string(r, "check", where), subject=_string(r, "subject", where), gpu=gpu, status=Status(status),
-        summary=_string(r, "summary", where), action=Action(action),
-        metrics={name: MetricEntry(m.get("value"), str(m.get("unit"))) for name, m in metrics.items()
-                 if isinstance(m, dict)},
-        thresholds=tuple(_threshold_entry(f"{where}thresholds[{k}]", t) for k, t in enumerate(thresholds)),
-        evidence=_strings(r, "evidence", where), injected=_strings(r, "injected", where),
-        duration_s=None if duration is None else float(duration), unexamined=r.get("unexamined") is True)
+    thresholds = _threshold_entries(i, _list(r.get("thresholds"), where + "thresholds"))
+    return ResultEntry(check, subject, gpu, _STATUS_OF[status], summary, _ACTION_OF[action],
+                       {name: MetricEntry(m["value"], cast(str, m["unit"])) for name, m in metrics.items()
+                        if isinstance(m, dict)},
+                       thresholds, _strings(r, "evidence", where), _strings(r, "injected", where), duration,
+                       r.get("unexamined") is True)
 
 
 def _verdict_of(doc: dict[str, JsonValue]) -> Verdict:

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..core.documents import fleet_inputs
-from ..core.verdict import Verdict
-from ..render.grid import check_marks
+from ..core.jsonvalue import JsonValue
 from .charts import points_with_outliers, status_heatmap
-from .inputs import Input
+from .inputs import Input, NodeVerdict
 from .page import STATUS_COLORS, Figure, Section, badge, h, legend, pt, sparse_matrix, table
 
 MAX_CHARTS = 12
@@ -45,7 +43,7 @@ def sweep_section(inp: Input) -> Section:
     return sec
 
 
-def _sweep_heatmap(nodes: list[Mapping[str, Any]], verdicts: Mapping[str, Verdict]) -> Figure:
+def _sweep_heatmap(nodes: list[Mapping[str, Any]], verdicts: Mapping[str, NodeVerdict]) -> Figure:
     xs = [str(n.get("node")) for n in nodes]
     checks: list[str] = []
     cells: dict[tuple[str, str], str] = {}
@@ -58,7 +56,7 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]], verdicts: Mapping[str, Verdic
         verdict = verdicts.get(x)
         if verdict is None:
             continue
-        for check, st in check_marks(verdict):
+        for check, st in verdict.checks:
             if check not in checks:
                 checks.append(check)
             cells[(check, x)] = st
@@ -69,12 +67,12 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]], verdicts: Mapping[str, Verdic
 
 
 def _sweep_distributions(doc: Mapping[str, Any], nodes: list[Mapping[str, Any]],
-                         verdicts: Mapping[str, Verdict]) -> list[Any]:
+                         verdicts: Mapping[str, NodeVerdict]) -> list[Any]:
     values: dict[tuple[str, str, str, str], list[tuple[str, str, float]]] = {}
     for n in nodes:
         verdict = verdicts.get(str(n.get("node")))
         if verdict is not None:
-            for key, subject, value in fleet_inputs(verdict).throughput:
+            for key, subject, value in verdict.inputs.throughput:
                 values.setdefault(key, []).append((str(n.get("node")), subject, value))
     perf = (doc.get("fleet") or {}).get("performance") or {} if isinstance(doc.get("fleet"), Mapping) else {}
     stats = {(m.get("check"), m.get("metric"), m.get("unit"), m.get("model")): m
@@ -155,13 +153,14 @@ def _pair_matrix(nodes: list[str], pairs: list[Mapping[str, Any]], marked: list[
     ex = [pt(n) for n in nodes]
     ticks = [f"<b>{pt(n)}</b>" if n in set(marked) else pt(n) for n in nodes]
     hover = sparse_matrix(size, text)
-    data = [{"type": "heatmap", "x": ex, "y": ex, "z": sparse_matrix(size, bw), "text": hover, "colorscale": "Viridis",
-             "colorbar": {"title": {"text": "busbw GB/s"}}, "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False},
-            {"type": "heatmap", "x": ex, "y": ex, "z": sparse_matrix(size, broken), "text": hover, "showscale": False,
-             "zmin": 0, "zmax": 1,
-             "colorscale": [[0, STATUS_COLORS["fail"]], [1, STATUS_COLORS["fail"]]],
-             "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False}]
-    shapes = []
+    data: list[dict[str, JsonValue]] = [
+        {"type": "heatmap", "x": list(ex), "y": list(ex), "z": sparse_matrix(size, bw), "text": hover,
+         "colorscale": "Viridis", "colorbar": {"title": {"text": "busbw GB/s"}},
+         "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False},
+        {"type": "heatmap", "x": list(ex), "y": list(ex), "z": sparse_matrix(size, broken), "text": hover,
+         "showscale": False, "zmin": 0, "zmax": 1, "colorscale": [[0, STATUS_COLORS["fail"]], [1, STATUS_COLORS["fail"]]],
+         "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False}]
+    shapes: list[JsonValue] = []
     for n in marked:
         if n in index:
             k = index[n]
@@ -169,11 +168,12 @@ def _pair_matrix(nodes: list[str], pairs: list[Mapping[str, Any]], marked: list[
                          {"x0": -0.5, "x1": size - 0.5, "y0": k - 0.5, "y1": k + 0.5}):
                 shapes.append({"type": "rect", "xref": "x", "yref": "y", **rect,
                                "line": {"color": STATUS_COLORS["fail"], "width": 2}})
-    axis: dict[str, Any] = {"type": "category", "tickvals": ex, "ticktext": ticks}
+    axis: dict[str, JsonValue] = {"type": "category", "tickvals": list(ex), "ticktext": list(ticks)}
     if size > 60:
         axis = {"type": "category", "showticklabels": False}
-    layout = {"title": {"text": "busbw per pair (red: the pair failed; framed: bad or suspect node)"},
-              "xaxis": {**axis, "tickangle": -45}, "yaxis": {**axis, "autorange": "reversed"}, "shapes": shapes}
+    layout: dict[str, JsonValue] = {"title": {"text": "busbw per pair (red: the pair failed; framed: bad or suspect node)"},
+                                    "xaxis": {**axis, "tickangle": -45}, "yaxis": {**axis, "autorange": "reversed"},
+                                    "shapes": shapes}
     return Figure(data, layout, height=min(900, max(360, 160 + 18 * size)))
 
 
@@ -235,9 +235,10 @@ def _bisect_tree(doc: Mapping[str, Any], records: list[Mapping[str, Any]]) -> Fi
                         f"{'PASS' if ok else 'FAIL'} {str(r.get('detail') or '')[:160]}"))
         if not ok and members:
             failed.append((rid, members))
-    data = [{"type": "icicle", "ids": ids, "parents": parents, "labels": labels, "values": values,
-             "branchvalues": "remainder", "marker": {"colors": colors}, "text": hover,
-             "hovertemplate": "%{text}<extra></extra>", "tiling": {"orientation": "v"}, "maxdepth": -1,
-             "textinfo": "label"}]
+    data: list[dict[str, JsonValue]] = [{
+        "type": "icicle", "ids": list(ids), "parents": list(parents), "labels": list(labels), "values": list(values),
+        "branchvalues": "remainder", "marker": {"colors": list(colors)}, "text": list(hover),
+        "hovertemplate": "%{text}<extra></extra>", "tiling": {"orientation": "v"}, "maxdepth": -1,
+        "textinfo": "label"}]
     return Figure(data, {"title": {"text": "group tests as a tree (red: the group failed)"}},
                   height=min(900, 240 + 60 * len(records)))

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..core.documents import FleetInputs, fleet_inputs
 from ..core.jsonvalue import JsonValue
 from ..core.verdict import SCHEMA_ID, Verdict, VerdictError
+from ..render.grid import check_marks
 
 
 class ReportError(Exception):
@@ -34,12 +35,21 @@ KINDS = {SCHEMA_ID: "verdict", "gpucheck.sweep": "sweep", "gpucheck.nccl.pairs":
 
 
 @dataclass(frozen=True)
+class NodeVerdict:
+    """What a sweep report's page reads of a node's verdict (as a sweep keeps it: a few hundred
+    bytes, not the verdict: a report of thousands of nodes holds no verdict in memory)."""
+
+    checks: tuple[tuple[str, str], ...]  # (check, folded status): render.grid.check_marks
+    inputs: FleetInputs  # its throughput values (core.documents.fleet_inputs)
+
+
+@dataclass(frozen=True)
 class Input:
     path: str
     kind: str  # verdict | history | sweep | pairs | bisect
     doc: dict[str, JsonValue] = field(default_factory=dict)  # the document ({} for a history)
     verdicts: tuple[Verdict, ...] = ()  # a verdict: itself; a history: its verdicts (in the file's order)
-    node_verdicts: dict[str, Verdict] = field(default_factory=dict)  # a sweep: each node's verdict that reads
+    node_verdicts: dict[str, NodeVerdict] = field(default_factory=dict)  # a sweep: each node's verdict that reads
     skipped_lines: int = 0
 
 
@@ -90,16 +100,18 @@ def _classified(path: str, doc: JsonValue) -> Input:
     return Input(path, kind, doc, node_verdicts=_node_verdicts(doc) if kind == "sweep" else {})
 
 
-def _node_verdicts(doc: dict[str, JsonValue]) -> dict[str, Verdict]:
-    """{node: its verdict} of a sweep report, for each node whose verdict Verdict.from_json reads."""
-    out: dict[str, Verdict] = {}
+def _node_verdicts(doc: dict[str, JsonValue]) -> dict[str, NodeVerdict]:
+    """{node: what the page reads of its verdict} of a sweep report, for each node whose verdict
+    Verdict.from_json reads."""
+    out: dict[str, NodeVerdict] = {}
     nodes = doc.get("nodes")
     for entry in nodes if isinstance(nodes, list) else []:
         if isinstance(entry, dict) and isinstance(entry.get("verdict"), dict):
             try:
-                out[str(entry.get("node"))] = Verdict.from_json(entry["verdict"])
+                verdict = Verdict.from_json(entry["verdict"])
             except VerdictError:
                 continue
+            out[str(entry.get("node"))] = NodeVerdict(check_marks(verdict), fleet_inputs(verdict))
     return out
 
 

@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping
 from ..core.check import Context
 from ..core.result import Action, Basis, Result, Status, settle
 from ..platform.telemetry.fields import judged_view
-from ..platform.telemetry.model import JudgedGpu
 from ..platform.telemetry.nvml import UNJUDGED_KINDS
 
 # The failure kind of a field a converted capture (nvidia-smi -q) does not hold (docs/snapshot.md).
@@ -43,7 +42,7 @@ def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:
     """A skip when the snapshot says NVML is not usable (the inventory check fails the node for
     it when GPUs should be there); an error when it was not read for a reason that says nothing
     about the GPUs (nvml_unjudged)."""
-    snap: Mapping[str, Any] = ctx.snapshot or {}
+    snap = ctx.snapshot or {}
     nv = snap.get("nvml") or {}
     if nv.get("ok"):
         return None
@@ -56,7 +55,7 @@ def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:
                    evidence=[f"NVML: {err.get('message', '')}"] if err.get("message") else [])]
 
 
-def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[JudgedGpu], list[Result] | None]:
+def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[dict[str, Any]], list[Result] | None]:
     """The selected snapshot GPUs as the checks judge them (telemetry.fields.judged_view: values
     a field cannot hold are None and listed as invalid), or a skip saying why there is nothing to
     judge."""
@@ -65,14 +64,14 @@ def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[JudgedGpu],
         return [], skip
     gpus = sorted((judged_view(g) for g in ctx.selected_gpu_entries()), key=lambda g: g.get("index", 0))
     if not gpus:
-        total = len(ctx.snapshot.get("gpus", [])) if ctx.snapshot else 0
+        total = len((ctx.snapshot or {}).get("gpus", []))
         why = (f"none of the selected GPUs {ctx.gpus} is among the {total} GPUs NVML reports"
                if ctx.gpus is not None and total else "NVML reports no GPU (judged by the inventory check)")
         return [], [Result(check_id, Status.SKIP, why)]
     return gpus, None
 
 
-def gpu_state_result(check_id: str, g: Mapping[str, Any]) -> Result | None:
+def gpu_state_result(check_id: str, g: dict[str, Any]) -> Result | None:
     """The result for a GPU that cannot be read (state other than ok), or None."""
     state = g.get("state", "ok")
     if state == "ok":
@@ -119,7 +118,7 @@ def unreadable_fields(g: dict[str, Any]) -> dict[str, str]:
     """Every field of GPU entry `g` that could not be read (its `errors` map: field -> kind) or
     holds a value its field cannot hold (the "invalid" map of telemetry.fields.judged_view),
     field -> why, in words that name the field."""
-    errors: dict[str, Any] = g["errors"] if isinstance(g.get("errors"), dict) else {}
+    errors = g.get("errors") if isinstance(g.get("errors"), dict) else {}
     out = {str(f): (f"{f} not in this capture" if kind == NOT_IN_CAPTURE else f"could not read {f} ({kind})")
            for f, kind in sorted(errors.items())}
     for f, value in sorted((g.get("invalid") or {}).items()):

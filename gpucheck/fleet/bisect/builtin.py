@@ -29,7 +29,7 @@ from typing import Any
 
 from ...core.verdict import Verdict
 from .command import tail
-from .session import GroupOutcome
+from .session import GroupOutcome, Metrics
 
 DEFAULT_OPS = ("all_gather", "all_reduce")
 
@@ -159,14 +159,14 @@ class CollectiveTest:
         return GroupOutcome(True, ", ".join(f"{op} {v:.3g}" for op, v in metrics.items()) + " GB/s busbw", dt,
                             metrics)
 
-    def _judge(self, out: dict[str, Any]) -> tuple[list[str], dict[str, float]]:
+    def _judge(self, out: dict[str, Any]) -> tuple[list[str], Metrics]:
         from ...nccl.pairs_run import real_bandwidth
         from ...nccl.report import largest
 
         problems = [f"{h}: {w}" for h, w in (out.get("launch_errors") or {}).items()]
         if out.get("status") != "ok":
             return [out.get("summary") or out.get("status") or "collective failed", *problems], {}
-        metrics: dict[str, float] = {}
+        metrics: Metrics = {}
         for op in self.ops:
             row = largest(out.get("results") or [], op)
             if row is None:
