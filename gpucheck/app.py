@@ -31,15 +31,19 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from .core.check import Check, Context, Need, RunOptions, unmet_needs
 from .core.config import Config, ConfigError, load_config
 from .core.inject import Injection, InjectionError, parse_injection
+from .core.jsonvalue import JsonValue
 from .core.levels import Level
+from .core.result import Status
 from .core.selection import SelectionError, select
 from .core.state import State, default_state_dir
-from .core.verdict import EXIT_USAGE, build_verdict, verdict_level
+from .core.verdict import (EXIT_USAGE, CheckEntry, RunFacts, Verdict, VerdictSource, build_verdict, gpu_inventory,
+                           node_host, verdict_level)
 from .platform.interrupts import INTERRUPTS, Interrupts
 from .platform.safeio import check_output, describe_error, output_problem
 from .tests_suite.registry import all_checks
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .core.runner import Outcome
     from .platform.telemetry.model import Snapshot
     from .platform.telemetry.source import TelemetrySource
 
@@ -386,7 +390,8 @@ def _telemetry(req: RunRequest, checks: list[Check], until: float | None, interr
         except SnapshotError as e:
             raise UsageError(str(e)) from None
         where = "standard input" if req.snapshot_path == "-" else req.snapshot_path
-        for warning in (snap.get("capture") or {}).get("warnings") or []:  # an nvidia-smi capture
+        capture = snap.get("capture")  # an nvidia-smi capture
+        for warning in (capture.get("warnings") if isinstance(capture, dict) else None) or []:
             _warn(f"{where}: {warning}", None)
         source = CaptureTelemetry(snap) if is_capture(snap) else ReplayTelemetry(snap)
     if source is None:
@@ -408,7 +413,7 @@ def _run_gpus(req: RunRequest, snapshot: "Snapshot | None") -> list[int] | None:
     one."""
     if req.gpus is None or not req.gpus_assigned or req.device == "cpu":
         return req.gpus
-    gpus = (snapshot or {}).get("gpus") or []
+    gpus = (snapshot.get("gpus") if snapshot else None) or []
     mig = [g.get("index") for g in gpus if ((g.get("mig_mode") or {}).get("current")) is True]
     unknown = [g.get("index") for g in gpus if "mig_mode" in (g.get("errors") or {})]
     if not mig and not unknown:
@@ -431,9 +436,10 @@ def _check_gpus(req: RunRequest, snapshot: "Snapshot | None") -> None:
         known = list(range(req.workers))
         unit = "CPU worker"
     else:
-        if req.gpus_assigned or not ((snapshot or {}).get("nvml") or {}).get("ok", True):
+        nvml = snapshot.get("nvml") if snapshot else None
+        if req.gpus_assigned or (nvml and not nvml.get("ok", True)):
             return
-        known = sorted(int(g["index"]) for g in (snapshot or {}).get("gpus", []))
+        known = sorted(int(g["index"]) for g in (snapshot.get("gpus", []) if snapshot else []))
         unit = "GPU"
     missing = [g for g in req.gpus if g not in known]
     if missing:
@@ -446,7 +452,7 @@ def execute(
     *,
     progress: Callable[[str, str, dict[str, Any]], None] | None = None,
     display_factory: Callable[[], Any] | None = None,
-    on_verdict: Callable[[dict[str, Any]], None] | None = None,
+    on_verdict: Callable[[Verdict], None] | None = None,
     on_warning: Callable[[str], None] | None = None,
 ) -> int:
     """Run the pipeline; print the table (or JSON); write outputs; return the exit code.
@@ -475,14 +481,16 @@ def execute(
 
 
 def _run(prep: Prepared, req: RunRequest, progress: Callable[[str, str, dict[str, Any]], None] | None,
-         display_factory: Callable[[], Any] | None) -> Any:
+         display_factory: Callable[[], Any] | None) -> "Outcome":
     """The checks, with the live display on a terminal; no worker process outlives them."""
     from .core.runner import run_checks
 
     display = None
     if not req.json and sys.stdout.isatty():
         if display_factory is None:
-            from .render.live import LiveStatus as display_factory
+            from .render.live import LiveStatus
+
+            display_factory = LiveStatus
         display = display_factory()
         prep.ctx.progress = progress or display.progress
     elif not req.json:  # cron, Slurm, ssh: a progress line per GPU at least every 10 s, on stderr
@@ -524,31 +532,30 @@ def _stop_leftover_workers() -> None:
             pass
 
 
-def _judge(prep: Prepared, outcome: Any, interrupted: str | None) -> dict[str, Any]:
+def _judge(prep: Prepared, outcome: "Outcome", interrupted: str | None) -> Verdict:
     from .platform.fingerprint import software_fingerprint
 
     ran = [r.run_level for r in outcome.runs if r.ran]
-    return build_verdict(
-        outcome.results,
+    snapshot = prep.ctx.snapshot
+    return build_verdict(outcome.results, RunFacts(
         level=verdict_level(ran, prep.level, [int(c.spec.level) for c in prep.checks]),
         started_at=outcome.started_at,
         duration_s=outcome.duration_s,
-        checks=[{"id": r.check_id, "level": r.level, "status": r.status.value,
-                 "duration_s": round(r.duration_s, 3)} for r in outcome.runs],
-        software=software_fingerprint(prep.ctx.snapshot),
-        snapshot=prep.ctx.snapshot,
-        source_kind=prep.source_kind,
-        source_path=prep.snapshot_path,
+        checks=tuple(CheckEntry.of(r.check_id, r.level, r.status, r.duration_s) for r in outcome.runs),
+        software=software_fingerprint(snapshot),
+        host=node_host(snapshot, prep.source_kind),
+        gpus=gpu_inventory(snapshot),
+        source=VerdictSource.of(prep.source_kind, prep.snapshot_path, snapshot),
         interrupted=interrupted,
-        injected=[i.text for i in prep.injections],
+        injected=tuple(i.text for i in prep.injections),
         strict=prep.strict,
         on_error=prep.on_error,
-    )
+    ))
 
 
 def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], None] | None,
              display_factory: Callable[[], Any] | None,
-             on_verdict: Callable[[dict[str, Any]], None] | None = None,
+             on_verdict: Callable[[Verdict], None] | None = None,
              on_warning: Callable[[str], None] | None = None) -> int:
     try:
         prep = prepare(req, started=INTERRUPTS.armed_at, interrupts=INTERRUPTS)
@@ -562,13 +569,14 @@ def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], Non
     # held until execute returns).
     verdict = _judge(prep, outcome, outcome.interrupted or INTERRUPTS.reason)
     INTERRUPTS.hold()
-    if INTERRUPTS.reason and not verdict["partial"]:
+    if INTERRUPTS.reason and not verdict.partial:
         verdict = _judge(prep, outcome, INTERRUPTS.reason)
-    code = int(verdict["exit_code"])
+    code = verdict.exit_code
     if on_verdict is not None:
         on_verdict(verdict)
 
-    text = json.dumps(verdict, indent=2, sort_keys=False) + "\n"
+    doc = verdict.to_json()
+    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
     def warn(message: str) -> None:
         _warn(message, on_warning)
@@ -576,11 +584,11 @@ def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], Non
     _print(req, verdict, text, warn)
     _write_outputs(req, verdict, text, warn)
     if prep.ctx.state is not None:
-        _record(prep, verdict, outcome.started_at, warn)
+        _record(prep, verdict, doc, outcome.started_at, warn)
     return code
 
 
-def _print(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[str], None]) -> None:
+def _print(req: RunRequest, verdict: Verdict, text: str, warn: Callable[[str], None]) -> None:
     """The verdict on stdout: its JSON (`text`) or the table. Printing that fails (a closed pipe,
     stdout on a full disk, a stdout that cannot encode the table, a bug in the table) is a
     warning, what is left unwritten is dropped, and the verdict's exit code stands."""
@@ -597,7 +605,7 @@ def _print(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[
     except Exception as e:
         flush_or_discard(sys.stdout)  # stdout itself failed: what it still holds goes nowhere
         warn(f"the verdict was not printed on stdout: {type(e).__name__}: {e}; "
-             f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})")
+             f"{_stands(verdict)}")
 
 
 def _warn(message: str, on_warning: Callable[[str], None] | None) -> None:
@@ -614,12 +622,16 @@ def _warn(message: str, on_warning: Callable[[str], None] | None) -> None:
             pass
 
 
-def _write_outputs(req: RunRequest, verdict: dict[str, Any], text: str, warn: Callable[[str], None]) -> None:
+def _stands(verdict: Verdict) -> str:
+    return f"the verdict stands ({verdict.status.value}, exit {verdict.exit_code})"
+
+
+def _write_outputs(req: RunRequest, verdict: Verdict, text: str, warn: Callable[[str], None]) -> None:
     """--output and --prom ("-" is stdout). A write that fails is a warning; the verdict stands."""
     from .render.prom import render
     from .platform.safeio import write_output
 
-    stands = f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})"
+    stands = _stands(verdict)
     for what, path, make in (("--output", req.output, lambda: text), ("--prom", req.prom, lambda: render(verdict))):
         if not path:
             continue
@@ -637,22 +649,24 @@ def _write_outputs(req: RunRequest, verdict: dict[str, Any], text: str, warn: Ca
             warn(f"{what} {path} was not written: {type(e).__name__}: {e}; {stands}")
 
 
-def _record(prep: Prepared, verdict: dict[str, Any], started_at: float, warn: Callable[[str], None]) -> None:
+def _record(prep: Prepared, verdict: Verdict, doc: Mapping[str, JsonValue], started_at: float,
+            warn: Callable[[str], None]) -> None:
+    """The history (the verdict's document `doc`), and after a pass of the xid check its last-pass cursor."""
     state = prep.ctx.state
     assert state is not None
     if state.skipped_lines:
         warn(f"history in {state.root}: {state.skipped_lines} torn or unreadable line(s) skipped "
              f"({'; '.join(state.skipped_notes[:3])})")
-    stands = f"the verdict stands ({verdict['status']}, exit {verdict['exit_code']})"
+    stands = _stands(verdict)
     try:
-        state.append_history(verdict)
+        state.append_history(doc)
     except OSError as e:
         warn(f"cannot write the history in {state.root}: {describe_error(e, str(state.root))}; {stands}")
         return
-    xid_ok = any(c["id"] == "xid" and c["status"] in ("pass", "warn") for c in verdict["checks"])
-    if verdict["exit_code"] == 0 and not verdict["partial"] and xid_ok and prep.source_kind != "snapshot":
+    xid_ok = any(c.id == "xid" and c.status in (Status.PASS, Status.WARN) for c in verdict.checks)
+    if verdict.exit_code == 0 and not verdict.partial and xid_ok and prep.source_kind != "snapshot":
         try:
-            _advance_last_pass(prep, state, verdict["time"], started_at)
+            _advance_last_pass(prep, state, verdict.time, started_at)
         except OSError as e:
             warn(f"cannot move the last-pass cursor in {state.root}: {describe_error(e, str(state.root))}; {stands}")
 
@@ -667,7 +681,7 @@ def _advance_last_pass(prep: Prepared, state: State, when: str, started_at: floa
     ctx = prep.ctx
     if not window_is_default(ctx.params("xid", DEFAULT_PARAMS), ctx.options):
         return
-    whole = covers_the_node(ctx.gpus, (ctx.snapshot or {}).get("gpus") or [])
+    whole = covers_the_node(ctx.gpus, (ctx.snapshot.get("gpus") if ctx.snapshot else None) or [])
     uuids = [g["uuid"] for g in ctx.selected_gpu_entries() if isinstance(g.get("uuid"), str) and g["uuid"]]
     now = time.time()
     state.update_cursor(LAST_PASS_CURSOR, lambda cursor: advance(cursor, epoch=started_at, time=when, uuids=uuids,

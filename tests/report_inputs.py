@@ -30,10 +30,11 @@ def with_burn(verdict: dict[str, Any], tflops: list[float], *, host: str | None 
     """`verdict` plus one burn.gemm result per GPU measuring `tflops` (bf16), judged against
     the burn's default floors: 0.5 / 0.3 of the SKU's dense rate, 8 % / 25 % below the median."""
     from gpucheck.core.levels import Level
-    from gpucheck.core.result import Action, Result, Status, Threshold, judge
-    from gpucheck.core.verdict import build_verdict
+    from gpucheck.core.result import Action, Result, ResultEntry, Status, Threshold, judge
+    from gpucheck.core.verdict import CheckEntry, RunFacts, Verdict, VerdictSource, build_verdict
 
-    results = [Result.from_dict(r) for r in verdict["results"]]
+    base = Verdict.from_json(verdict)
+    results: list[Result | ResultEntry] = list(base.results)
     med = statistics.median(tflops)
     for gpu, tf in enumerate(tflops):
         deficit = round(max(0.0, (med - tf) / med * 100), 1)
@@ -53,12 +54,11 @@ def with_burn(verdict: dict[str, Any], tflops: list[float], *, host: str | None 
         checks.setdefault(r.check, []).append(r.status)
     from gpucheck.core.result import worst_status
 
-    doc = build_verdict(results, level=Level(2), started_at=0.0, duration_s=31.5,
-                        checks=[{"id": c, "level": 2 if c == "burn.gemm" else 1, "status": worst_status(s).value,
-                                 "duration_s": 0.0} for c, s in checks.items()],
-                        software=verdict["software"], snapshot={"gpus": verdict["gpus"], "synthetic": True},
-                        source_kind="live", source_path=None, interrupted=None, injected=[],
-                        host=host or verdict["host"])
+    built = build_verdict(results, RunFacts(
+        level=Level(2), started_at=0.0, duration_s=31.5,
+        checks=tuple(CheckEntry.of(c, 2 if c == "burn.gemm" else 1, worst_status(s), 0.0) for c, s in checks.items()),
+        software=base.software, host=host or base.host, gpus=base.gpus, source=VerdictSource("live", None, True)))
+    doc = built.to_json()
     doc["time"] = time or "2025-06-02T10:15:00Z"
     return doc
 

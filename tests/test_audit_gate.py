@@ -25,6 +25,8 @@ from xid_log import xid79_config
 
 from gpucheck import app
 from gpucheck.core.config import read_on_error
+from gpucheck.core.levels import Level
+from gpucheck.core.verdict import RunFacts, build_verdict
 from gpucheck.fleet import hook as hook_mod
 from gpucheck.core.state import State
 from gpucheck.platform.telemetry.snapshot import load_snapshot
@@ -90,8 +92,8 @@ def test_a_hung_nvml_never_starves_the_prolog_of_its_xid_check(tmp_path, monkeyp
         out = hook_mod.run_hook(opts, ENV, runner=lambda argv: (0, "", ""), log=lambda p, m: None)
     finally:
         release.set()  # the stand-in for the hung driver call returns
-    xid = [r for r in out.verdict["results"] if r["check"] == "xid"]
-    assert xid and not xid[0]["summary"].startswith("not run"), xid
+    xid = [r for r in out.verdict.results if r.check == "xid"]
+    assert xid and not xid[0].summary.startswith("not run"), xid
     assert out.judgement == "unhealthy" and out.exit_code == hook_mod.EXIT_HOOK_UNHEALTHY, out.log_line
 
 
@@ -180,7 +182,7 @@ def test_the_table_prints_bus_ids_as_they_are(tmp_path):
 
     from gpucheck.render.terminal import print_verdict
 
-    captured: list[dict] = []
+    captured: list = []
     assert app.execute(app.RunRequest(snapshot_path=str(HEALTHY), history=False, json=True),
                        on_verdict=captured.append) == 0
     buf = io.StringIO()
@@ -351,8 +353,8 @@ def test_a_nan_mad_z_would_let_a_slow_node_pass():
     from gpucheck.fleet.compare import low_outliers
 
     values = {"n1": 100.0, "n2": 101.0, "n3": 99.0, "n4": 40.0}
-    assert low_outliers(values)["outliers"].keys() == {"n4"}
-    assert low_outliers(values, mad_z=float("nan"))["outliers"] == {}
+    assert low_outliers(values).outliers.keys() == {"n4"}
+    assert low_outliers(values, mad_z=float("nan")).outliers == {}
 
 
 # -- 8. two prologs at once lose a job's record ----------------------------------------------------------
@@ -372,7 +374,8 @@ def test_two_prologs_at_once_both_remember_their_job(tmp_path, monkeypatch):
         return value
 
     monkeypatch.setattr(State, "read_cursor", read_then_meet)
-    healthy = {"exit_code": 0, "status": "pass", "results": [], "gpus": []}
+    healthy = build_verdict([], RunFacts(level=Level.QUICK, started_at=0.0, duration_s=0.0, checks=(), software={},
+                                         host="gpu7"))  # exit 0, no result, no GPU
 
     def execute(req, on_verdict, on_warning=None):
         on_verdict(healthy)

@@ -107,6 +107,7 @@ def test_escape_sequences_from_a_node_never_reach_the_terminal(monkeypatch):
 
     from gpucheck.cli import sweep as sweep_cli
     from gpucheck.fleet.sweep import NodeOutcome
+    from gpucheck.core.verdict import Verdict
     from gpucheck.render.terminal import print_verdict
 
     hostile = "usage error on the node: \x1b]52;c;cm0gLXJmIH4K\x07\x1b[2J"
@@ -122,7 +123,7 @@ def test_escape_sequences_from_a_node_never_reach_the_terminal(monkeypatch):
     verdict = json.loads(sorted((ROOT / "tests" / "fixtures" / "verdicts").glob("*.json"))[0].read_text())
     verdict["results"][0]["summary"] = "GPU 2 is in use by PID 4711 (\x1b[2J\x1b]0;x\x07)"
     buf = io.StringIO()
-    print_verdict(verdict, file=buf)
+    print_verdict(Verdict.from_json(verdict), file=buf)
     assert "\x1b" not in buf.getvalue()
 
 

@@ -45,7 +45,7 @@ NO_PYNVML = textwrap.dedent("""
     out = []
     rc = app.execute(app.RunRequest(check_patterns=["inventory"], telemetry=LiveTelemetry(root), history=False,
                                     json=True), on_verdict=out.append)
-    print(json.dumps({"rc": rc, "verdict": out[-1]}))
+    print(json.dumps({"rc": rc, "verdict": out[-1].to_json()}))
 """)
 
 

@@ -453,12 +453,14 @@ def test_force_passes_through_the_hooks_and_the_sweep(tmp_path):
 
 
 def test_verdict_cause_names_the_busy_gpu():
+    from gpucheck.core.result import Result
+    from gpucheck.core.verdict import RunFacts, build_verdict
     from gpucheck.fleet.sweep import verdict_cause
 
-    v = {"status": "error", "results": [{"check": "ecc", "subject": "gpu0", "status": "pass", "summary": "ok"},
-                                        {"check": "burn.gemm", "subject": "gpu1", "status": "skip",
-                                         "unexamined": True, "summary": SUMMARY_1}]}
-    assert verdict_cause(v) == f"burn.gemm gpu1: {SUMMARY_1}"
+    v = build_verdict([Result("ecc", Status.PASS, "ok", gpu=0),
+                       Result("burn.gemm", Status.SKIP, SUMMARY_1, gpu=1, unexamined=True)],
+                      RunFacts(level=Level.STANDARD, started_at=0.0, duration_s=1.0, checks=(), software={}, host="n1"))
+    assert v.status is Status.ERROR and verdict_cause(v) == f"burn.gemm gpu1: {SUMMARY_1}"
 
 
 def test_force_is_documented_in_every_command_that_loads(capsys):

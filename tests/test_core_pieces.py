@@ -15,9 +15,10 @@ from gpucheck.core.config import ConfigError, load_config
 from gpucheck.core.inject import InjectionError, parse_injection
 from gpucheck.render.prom import render
 from gpucheck.core.selection import SelectionError, select
-from gpucheck.core.result import Action, Result, Status, Threshold, judge, strongest_action, worst_status
+from gpucheck.core.result import (Action, Result, ResultEntry, Status, Threshold, judge, strongest_action,
+                                  worst_status)
 from gpucheck.core.state import State
-from gpucheck.core.verdict import SCHEMA, build_verdict, exit_code_for
+from gpucheck.core.verdict import SCHEMA, CheckEntry, RunFacts, Verdict, build_verdict, exit_code_for
 
 
 # -- results ---------------------------------------------------------------------------------
@@ -54,13 +55,20 @@ def test_result_roundtrip():
     r = judge("ecc", [Threshold("dbe", ">", 0, Status.FAIL, "count")], {"dbe": 1}, gpu=0)
     r.evidence.append("line")
     r.injected.append("bitflip:gpu=0")
-    again = Result.from_dict(r.to_dict())
-    assert again.to_dict() == r.to_dict()
+    again = Verdict.from_json(_verdict([r]).to_json()).results[0]  # its JSON, read back
+    assert again == ResultEntry.of(r) and again.to_json() == r.to_dict()
 
 
 # -- verdict ---------------------------------------------------------------------------------
 def _r(status, action=Action.NONE):
     return Result("c", status, "s", action=action)
+
+
+def _verdict(results, **facts) -> Verdict:
+    """The verdict of `results` (a level-1 run of node n1 at time 0, unless `facts` say otherwise)."""
+    run = dict(level=Level.QUICK, started_at=0.0, duration_s=1.0, checks=(), host="n1",
+               software={k: None for k in SCHEMA["properties"]["software"]["required"]})
+    return build_verdict(results, RunFacts(**{**run, **facts}))
 
 
 @pytest.mark.parametrize(
@@ -84,11 +92,7 @@ def test_exit_codes(statuses, strict, on_error, partial, code):
 def test_verdict_validates_and_folds():
     jsonschema = pytest.importorskip("jsonschema")
     results = [_r(Status.PASS), _r(Status.WARN, Action.INVESTIGATE), _r(Status.FAIL, Action.REBOOT)]
-    v = build_verdict(results, level=Level.QUICK, started_at=0.0, duration_s=1.0,
-                      checks=[{"id": "c", "level": 1, "status": "fail", "duration_s": 0.1}],
-                      software={k: None for k in SCHEMA["properties"]["software"]["required"]},
-                      snapshot=None, source_kind="none", source_path=None, interrupted=None,
-                      injected=[], host="n1")
+    v = _verdict(results, checks=(CheckEntry.of("c", 1, Status.FAIL, 0.1),)).to_json()
     jsonschema.Draft202012Validator(SCHEMA).validate(v)
     assert v["status"] == "fail" and v["action"] == "reboot" and v["exit_code"] == 1
     assert v["counts"] == {"pass": 1, "warn": 1, "fail": 1, "skip": 0, "error": 0}
@@ -209,8 +213,8 @@ def test_history_skips_torn_lines_and_finds_previous_metrics(tmp_path):
 def test_prom_render():
     r = Result("ecc", Status.FAIL, "dbe", gpu=1, action=Action.RESET_GPU)
     r.metric("volatile_dbe", 3, "count").metric("temp", 81.5, "C").metric("uuid", "GPU-x").metric("flag", True)
-    v = {"host": 'n"1', "level": 1, "action": "reset-gpu", "status": "fail", "time": "2026-01-01T00:00:00Z",
-         "duration_s": 2.0, "results": [r.to_dict()]}
+    v = _verdict([r], host='n"1', started_at=1767225600.0, duration_s=2.0)  # 2026-01-01T00:00:00Z
+    assert (v.action, v.status) == (Action.RESET_GPU, Status.FAIL)
     text = render(v)
     assert 'gpucheck_verdict_status{host="n\\"1",level="1",action="reset-gpu"} 2' in text
     assert 'gpucheck_check_status{host="n\\"1",check="ecc",subject="gpu1",gpu="1",action="reset-gpu"} 2' in text

@@ -24,7 +24,7 @@ from gpucheck.platform import fanout
 from gpucheck.fleet.bisect import CommandTest
 from gpucheck.platform.nodeset import MAX_NODES, NodeSetError, parse_nodeset
 from gpucheck.fleet.sweep import classify, parse_verdict
-from gpucheck.fleet.verdict_check import verdict_problem
+from gpucheck.core.verdict import verdict_problem
 from gpucheck.nccl.launch import DEFAULT_SSH, Launcher, parse_addrs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,7 +268,7 @@ def mutations(v: dict) -> dict[str, tuple[str, str]]:
 
 def test_verdict_checks_name_the_problem():
     v = healthy_verdict()
-    assert verdict_problem(v) is None and parse_verdict(json.dumps(v))[0] == v
+    assert verdict_problem(v) is None and parse_verdict(json.dumps(v))[0].to_json() == v
     newer = {**v, "schema_version": "1.7", "future_field": {"x": 1}}
     assert parse_verdict(json.dumps(newer))[0] is not None  # a later 1.x may add fields
     for name, (text, words) in mutations(v).items():

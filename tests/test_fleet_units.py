@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli.main import main
+from gpucheck.core.levels import Level
+from gpucheck.core.result import Result, Status
+from gpucheck.core.verdict import InventoryEntry, RunFacts, Verdict, build_verdict
 from gpucheck.fleet import compare, hook, slurm
 from gpucheck.platform import fanout
 from gpucheck.platform.fanout import NodeRun
@@ -194,7 +197,7 @@ def test_run_sweep_with_a_fake_fanout_and_report():
         assert [o.status for o in outcomes] == ["pass", "unreachable"] and len(seen) == 2
         assert all(o.verdict is None for o in outcomes)  # summaries only: the verdict is in the spool
         assert runs["n1"].stdout == ""  # the node's output is released once it is classified
-        rep = build_report(outcomes, {"performance": {}, "bitwise": {}}, plan=plan, started_at=0, duration_s=1.0)
+        rep = build_report(outcomes, compare.compare_inputs({}), plan=plan, started_at=0, duration_s=1.0)
         assert rep["bad"] == "n2" and rep["exit_code"] == 1
         assert rep["by_status"] == {"pass": "n1", "unreachable": "n2"}
         doc = json.loads("".join(report_chunks(rep, spool)))
@@ -205,56 +208,57 @@ def test_run_sweep_with_a_fake_fanout_and_report():
 
 # -- fleet comparison -------------------------------------------------------------------------
 
-def _perf_verdict(values: dict[int, float], model="NVIDIA H100 80GB HBM3") -> dict:
-    return {
-        "gpus": [{"index": g, "name": model} for g in values],
-        "results": [{"check": "burn.gemm", "subject": f"gpu{g}", "gpu": g, "status": "pass",
-                     "metrics": {"tflops_bf16": {"value": v, "unit": "TFLOP/s"},
-                                 "iterations_bf16": {"value": 100, "unit": "count"}}}
-                    for g, v in values.items()],
-    }
+def _typed(results: list[Result], gpus: tuple[InventoryEntry, ...] = ()) -> Verdict:
+    """A verdict of these results and GPUs (the rest: a level-1 run at time 0)."""
+    return build_verdict(results, RunFacts(level=Level.QUICK, started_at=0.0, duration_s=1.0, checks=(), software={},
+                                           host="n", gpus=gpus))
+
+
+def _perf_verdict(values: dict[int, float], model="NVIDIA H100 80GB HBM3") -> Verdict:
+    return _typed([Result("burn.gemm", Status.PASS, "ok", gpu=g).metric("tflops_bf16", v, "TFLOP/s")
+                   .metric("iterations_bf16", 100, "count") for g, v in values.items()],
+                  tuple(InventoryEntry(g, None, None, None, model, "ok") for g in values))
 
 
 def test_mad_outliers_name_the_slow_gpu():
     verdicts = {f"n{i}": _perf_verdict({0: 700 + i, 1: 702 - i}) for i in range(1, 9)}
     verdicts["n5"] = _perf_verdict({0: 703, 1: 450})
     rep = compare.performance_outliers(verdicts)
-    (m,) = rep["metrics"]
-    assert m["compared"] and m["metric"] == "tflops_bf16" and m["unit"] == "TFLOP/s" and m["nodes"] == 8
-    assert [(o["node"], o["subject"]) for o in m["outliers"]] == [("n5", "gpu1")]
-    assert m["limit"] < 700 and m["median"] == pytest.approx(701.5, abs=1.5)
-    assert rep["by_node"].keys() == {"n5"} and "450 TFLOP/s" in rep["by_node"]["n5"][0]
+    (m,) = rep.metrics
+    assert m.compared and m.metric == "tflops_bf16" and m.unit == "TFLOP/s" and m.nodes == 8
+    assert [(o.node, o.subject) for o in m.outliers] == [("n5", "gpu1")]
+    assert m.limit < 700 and m.median == pytest.approx(701.5, abs=1.5)
+    assert rep.by_node.keys() == {"n5"} and "450 TFLOP/s" in rep.by_node["n5"][0]
     # counts are not throughput; a uniform fleet has no outlier (the relative floor)
     even = {f"n{i}": _perf_verdict({0: 700.0 + (i % 2) * 0.01}) for i in range(6)}
-    assert compare.performance_outliers(even)["by_node"] == {}
+    assert compare.performance_outliers(even).by_node == {}
 
 
 def test_mad_needs_enough_nodes_and_same_model():
     two = {"a": _perf_verdict({0: 700}), "b": _perf_verdict({0: 100})}
     rep = compare.performance_outliers(two)
-    assert rep["by_node"] == {} and rep["metrics"][0]["compared"] is False
+    assert rep.by_node == {} and rep.metrics[0].compared is False
     mixed = {"a": _perf_verdict({0: 700}), "b": _perf_verdict({0: 702}), "c": _perf_verdict({0: 701}),
              "d": _perf_verdict({0: 300}, model="NVIDIA A100-SXM4-80GB")}
-    assert compare.performance_outliers(mixed)["by_node"] == {}
+    assert compare.performance_outliers(mixed).by_node == {}
 
 
-def _bitwise_verdict(digests: dict[str, str], fp="fp-h100") -> dict:
-    return {"results": [{"check": "repro.bitwise", "subject": "node", "gpu": None, "status": "pass",
-                         "metrics": {"digest_sets": {"value": {fp: digests}, "unit": ""}}}]}
+def _bitwise_verdict(digests: dict[str, str], fp="fp-h100") -> Verdict:
+    return _typed([Result("repro.bitwise", Status.PASS, "ok").metric("digest_sets", {fp: digests})])
 
 
 def test_bitwise_majority_names_the_odd_node_and_fail_it():
     verdicts = {n: _bitwise_verdict({"gemm.bf16": "aa", "gemm.fp32": "bb"}) for n in ("n1", "n2", "n3")}
     verdicts["n4"] = _bitwise_verdict({"gemm.bf16": "aa", "gemm.fp32": "XX"})
     cmp = compare.compare_fleet(verdicts)
-    assert cmp["bitwise"]["compared"] and cmp["bitwise"]["by_node"].keys() == {"n4"}
-    assert "gemm.fp32" in cmp["bitwise"]["by_node"]["n4"][0] and "3 of 4" in cmp["bitwise"]["by_node"]["n4"][0]
+    assert cmp.bitwise.compared and cmp.bitwise.by_node.keys() == {"n4"}
+    assert "gemm.fp32" in cmp.bitwise.by_node["n4"][0] and "3 of 4" in cmp.bitwise.by_node["n4"][0]
     outcomes = [NodeOutcome(n, "pass", "") for n in verdicts]
     apply_fleet(outcomes, compare.findings_by_node(cmp))
     assert [(o.node, o.status) for o in outcomes] == [("n1", "pass"), ("n2", "pass"), ("n3", "pass"),
                                                        ("n4", "fail")]
     assert outcomes[3].reason.startswith("fleet: bitwise") and outcomes[3].action == "investigate"
-    assert compare.bitwise_comparison({"a": {"results": []}})["compared"] is False
+    assert compare.bitwise_comparison({"a": _typed([])}).compared is False
 
 
 # -- Slurm hooks: decisions with a fake pipeline and a fake scontrol ---------------------------
@@ -282,7 +286,7 @@ def fake_execute(code, verdict=None, seen=None, boom=None):
         if boom:
             raise boom
         if verdict is not None:
-            on_verdict(verdict)
+            on_verdict(Verdict.from_json(verdict))  # the pipeline hands on the typed verdict
         return code
     return execute
 

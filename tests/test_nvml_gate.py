@@ -33,14 +33,15 @@ def healthy() -> dict:
 
 
 def run_json(req: app.RunRequest) -> tuple[int, dict]:
-    captured: list[dict] = []
+    captured: list = []
     rc = app.execute(req, on_verdict=captured.append)
-    return rc, captured[-1]
+    return rc, captured[-1].to_json()
 
 
-def by_check(v: dict) -> dict[str, list[dict]]:
+def by_check(v) -> dict[str, list[dict]]:
+    """The results of a verdict (its JSON, or a typed Verdict as its JSON) by check."""
     out: dict[str, list[dict]] = {}
-    for r in v["results"]:
+    for r in (v if isinstance(v, dict) else v.to_json())["results"]:
         out.setdefault(r["check"], []).append(r)
     return out
 

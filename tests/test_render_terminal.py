@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli.main import main
+from gpucheck.core.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -35,13 +36,14 @@ def verdict_of(snapshot: str, *extra: str) -> dict:
 
 
 def rendered(verdict: dict, columns: int, monkeypatch, *, verbose: bool = False) -> list[str]:
-    """gpucheck.render.terminal.print_verdict (the entry point kept from before the grid) at a width."""
+    """gpucheck.render.terminal.print_verdict (the entry point kept from before the grid) at a width,
+    of the verdict document `verdict` (read with Verdict.from_json)."""
     from gpucheck.render.terminal import print_verdict
 
     monkeypatch.setenv("COLUMNS", str(columns))
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     buf = io.StringIO()
-    print_verdict(verdict, file=buf, **({"verbose": True} if verbose else {}))
+    print_verdict(Verdict.from_json(verdict), file=buf, **({"verbose": True} if verbose else {}))
     return buf.getvalue().splitlines()
 
 
@@ -136,6 +138,7 @@ def test_unexamined_skip_and_error_are_marked_and_explained(monkeypatch):
     r.update(status="skip", unexamined=True, summary="GPU 2 is in use by PID 4711 (python): not loaded")
     r = next(r for r in v["results"] if r["check"] == "pcie" and r["gpu"] == 4)
     r.update(status="error", summary="could not read pcie.link_width (no_permission)")
+    v.update(status="error", exit_code=3)  # what such results make the verdict
     text = "\n".join(rendered(v, 120, monkeypatch))
     row = next(ln for ln in text.splitlines() if ln.startswith("ecc "))
     assert row.split()[1:] == [".", "ok", "ok", "SKIP", "ok", "ok", "ok", "ok", "ok"]
@@ -154,6 +157,7 @@ def test_no_emoji_no_markup_in_the_grid_or_the_full_table(monkeypatch):
     for r in v["results"]:
         if r["check"] == "ecc" and r["gpu"] == 3:
             r.update(status="fail", action="reset-gpu", summary="GPU 3 (0000:ab:00.0) " + HOSTILE)
+    v.update(status="fail", action="reset-gpu", exit_code=1)  # what such a result makes the verdict
     for verbose in (False, True):
         text = "\n".join(rendered(v, 400, monkeypatch, verbose=verbose))
         assert not EMOJI.search(text), text
@@ -175,7 +179,7 @@ def test_verbose_flag_prints_the_full_table(capsys):
 def test_color_only_on_a_terminal(monkeypatch):
     from gpucheck.render.terminal import print_verdict
 
-    v = verdict_of("h100-ecc-dbe.json")
+    v = Verdict.from_json(verdict_of("h100-ecc-dbe.json"))
     plain, colored = io.StringIO(), io.StringIO()
     print_verdict(v, plain, width=100)
     print_verdict(v, colored, width=100, color=True)
@@ -192,7 +196,8 @@ def sweep_parts(n: int):
 
     outcomes = [NodeOutcome(node=e["node"], status=e["status"], reason=e["reason"], action=e["action"],
                             failing=e["failing"], fleet=e["fleet"],
-                            checks=check_marks(e["verdict"]) if e["verdict"] else ()) for e in report["nodes"]]
+                            checks=check_marks(Verdict.from_json(e["verdict"])) if e["verdict"] else ())
+                for e in report["nodes"]]
     return outcomes, report
 
 

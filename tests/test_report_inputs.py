@@ -34,7 +34,7 @@ def test_inputs_are_classified_by_content(tmp_path):
     torn = tmp_path / "torn.jsonl"
     torn.write_text(ri.history_lines(2) + '{"schema": "gpucheck.verdict", "resu\n' + "not json\n")
     got = load_input(str(torn))
-    assert got.kind == "history" and len(got.doc) == 2 and got.skipped_lines == 2
+    assert got.kind == "history" and len(got.verdicts) == 2 and got.skipped_lines == 2
 
 
 @pytest.mark.parametrize("text, message", [

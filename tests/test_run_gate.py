@@ -22,7 +22,7 @@ from gpucheck.core.levels import Level
 from gpucheck.cli.main import main
 from gpucheck.core.result import Result, Status
 from gpucheck.core.runner import limits, run_checks
-from gpucheck.core.verdict import SCHEMA, build_verdict, verdict_level
+from gpucheck.core.verdict import SCHEMA, RunFacts, build_verdict, verdict_level
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPS = ROOT / "tests" / "fixtures" / "snapshots"
@@ -356,8 +356,8 @@ def test_verdict_level_rules():
 
     assert burn_gemm.spec.run_level(3) == 3 and burn_gemm.spec.run_level(1) == 2
     assert repro_bitwise.spec.run_level(4) == 2 and repro_bitwise.spec.run_level(1) == 1
-    v = build_verdict([], level=Level.EXTENDED, started_at=0.0, duration_s=0.0, checks=[], software={},
-                      snapshot=None, source_kind="none", source_path=None, interrupted=None, injected=[])
+    v = build_verdict([], RunFacts(level=Level.EXTENDED, started_at=0.0, duration_s=0.0, checks=(), software={},
+                                   host="n1")).to_json()
     assert v["level"] == 3 and v["level_name"] == "extended"
 
 

@@ -25,6 +25,7 @@ import pytest
 from gpucheck import app
 from gpucheck.core import state as state_mod
 from gpucheck.core.config import read_on_error
+from gpucheck.core.verdict import Verdict
 from gpucheck.fleet import hook as hook_mod
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -188,7 +189,7 @@ def test_failing_writes_never_change_an_unhealthy_judgement(tmp_path, monkeypatc
 def test_an_output_failure_after_the_verdict_keeps_the_verdict(tmp_path, capsys):
     rc = subprocess.run([sys.executable, "-m", "gpucheck", "run", "--json", "--no-history", "--snapshot", str(DBE)],
                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    bad = json.loads(rc.stdout)
+    bad = Verdict.from_json(json.loads(rc.stdout))
 
     def execute(req, on_verdict, on_warning=None):
         on_verdict(bad)

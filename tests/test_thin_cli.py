@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.fleet import hook, remote, slurm, sweep
+from gpucheck.fleet.compare import compare_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +80,7 @@ def test_a_hook_whose_arguments_cannot_be_parsed_still_reads_what_it_needs():
 def _report():
     plan = sweep.SweepPlan(nodes=["n1", "n2"])
     outcomes = [sweep.NodeOutcome("n1", "pass", ""), sweep.NodeOutcome("n2", "unreachable", "ssh: no route")]
-    return plan, outcomes, sweep.build_report(outcomes, {}, plan=plan, started_at=0.0, duration_s=1.0)
+    return plan, outcomes, sweep.build_report(outcomes, compare_inputs({}), plan=plan, started_at=0.0, duration_s=1.0)
 
 
 def test_a_report_is_written_and_a_failed_one_is_a_warning_that_keeps_the_exit_code(tmp_path):

@@ -54,7 +54,7 @@ class LiveNode:
         self.log = tmp_path / "kern.log"
         self.log.write_text(log_text)
         self.state = tmp_path / "state"
-        self.verdicts: list[dict] = []
+        self.verdicts: list = []  # the typed verdicts of the runs
 
     def bus(self, index: int) -> str:
         return short_bus_id(self.snap["gpus"][index]["pci_bus_id"])
@@ -122,7 +122,7 @@ def test_an_xid_of_a_gpu_that_left_nvml_is_judged_from_the_node_mark(tmp_path, m
     assert node.run(gpus=[0]) == 0
     node.snap["gpus"] = [g for g in node.snap["gpus"] if g["index"] != 1]
     assert node.run(gpus=[0]) == 1
-    (pci,) = [r for r in node.verdicts[-1]["results"] if r["subject"].startswith("pci:")]
+    (pci,) = [r.to_json() for r in node.verdicts[-1].results if r.subject.startswith("pci:")]
     assert pci["status"] == "fail" and "Xid 79" in pci["summary"]
 
 

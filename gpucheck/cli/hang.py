@@ -17,7 +17,7 @@ import re
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,6 +25,10 @@ from ..app import UsageError, _check_writable
 from ..core.state import atomic_write_text
 from ..platform.safeio import describe_error, read_input
 from .run import parse_duration
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..hang.model import Source
+    from ..platform.fanout import RunnerSettings
 
 DEFAULT_NODE_TIMEOUT = "2m"
 DEFAULT_DUMP_TIMEOUT = "10s"
@@ -182,7 +186,7 @@ def _hang(nodeset, job, match, local, from_files, as_json, topology, groups_file
                    "job", started)
 
 
-def _nodes(nodeset: str | None, job: str | None, scontrol: str | None) -> tuple[list[str], dict[str, Any]]:
+def _nodes(nodeset: str | None, job: str | None, scontrol: str | None) -> tuple[list[str], "Source"]:
     from ..platform.nodeset import NodeSetError, fold, parse_nodeset
 
     if nodeset:
@@ -204,7 +208,7 @@ def _nodes(nodeset: str | None, job: str | None, scontrol: str | None) -> tuple[
     return info.nodes, {"nodeset": fold(info.nodes), "job": job}
 
 
-def _runner_settings(job, srun_args, ssh_options, ssh_user, connect_timeout_text) -> dict[str, Any]:
+def _runner_settings(job, srun_args, ssh_options, ssh_user, connect_timeout_text) -> "RunnerSettings":
     from ..platform.fanout import SrunSettings, SshSettings
 
     extra = list(srun_args) + ([f"--jobid={job}"] if job else [])

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..app import UsageError, _check_writable
 from .numbers import FiniteFloat
 from .run import parse_duration
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.documents import SweepReport
+    from ..platform.fanout import RunnerSettings
 
 DEFAULT_NODE_TIMEOUT = "10m"
 
@@ -103,7 +107,7 @@ def build_plan(nodes: list[str], *, subset: list[str] | None = None, **kw: Any):
         raise click.BadParameter(str(e), param_hint=e.option) from None
 
 
-def runner_settings(**kw: Any) -> dict[str, Any]:
+def runner_settings(**kw: Any) -> "RunnerSettings":
     from ..fleet.remote import runner_settings as settings
 
     return settings(remote_settings(kw))
@@ -137,7 +141,7 @@ class _Progress:
             self.progress.stop()
 
 
-def _print_sweep(outcomes, report: dict[str, Any], strict: bool) -> None:
+def _print_sweep(outcomes, report: "SweepReport", strict: bool) -> None:
     from ..render.sweep_view import print_sweep
 
     print_sweep(outcomes, report, strict)
@@ -204,7 +208,7 @@ def _progress(plan, strict: bool, label: str | None = None):
         progress.close()
 
 
-def progress_sweep(plan, settings: dict[str, Any], strict: bool, progress_label: str | None = None, spool=None):
+def progress_sweep(plan, settings: "RunnerSettings", strict: bool, progress_label: str | None = None, spool=None):
     """gpucheck.fleet.sweep.sweep_until_stopped with the progress bar: a SweepRun."""
     from ..fleet.sweep import sweep_until_stopped
 

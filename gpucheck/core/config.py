@@ -28,7 +28,7 @@ import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -269,7 +269,7 @@ def _unnest_dotted_ids(checks: dict[str, Any], by_id: dict[str, Any]) -> dict[st
     return out
 
 
-def _check_table(path: Path, name: str, table: Any, limits: dict[str, Limit | None]) -> dict[str, Any]:
+def _check_table(path: Path, name: str, table: Any, limits: Mapping[str, Limit | None]) -> dict[str, Any]:
     """Unknown keys and values outside their limit are errors; a key whose limit is None is
     checked by the caller."""
     if not isinstance(table, dict):
@@ -336,7 +336,7 @@ def _config_exists(p: Path) -> bool:
 def load_config(path: str | os.PathLike[str] | None) -> Config:
     """Load `path`, or the default path when it exists, or an empty config."""
     explicit = path is not None
-    p = Path(path) if explicit else DEFAULT_PATH
+    p = Path(path) if path is not None else DEFAULT_PATH
     if not _config_exists(p):
         if explicit:
             raise ConfigError(f"{p}: config file not found")

@@ -1,7 +1,8 @@
 """Results: what one check says about one subject (a GPU, a link, a node pair, the node).
 
-A result is plain data. Checks build them; the runner collects them; the verdict turns them into
-the node-level document. Nothing here prints, exits or touches hardware.
+A result is plain data. Checks build them; the runner collects them; the verdict lists each as a
+ResultEntry (frozen, its values as JSON holds them) in the node-level document. Nothing here
+prints, exits or touches hardware.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import enum
 import math
 import string
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from .jsonvalue import JsonValue
 
 
 class _Word(str, enum.Enum):
@@ -131,17 +134,8 @@ class Threshold:
             return f"the value {value!r} is not a number"
         return None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "op": self.op,
-            "limit": _json_number(self.limit),
-            "unit": self.unit,
-            "status": self.status.value,
-        }
-
-
-def _json_number(v: Any) -> Any:
+def json_number(v: Any) -> Any:
+    """`v` as JSON holds it: a float that is not finite (NaN, infinity) is null."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
@@ -199,50 +193,93 @@ class Result:
             self.units[name] = unit
         return self
 
-    def to_dict(self) -> dict[str, Any]:
-        d = self._base_dict()
-        if self.unexamined:  # optional (schema 1.1): present only when true
-            d["unexamined"] = True
-        return d
+    def to_dict(self) -> dict[str, JsonValue]:
+        """The result as the verdict lists it (ResultEntry's JSON)."""
+        return ResultEntry.of(self).to_json()
 
-    def _base_dict(self) -> dict[str, Any]:
-        return {
+
+# ---------------------------------------------------------------------------------------------
+# A result as the verdict lists it: frozen, every value as JSON holds it (a float that is not
+# finite is null, the duration rounded to 0.1 ms), what stays in memory (each threshold's
+# action, basis, unjudged) left out. Built from a check's Result (`ResultEntry.of`) or read from
+# a verdict document (gpucheck.core.verdict.Verdict.from_json); `to_json` is its JSON. They are
+# NamedTuples: immutable, and built several times faster than frozen dataclasses, which matters
+# because a verdict holds hundreds of them (an 8-GPU node: about 70 results, 600 metrics, 260
+# thresholds) and a sweep or a report reads one verdict per node.
+
+
+class MetricEntry(NamedTuple):
+    value: JsonValue  # null where the hardware does not support it (never read as zero)
+    unit: str
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"value": self.value, "unit": self.unit}
+
+
+class ThresholdEntry(NamedTuple):
+    """"The result is `status` when `metric op limit`" (Threshold without its action)."""
+
+    metric: str
+    op: str
+    limit: float | str | bool | None  # null: a limit that is not a finite number
+    unit: str
+    status: Status
+
+    @classmethod
+    def of(cls, t: Threshold) -> "ThresholdEntry":
+        return cls(t.metric, t.op, json_number(t.limit), t.unit, t.status)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"metric": self.metric, "op": self.op, "limit": self.limit, "unit": self.unit,
+                "status": self.status.value}
+
+
+class ResultEntry(NamedTuple):
+    check: str
+    subject: str  # gpu<N>, node, or a link/pair name
+    gpu: int | None
+    status: Status
+    summary: str
+    action: Action
+    metrics: Mapping[str, MetricEntry]
+    thresholds: tuple[ThresholdEntry, ...] = ()
+    evidence: tuple[str, ...] = ()
+    injected: tuple[str, ...] = ()
+    duration_s: float | None = None
+    unexamined: bool = False  # (schema 1.1) a skip that left unexamined what the run was to examine
+
+    @classmethod
+    def of(cls, r: Result) -> "ResultEntry":
+        return cls(
+            check=r.check, subject=r.subject or "node", gpu=r.gpu, status=r.status, summary=r.summary,
+            action=r.action, metrics={k: MetricEntry(json_number(v), r.units.get(k, "")) for k, v in r.metrics.items()},
+            thresholds=tuple(ThresholdEntry.of(t) for t in r.thresholds), evidence=tuple(r.evidence),
+            injected=tuple(r.injected), duration_s=None if r.duration_s is None else round(r.duration_s, 4),
+            unexamined=r.unexamined,
+        )
+
+    def metric_value(self, name: str) -> JsonValue:
+        """The value of metric `name` (None where there is no such metric)."""
+        entry = self.metrics.get(name)
+        return None if entry is None else entry.value
+
+    def to_json(self) -> dict[str, JsonValue]:
+        doc: dict[str, JsonValue] = {
             "check": self.check,
             "subject": self.subject,
             "gpu": self.gpu,
             "status": self.status.value,
             "summary": self.summary,
             "action": self.action.value,
-            "metrics": {
-                k: {"value": _json_number(v), "unit": self.units.get(k, "")}
-                for k, v in self.metrics.items()
-            },
-            "thresholds": [t.to_dict() for t in self.thresholds],
+            "metrics": {k: m.to_json() for k, m in self.metrics.items()},
+            "thresholds": [t.to_json() for t in self.thresholds],
             "evidence": list(self.evidence),
             "injected": list(self.injected),
-            "duration_s": None if self.duration_s is None else round(self.duration_s, 4),
+            "duration_s": self.duration_s,
         }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Result":
-        return cls(
-            check=d["check"],
-            status=Status(d["status"]),
-            summary=d["summary"],
-            gpu=d.get("gpu"),
-            subject=d.get("subject"),
-            action=Action(d.get("action", "none")),
-            metrics={k: m["value"] for k, m in d.get("metrics", {}).items()},
-            units={k: m.get("unit", "") for k, m in d.get("metrics", {}).items() if m.get("unit")},
-            thresholds=[
-                Threshold(t["metric"], t["op"], t["limit"], Status(t["status"]), t.get("unit", ""))
-                for t in d.get("thresholds", [])
-            ],
-            evidence=list(d.get("evidence", [])),
-            injected=list(d.get("injected", [])),
-            duration_s=d.get("duration_s"),
-            unexamined=bool(d.get("unexamined", False)),
-        )
+        if self.unexamined:  # optional (schema 1.1): present only when true
+            doc["unexamined"] = True
+        return doc
 
 
 # ---------------------------------------------------------------------------------------------

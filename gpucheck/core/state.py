@@ -23,9 +23,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from ..platform import safeio
+from .jsonvalue import JsonValue
 
 HISTORY_FILE = "history.jsonl"
 # The history rotates to history.jsonl.1 (one older generation kept) past this size, so that a
@@ -83,7 +84,8 @@ class State:
             raise
         return fd
 
-    def append_history(self, verdict: dict[str, Any]) -> None:
+    def append_history(self, verdict: Mapping[str, JsonValue]) -> None:
+        """Append a verdict's document (Verdict.to_json) as one line."""
         self.ensure()
         line = (json.dumps(verdict, separators=(",", ":"), sort_keys=True) + "\n").encode()
         fd = self._open_locked()

@@ -3,7 +3,6 @@
 nodeset  Slurm/ClusterShell node-set syntax (`gpu[001-128,130],login1`): parse (names checked,
          size bounded), fold
 placeholders  `{host}`/`{nodes}` substituted shell-quoted; refused inside quoted strings
-verdict_check  is a node's answer a verdict the fleet commands can trust (schema, consistency)
 fanout   run one command per node over ssh (ClusterShell) or srun, bounded fan-out, per-node timeout
 snippets a node's output in one line (sweep and hang quote it)
 remote   what a sweep runs on the nodes and how (the remote options -> a SweepPlan)

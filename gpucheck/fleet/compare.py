@@ -15,21 +15,24 @@ says the bitwise comparison is unavailable and why.
 A sweep keeps no verdict in memory: `fleet_inputs(verdict)` (gpucheck.core.documents) takes what
 the comparison reads from one verdict (its throughput values and digest sets, a few hundred
 bytes) as the verdict arrives, and `compare_inputs` compares those. The functions taking verdicts are the same
-comparison over `fleet_inputs` of each.
+comparison over `fleet_inputs` of each. The comparison is a FleetComparison (its performance and
+bitwise parts, typed); `to_json` is what the sweep report holds under "fleet".
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..core.documents import BITWISE_CHECK, FleetInputs, Key, fleet_inputs
+from ..core.jsonvalue import JsonValue
+from ..core.verdict import Verdict
 
-DEFAULTS: dict[str, Any] = {
-    "mad_z": 3.5,  # robust z-score beyond which a value is an outlier
-    "rel_floor": 0.05,  # ... and at least this fraction of the median below it
-    "min_nodes": 3,  # fewest nodes a metric is compared across
-}
+MAD_Z = 3.5  # robust z-score beyond which a value is an outlier
+REL_FLOOR = 0.05  # ... and at least this fraction of the median below it
+MIN_NODES = 3  # fewest nodes a metric is compared across
 MAD_SCALE = 1.4826  # MAD -> standard deviation for normal data
+RULE = "value < median - max(mad_z * 1.4826 * MAD, rel_floor * median)"
 
 
 def median(values: list[float]) -> float:
@@ -46,31 +49,126 @@ def mad(values: list[float], center: float | None = None) -> float:
     return median([abs(v - c) for v in values])
 
 
-def low_outliers(values: Mapping[str, float], *, mad_z: float = DEFAULTS["mad_z"],
-                 rel_floor: float = DEFAULTS["rel_floor"]) -> dict[str, Any]:
-    """Values (keyed by any label) that are far below the others. Higher is better.
+@dataclass(frozen=True)
+class LowOutliers:
+    """The values far below the others: below `limit`, each with its robust z (None when the
+    MAD is 0)."""
 
-    Returns {"median", "mad", "limit", "outliers": {label: robust z}}; `limit` is the value
-    below which a label is an outlier.
-    """
+    median: float
+    mad: float
+    limit: float
+    outliers: dict[str, float | None]
+
+
+def low_outliers(values: Mapping[str, float], *, mad_z: float = MAD_Z, rel_floor: float = REL_FLOOR) -> LowOutliers:
+    """Values (keyed by any label) that are far below the others. Higher is better."""
     vals = [float(v) for v in values.values()]
     med = median(vals)
     m = mad(vals, med)
     margin = max(mad_z * MAD_SCALE * m, rel_floor * abs(med))
     limit = med - margin
     scale = MAD_SCALE * m if m > 0 else None
-    out = {}
+    out: dict[str, float | None] = {}
     for label, v in values.items():
         if float(v) < limit:
             out[label] = round((float(v) - med) / scale, 2) if scale else None
-    return {"median": med, "mad": m, "limit": limit, "outliers": out}
+    return LowOutliers(med, m, limit, out)
 
 
-def _inputs(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, FleetInputs]:
+@dataclass(frozen=True)
+class Outlier:
+    node: str
+    subject: str
+    value: float
+    z: float | None
+    rel: float | None  # (value - median) / median; None for a median of 0
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"node": self.node, "subject": self.subject, "value": self.value, "z": self.z, "rel": self.rel}
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    """One (check, metric, unit, GPU model) across the fleet: compared (its median, MAD, limit and
+    outliers), or not and why (too few nodes)."""
+
+    check: str
+    metric: str
+    unit: str
+    model: str
+    nodes: int
+    values: int
+    compared: bool
+    why: str = ""
+    median: float = 0.0
+    mad: float = 0.0
+    limit: float = 0.0
+    outliers: tuple[Outlier, ...] = ()
+
+    def to_json(self) -> dict[str, JsonValue]:
+        doc: dict[str, JsonValue] = {"check": self.check, "metric": self.metric, "unit": self.unit,
+                                     "model": self.model, "nodes": self.nodes, "values": self.values}
+        if not self.compared:
+            doc.update(compared=False, why=self.why)
+        else:
+            doc.update(compared=True, median=self.median, mad=self.mad, limit=self.limit,
+                       outliers=[o.to_json() for o in self.outliers])
+        return doc
+
+
+@dataclass(frozen=True)
+class PerformanceComparison:
+    mad_z: float
+    rel_floor: float
+    min_nodes: int
+    metrics: tuple[MetricComparison, ...]
+    by_node: dict[str, list[str]]  # node -> its findings ("slow burn.gemm.tflops_bf16 gpu1: ...")
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"thresholds": {"mad_z": self.mad_z, "rel_floor": self.rel_floor, "min_nodes": self.min_nodes,
+                               "rule": RULE},
+                "metrics": [m.to_json() for m in self.metrics],
+                "by_node": {node: list(items) for node, items in self.by_node.items()}}
+
+
+@dataclass(frozen=True)
+class BitwiseComparison:
+    """The digests compared by majority per fingerprint, or why not (`available`: the
+    comparison could be imported; `compared`: some node reported digests)."""
+
+    available: bool
+    compared: bool
+    why: str = ""
+    nodes: int = 0
+    fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)  # repro.majority.fleet_outliers
+    by_node: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, JsonValue]:
+        by_node: dict[str, JsonValue] = {node: list(items) for node, items in self.by_node.items()}
+        if not self.available:
+            return {"available": False, "compared": False, "why": self.why, "by_node": by_node}
+        if not self.compared:
+            return {"available": True, "compared": False, "nodes": self.nodes, "by_node": by_node, "why": self.why}
+        return {"available": True, "compared": True, "nodes": self.nodes,
+                "fingerprints": {key: fp for key, fp in self.fingerprints.items()}, "by_node": by_node}
+
+
+@dataclass(frozen=True)
+class FleetComparison:
+    nodes_compared: int
+    performance: PerformanceComparison
+    bitwise: BitwiseComparison
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"nodes_compared": self.nodes_compared, "performance": self.performance.to_json(),
+                "bitwise": self.bitwise.to_json()}
+
+
+def _inputs(verdicts: Mapping[str, Verdict]) -> dict[str, FleetInputs]:
     return {node: fleet_inputs(v) for node, v in verdicts.items()}
 
 
-def throughput_values(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[Key, dict[tuple[str, str], float]]:
+def throughput_values(verdicts: Mapping[str, Verdict]) -> dict[Key, dict[tuple[str, str], float]]:
     """{(check, metric, unit, model): {(node, subject): value}} for every "/s" metric."""
     return _throughput_groups(_inputs(verdicts))
 
@@ -83,64 +181,63 @@ def _throughput_groups(inputs: Mapping[str, FleetInputs]) -> dict[Key, dict[tupl
     return groups
 
 
-def performance_outliers(verdicts: Mapping[str, Mapping[str, Any]], **thresholds: Any) -> dict[str, Any]:
-    """Throughput outliers across nodes: {"thresholds", "metrics": [...], "by_node": {node: [finding]}}."""
+def performance_outliers(verdicts: Mapping[str, Verdict], **thresholds: Any) -> PerformanceComparison:
+    """Throughput outliers across nodes: every metric compared, and each node's findings."""
     return performance_of(_inputs(verdicts), **thresholds)
 
 
-def performance_of(inputs: Mapping[str, FleetInputs], *, mad_z: float = DEFAULTS["mad_z"],
-                   rel_floor: float = DEFAULTS["rel_floor"],
-                   min_nodes: int = DEFAULTS["min_nodes"]) -> dict[str, Any]:
+def _compared(key: Key, values: dict[tuple[str, str], float], mad_z: float, rel_floor: float,
+              by_node: dict[str, list[str]]) -> MetricComparison:
+    """One metric compared across the nodes; each outlier's finding added to `by_node`."""
+    check, metric, unit, model = key
+    res = low_outliers({f"{n}\t{s}": v for (n, s), v in values.items()}, mad_z=mad_z, rel_floor=rel_floor)
+    outliers = []
+    for label, z in sorted(res.outliers.items()):
+        node, subject = label.split("\t", 1)
+        value = values[(node, subject)]
+        rel = (value - res.median) / res.median if res.median else None
+        outliers.append(Outlier(node, subject, value, z, None if rel is None else round(rel, 4)))
+        where = f" {subject}" if subject != "node" else ""
+        pct = f"{rel * 100:+.0f}%" if rel is not None else "low"
+        by_node.setdefault(node, []).append(
+            f"slow {check}.{metric}{where}: {value:g} {unit} < {res.limit:.4g} "
+            f"(fleet median {res.median:.4g}, {pct})")
+    return MetricComparison(check, metric, unit, model, nodes=len({n for n, _ in values}), values=len(values),
+                            compared=True, median=round(res.median, 4), mad=round(res.mad, 4),
+                            limit=round(res.limit, 4), outliers=tuple(outliers))
+
+
+def performance_of(inputs: Mapping[str, FleetInputs], *, mad_z: float = MAD_Z, rel_floor: float = REL_FLOOR,
+                   min_nodes: int = MIN_NODES) -> PerformanceComparison:
     """performance_outliers over the nodes' FleetInputs."""
     metrics = []
     by_node: dict[str, list[str]] = {}
-    for (check, metric, unit, model), values in sorted(_throughput_groups(inputs).items()):
-        nodes = sorted({n for n, _ in values})
-        entry: dict[str, Any] = {"check": check, "metric": metric, "unit": unit, "model": model,
-                                 "nodes": len(nodes), "values": len(values)}
-        if len(nodes) < min_nodes:
-            entry["compared"] = False
-            entry["why"] = f"measured on {len(nodes)} node(s), need {min_nodes}"
-            metrics.append(entry)
+    for key, values in sorted(_throughput_groups(inputs).items()):
+        nodes = len({n for n, _ in values})
+        if nodes < min_nodes:
+            check, metric, unit, model = key
+            metrics.append(MetricComparison(check, metric, unit, model, nodes=nodes, values=len(values),
+                                            compared=False, why=f"measured on {nodes} node(s), need {min_nodes}"))
             continue
-        res = low_outliers({f"{n}\t{s}": v for (n, s), v in values.items()}, mad_z=mad_z, rel_floor=rel_floor)
-        entry.update(compared=True, median=round(res["median"], 4), mad=round(res["mad"], 4),
-                     limit=round(res["limit"], 4), outliers=[])
-        for label, z in sorted(res["outliers"].items()):
-            node, subject = label.split("\t", 1)
-            value = values[(node, subject)]
-            rel = (value - res["median"]) / res["median"] if res["median"] else None
-            entry["outliers"].append({"node": node, "subject": subject, "value": value, "z": z,
-                                      "rel": None if rel is None else round(rel, 4)})
-            where = f" {subject}" if subject != "node" else ""
-            pct = f"{rel * 100:+.0f}%" if rel is not None else "low"
-            by_node.setdefault(node, []).append(
-                f"slow {check}.{metric}{where}: {value:g} {unit} < {res['limit']:.4g} "
-                f"(fleet median {res['median']:.4g}, {pct})")
-        metrics.append(entry)
-    return {
-        "thresholds": {"mad_z": mad_z, "rel_floor": rel_floor, "min_nodes": min_nodes,
-                       "rule": "value < median - max(mad_z * 1.4826 * MAD, rel_floor * median)"},
-        "metrics": metrics,
-        "by_node": by_node,
-    }
+        metrics.append(_compared(key, values, mad_z, rel_floor, by_node))
+    return PerformanceComparison(mad_z, rel_floor, min_nodes, tuple(metrics), by_node)
 
 
-def bitwise_comparison(verdicts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def bitwise_comparison(verdicts: Mapping[str, Verdict]) -> BitwiseComparison:
     """Digests compared by majority per fingerprint (gpucheck.repro.majority.fleet_outliers)."""
     return bitwise_of(_inputs(verdicts))
 
 
-def bitwise_of(inputs: Mapping[str, FleetInputs]) -> dict[str, Any]:
+def bitwise_of(inputs: Mapping[str, FleetInputs]) -> BitwiseComparison:
     """bitwise_comparison over the nodes' FleetInputs."""
     try:
         from ..repro.majority import fleet_outliers
     except ImportError as e:
-        return {"available": False, "compared": False, "why": f"unavailable ({e})", "by_node": {}}
+        return BitwiseComparison(available=False, compared=False, why=f"unavailable ({e})")
     sets = {n: got.digests for n, got in inputs.items() if got.digests}
     if not sets:
-        return {"available": True, "compared": False, "nodes": 0, "by_node": {},
-                "why": f"no node reported digests (the {BITWISE_CHECK} check did not run)"}
+        return BitwiseComparison(available=True, compared=False, nodes=0,
+                                 why=f"no node reported digests (the {BITWISE_CHECK} check did not run)")
     report = fleet_outliers(sets)
     by_node: dict[str, list[str]] = {}
     for key, fp in report.items():
@@ -150,26 +247,25 @@ def bitwise_of(inputs: Mapping[str, FleetInputs]) -> dict[str, Any]:
             by_node.setdefault(node, []).append(
                 f"bitwise: digests differ from the fleet majority ({agree} of {of} nodes, fingerprint "
                 f"{key[:12]}) in {', '.join(workloads)}")
-    return {"available": True, "compared": True, "nodes": len(sets), "fingerprints": report, "by_node": by_node}
+    return BitwiseComparison(available=True, compared=True, nodes=len(sets), fingerprints=report, by_node=by_node)
 
 
-def compare_fleet(verdicts: Mapping[str, Mapping[str, Any]], **thresholds: Any) -> dict[str, Any]:
+def compare_fleet(verdicts: Mapping[str, Verdict], **thresholds: Any) -> FleetComparison:
     """The whole fleet comparison of a sweep's verdicts: performance outliers and bitwise majority."""
     return compare_inputs(_inputs(verdicts), **thresholds)
 
 
-def compare_inputs(inputs: Mapping[str, FleetInputs], **thresholds: Any) -> dict[str, Any]:
+def compare_inputs(inputs: Mapping[str, FleetInputs], *, mad_z: float = MAD_Z, rel_floor: float = REL_FLOOR,
+                   min_nodes: int = MIN_NODES) -> FleetComparison:
     """compare_fleet over the nodes' FleetInputs (what a sweep keeps of each verdict)."""
-    return {
-        "nodes_compared": len(inputs),
-        "performance": performance_of(inputs, **thresholds),
-        "bitwise": bitwise_of(inputs),
-    }
+    return FleetComparison(len(inputs), performance_of(inputs, mad_z=mad_z, rel_floor=rel_floor, min_nodes=min_nodes),
+                           bitwise_of(inputs))
 
 
-def findings_by_node(comparison: Mapping[str, Any]) -> dict[str, list[str]]:
+def findings_by_node(comparison: FleetComparison) -> dict[str, list[str]]:
+    """Each node's findings: the bitwise ones first, then the performance ones."""
     out: dict[str, list[str]] = {}
-    for part in ("bitwise", "performance"):
-        for node, items in (comparison.get(part, {}).get("by_node") or {}).items():
+    for part in (comparison.bitwise.by_node, comparison.performance.by_node):
+        for node, items in part.items():
             out.setdefault(node, []).extend(items)
     return out

@@ -38,8 +38,11 @@ import syslog
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypedDict
 
+from ..core.levels import Level
+from ..core.result import Status
+from ..core.verdict import Verdict, unjudged_verdict
 from ..platform.argv import option_value
 from .slurm import JobEnv, Logger, Runner, default_runner, drain, find_scontrol, job_env, syslog_logger
 
@@ -78,9 +81,45 @@ class HookOptions:
     force: bool = False  # load GPUs that processes are using (gpucheck.workers.busy)
 
 
-PROLOG_DEFAULTS = {"level": "1", "budget_s": 15.0}
-EPILOG_DEFAULTS = {"checks": ["xid", "ecc", "memory-remap"], "budget_s": 60.0, "failed_level": "2",
-                   "failed_budget_s": 600.0}
+@dataclass(frozen=True)
+class HookDefaults:
+    """What a hook runs when its options do not say."""
+
+    level: str | None  # None: the config's level, else the run's default
+    checks: tuple[str, ...]  # (): the level's checks
+    budget_s: float
+    failed_level: str | None = None  # the epilog after a failed job
+    failed_budget_s: float | None = None
+
+
+PROLOG_DEFAULTS = HookDefaults(level="1", checks=(), budget_s=15.0)
+EPILOG_DEFAULTS = HookDefaults(level=None, checks=("xid", "ecc", "memory-remap"), budget_s=60.0, failed_level="2",
+                               failed_budget_s=600.0)
+
+
+class HookPlan(TypedDict, total=False):
+    """What a hook decided and what went wrong on the way, none of it changing the judgement
+    (HookOutcome.plan)."""
+
+    node: str
+    job: str | None
+    on_error: str  # pass | fail
+    on_error_from: str  # --on-error, GPUCHECK_ON_ERROR, config, default
+    state_dir: str
+    job_start: float | None  # the epilog: when the job started
+    job_start_from: str  # prolog record, scontrol StartTime, unknown
+    job_failed: bool | None
+    level: str | None
+    checks: list[str]
+    budget_s: float | None
+    gpus: list[int] | None  # None: every GPU
+    gpus_from: str | None
+    gpus_note: str | None
+    warnings: list[str]  # the pipeline's warnings after the verdict (a write that failed)
+    output_error: str  # an output that failed after the verdict
+    cursor_error: str  # the jobs cursor could not be read or written
+    traceback: str  # gpucheck's own bug
+    signal: str  # SIGTERM/SIGINT that came while the hook ran
 
 
 def split_ids(values: Iterable[str]) -> list[str]:
@@ -117,11 +156,11 @@ class HookOutcome:
     exit_code: int  # 0 or EXIT_HOOK_UNHEALTHY
     judgement: str  # healthy | unhealthy | could-not-judge
     cause: str
-    verdict: dict[str, Any] | None = None
+    verdict: Verdict | None = None
     drained: bool = False
     reason: str | None = None
     log_line: str = ""
-    plan: dict[str, Any] = field(default_factory=dict)
+    plan: HookPlan = field(default_factory=lambda: HookPlan())
     ecc_changes: list[str] = field(default_factory=list)
 
 
@@ -129,23 +168,19 @@ def _expand(template: str | None, node: str) -> str | None:
     return template.replace("{node}", node) if template else template
 
 
-def ecc_by_uuid(verdict: Mapping[str, Any] | None) -> dict[str, dict[str, float]]:
+def ecc_by_uuid(verdict: Verdict | None) -> dict[str, dict[str, float]]:
     """{gpu uuid (else gpuN): {counter: value}}: the error counters (unit "count") of a verdict's
     ecc results."""
-    if not verdict:
+    if verdict is None:
         return {}
-    uuids = {g.get("index"): g.get("uuid") for g in verdict.get("gpus", []) if isinstance(g, dict)}
+    uuids = {g.index: g.uuid for g in verdict.gpus}
     out: dict[str, dict[str, float]] = {}
-    for r in verdict.get("results", []):
-        if not isinstance(r, dict) or r.get("check") != "ecc" or r.get("gpu") is None:
+    for r in verdict.results:
+        if r.check != "ecc" or r.gpu is None:
             continue
-        key = uuids.get(r["gpu"]) or f"gpu{r['gpu']}"
-        vals = {}
-        for name, m in (r.get("metrics") or {}).items():
-            v = m.get("value") if isinstance(m, dict) else None
-            if (isinstance(m, dict) and m.get("unit") == "count" and isinstance(v, (int, float))
-                    and not isinstance(v, bool)):
-                vals[name] = float(v)
+        key = uuids.get(r.gpu) or f"gpu{r.gpu}"
+        vals = {name: float(m.value) for name, m in r.metrics.items()
+                if m.unit == "count" and isinstance(m.value, (int, float)) and not isinstance(m.value, bool)}
         if vals:
             out[key] = vals
     return out
@@ -166,9 +201,8 @@ def ecc_changes(before: Mapping[str, Mapping[str, float]], after: Mapping[str, M
     return out
 
 
-def _gpu_labels(verdict: Mapping[str, Any] | None) -> dict[str, str]:
-    return {g["uuid"]: f"gpu{g['index']}" for g in (verdict or {}).get("gpus", [])
-            if isinstance(g, dict) and g.get("uuid") and isinstance(g.get("index"), int)}
+def _gpu_labels(verdict: Verdict | None) -> dict[str, str]:
+    return {g.uuid: f"gpu{g.index}" for g in (verdict.gpus if verdict is not None else ()) if g.uuid}
 
 
 class _StderrTail:
@@ -206,7 +240,7 @@ class _StderrTail:
         return ""
 
 
-def _warning_sink(plan: dict[str, Any], log: Logger) -> Callable[[str], None]:
+def _warning_sink(plan: HookPlan, log: Logger) -> Callable[[str], None]:
     """A sink for the pipeline's warnings (an output, history or cursor write that failed after
     the verdict): each goes to the log (syslog) and into the plan; none changes the judgement."""
 
@@ -220,11 +254,11 @@ def _warning_sink(plan: dict[str, Any], log: Logger) -> Callable[[str], None]:
     return sink
 
 
-def _run_gpucheck(req, execute, plan: dict[str, Any], log: Logger | None = None) -> tuple[int, dict[str, Any] | None, str]:
+def _run_gpucheck(req, execute, plan: HookPlan, log: Logger | None = None) -> tuple[int, Verdict | None, str]:
     """Run the pipeline and capture the verdict in memory, the moment it is built: no output
     (history, the table on stdout) written after it can change it. Returns the exit code the
     verdict says (else the pipeline's), the verdict, and the pipeline's error line."""
-    captured: list[dict[str, Any]] = []
+    captured: list[Verdict] = []
     tail = _StderrTail(sys.stderr)
     try:
         with contextlib.redirect_stderr(tail):
@@ -237,7 +271,7 @@ def _run_gpucheck(req, execute, plan: dict[str, Any], log: Logger | None = None)
         plan["output_error"] = f"{type(e).__name__}: {e} (after the verdict; the verdict stands)"
     if captured:
         verdict = captured[-1]
-        return int(verdict["exit_code"]), verdict, tail.error_line()
+        return verdict.exit_code, verdict, tail.error_line()
     return int(code), None, tail.error_line()
 
 
@@ -260,7 +294,7 @@ def _job_start(env: JobEnv, state, scontrol: str, runner: Runner) -> tuple[float
     return None, None, "unknown"
 
 
-def _remember_job(state, env: JobEnv, start: float, verdict: dict[str, Any] | None) -> None:
+def _remember_job(state, env: JobEnv, start: float, verdict: Verdict | None) -> None:
     """Add the job to the jobs cursor (its start and the GPUs' ECC counters), keeping the newest
     JOBS_KEPT: read, changed and written under the cursor's lock (State.update_cursor), so that
     two prologs at once both keep their job."""
@@ -311,7 +345,7 @@ class _Hook:
     scontrol: str
     on_error: str
     state: Any  # gpucheck.core.state.State
-    plan: dict[str, Any]
+    plan: HookPlan
 
     @property
     def what(self) -> str:
@@ -330,7 +364,7 @@ class _Hook:
 class _Judged:
     judgement: str  # healthy | unhealthy | could-not-judge
     cause: str
-    verdict: dict[str, Any] | None = None
+    verdict: Verdict | None = None
     changes: list[str] = field(default_factory=list)
 
 
@@ -359,8 +393,8 @@ def _setup(opts: HookOptions, environ: Mapping[str, str], runner: Runner, log: L
     env = job_env(environ)
     on_error, on_error_from = resolve_on_error(opts.on_error, environ, opts.config_path)
     state_root = _expand(opts.state_dir, env.node) or str(default_state_dir())
-    plan: dict[str, Any] = {"node": env.node, "job": env.job_id, "on_error": on_error,
-                            "on_error_from": on_error_from, "state_dir": state_root}
+    plan = HookPlan(node=env.node, job=env.job_id, on_error=on_error, on_error_from=on_error_from,
+                    state_dir=state_root)
     return _Hook(opts=opts, env=env, runner=runner, log=log, now=now, started=started,
                  scontrol=find_scontrol(opts.scontrol), on_error=on_error, state=State(state_root), plan=plan)
 
@@ -371,23 +405,23 @@ def _plan_request(hook: _Hook):
 
     opts, env, plan = hook.opts, hook.env, hook.plan
     defaults = PROLOG_DEFAULTS if opts.kind == "prolog" else EPILOG_DEFAULTS
-    level = opts.level or defaults.get("level")
-    checks = list(opts.checks) or list(defaults.get("checks", []))
-    budget = opts.budget_s if opts.budget_s is not None else defaults["budget_s"]
+    level = opts.level or defaults.level
+    checks = list(opts.checks) or list(defaults.checks)
+    budget: float | None = opts.budget_s if opts.budget_s is not None else defaults.budget_s
     options: dict[str, Any] = {}
     prior_ecc: dict[str, Any] | None = None
     if opts.kind == "epilog":
         start, prior_ecc, start_from = _job_start(env, hook.state, hook.scontrol, hook.runner)
         if start is not None:
             options["xid_since"] = f"@{start:.3f}"
-        plan.update(job_start=start, job_start_from=start_from, job_failed=env.failed)
+        plan.update(HookPlan(job_start=start, job_start_from=start_from, job_failed=env.failed))
         if env.failed:
-            level = opts.failed_level or defaults["failed_level"]
+            level = opts.failed_level or defaults.failed_level
             checks = list(opts.failed_checks)
-            budget = opts.failed_budget_s if opts.failed_budget_s is not None else defaults["failed_budget_s"]
+            budget = opts.failed_budget_s if opts.failed_budget_s is not None else defaults.failed_budget_s
     gpus = None if opts.all_gpus else env.gpus
-    plan.update(level=level, checks=checks, budget_s=budget, gpus=gpus, gpus_from=env.gpus_from,
-                gpus_note=env.gpus_note)
+    plan.update(HookPlan(level=level, checks=checks, budget_s=budget, gpus=gpus, gpus_from=env.gpus_from,
+                         gpus_note=env.gpus_note))
     # The job's GPUs were given by Slurm: one that NVML does not list is judged (inventory: missing,
     # fail), not a usage error.
     req = RunRequest(level=level, check_patterns=checks, skip_patterns=list(opts.skips), gpus=gpus,
@@ -398,7 +432,7 @@ def _plan_request(hook: _Hook):
     return req, prior_ecc
 
 
-def _bookkeeping(hook: _Hook, verdict: dict[str, Any] | None, prior_ecc: dict[str, Any] | None) -> list[str]:
+def _bookkeeping(hook: _Hook, verdict: Verdict | None, prior_ecc: dict[str, Any] | None) -> list[str]:
     """The prolog remembers the job for the epilog; the epilog names ECC growth and forgets the
     job. A failed write here (full disk, read-only state) is noted and never changes the judgement."""
     changes: list[str] = []
@@ -433,8 +467,8 @@ def _judge_node(hook: _Hook, execute) -> _Judged:
     code, verdict, error_line = _run_gpucheck(req, execute, hook.plan, hook.log)
     changes = _bookkeeping(hook, verdict, prior_ecc)
     if code == 0:
-        warned = verdict is not None and verdict.get("status") == "warn"
-        return _Judged("healthy", verdict_cause(verdict) if warned else "", verdict, changes)
+        warned = verdict_cause(verdict) if verdict is not None and verdict.status is Status.WARN else ""
+        return _Judged("healthy", warned, verdict, changes)
     if code == 1:
         return _Judged("unhealthy", verdict_cause(verdict) if verdict else "unhealthy", verdict, changes)
     if verdict is not None:
@@ -505,27 +539,19 @@ def hook_failed(
 
 
 def _record_unjudged(hook: _Hook, cause: str) -> str:
-    """Append a could-not-judge verdict (one `error` result, check `slurm.<hook>`) to the history
-    for a run that produced none; "" or why it could not be written."""
-    from ..core.levels import Level
+    """Append a could-not-judge verdict (core.verdict.unjudged_verdict: one `error` result, check
+    `slurm.<hook>`) to the history for a run that produced none; "" or why it could not be written."""
     from ..platform.fingerprint import software_fingerprint
-    from ..core.result import Action, Result, Status
-    from ..core.verdict import build_verdict
 
     try:
         try:
             level = Level.parse(hook.plan.get("level") or 1)
         except ValueError:
             level = Level.QUICK
-        check = f"slurm.{hook.opts.kind}"
-        duration = max(0.0, hook.now() - hook.started)
-        verdict = build_verdict(
-            [Result(check, Status.ERROR, cause, action=Action.INVESTIGATE)], level=level,
-            started_at=hook.started, duration_s=duration,
-            checks=[{"id": check, "level": int(level), "status": "error", "duration_s": round(duration, 3)}],
-            software=software_fingerprint(None), snapshot=None, source_kind="none", source_path=None,
-            interrupted=None, injected=[], host=hook.env.node)
-        hook.state.append_history(verdict)
+        verdict = unjudged_verdict(f"slurm.{hook.opts.kind}", cause, level=level, started_at=hook.started,
+                                   duration_s=max(0.0, hook.now() - hook.started), host=hook.env.node,
+                                   software=software_fingerprint(None))
+        hook.state.append_history(verdict.to_json())
     except Exception as e:
         return f"history not written: {type(e).__name__}: {e}"
     return ""

@@ -9,9 +9,8 @@ option, which the CLI reports as a usage error (exit 2) before any node is touch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from ..platform.fanout import SrunSettings, SshSettings
+from ..platform.fanout import RunnerSettings, SrunSettings, SshSettings
 from ..platform.nodeset import NodeSetError, parse_node_map
 from .sweep import SweepPlan, remote_command
 
@@ -95,7 +94,7 @@ def build_plan(nodes: list[str], opts: RemoteOptions, *, subset: list[str] | Non
                      mode="srun" if opts.use_srun else "ssh", fanout=opts.fanout, timeout_s=opts.timeout_s)
 
 
-def runner_settings(opts: RemoteOptions) -> dict[str, Any]:
+def runner_settings(opts: RemoteOptions) -> RunnerSettings:
     """The fan-out's keyword arguments: how to reach the nodes over ssh, or through srun."""
     return {
         "ssh": SshSettings(ssh_options=opts.ssh_options, ssh_user=opts.ssh_user,

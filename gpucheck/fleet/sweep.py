@@ -19,28 +19,27 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import shlex
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ..core.documents import FleetInputs, fleet_inputs
-from ..core.verdict import iso_utc
+from ..core.documents import FleetInputs, NodeEntry, SweepReport, fleet_inputs
+from ..core.result import ResultEntry, Status
+from ..core.verdict import SCHEMA_ID, Verdict, VerdictError, iso_utc, supported_version
 from ..platform import fanout
 from ..platform.fanout import MAX_OUTPUT_BYTES, NodeRun, session_stdin
 from ..platform.nodeset import fold
 from ..platform.processes import Interrupted
 from ..platform.snippets import last_line, snippet
-from .verdict_check import verdict_problem
+from . import compare
+from .compare import FleetComparison
 
 GOOD = ("pass", "warn", "skip")
 BAD = ("fail", "error", "unreachable", "timeout")
 NODE_STATUSES = (*GOOD, *BAD)
 _RANK = {"skip": 0, "pass": 1, "warn": 2, "error": 3, "timeout": 4, "unreachable": 5, "fail": 6}
-VERDICT_SCHEMA = "gpucheck.verdict"
-_VERSION_RE = re.compile(r"^1\.\d+$")
 REPORT_SCHEMA = "gpucheck.sweep"
 REPORT_SCHEMA_VERSION = "1.0"
 
@@ -54,7 +53,7 @@ class NodeOutcome:
     failing: list[str] = field(default_factory=list)  # "check" or "check:subject"
     rc: int | None = None
     duration_s: float = 0.0
-    verdict: dict[str, Any] | None = None  # set by classify; run_sweep spools it and drops it
+    verdict: Verdict | None = None  # set by classify; run_sweep spools it and drops it
     stderr_tail: str = ""
     fleet: list[str] = field(default_factory=list)  # findings of the fleet comparison
     inputs: FleetInputs | None = None  # what the fleet comparison reads of the verdict
@@ -63,7 +62,7 @@ class NodeOutcome:
     def is_bad(self, strict: bool = False) -> bool:
         return self.status in BAD or (strict and self.status == "warn")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> NodeEntry:
         """The node's report entry but its verdict (report_chunks adds that from the spool)."""
         return {
             "node": self.node,
@@ -140,8 +139,9 @@ def one_line(command: str) -> str:
     return "sh -c " + shlex.quote(script)
 
 
-def parse_verdict(text: str) -> tuple[dict[str, Any] | None, str]:
-    """(verdict, "") when `text` is one gpucheck verdict document of schema 1.x, else (None, why)."""
+def parse_verdict(text: str) -> tuple[Verdict | None, str]:
+    """(verdict, "") when `text` is one gpucheck verdict document of schema 1.x that
+    Verdict.from_json reads, else (None, why)."""
     s = text.strip()
     if not s:
         return None, "no output"
@@ -151,44 +151,44 @@ def parse_verdict(text: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"not a verdict: JSON nested too deep ({snippet(s)})"
     except ValueError:
         return None, f"not a verdict: {snippet(s)}"
-    if not isinstance(doc, dict) or doc.get("schema") != VERDICT_SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_ID:
         return None, f"not a verdict: {snippet(s)}"
     version = doc.get("schema_version")
-    if not isinstance(version, str) or not _VERSION_RE.fullmatch(version):
+    if not supported_version(version):
         return None, f"verdict schema_version {snippet(str(version or '?'))} is not supported (want 1.x)"
-    why = verdict_problem(doc)
-    if why:
-        return None, f"invalid verdict: {why}"
-    return doc, ""
+    try:
+        return Verdict.from_json(doc), ""
+    except VerdictError as e:
+        return None, f"invalid verdict: {e}"
 
 
-def failing_results(verdict: dict[str, Any]) -> list[dict[str, Any]]:
+def failing_results(verdict: Verdict) -> list[ResultEntry]:
     """The results that make a verdict bad: fails first, then errors."""
-    rs = [r for r in verdict.get("results", []) if isinstance(r, dict)]
-    return [r for r in rs if r.get("status") == "fail"] + [r for r in rs if r.get("status") == "error"]
+    return [r for r in verdict.results if r.status is Status.FAIL] + \
+        [r for r in verdict.results if r.status is Status.ERROR]
 
 
-def _label(r: dict[str, Any]) -> str:
-    subj = r.get("subject")
-    return f"{r.get('check')}:{subj}" if subj and subj != "node" else str(r.get("check"))
+def _label(r: ResultEntry) -> str:
+    return f"{r.check}:{r.subject}" if r.subject and r.subject != "node" else r.check
 
 
 def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
     """One node's status from what its command did."""
-    base = dict(node=run.node, rc=run.rc, duration_s=run.duration_s, stderr_tail=last_line(run.stderr))
+
+    def outcome(status: str, reason: str, action: str = "investigate", **judged: Any) -> NodeOutcome:
+        return NodeOutcome(node=run.node, status=status, reason=reason, action=action, rc=run.rc,
+                           duration_s=run.duration_s, stderr_tail=last_line(run.stderr), **judged)
+
     if run.timed_out:
         limit = f" within {timeout_s:g} s" if timeout_s else ""
-        return NodeOutcome(status="timeout", reason=f"no answer{limit} (killed)", action="investigate", **base)
-
+        return outcome("timeout", f"no answer{limit} (killed)")
     if run.truncated:
-        return NodeOutcome(status="error", reason=f"output larger than {MAX_OUTPUT_BYTES} bytes (cut): not judged",
-                           action="investigate", **base)
+        return outcome("error", f"output larger than {MAX_OUTPUT_BYTES} bytes (cut): not judged")
     verdict, why = parse_verdict(run.stdout)
     if verdict is None:
         err = last_line(run.stderr)
         if run.via == "ssh" and run.rc == 255:
-            return NodeOutcome(status="unreachable", reason=err or "ssh failed (exit 255)",
-                               action="investigate", **base)
+            return outcome("unreachable", err or "ssh failed (exit 255)")
         if run.rc == 127:
             reason = "gpucheck not installed" + (f" ({err})" if err else "")
         elif run.rc == 126:
@@ -199,39 +199,36 @@ def classify(run: NodeRun, *, timeout_s: float | None = None) -> NodeOutcome:
             reason = f"no verdict (exit {run.rc})" + (f": {err}" if err else "")
         else:
             reason = why
-        return NodeOutcome(status="error", reason=reason, action="investigate", **base)
+        return outcome("error", reason)
 
-    bad = failing_results(verdict)
-    status = verdict["status"]
-    if verdict["exit_code"] == 3 and status != "fail":
+    status = verdict.status.value
+    if verdict.exit_code == 3 and status != "fail":
         status = "error"  # could not judge (an error result, or a partial run)
-    elif verdict["exit_code"] == 1 and status in GOOD:
+    elif verdict.exit_code == 1 and status in GOOD:
         status = "fail"  # --strict turned a warn into unhealthy on the node
     reason = verdict_cause(verdict) if status not in ("pass", "skip") else ""
     from ..render.grid import check_marks
 
-    return NodeOutcome(status=status, reason=reason, action=str(verdict.get("action", "none")),
-                       failing=[_label(r) for r in bad], verdict=verdict, inputs=fleet_inputs(verdict),
-                       checks=check_marks(verdict), **base)
+    return outcome(status, reason, verdict.action.value, failing=[_label(r) for r in failing_results(verdict)],
+                   verdict=verdict, inputs=fleet_inputs(verdict), checks=check_marks(verdict))
 
 
-def verdict_cause(verdict: Mapping[str, Any]) -> str:
+def verdict_cause(verdict: Verdict) -> str:
     """One line naming why a verdict is not a plain pass: its first fail (else error, else
     unexamined skip, else warn) result, or the interruption of a partial run."""
-    results = [r for r in verdict.get("results", []) if isinstance(r, dict)]
-    bad = [r for r in results if r.get("status") == "fail"] or \
-          [r for r in results if r.get("status") == "error"] or \
-          [r for r in results if r.get("unexamined")] or \
-          [r for r in results if r.get("status") == "warn"]
+    results = verdict.results
+    bad = [r for r in results if r.status is Status.FAIL] or \
+          [r for r in results if r.status is Status.ERROR] or \
+          [r for r in results if r.unexamined] or \
+          [r for r in results if r.status is Status.WARN]
     if not bad:
-        if verdict.get("partial"):
-            return f"run cut short ({verdict.get('interrupted')})"
-        return str(verdict.get("status", "?"))
+        if verdict.partial:
+            return f"run cut short ({verdict.interrupted})"
+        return verdict.status.value
     first = bad[0]
-    subj = first.get("subject")
-    where = f" {subj}" if subj and subj != "node" else ""
+    where = f" {first.subject}" if first.subject and first.subject != "node" else ""
     more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
-    return f"{first.get('check')}{where}: {first.get('summary', '')}{more}"
+    return f"{first.check}{where}: {first.summary}{more}"
 
 
 def worst(statuses: list[str]) -> str:
@@ -268,8 +265,8 @@ class VerdictSpool:
         self.end = 0
         self.error: str | None = None  # the first write that failed (a full disk): the report is incomplete
 
-    def add(self, node: str, verdict: Mapping[str, Any]) -> None:
-        data = json.dumps(verdict).encode()
+    def add(self, node: str, verdict: Verdict) -> None:
+        data = json.dumps(verdict.to_json()).encode()
         try:
             self.file.seek(self.end)
             self.file.write(data)
@@ -363,13 +360,13 @@ def apply_fleet(outcomes: list[NodeOutcome], findings: Mapping[str, list[str]]) 
 
 def build_report(
     outcomes: list[NodeOutcome],
-    comparison: dict[str, Any],
+    comparison: FleetComparison,
     *,
     plan: SweepPlan,
     started_at: float,
     duration_s: float,
     strict: bool = False,
-) -> dict[str, Any]:
+) -> SweepReport:
     """The sweep report (`--report FILE`) but the verdicts: the nodes' summaries and the fleet
     comparison. report_chunks writes it out with every node's verdict."""
     counts = {s: 0 for s in NODE_STATUSES}
@@ -394,12 +391,12 @@ def build_report(
         "bad": fold(bad),
         "by_status": {s: v for s, v in by_status.items() if v},
         "exit_code": 1 if bad else 0,
-        "fleet": comparison,
+        "fleet": comparison.to_json(),
         "nodes": [o.to_dict() for o in outcomes],
     }
 
 
-def report_chunks(report: Mapping[str, Any], spool: VerdictSpool | None) -> Iterator[str]:
+def report_chunks(report: SweepReport, spool: VerdictSpool | None) -> Iterator[str]:
     """The report as JSON text, one node at a time: `report` (build_report's) with each node's
     verdict (from the spool; null where there is none) as its entry's last field."""
     head = {k: v for k, v in report.items() if k != "nodes"}
@@ -442,7 +439,7 @@ def sweep_until_stopped(plan: SweepPlan, settings: Mapping[str, Any], *,
         return SweepRun([answered[n] for n in plan.nodes if n in answered], time.monotonic() - t0, e.signame)
 
 
-def mark_interrupted(report: dict[str, Any], plan: SweepPlan, outcomes: list[NodeOutcome], signame: str) -> None:
+def mark_interrupted(report: SweepReport, plan: SweepPlan, outcomes: list[NodeOutcome], signame: str) -> None:
     """A sweep report cut short: it covers only the nodes that answered, names the others, and
     its exit code is 3 (could not judge the node set)."""
     seen = {o.node for o in outcomes}
@@ -454,16 +451,16 @@ def mark_interrupted(report: dict[str, Any], plan: SweepPlan, outcomes: list[Nod
 
 def sweep_report(plan: SweepPlan, settings: Mapping[str, Any], *, strict: bool,
                  thresholds: Mapping[str, float] | None = None, spool: VerdictSpool | None = None,
-                 on_node: Callable[[NodeOutcome], None] | None = None) -> tuple[list[NodeOutcome], dict[str, Any]]:
+                 on_node: Callable[[NodeOutcome], None] | None = None) -> tuple[list[NodeOutcome], SweepReport]:
     """Sweep the plan's nodes, compare them with each other (gpucheck.fleet.compare; thresholds:
     mad_z, rel_floor), and build the report; its `exit_code` is the sweep's (0 healthy, 1 a bad
     node, 3 stopped by a signal)."""
-    from . import compare
-
     started = time.time()
     run = sweep_until_stopped(plan, settings, on_node=on_node, spool=spool)
+    limits = thresholds or {}
     comparison = compare.compare_inputs({o.node: o.inputs for o in run.outcomes if o.inputs is not None},
-                                        **dict(thresholds or {}))
+                                        mad_z=limits.get("mad_z", compare.MAD_Z),
+                                        rel_floor=limits.get("rel_floor", compare.REL_FLOOR))
     apply_fleet(run.outcomes, compare.findings_by_node(comparison))
     report = build_report(run.outcomes, comparison, plan=plan, started_at=started, duration_s=run.duration_s,
                           strict=strict)
@@ -500,7 +497,7 @@ def write_report(path: str, chunks: Iterable[str]) -> None:
     write_output(path, chunks)
 
 
-def save_report(report: Mapping[str, Any], spool: VerdictSpool | None, report_path: str | None) -> list[str]:
+def save_report(report: SweepReport, spool: VerdictSpool | None, report_path: str | None) -> list[str]:
     """Write --report; the warnings to show. The sweep's result (its exit code) never depends on
     the report: one that cannot be written, or verdicts the spool could not keep (a full disk),
     are warnings, and an incomplete report never replaces a good old one."""

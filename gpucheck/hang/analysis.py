@@ -1,8 +1,9 @@
 """The hang analysis: a pure function over plain data (ranks -> stacks), testable on recorded dumps.
 
 Input: one dict per rank process, as the `processes` of a `gpucheck.hang.node` document plus
-its node: {"rank", "node", "pid", "status" ("dumped" or "error"), "error", "world_size",
-"threads": [{"name", "main", "frames": [{"function", "file", "line"}, ...]}], "flight"}.
+its node (model.RankDoc): {"rank", "node", "pid", "status" ("dumped" or "error"), "error",
+"world_size", "threads": [{"name", "main", "frames": [{"function", "file", "line"}, ...]}],
+"flight"}. Output: model.Analysis, the body of the `gpucheck.hang` document (model.HangDocument).
 
 1. Normalize: a frame is "function (file)" with the file cut to its package path
    (`torch/distributed/distributed_c10d.py`; the script's base name), line numbers dropped and
@@ -24,11 +25,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Iterable
+from typing import Iterable
 
 from .. import __version__
 from .folding import fold
+from .model import (Analysis, DuplicateRank, FlightDivergence, FrameDoc, GroupDoc, HangDocument, Mismatch,
+                    NodeOutline, PgDivergence, PgSummary, RankDoc, Source, Suspect, ThreadDoc, Undumped)
 from .topology import Topology, evict_plan
 
 SCHEMA = "gpucheck.hang"
@@ -74,10 +78,10 @@ class _Labels:
 
     def __init__(self) -> None:
         self.by_frame: dict[tuple[str, str], str] = {}
-        self.by_stack: dict[tuple, tuple[str, ...]] = {}
+        self.by_stack: dict[tuple[tuple[str, str], ...], tuple[str, ...]] = {}
         self.coll: dict[tuple[str, ...], bool] = {}
 
-    def stack(self, frames: list[dict]) -> tuple[str, ...]:
+    def stack(self, frames: list[FrameDoc]) -> tuple[str, ...]:
         raw = tuple(map(_FUNCTION_FILE, frames))
         got = self.by_stack.get(raw)
         if got is None:
@@ -98,7 +102,7 @@ class _Labels:
         return got
 
 
-def signature(threads: list[dict], labels: _Labels) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def signature(threads: list[ThreadDoc], labels: _Labels) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(main thread's labels, a collective thread's labels or ())."""
     if not threads:
         return (), ()
@@ -113,38 +117,51 @@ def signature(threads: list[dict], labels: _Labels) -> tuple[tuple[str, ...], tu
 
 # -- grouping -----------------------------------------------------------------------------------
 
-def group_ranks(dumped: list[dict]) -> list[dict[str, Any]]:
+@dataclass
+class StackGroup:
+    """Ranks with one signature: `members` index the dumped ranks."""
+
+    main_frames: list[str]
+    collective_frames: list[str]
+    members: list[int]
+    in_collective: bool
+    id: int = 0  # 1 the largest, then by size and lowest rank
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+def group_ranks(dumped: list[RankDoc]) -> list[StackGroup]:
     """Groups of ranks with one signature, largest first (then lowest rank)."""
     labels = _Labels()
-    by_sig: dict[tuple, list[int]] = defaultdict(list)
+    by_sig: dict[tuple[tuple[str, ...], tuple[str, ...]], list[int]] = defaultdict(list)
     for i, r in enumerate(dumped):
         by_sig[signature(r["threads"], labels)].append(i)
-    groups = []
-    for (main, coll), members in by_sig.items():
-        groups.append({"main_frames": list(main), "collective_frames": list(coll), "members": members,
-                       "size": len(members), "in_collective": labels.collective(main) or bool(coll)})
-    groups.sort(key=lambda g: (-g["size"], min(dumped[i]["rank"] for i in g["members"])))
+    groups = [StackGroup(list(main), list(coll), members, labels.collective(main) or bool(coll))
+              for (main, coll), members in by_sig.items()]
+    groups.sort(key=lambda g: (-g.size, min(dumped[i]["rank"] for i in g.members)))
     for gid, g in enumerate(groups, 1):
-        g["id"] = gid
+        g.id = gid
     return groups
 
 
-def pick_dominant(groups: list[dict], total: int) -> tuple[dict | None, str]:
+def pick_dominant(groups: list[StackGroup], total: int) -> tuple[StackGroup | None, str]:
     """The healthy group, or (None, why not)."""
     if not groups:
         return None, "no rank was dumped"
     top = groups[0]
-    if 2 * top["size"] < total:
-        return None, (f"no majority: the largest of {len(groups)} stack groups holds {top['size']} of "
+    if 2 * top.size < total:
+        return None, (f"no majority: the largest of {len(groups)} stack groups holds {top.size} of "
                       f"{total} ranks")
-    tied = [g for g in groups if g["size"] == top["size"]]
+    tied = [g for g in groups if g.size == top.size]
     if len(tied) == 1:
-        return top, f"{top['size']} of {total} ranks share this stack"
-    waiting = [g for g in tied if g["in_collective"]]
+        return top, f"{top.size} of {total} ranks share this stack"
+    waiting = [g for g in tied if g.in_collective]
     if len(waiting) == 1:
-        return waiting[0], (f"two halves of {top['size']} ranks: the half waiting in a collective is taken "
+        return waiting[0], (f"two halves of {top.size} ranks: the half waiting in a collective is taken "
                             "as healthy")
-    return None, f"two halves of {top['size']} ranks, and not exactly one of them waits in a collective"
+    return None, f"two halves of {top.size} ranks, and not exactly one of them waits in a collective"
 
 
 def distinct(frames: list[str], dominant: list[str]) -> tuple[list[str], str | None]:
@@ -156,7 +173,7 @@ def distinct(frames: list[str], dominant: list[str]) -> tuple[list[str], str | N
     return frames[: len(frames) - k], (frames[-k] if k else None)
 
 
-def _with_lines(r: dict) -> list[str]:
+def _with_lines(r: RankDoc) -> list[str]:
     threads = r["threads"]
     main = next((t for t in threads if t.get("main")), threads[0]) if threads else None
     if main is None:
@@ -170,17 +187,17 @@ def _with_lines(r: dict) -> list[str]:
 
 # -- the flight recorder --------------------------------------------------------------------------
 
-def _pg_members(entries: list[tuple[int, dict]]) -> list[int] | None:
-    lists = {tuple(pg["ranks"]) for _, pg in entries if isinstance(pg.get("ranks"), list)}
+def _pg_members(entries: list[tuple[int, PgSummary]]) -> list[int] | None:
+    lists = {tuple(ranks) for _, pg in entries for ranks in [pg.get("ranks")] if isinstance(ranks, list)}
     return list(next(iter(lists))) if len(lists) == 1 else None
 
 
-def _mismatches(entries: list[tuple[int, dict]]) -> list[dict[str, Any]]:
+def _mismatches(entries: list[tuple[int, PgSummary]]) -> list[Mismatch]:
     by_seq: dict[int, dict[int, str]] = defaultdict(dict)
     for rank, pg in entries:
         for seq, op in pg.get("ops", []):
-            by_seq[seq][rank] = op
-    out = []
+            by_seq[int(seq)][rank] = str(op)
+    out: list[Mismatch] = []
     for seq in sorted(by_seq):
         ops = Counter(by_seq[seq].values())
         if len(ops) > 1:
@@ -190,10 +207,10 @@ def _mismatches(entries: list[tuple[int, dict]]) -> list[dict[str, Any]]:
     return out
 
 
-def _pg_divergence(name: str, entries: list[tuple[int, dict]]) -> dict[str, Any]:
-    last = {r: pg["last_seq"] for r, pg in entries if isinstance(pg.get("last_seq"), int)}
+def _pg_divergence(name: str, entries: list[tuple[int, PgSummary]]) -> PgDivergence:
+    last = {r: seq for r, pg in entries for seq in [pg.get("last_seq")] if isinstance(seq, int)}
     members = _pg_members(entries)
-    out: dict[str, Any] = {"pg": name, "desc": entries[0][1].get("desc", ""), "members": members,
+    out: PgDivergence = {"pg": name, "desc": entries[0][1].get("desc", ""), "members": members,
                            "reporting": sorted(r for r, _ in entries), "status": "agree",
                            "last_seq": max(last.values()) if last else None, "divergence_seq": None,
                            "op": None, "entered": [], "not_entered": [],
@@ -201,46 +218,46 @@ def _pg_divergence(name: str, entries: list[tuple[int, dict]]) -> dict[str, Any]
                            "mismatched": _mismatches(entries)}
     if last and min(last.values()) < max(last.values()):
         div = min(last.values()) + 1
-        ops = {r: dict(map(tuple, pg.get("ops", []))).get(div) for r, pg in entries}
+        ops = {r: {int(s): str(o) for s, o in pg.get("ops", [])}.get(div) for r, pg in entries}
         entered = sorted(r for r, s in last.items() if s >= div)
-        out.update(status="diverged", divergence_seq=div, entered=entered,
-                   not_entered=sorted(r for r, s in last.items() if s < div),
-                   op=Counter(o for r, o in ops.items() if o and r in entered).most_common(1)[0][0]
-                   if any(ops.get(r) for r in entered) else None)
+        out["status"], out["divergence_seq"], out["entered"] = "diverged", div, entered
+        out["not_entered"] = sorted(r for r, s in last.items() if s < div)
+        out["op"] = (Counter(o for r, o in ops.items() if o and r in entered).most_common(1)[0][0]
+                     if any(ops.get(r) for r in entered) else None)
     elif out["mismatched"]:
         out["status"] = "diverged"
     return out
 
 
-def flight_divergence(dumped_or_not: list[dict]) -> dict[str, Any]:
+def flight_divergence(dumped_or_not: list[RankDoc]) -> FlightDivergence:
     """Per process group: where the ranks' collective sequences diverge, who never entered it."""
-    by_pg: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    by_pg: dict[str, list[tuple[int, PgSummary]]] = defaultdict(list)
     with_data = 0
-    for r in dumped_or_not:
-        fl = r.get("flight")
+    for rank in dumped_or_not:
+        fl = rank.get("flight")
         if not isinstance(fl, dict):
             continue
         with_data += 1
         for name, pg in (fl.get("pgs") or {}).items():
-            by_pg[str(name)].append((r["rank"], pg))
+            by_pg[str(name)].append((rank["rank"], pg))
     pgs = [_pg_divergence(name, entries) for name, entries in sorted(by_pg.items())]
     suspects: dict[int, str] = {}
-    for pg in pgs:
-        label = f"process group {pg['pg']}" + (f" ({pg['desc']})" if pg["desc"] else "")
-        for r in pg["not_entered"]:
-            op = f" ({pg['op']})" if pg["op"] else ""
-            suspects.setdefault(r, f"never entered collective #{pg['divergence_seq']}{op} of {label}, which "
-                                   f"{len(pg['entered'])} rank(s) entered")
-        for mm in pg["mismatched"]:
-            for r, op in mm["ranks"].items():
-                suspects.setdefault(int(r), f"collective #{mm['seq']} of {label} is {op} here, {mm['op']} on the "
+    for div in pgs:
+        label = f"process group {div['pg']}" + (f" ({div['desc']})" if div["desc"] else "")
+        for r in div["not_entered"]:
+            op = f" ({div['op']})" if div["op"] else ""
+            suspects.setdefault(r, f"never entered collective #{div['divergence_seq']}{op} of {label}, which "
+                                   f"{len(div['entered'])} rank(s) entered")
+        for mm in div["mismatched"]:
+            for other, op in mm["ranks"].items():
+                suspects.setdefault(int(other), f"collective #{mm['seq']} of {label} is {op} here, {mm['op']} on the "
                                             "other ranks")
     return {"ranks_with_data": with_data, "groups": pgs, "suspects": suspects}
 
 
 # -- the whole analysis -----------------------------------------------------------------------------
 
-def _identity(ranks: list[dict]) -> tuple[list[dict], set[int], int | None]:
+def _identity(ranks: list[RankDoc]) -> tuple[list[DuplicateRank], set[int], int | None]:
     """(ranks claimed by several processes, the WORLD_SIZEs seen, the world size when one)."""
     claims = Counter(r["rank"] for r in ranks)
     twice = {k for k, n in claims.items() if n > 1}
@@ -248,49 +265,50 @@ def _identity(ranks: list[dict]) -> tuple[list[dict], set[int], int | None]:
     for r in ranks:
         if r["rank"] in twice:
             where[r["rank"]].append(f"{r['node']}:{r['pid']}")
-    dups = [{"rank": k, "where": v} for k, v in sorted(where.items())]
-    worlds = {r.get("world_size") for r in ranks} - {None}
+    dups: list[DuplicateRank] = [{"rank": k, "where": v} for k, v in sorted(where.items())]
+    worlds = {w for r in ranks for w in [r.get("world_size")] if w is not None}
     return dups, worlds, (next(iter(worlds)) if len(worlds) == 1 else None)
 
 
-def _group_docs(groups: list[dict], dumped: list[dict], dominant: dict | None) -> list[dict[str, Any]]:
+def _group_docs(groups: list[StackGroup], dumped: list[RankDoc], dominant: StackGroup | None) -> list[GroupDoc]:
     docs = []
     for g in groups:
-        members = [dumped[i] for i in g["members"]]
-        doc = {"id": g["id"], "size": g["size"], "ranks": sorted(r["rank"] for r in members),
-               "nodes": fold({r["node"] for r in members}), "dominant": g is dominant,
-               "in_collective": g["in_collective"], "main_frames": g["main_frames"],
-               "collective_frames": g["collective_frames"], "distinct_frames": [], "splits_from": None}
+        members = [dumped[i] for i in g.members]
+        doc: GroupDoc = {"id": g.id, "size": g.size, "ranks": sorted(r["rank"] for r in members),
+                         "nodes": fold({r["node"] for r in members}), "dominant": g is dominant,
+                         "in_collective": g.in_collective, "main_frames": g.main_frames,
+                         "collective_frames": g.collective_frames, "distinct_frames": [], "splits_from": None}
         if dominant is not None and g is not dominant:
-            mine, theirs = g["main_frames"], dominant["main_frames"]
+            mine, theirs = g.main_frames, dominant.main_frames
             if mine == theirs:  # the same main thread: the communication threads differ
-                mine, theirs = g["collective_frames"], dominant["collective_frames"]
+                mine, theirs = g.collective_frames, dominant.collective_frames
             doc["distinct_frames"], doc["splits_from"] = distinct(mine, theirs)
         docs.append(doc)
     return docs
 
 
-def _stack_suspects(groups: list[dict], docs: list[dict], dumped: list[dict], dominant: dict) -> list[dict]:
-    out = []
-    where = f"the collective the other {dominant['size']} rank(s) wait in" if dominant["in_collective"] else None
-    for g, doc in sorted(zip(groups, docs), key=lambda gd: gd[0]["size"]):
-        if g is dominant or (g["in_collective"] and not dominant["in_collective"]):
+def _stack_suspects(groups: list[StackGroup], docs: list[GroupDoc], dumped: list[RankDoc],
+                    dominant: StackGroup) -> list[Suspect]:
+    out: list[Suspect] = []
+    where = f"the collective the other {dominant.size} rank(s) wait in" if dominant.in_collective else None
+    for g, doc in sorted(zip(groups, docs), key=lambda gd: gd[0].size):
+        if g is dominant or (g.in_collective and not dominant.in_collective):
             continue  # ranks in a collective while the majority is not: they wait for the majority
         shown = doc["distinct_frames"][:3] or doc["main_frames"][:3]
-        if where and not g["in_collective"]:
+        if where and not g.in_collective:
             why = f"not in {where}: " + " <- ".join(shown)
         else:
-            why = f"stack differs from the {dominant['size']} rank(s) of group {dominant['id']}: " + " <- ".join(shown)
-        for i in sorted(g["members"], key=lambda i: dumped[i]["rank"]):
+            why = f"stack differs from the {dominant.size} rank(s) of group {dominant.id}: " + " <- ".join(shown)
+        for i in sorted(g.members, key=lambda i: dumped[i]["rank"]):
             r = dumped[i]
-            out.append({"rank": r["rank"], "node": r["node"], "pid": r["pid"], "group": g["id"],
+            out.append({"rank": r["rank"], "node": r["node"], "pid": r["pid"], "group": g.id,
                         "source": "stacks", "why": why, "frames": _with_lines(r)})
     return out
 
 
-def _flight_suspects(fr: dict, ranks: list[dict], already: set[int]) -> list[dict]:
+def _flight_suspects(fr: FlightDivergence, ranks: list[RankDoc], already: set[int]) -> list[Suspect]:
     where = {r["rank"]: r for r in ranks}
-    out = []
+    out: list[Suspect] = []
     for rank, why in sorted(fr["suspects"].items()):
         if rank in already:
             continue
@@ -300,7 +318,9 @@ def _flight_suspects(fr: dict, ranks: list[dict], already: set[int]) -> list[dic
     return out
 
 
-def _problems(*, ranks, undumped, nodes, missing, dups, worlds, dominant_why, dominant, scope) -> list[str]:
+def _problems(*, ranks: list[RankDoc], undumped: list[Undumped], nodes: list[NodeOutline], missing: list[int],
+              dups: list[DuplicateRank], worlds: set[int], dominant_why: str, dominant: StackGroup | None,
+              scope: str) -> list[str]:
     out = []
     if not ranks:
         out.append("no rank process was found" + (" on any node" if scope == "job" else ""))
@@ -328,28 +348,29 @@ def _problems(*, ranks, undumped, nodes, missing, dups, worlds, dominant_why, do
     return out
 
 
-def _waiting_for_the_majority(groups: list[dict], dominant: dict | None) -> str | None:
+def _waiting_for_the_majority(groups: list[StackGroup], dominant: StackGroup | None) -> str | None:
     """When the majority is outside any collective and some ranks wait in one, those ranks wait
     for the majority: a stall of the whole job (data loading, a shared filesystem), which
     stacks do not localize to a rank."""
-    if dominant is None or dominant["in_collective"]:
+    if dominant is None or dominant.in_collective:
         return None
-    waiting = sum(g["size"] for g in groups if g is not dominant and g["in_collective"])
+    waiting = sum(g.size for g in groups if g is not dominant and g.in_collective)
     if not waiting:
         return None
-    top = dominant["main_frames"][0] if dominant["main_frames"] else "?"
-    return (f"the majority ({dominant['size']} ranks) is outside any collective, in {top}, and {waiting} rank(s) "
+    top = dominant.main_frames[0] if dominant.main_frames else "?"
+    return (f"the majority ({dominant.size} ranks) is outside any collective, in {top}, and {waiting} rank(s) "
             "wait in a collective for them: a stall of the whole job, not of one rank")
 
 
-def analyze(ranks: list[dict], nodes: list[dict] | None = None, *, topology: Topology | None = None,
-            scope: str = "job") -> dict[str, Any]:
+def analyze(ranks: list[RankDoc], nodes: list[NodeOutline] | None = None, *, topology: Topology | None = None,
+            scope: str = "job") -> Analysis:
     """The analysis document's body (see the module text). scope "local": one node's ranks, so
     ranks of the world found elsewhere are not missing."""
     nodes = nodes or []
     dumped = [r for r in ranks if r.get("status") == "dumped" and r.get("threads")]
-    undumped = [{"rank": r["rank"], "node": r["node"], "pid": r["pid"], "error": r.get("error") or "no stacks"}
-                for r in ranks if not (r.get("status") == "dumped" and r.get("threads"))]
+    undumped: list[Undumped] = [{"rank": r["rank"], "node": r["node"], "pid": r["pid"],
+                                 "error": r.get("error") or "no stacks"}
+                                for r in ranks if not (r.get("status") == "dumped" and r.get("threads"))]
     dups, worlds, world = _identity(ranks)
     missing = sorted(set(range(world)) - {r["rank"] for r in ranks}) if world is not None else []
     groups = group_ranks(dumped)
@@ -379,17 +400,18 @@ def analyze(ranks: list[dict], nodes: list[dict] | None = None, *, topology: Top
         "problems": problems,
         "world_size": world, "ranks_found": len(ranks), "ranks_dumped": len(dumped),
         "missing_ranks": missing if scope == "job" else [], "duplicate_ranks": dups,
-        "dominant_group": dominant["id"] if dominant else None, "dominant_why": dominant_why,
+        "dominant_group": dominant.id if dominant else None, "dominant_why": dominant_why,
         "groups": docs, "suspects": suspects, "suspect_nodes": suspect_nodes,
         "evict_nodes": evict["evict_nodes"] if evict else suspect_nodes,
         "topology": evict, "undumped": undumped,
-        "flight_recorder": {k: v for k, v in fr.items() if k != "suspects"},
+        "flight_recorder": {"ranks_with_data": fr["ranks_with_data"], "groups": fr["groups"]},
         "nodes": nodes,
         "uncollected_nodes": fold(n["node"] for n in nodes if n.get("status") in BAD_NODE_STATUSES),
     }
 
 
-def _summary(status, suspects, suspect_nodes, problems, groups, dumped, scope) -> str:
+def _summary(status: str, suspects: list[Suspect], suspect_nodes: str, problems: list[str],
+             groups: list[StackGroup], dumped: list[RankDoc], scope: str) -> str:
     if status == "suspects":
         first = suspects[0]
         where = f" on {first['node']}" if first["node"] else ""
@@ -399,15 +421,15 @@ def _summary(status, suspects, suspect_nodes, problems, groups, dumped, scope) -
                 f"suspect nodes: {suspect_nodes}{tail}")
     if status == "could-not-judge":
         return "could not judge: " + "; ".join(problems)
-    top = groups[0]["main_frames"][:1] if groups else []
+    top = groups[0].main_frames[:1] if groups else []
     where = f" (every one in {top[0]})" if top else ""
     who = "ranks on this node" if scope == "local" else "ranks"
     return (f"all {len(dumped)} {who} agree{where}: their stacks cannot localize this hang; "
             "find the bad node with a group test: gpucheck bisect NODESET")
 
 
-def document(report: dict[str, Any], *, source: dict[str, Any], started: float,
-             interrupted: str | None = None, now: float | None = None) -> dict[str, Any]:
+def document(report: Analysis, *, source: Source, started: float,
+             interrupted: str | None = None, now: float | None = None) -> HangDocument:
     """The versioned `gpucheck.hang` document around an analysis. An interrupted collection is
     never a judgement of the whole job: exit 3, whatever the ranks collected show."""
     import time
@@ -415,11 +437,12 @@ def document(report: dict[str, Any], *, source: dict[str, Any], started: float,
     from ..core.verdict import iso_utc
 
     now = time.time() if now is None else now
-    doc = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "gpucheck_version": __version__,
-           "time": iso_utc(started), "duration_s": round(now - started, 3), "source": source,
-           "interrupted": interrupted, **report}
+    doc: HangDocument = {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "gpucheck_version": __version__,
+                         "time": iso_utc(started), "duration_s": round(now - started, 3), "source": source,
+                         "interrupted": interrupted, **report}
     if interrupted:
         why = f"interrupted ({interrupted}) before every node answered"
         doc["problems"] = [why, *report["problems"]]
-        doc.update(status="could-not-judge", exit_code=3, summary=f"could not judge: {why}; " + report["summary"])
+        doc["status"], doc["exit_code"] = "could-not-judge", 3
+        doc["summary"] = f"could not judge: {why}; " + report["summary"]
     return doc

@@ -16,11 +16,12 @@ import re
 import shlex
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, cast
 
 from ..platform.safeio import loads_json
 from ..platform.snippets import SNIPPET, last_line, snippet
 from .local import NODE_SCHEMA
+from .model import NodeDoc, NodeOutline, RankDoc
 
 NODE_STATUSES = ("ok", "partial", "error", "no-processes", "interrupted")
 _VERSION = re.compile(r"1\.\d+")
@@ -107,7 +108,7 @@ def _check_process(p: Any, i: int) -> None:
     _check_flight(p.get("flight"), where)
 
 
-def parse_node_doc(text: str) -> tuple[dict[str, Any] | None, str]:
+def parse_node_doc(text: str) -> tuple[NodeDoc | None, str]:
     """(document, "") when `text` is one valid gpucheck.hang.node document, else (None, why)."""
     s = text.strip()
     if not s:
@@ -119,7 +120,10 @@ def parse_node_doc(text: str) -> tuple[dict[str, Any] | None, str]:
     return validate_node_doc(doc)
 
 
-def validate_node_doc(doc: Any) -> tuple[dict[str, Any] | None, str]:
+def validate_node_doc(doc: Any) -> tuple[NodeDoc | None, str]:
+    """(document, "") when `doc` (parsed JSON) is a gpucheck.hang.node document whose node,
+    status, reason and processes (their pid, rank, status, world size, error, threads and frames,
+    flight-recorder summary) are what the analysis reads, else (None, why)."""
     if not isinstance(doc, dict) or doc.get("schema") != NODE_SCHEMA:
         return None, f"not a hang document: {snippet(json.dumps(doc)[:SNIPPET * 2])}"
     version = str(doc.get("schema_version", ""))
@@ -135,7 +139,7 @@ def validate_node_doc(doc: Any) -> tuple[dict[str, Any] | None, str]:
             _check_process(p, i)
     except Malformed as e:
         return None, f"malformed hang document: {e}"
-    return doc, ""
+    return cast(NodeDoc, doc), ""  # the checks above hold what the analysis reads
 
 
 # -- node outcomes --------------------------------------------------------------------------------
@@ -146,17 +150,17 @@ class NodeResult:
     status: str  # ok partial error no-processes interrupted unreachable timeout
     reason: str = ""
     duration_s: float = 0.0
-    ranks: list[dict[str, Any]] = field(default_factory=list)  # the processes, each with its node
-    doc: dict[str, Any] | None = None
+    ranks: list[RankDoc] = field(default_factory=list)  # the processes, each with its node
+    doc: NodeDoc | None = None
 
-    def outline(self) -> dict[str, Any]:
+    def outline(self) -> NodeOutline:
         return {"node": self.node, "status": self.status, "reason": self.reason, "duration_s": self.duration_s,
                 "ranks": sorted(r["rank"] for r in self.ranks),
-                "skipped": (self.doc or {}).get("skipped_count", 0)}
+                "skipped": self.doc.get("skipped_count", 0) if self.doc is not None else 0}
 
 
-def from_doc(node: str, doc: dict[str, Any], duration_s: float = 0.0) -> NodeResult:
-    ranks = [{**p, "node": node} for p in doc["processes"]]
+def from_doc(node: str, doc: NodeDoc, duration_s: float = 0.0) -> NodeResult:
+    ranks: list[RankDoc] = [{**p, "node": node} for p in doc["processes"]]
     return NodeResult(node=node, status=doc["status"], reason=doc.get("reason", ""), duration_s=duration_s,
                       ranks=ranks, doc=doc)
 

@@ -25,6 +25,8 @@ import re
 import stat
 from typing import Any
 
+from .model import FlightSummary, PgSummary
+
 DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
 FLIGHT_MAX_BYTES = 256 << 20
 OPS_KEPT = 16  # the last collectives of each process group kept in the summary
@@ -119,16 +121,17 @@ def _pg_ranks(doc: dict[str, Any], name: str, desc: str) -> list[int] | None:
     return None
 
 
-def summarize(doc: dict[str, Any]) -> dict[str, Any]:
+def summarize(doc: dict[str, Any]) -> FlightSummary:
     """Per process group: the last collective this rank entered, and the last OPS_KEPT (seq, op)."""
-    pgs: dict[str, dict[str, Any]] = {}
+    pgs: dict[str, PgSummary] = {}
+    ops: dict[str, dict[int, str]] = {}  # per process group: sequence number -> collective
     for e in doc["entries"]:
         if not isinstance(e, dict):
             continue
         pgt = e.get("process_group")
         name = str(pgt[0]) if isinstance(pgt, (list, tuple)) and pgt else str(e.get("pg_id", "?"))
         desc = str(pgt[1]) if isinstance(pgt, (list, tuple)) and len(pgt) > 1 else ""
-        pg = pgs.setdefault(name, {"desc": desc, "ranks": _pg_ranks(doc, name, desc), "ops": {}, "last_seq": None,
+        pg = pgs.setdefault(name, {"desc": desc, "ranks": _pg_ranks(doc, name, desc), "ops": [], "last_seq": None,
                                    "last_op": None, "last_state": None, "last_p2p_seq": None, "last_p2p_op": None})
         op = str(e.get("profiling_name", "?"))
         if e.get("is_p2p"):
@@ -139,15 +142,16 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
         seq = _int(e.get("collective_seq_id"))
         if seq is None:
             continue
-        pg["ops"][seq] = op
+        ops.setdefault(name, {})[seq] = op
         if pg["last_seq"] is None or seq >= pg["last_seq"]:
             pg["last_seq"], pg["last_op"], pg["last_state"] = seq, op, str(e.get("state", "?"))
-    for pg in pgs.values():
-        pg["ops"] = [[s, pg["ops"][s]] for s in sorted(pg["ops"])[-OPS_KEPT:]]
+    for name, by_seq in ops.items():
+        pgs[name]["ops"] = [[s, by_seq[s]] for s in sorted(by_seq)[-OPS_KEPT:]]
     return {"version": str(doc.get("version", "?")), "entries": len(doc["entries"]), "pgs": pgs}
 
 
-def read_rank(prefix: str, rank: int, *, owner_uid: int | None, not_before: float | None) -> tuple[dict | None, str | None]:
+def read_rank(prefix: str, rank: int, *, owner_uid: int | None,
+              not_before: float | None) -> tuple[FlightSummary | None, str | None]:
     """(summary, None), (None, None) when this rank wrote no dump, or (None, why it was not used)."""
     path = f"{prefix}{rank}"
     try:

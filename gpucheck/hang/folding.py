@@ -29,9 +29,10 @@ def fold(nodes: Iterable[str]) -> str:
     for (prefix, suffix, pad), numbers in runs.items():
         numbers.sort()
         spans, start = [], numbers[0]
-        for a, b in zip(numbers, numbers[1:] + [None]):
+        for a, b in zip(numbers, [*numbers[1:], None]):
             if b != a + 1:
                 spans.append(f"{start:0{pad}d}" + (f"-{a:0{pad}d}" if a != start else ""))
-                start = b
+                if b is not None:
+                    start = b
         parts.append(f"{prefix}[{','.join(spans)}]{suffix}")
     return str(NodeSet(",".join(sorted(parts)))) if parts else ""

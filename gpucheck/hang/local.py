@@ -15,10 +15,10 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 from .. import __version__
 from . import flight, procs, pyspy
+from .model import NodeDoc, ProcessDoc
 
 NODE_SCHEMA = "gpucheck.hang.node"
 NODE_SCHEMA_VERSION = "1.0"
@@ -72,8 +72,8 @@ def _proc_state(pid: int, proc_root: str) -> str:
 
 
 def _dump_one(rank: procs.RankProc, opts: LocalOptions, py_spy: str | None, refusal: str | None,
-              children: pyspy.Children) -> dict[str, Any]:
-    entry: dict[str, Any] = {
+              children: pyspy.Children) -> ProcessDoc:
+    entry: ProcessDoc = {
         "pid": rank.pid, "rank": rank.rank, "rank_from": rank.rank_from, "local_rank": rank.local_rank,
         "world_size": rank.world_size, "group_rank": rank.group_rank, "cmdline": rank.cmdline,
         "status": "error", "error": refusal, "attempts": 0, "duration_s": 0.0, "threads": [],
@@ -82,13 +82,15 @@ def _dump_one(rank: procs.RankProc, opts: LocalOptions, py_spy: str | None, refu
     if refusal is None and py_spy is not None:
         got = pyspy.dump_process(py_spy, rank.pid, timeout_s=opts.dump_timeout_s, native=opts.native,
                                  children=children)
-        entry.update(attempts=got["attempts"], duration_s=got["duration_s"])
+        entry["attempts"], entry["duration_s"] = got["attempts"], got["duration_s"]
         if "threads" in got:
-            entry.update(status="dumped", error=None, threads=[t.to_dict() for t in got["threads"]])
+            entry["status"], entry["error"] = "dumped", None
+            entry["threads"] = [t.to_dict() for t in got["threads"]]
         else:
-            entry["error"] = got["error"]
+            error = got.get("error", "not dumped")
             if opts.native and _proc_state(rank.pid, opts.proc_root) in ("T", "t"):
-                entry["error"] += "; the process is left stopped (ptrace): it needs SIGCONT"
+                error += "; the process is left stopped (ptrace): it needs SIGCONT"
+            entry["error"] = error
     if opts.flight:
         prefix = flight.prefix_for(rank.environ, opts.flight_prefix)
         entry["flight"], entry["flight_note"] = flight.read_rank(prefix, rank.rank, owner_uid=rank.uid,
@@ -96,7 +98,7 @@ def _dump_one(rank: procs.RankProc, opts: LocalOptions, py_spy: str | None, refu
     return entry
 
 
-def _status(entries: list[dict[str, Any]], interrupted: bool) -> tuple[str, str]:
+def _status(entries: list[ProcessDoc], interrupted: bool) -> tuple[str, str]:
     failed = [e for e in entries if e["status"] != "dumped"]
     if interrupted:
         return "interrupted", f"interrupted: {len(entries) - len(failed)} of {len(entries)} rank process(es) dumped"
@@ -111,7 +113,7 @@ def _status(entries: list[dict[str, Any]], interrupted: bool) -> tuple[str, str]
     return "partial", f"{len(failed)} of {len(entries)} rank process(es) not dumped: {why}"
 
 
-def collect_node(opts: LocalOptions, children: pyspy.Children | None = None) -> dict[str, Any]:
+def collect_node(opts: LocalOptions, children: pyspy.Children | None = None) -> NodeDoc:
     """This node's `gpucheck.hang.node` document."""
     t0 = time.time()
     children = children or pyspy.Children()

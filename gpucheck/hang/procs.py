@@ -26,6 +26,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from .model import SkippedProc
+
 # (rank, local rank, world size) variables of one launcher, in order of preference.
 RANK_SOURCES: tuple[tuple[str, str | None, str | None], ...] = (
     ("RANK", "LOCAL_RANK", "WORLD_SIZE"),
@@ -82,7 +84,7 @@ class RankProc:
 @dataclass
 class Selection:
     ranks: list[RankProc]
-    skipped: list[dict]  # {"pid", "why", "cmdline"}: matched but not dumped, and why
+    skipped: list[SkippedProc]  # matched but not dumped, and why
     by: str  # cmdline | cgroup | environ
 
 
@@ -271,14 +273,14 @@ def select_ranks(procs: list[ProcInfo], *, match: re.Pattern | None = None, job:
     collector's, the hostname); a job process whose SLURMD_NODENAME is none of them runs on another
     node of the job (several slurmd on one host). `exclude`: our own process and its ancestors (a
     gpucheck step started in the job by srun is in the job too)."""
-    node = frozenset([node] if isinstance(node, str) else (node or ()))
+    names = frozenset([node] if isinstance(node, str) else (node or ()))
     if (match is None) == (job is None):
         raise ValueError("select by exactly one of match and job")
     by_cgroup = job is not None and any(p.cgroup_jobs for p in procs)
     by = "cmdline" if match is not None else ("cgroup" if by_cgroup else "environ")
-    skipped: list[dict] = []
+    skipped: list[SkippedProc] = []
     members = [p for p in procs if p.pid not in exclude
-               and _belongs(p, match=match, job=job, node=node, by_cgroup=by_cgroup)]
+               and _belongs(p, match=match, job=job, node=names, by_cgroup=by_cgroup)]
     ranked: dict[int, tuple[ProcInfo, dict]] = {}
     for p in members:
         if not (is_python_exe(p.exe) or p.maps_python):
@@ -321,7 +323,7 @@ def _helpers_and_launchers(procs: list[ProcInfo], ranked: dict[int, tuple[ProcIn
     return helpers, launchers
 
 
-def _skip(p: ProcInfo, why: str) -> dict:
+def _skip(p: ProcInfo, why: str) -> SkippedProc:
     return {"pid": p.pid, "why": why, "cmdline": shown_cmdline(p.cmdline)}
 
 

@@ -18,7 +18,9 @@ import sysconfig
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+from .model import FrameDoc, ThreadDoc
 
 from ..platform.processes import kill_group
 from ..platform.safeio import loads_json
@@ -37,7 +39,7 @@ class Frame:
     file: str
     line: int | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FrameDoc:
         return {"function": self.function, "file": self.file, "line": self.line}
 
 
@@ -49,7 +51,7 @@ class Thread:
     active: bool | None
     frames: list[Frame] = field(default_factory=list)  # innermost first, as py-spy prints them
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ThreadDoc:
         return {"name": self.name, "tid": self.tid, "main": self.main, "active": self.active,
                 "frames": [f.to_dict() for f in self.frames]}
 
@@ -167,8 +169,20 @@ def _error_line(err: str, rc: int | None) -> str:
     return text[:300]
 
 
+class _Dumped(TypedDict, total=False):
+    threads: list[Thread]  # dumped
+    error: str  # not dumped: why
+
+
+class DumpOutcome(_Dumped):
+    """What dump_process did: the threads, or why not; after how many tries and how long."""
+
+    attempts: int
+    duration_s: float
+
+
 def dump_process(py_spy: str, pid: int, *, timeout_s: float, native: bool, children: Children,
-                 attempts: int = DUMP_ATTEMPTS) -> dict[str, Any]:
+                 attempts: int = DUMP_ATTEMPTS) -> DumpOutcome:
     """Dump one process: {"threads": [...], "attempts", "duration_s"} or {"error", ...}."""
     t0 = time.monotonic()
     why = "not tried"

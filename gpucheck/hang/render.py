@@ -5,9 +5,10 @@ node set is never wrapped: it is pasted into scontrol)."""
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import click
+
+from .model import GroupDoc, HangDocument
 
 STACK_SHOWN = 4
 ROWS_SHOWN = 20
@@ -27,7 +28,7 @@ def rank_ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
-def _stack_text(g: dict[str, Any]) -> str:
+def _stack_text(g: GroupDoc) -> str:
     if g["dominant"] or not g["distinct_frames"]:
         frames = g["main_frames"][:STACK_SHOWN]
         more = " <- ..." if len(g["main_frames"]) > STACK_SHOWN else ""
@@ -42,7 +43,7 @@ def _stack_text(g: dict[str, Any]) -> str:
     return text
 
 
-def _groups_table(doc: dict[str, Any]) -> None:
+def _groups_table(doc: HangDocument) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -65,7 +66,7 @@ def _groups_table(doc: dict[str, Any]) -> None:
         click.echo(f"... {len(doc['groups']) - ROWS_SHOWN} more group(s) (--json has them all)")
 
 
-def _suspect_lines(doc: dict[str, Any]) -> None:
+def _suspect_lines(doc: HangDocument) -> None:
     if not doc["suspects"]:
         return
     click.echo("suspects:")
@@ -78,7 +79,7 @@ def _suspect_lines(doc: dict[str, Any]) -> None:
         click.echo(f"  ... {len(doc['suspects']) - ROWS_SHOWN} more suspect(s) (--json has them all)")
 
 
-def _flight_lines(doc: dict[str, Any]) -> None:
+def _flight_lines(doc: HangDocument) -> None:
     fr = doc["flight_recorder"]
     if not fr["ranks_with_data"]:
         return
@@ -98,7 +99,7 @@ def _flight_lines(doc: dict[str, Any]) -> None:
             click.echo(f"  {label}: no dump from rank(s) {rank_ranges(pg['no_data'])}")
 
 
-def _topology_lines(doc: dict[str, Any]) -> None:
+def _topology_lines(doc: HangDocument) -> None:
     t = doc["topology"]
     if not t:
         return
@@ -114,7 +115,7 @@ def _topology_lines(doc: dict[str, Any]) -> None:
         click.echo(f"  ranks of those groups on nodes not collected: {rank_ranges(t['ranks_without_node'])}")
 
 
-def print_report(doc: dict[str, Any]) -> None:
+def print_report(doc: HangDocument) -> None:
     ngroups = len(doc["groups"])
     click.echo(f"hang: {doc['ranks_dumped']} of {doc['ranks_found']} rank process(es) dumped on "
                f"{len(doc['nodes'])} node(s), {ngroups} stack group(s)"

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+
+from .model import EvictGroup, EvictPlan
 
 DIMENSIONS = ("tp", "cp", "dp", "pp")
 DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
@@ -48,7 +49,7 @@ class MegatronSpec:
 def parse_spec(text: str) -> MegatronSpec:
     """`tp=8,pp=4[,cp=2][,dp=16][,order=tp-cp-dp-pp]` -> MegatronSpec; TopologyError otherwise."""
     sizes: dict[str, int] = {}
-    order = DEFAULT_ORDER
+    order: tuple[str, ...] = DEFAULT_ORDER
     for part in (p.strip() for p in text.split(",")):
         key, eq, value = part.partition("=")
         key, value = key.strip().lower(), value.strip()
@@ -133,12 +134,12 @@ def load_groups(path: str) -> Topology:
     return Topology(source=path, dims=dims)
 
 
-def evict_plan(topology: Topology, suspects: list[int], node_of: dict[int, str]) -> dict[str, Any]:
+def evict_plan(topology: Topology, suspects: list[int], node_of: dict[int, str]) -> EvictPlan:
     """The suspects' parallel groups in every dimension and the nodes to evict (module text)."""
     from .folding import fold
 
     wanted = set(suspects)
-    dims_doc: dict[str, list[dict]] = {}
+    dims_doc: dict[str, list[EvictGroup]] = {}
     choices = []
     for order, (dim, groups) in enumerate(topology.dims.items()):
         holding = [(i, g) for i, g in enumerate(groups) if wanted.intersection(g)]

@@ -53,7 +53,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, TypedDict
 
 from . import processes
 from .nodeset import check_node_name
@@ -91,6 +91,13 @@ class SshSettings:
 class SrunSettings:
     srun_path: str = "srun"
     extra_args: list[str] = field(default_factory=list)
+
+
+class RunnerSettings(TypedDict):
+    """How run_nodes reaches the nodes: its `ssh` and `srun` keyword arguments (**settings)."""
+
+    ssh: SshSettings
+    srun: SrunSettings
 
 
 def clush_config() -> dict[str, str]:

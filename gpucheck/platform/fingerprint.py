@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib.metadata as md
 import platform
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .telemetry.model import Snapshot
 
 
 def _dist_version(*names: str) -> str | None:
@@ -26,12 +29,11 @@ def _cuda_pkg_version(prefix: str) -> str | None:
     return _dist_version(f"{prefix}-cu13", f"{prefix}-cu12", f"{prefix}-cu11", prefix)
 
 
-def software_fingerprint(snapshot: dict[str, Any] | None = None) -> dict[str, str | None]:
-    snap = snapshot or {}
+def software_fingerprint(snapshot: "Snapshot | None" = None) -> dict[str, str | None]:
     fp: dict[str, str | None] = {
-        "driver": snap.get("driver_version"),
-        "cuda_driver": snap.get("cuda_driver_version"),
-        "nvml": snap.get("nvml_version"),
+        "driver": snapshot.get("driver_version") if snapshot else None,
+        "cuda_driver": snapshot.get("cuda_driver_version") if snapshot else None,
+        "nvml": snapshot.get("nvml_version") if snapshot else None,
         "torch": _dist_version("torch"),
         "cuda_runtime": _cuda_pkg_version("nvidia-cuda-runtime"),
         "cublas": _cuda_pkg_version("nvidia-cublas"),

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
+
+from ..core.result import ResultEntry, Status
+from ..core.verdict import Verdict
 
 # Worst first when folding a cell (higher wins). Sweep node states rank above any check status.
 RANK = {"skip": 0, "pass": 1, "warn": 2, "unexamined": 3, "error": 4, "timeout": 5, "unreachable": 6, "fail": 7}
@@ -20,11 +23,10 @@ CAUSE_ORDER = ("fail", "error", "unexamined", "warn", "skip")
 NODE_COLUMN = "node"
 
 
-def status_key(result: Mapping[str, Any]) -> str:
+def status_key(result: ResultEntry) -> str:
     """A result's status for a grid: its status, or `unexamined` for a skip the run was asked
     to examine (exit 3)."""
-    status = str(result.get("status", "error"))
-    return "unexamined" if status == "skip" and result.get("unexamined") else status
+    return "unexamined" if result.status is Status.SKIP and result.unexamined else result.status.value
 
 
 def fold(statuses: Iterable[str]) -> str:
@@ -32,9 +34,8 @@ def fold(statuses: Iterable[str]) -> str:
     return max(statuses, key=lambda s: RANK.get(s, RANK["error"]), default="skip")
 
 
-def column_of(result: Mapping[str, Any]) -> str:
-    gpu = result.get("gpu")
-    return f"gpu{gpu}" if isinstance(gpu, int) and not isinstance(gpu, bool) else NODE_COLUMN
+def column_of(result: ResultEntry) -> str:
+    return f"gpu{result.gpu}" if result.gpu is not None else NODE_COLUMN
 
 
 def _column_order(column: str) -> tuple[int, int]:
@@ -51,16 +52,18 @@ class VerdictGrid:
         return self.cells.get((check, column))
 
 
-def verdict_grid(verdict: Mapping[str, Any]) -> VerdictGrid:
+def _check_order(verdict: Verdict) -> list[str]:
+    """The verdict's checks in its order, then any check that has results but no entry."""
+    order = [c.id for c in verdict.checks]
+    return order + list(dict.fromkeys(r.check for r in verdict.results if r.check not in order))
+
+
+def verdict_grid(verdict: Verdict) -> VerdictGrid:
     """The check x GPU grid of a verdict."""
-    results = [r for r in verdict.get("results", []) if isinstance(r, Mapping)]
-    order = [str(c.get("id")) for c in verdict.get("checks", []) if isinstance(c, Mapping)]
-    for r in results:
-        if str(r.get("check")) not in order:
-            order.append(str(r.get("check")))
+    order = _check_order(verdict)
     seen: dict[tuple[str, str], list[str]] = {}
-    for r in results:
-        seen.setdefault((str(r.get("check")), column_of(r)), []).append(status_key(r))
+    for r in verdict.results:
+        seen.setdefault((r.check, column_of(r)), []).append(status_key(r))
     columns = sorted({col for _, col in seen}, key=_column_order)
     checks = [c for c in order if any((c, col) in seen for col in columns)]
     return VerdictGrid(checks, columns, {k: fold(v) for k, v in seen.items()})
@@ -82,20 +85,17 @@ class Cause:
         return f"{','.join(self.subjects)} {','.join(self.checks)}"
 
 
-def causes(verdict: Mapping[str, Any], *, include_pass: bool = False) -> list[Cause]:
+def causes(verdict: Verdict, *, include_pass: bool = False) -> list[Cause]:
     """The results that are not a pass, folded into causes, most severe first (the verdict's
     order within a status)."""
     out: dict[tuple[str, str, str, tuple[str, ...]], Cause] = {}
-    for r in verdict.get("results", []):
-        if not isinstance(r, Mapping):
-            continue
+    for r in verdict.results:
         key_status = status_key(r)
         if key_status == "pass" and not include_pass:
             continue
-        key = (key_status, str(r.get("summary", "")), str(r.get("action", "none")),
-               tuple(str(i) for i in r.get("injected") or ()))
+        key = (key_status, r.summary, r.action.value, r.injected)
         cause = out.setdefault(key, Cause(*key))
-        check, subject = str(r.get("check")), str(r.get("subject") or NODE_COLUMN)
+        check, subject = r.check, r.subject or NODE_COLUMN
         if check not in cause.checks:
             cause.checks.append(check)
         if subject not in cause.subjects:
@@ -104,17 +104,15 @@ def causes(verdict: Mapping[str, Any], *, include_pass: bool = False) -> list[Ca
     return sorted(out.values(), key=lambda c: rank.get(c.status, len(rank)))
 
 
-def check_marks(verdict: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+def check_marks(verdict: Verdict) -> tuple[tuple[str, str], ...]:
     """(check, folded status) per check of a verdict, in its order: what a sweep keeps of a
     node's verdict for its node x check grid."""
     worst: dict[str, str] = {}
-    for r in verdict.get("results", []):
-        if not isinstance(r, Mapping):
-            continue
-        check, status = str(r.get("check")), status_key(r)
+    for r in verdict.results:
+        check, status = r.check, status_key(r)
         if check not in worst or RANK.get(status, RANK["error"]) > RANK.get(worst[check], RANK["error"]):
             worst[check] = status
-    order = [str(c.get("id")) for c in verdict.get("checks", []) if isinstance(c, Mapping)]
+    order = [c.id for c in verdict.checks]
     checks = [c for c in order if c in worst] + [c for c in worst if c not in order]
     return tuple((sys.intern(c), sys.intern(worst[c])) for c in dict.fromkeys(checks))  # interned: shared by nodes
 

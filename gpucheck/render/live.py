@@ -17,7 +17,7 @@ class LiveStatus:
 
     def __init__(self) -> None:
         self.console = make_console(sys.stderr)
-        self._status = None
+        self._status: Any = None  # rich's Status, made at the first check
         self._current = ""
         self._detail: dict[str, str] = {}
 

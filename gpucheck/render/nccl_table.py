@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from ..core.verdict import Verdict
 from .console import STYLES, line, make_console, styled
 
 HEADER = ("#       size         count      type   redop      time     algbw     busbw  #wrong",
@@ -71,20 +72,16 @@ def run_tables(outcome: Mapping[str, Any]) -> list[Any]:
     return out
 
 
-def intra_tables(verdict: Mapping[str, Any]) -> list[Any]:
+def intra_tables(verdict: Verdict) -> list[Any]:
     """The nccl-tests table of each `nccl.intra` result of a verdict that has a size sweep."""
     out: list[Any] = []
-    for r in verdict.get("results", []):
-        if not isinstance(r, Mapping) or r.get("check") != "nccl.intra":
+    for r in verdict.results:
+        sweep = r.metric_value("sweep")
+        if r.check != "nccl.intra" or not isinstance(sweep, list) or not sweep:
             continue
-        metrics = r.get("metrics") or {}
-        sweep = (metrics.get("sweep") or {}).get("value")
-        if not isinstance(sweep, list) or not sweep:
-            continue
-        op = str(r.get("subject", "")).partition("/")[2] or "collective"
-        ranks = (metrics.get("ranks") or {}).get("value")
-        backend = (metrics.get("backend") or {}).get("value")
-        out += table_lines(op, sweep, f"nccl.intra, {ranks} ranks, {backend}")
+        op = r.subject.partition("/")[2] or "collective"
+        rows = [row for row in sweep if isinstance(row, dict)]
+        out += table_lines(op, rows, f"nccl.intra, {r.metric_value('ranks')} ranks, {r.metric_value('backend')}")
     return out
 
 

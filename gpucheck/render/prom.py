@@ -11,9 +11,11 @@ import math
 import re
 from typing import Any
 
+from ..core.result import Status
+from ..core.verdict import Verdict
 from ..platform.safeio import write_output
 
-_STATUS_VALUE = {"pass": 0, "warn": 1, "fail": 2, "error": 3, "skip": -1}
+_STATUS_VALUE = {Status.PASS: 0, Status.WARN: 1, Status.FAIL: 2, Status.ERROR: 3, Status.SKIP: -1}
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
 
 
@@ -30,38 +32,35 @@ def _labels(**kw: Any) -> str:
     return "{" + ",".join(f'{k}="{_label(v)}"' for k, v in kw.items() if v is not None) + "}"
 
 
-def render(verdict: dict[str, Any]) -> str:
-    host = verdict["host"]
+def render(verdict: Verdict) -> str:
+    host = verdict.host
     lines = [
         "# HELP gpucheck_verdict_status Overall node status: 0 pass, 1 warn, 2 fail, 3 error, -1 skip.",
         "# TYPE gpucheck_verdict_status gauge",
-        f'gpucheck_verdict_status{_labels(host=host, level=verdict["level"], action=verdict["action"])} '
-        f'{_STATUS_VALUE[verdict["status"]]}',
+        f'gpucheck_verdict_status{_labels(host=host, level=int(verdict.level), action=verdict.action.value)} '
+        f'{_STATUS_VALUE[verdict.status]}',
         "# HELP gpucheck_verdict_timestamp_seconds Unix time of the run's end.",
         "# TYPE gpucheck_verdict_timestamp_seconds gauge",
     ]
     from datetime import datetime
 
-    end = datetime.fromisoformat(verdict["time"].replace("Z", "+00:00")).timestamp() + verdict["duration_s"]
+    end = datetime.fromisoformat(verdict.time.replace("Z", "+00:00")).timestamp() + verdict.duration_s
     lines.append(f"gpucheck_verdict_timestamp_seconds{_labels(host=host)} {end:.3f}")
     lines += [
         "# HELP gpucheck_check_status Per check and subject: 0 pass, 1 warn, 2 fail, 3 error, -1 skip.",
         "# TYPE gpucheck_check_status gauge",
     ]
     metric_lines: dict[str, list[str]] = {}
-    for r in verdict["results"]:
-        base = dict(host=host, check=r["check"], subject=r["subject"],
-                    gpu=r["gpu"] if r["gpu"] is not None else None)
-        lines.append(f"gpucheck_check_status{_labels(**base, action=r['action'])} {_STATUS_VALUE[r['status']]}")
-        for mname, m in r["metrics"].items():
-            v = m["value"]
-            if isinstance(v, bool):
-                v = int(v)
+    for r in verdict.results:
+        base = dict(host=host, check=r.check, subject=r.subject, gpu=r.gpu)
+        lines.append(f"gpucheck_check_status{_labels(**base, action=r.action.value)} {_STATUS_VALUE[r.status]}")
+        for mname, m in r.metrics.items():
+            v = int(m.value) if isinstance(m.value, bool) else m.value
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 continue
             name = "gpucheck_metric_" + _metric_name(mname)
-            if m.get("unit") and m["unit"] not in ("count", ""):
-                name += "_" + _metric_name(m["unit"])
+            if m.unit not in ("count", ""):
+                name += "_" + _metric_name(m.unit)
             metric_lines.setdefault(name, []).append(f"{name}{_labels(**base)} {v}")
     for name in sorted(metric_lines):
         lines.append(f"# TYPE {name} gauge")
@@ -69,5 +68,5 @@ def render(verdict: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_prom(path: str, verdict: dict[str, Any]) -> None:
+def write_prom(path: str, verdict: Verdict) -> None:
     write_output(path, render(verdict))

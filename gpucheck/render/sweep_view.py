@@ -5,8 +5,9 @@ one folded node set (never wrapped: it is pasted into scontrol), interruption.""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
+from ..core.documents import SweepReport
 from .console import MARKS, NO_RESULT, STYLES, line, make_console, mark, plain, styled
 from .grid import RANK, sweep_grid
 from .terminal import joined, wrapped
@@ -16,7 +17,7 @@ WORST_CAUSES = 8
 STATUS_W = len("UNREACHABLE")
 
 
-def print_sweep(outcomes: list[Any], report: Mapping[str, Any], strict: bool, file=None, *,
+def print_sweep(outcomes: list[Any], report: SweepReport, strict: bool, file=None, *,
                 width: int | None = None, color: bool | None = None) -> None:
     """The sweep's outcomes (gpucheck.fleet.sweep.NodeOutcome) and its report (build_report)."""
     console = make_console(file, width=width, color=color)
@@ -131,11 +132,12 @@ def worst_cause_lines(outcomes: list[Any], strict: bool, width: int) -> list[Any
     return out
 
 
-def summary_lines(outcomes: list[Any], report: Mapping[str, Any], strict: bool) -> list[str]:
+def summary_lines(outcomes: list[Any], report: SweepReport, strict: bool) -> list[str]:
     """Plain lines, never wrapped: counts, bitwise, the bad nodes as one node set."""
     counts = ", ".join(f"{n} {s}" for s, n in report["counts"].items() if n)
     out = [f"{len(outcomes)} node(s) in {report['duration_s']:.1f} s: {counts}"]
-    bitwise = report["fleet"].get("bitwise", {})
+    bitwise = report["fleet"].get("bitwise")
+    bitwise = bitwise if isinstance(bitwise, dict) else {}
     if not bitwise.get("compared", False):
         out.append(f"bitwise comparison: {bitwise.get('why', 'unavailable')}")
     if report["bad"]:

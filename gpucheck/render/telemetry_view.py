@@ -72,7 +72,7 @@ def gpu_notes(g: Mapping[str, Any]) -> list[str]:
     """What stands out in one GPU entry, as short phrases."""
     notes = []
     if g.get("state") not in (None, "ok"):
-        err = g.get("error") if isinstance(g.get("error"), Mapping) else {}
+        err: Mapping[str, Any] = g["error"] if isinstance(g.get("error"), Mapping) else {}
         notes.append(f"{g.get('state')}: {err.get('message') or err.get('kind') or 'no detail'}")
     reasons = [r for r in _get(g, "clocks", "throttle_reason_names") or [] if r not in BENIGN_REASONS]
     if reasons:
@@ -98,8 +98,8 @@ def gpu_notes(g: Mapping[str, Any]) -> list[str]:
 
 
 def header_line(snap: Mapping[str, Any], path: str | None) -> Any:
-    nvml = snap.get("nvml") if isinstance(snap.get("nvml"), Mapping) else {}
-    err = nvml.get("error") if isinstance(nvml.get("error"), Mapping) else {}
+    nvml: Mapping[str, Any] = snap["nvml"] if isinstance(snap.get("nvml"), Mapping) else {}
+    err: Mapping[str, Any] = nvml["error"] if isinstance(nvml.get("error"), Mapping) else {}
     state = styled("NVML ok", STYLES["pass"]) if nvml.get("ok") else \
         styled(f"NVML unavailable: {err.get('kind')}: {err.get('message')}", STYLES["fail"])
     gpus, pci = snap.get("gpus") or [], snap.get("pci_nvidia_devices") or []
@@ -139,7 +139,7 @@ def show_lines(snap: Mapping[str, Any], path: str | None = None) -> list[Any]:
             out.append(line(styled(f"gpu{_v(g.get('index'))}", "bold"), ": ", note))
     log = snap.get("kernel_log")
     if isinstance(log, Mapping):
-        lines = log.get("lines") if isinstance(log.get("lines"), list) else []
+        lines: list[Any] = log["lines"] if isinstance(log.get("lines"), list) else []
         out.append(styled(f"kernel log: {len(lines)} NVRM/NVSwitch line(s) from {_v(log.get('source'))}"
                           + (f" ({log.get('error')})" if log.get("error") else ""), "dim"))
     return out

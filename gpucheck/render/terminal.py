@@ -9,16 +9,19 @@ one row per check, the skipped checks as one paragraph, the node line.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any
 
+from ..core.result import Action, Status
+from ..core.verdict import Verdict
 from .console import MARKS, NO_RESULT, STYLES, line, make_console, mark, styled
-from .grid import NODE_COLUMN, Cause, causes, verdict_grid
+from .grid import NODE_COLUMN, Cause, causes, status_key, verdict_grid
 
 CAUSE_INDENT = 6
-_ORDER = {"fail": 0, "error": 1, "warn": 2, "pass": 3, "skip": 4}
+_ORDER = {Status.FAIL: 0, Status.ERROR: 1, Status.WARN: 2, Status.PASS: 3, Status.SKIP: 4}
+_COUNTED = (Status.FAIL, Status.ERROR, Status.WARN, Status.PASS, Status.SKIP)  # the node line's order
 
 
-def print_verdict(verdict: Mapping[str, Any], file=None, *, verbose: bool = False, width: int | None = None,
+def print_verdict(verdict: Verdict, file=None, *, verbose: bool = False, width: int | None = None,
                   color: bool | None = None) -> None:
     """The verdict for people: the grid view, or with `verbose` one row per result."""
     console = make_console(file, width=width, color=color)
@@ -38,19 +41,18 @@ def print_verdict(verdict: Mapping[str, Any], file=None, *, verbose: bool = Fals
         console.print(text)
 
 
-def title_line(verdict: Mapping[str, Any]) -> Any:
+def title_line(verdict: Verdict) -> Any:
     """'host  8 x NVIDIA H100 80GB HBM3  driver 550.90.07'."""
-    models = Counter(str(g.get("name") or f"GPU ({g.get('state') or 'unknown'})")
-                     for g in verdict.get("gpus", []) if isinstance(g, Mapping))
-    parts = [str(verdict.get("host", "?"))]
+    models = Counter(g.name or f"GPU ({g.state or 'unknown'})" for g in verdict.gpus)
+    parts = [verdict.host]
     parts += [f"{n} x {name}" for name, n in models.items()]
-    driver = (verdict.get("software") or {}).get("driver")
+    driver = verdict.software.get("driver")
     if driver:
         parts.append(f"driver {driver}")
     return styled("  ".join(parts), "bold")
 
 
-def grid_lines(verdict: Mapping[str, Any], width: int) -> list[Any]:
+def grid_lines(verdict: Verdict, width: int) -> list[Any]:
     """The grid: a header and one row per check, the GPU columns split into blocks that fit
     `width` (each block repeats the check column; the node column is in the first)."""
     grid = verdict_grid(verdict)
@@ -75,7 +77,7 @@ def grid_lines(verdict: Mapping[str, Any], width: int) -> list[Any]:
     return out
 
 
-def cause_lines(verdict: Mapping[str, Any], width: int) -> list[Any]:
+def cause_lines(verdict: Verdict, width: int) -> list[Any]:
     """One line per cause that is not a pass or a plain skip (wrapped, continuation indented),
     then the plain skips as one paragraph: 'skipped: xid (why); repro.bitwise (why)'."""
     out = []
@@ -109,24 +111,22 @@ def _skip_text(cause: Cause) -> str:
     return f"{where} ({cause.summary})"
 
 
-def node_parts(verdict: Mapping[str, Any]) -> list[Any]:
+def node_parts(verdict: Verdict) -> list[Any]:
     """The node line's parts: 'host: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 2 skip)',
     'action: reboot', 'partial: SIGTERM', 'exit code 1', 'from snapshot PATH (synthetic)'."""
-    c = verdict.get("counts") or {}
-    counts = ", ".join(f"{c[s]} {s}" for s in ("fail", "error", "warn", "pass", "skip") if c.get(s))
-    status = str(verdict.get("status", "error"))
-    parts = [line(styled(str(verdict.get("host", "?")), "bold"), ": ", styled(status.upper(), STYLES.get(status)),
-                  f" (level {verdict.get('level')} {verdict.get('level_name')}, "
-                  f"{float(verdict.get('duration_s') or 0):.1f} s; {counts})")]
-    if verdict.get("action", "none") != "none":
-        parts.append(line("action: ", styled(str(verdict["action"]), "bold")))
-    if verdict.get("partial"):
-        parts.append(styled(f"partial: {verdict.get('interrupted')}", STYLES["error"]))
-    parts.append(styled(f"exit code {verdict.get('exit_code')}"))
-    source = verdict.get("source") or {}
-    if source.get("kind") == "snapshot":
-        syn = " (synthetic)" if source.get("synthetic") else ""
-        parts.append(styled(f"from snapshot {source.get('path')}{syn}"))
+    c = verdict.counts
+    counts = ", ".join(f"{c[s]} {s.value}" for s in _COUNTED if c[s])
+    status = verdict.status.value
+    parts = [line(styled(verdict.host, "bold"), ": ", styled(status.upper(), STYLES.get(status)),
+                  f" (level {int(verdict.level)} {verdict.level_name}, {verdict.duration_s:.1f} s; {counts})")]
+    if verdict.action is not Action.NONE:
+        parts.append(line("action: ", styled(verdict.action.value, "bold")))
+    if verdict.partial:
+        parts.append(styled(f"partial: {verdict.interrupted}", STYLES["error"]))
+    parts.append(styled(f"exit code {verdict.exit_code}"))
+    if verdict.source.kind == "snapshot":
+        syn = " (synthetic)" if verdict.source.synthetic else ""
+        parts.append(styled(f"from snapshot {verdict.source.path}{syn}"))
     return parts
 
 
@@ -173,7 +173,7 @@ def wrapped(text: Any, width: int, *, indent: int) -> list[Any]:
     return out
 
 
-def full_table(console: Any, verdict: Mapping[str, Any]) -> None:
+def full_table(console: Any, verdict: Verdict) -> None:
     """`-v`: one row per result (status, GPU, check, cause / summary, action)."""
     from rich.table import Table
 
@@ -183,20 +183,17 @@ def full_table(console: Any, verdict: Mapping[str, Any]) -> None:
     table.add_column("check")
     table.add_column("cause / summary", overflow="fold")
     table.add_column("action")
-    results = sorted(
-        [r for r in verdict.get("results", []) if isinstance(r, Mapping)],
-        key=lambda r: (_ORDER.get(r.get("status"), 5), str(r.get("check")),
-                       -1 if r.get("gpu") is None else r["gpu"], str(r.get("subject"))),
-    )
+    results = sorted(verdict.results, key=lambda r: (_ORDER[r.status], r.check, -1 if r.gpu is None else r.gpu,
+                                                     r.subject))
     for r in results:
-        gpu = "-" if r.get("gpu") is None else str(r["gpu"])
-        if r.get("subject") not in (NODE_COLUMN, f"gpu{r.get('gpu')}"):
-            gpu = str(r.get("subject"))
-        summary = str(r.get("summary", ""))
-        if r.get("injected"):
-            summary += f"  [injected: {', '.join(map(str, r['injected']))}]"
-        status = "unexamined" if r.get("status") == "skip" and r.get("unexamined") else str(r.get("status"))
+        gpu = "-" if r.gpu is None else str(r.gpu)
+        if r.subject not in (NODE_COLUMN, f"gpu{r.gpu}"):
+            gpu = r.subject
+        summary = r.summary
+        if r.injected:
+            summary += f"  [injected: {', '.join(r.injected)}]"
+        status = status_key(r)
         label = "SKIP (unexamined)" if status == "unexamined" else status.upper()
-        table.add_row(styled(label, STYLES.get(status)), styled(gpu), styled(str(r.get("check"))), styled(summary),
-                      styled(r.get("action") if r.get("action") != "none" else ""))
+        table.add_row(styled(label, STYLES.get(status)), styled(gpu), styled(r.check), styled(summary),
+                      styled(r.action.value if r.action is not Action.NONE else ""))
     console.print(table)

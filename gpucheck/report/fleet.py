@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..render.grid import check_marks
+from ..core.jsonvalue import JsonValue
 from .charts import points_with_outliers, status_heatmap
-from .inputs import Input
+from .inputs import Input, NodeVerdict
 from .page import STATUS_COLORS, Figure, Section, badge, h, legend, pt, sparse_matrix, table
 
 MAX_CHARTS = 12
@@ -21,14 +21,14 @@ def _entries(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 
 
 def sweep_section(inp: Input) -> Section:
-    doc = inp.doc
+    doc: Mapping[str, Any] = inp.doc  # read loosely: every value is checked where it is used
     nodes = _entries(doc, "nodes")
     sec = Section(f"Sweep of {doc.get('nodeset') or len(nodes)}: {len(nodes)} node(s)", inp.path, "sweep")
     bad = [n for n in nodes if n.get("status") not in GOOD]
     if doc.get("bad"):
         sec.attention.append(f"bad nodes: {doc.get('bad')}")
     sec.attention += [f"{str(n.get('status')).upper()} {n.get('node')}: {n.get('reason')}" for n in bad[:20]]
-    counts = doc.get("counts") if isinstance(doc.get("counts"), Mapping) else {}
+    counts: Mapping[str, Any] = doc["counts"] if isinstance(doc.get("counts"), Mapping) else {}
     facts = [["nodes", " ".join(badge(str(s), f"{c} {s}") for s, c in counts.items() if c)],
              ["bad", h(doc.get("bad") or "none")],
              ["time", h(f"{doc.get('time')} ({doc.get('duration_s')} s over {doc.get('mode')}"
@@ -37,13 +37,13 @@ def sweep_section(inp: Input) -> Section:
         facts.append(["interrupted", h(f"{doc.get('interrupted')}: not answered {doc.get('unanswered')}")])
     sec.blocks.append(table(["", ""], facts))
     sec.blocks.append(legend(["pass", "warn", "fail", "error", "unexamined", "skip", "unreachable", "timeout"]))
-    sec.blocks.append(_sweep_heatmap(nodes))
-    sec.blocks += _sweep_distributions(doc, nodes)
+    sec.blocks.append(_sweep_heatmap(nodes, inp.node_verdicts))
+    sec.blocks += _sweep_distributions(doc, nodes, inp.node_verdicts)
     sec.blocks.append(_bad_node_table(bad))
     return sec
 
 
-def _sweep_heatmap(nodes: list[Mapping[str, Any]]) -> Figure:
+def _sweep_heatmap(nodes: list[Mapping[str, Any]], verdicts: Mapping[str, NodeVerdict]) -> Figure:
     xs = [str(n.get("node")) for n in nodes]
     checks: list[str] = []
     cells: dict[tuple[str, str], str] = {}
@@ -53,10 +53,10 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]]) -> Figure:
         cells[("node status", x)] = status
         reason = f"<br>{pt(str(n.get('reason'))[:200])}" if n.get("reason") else ""
         hover[("node status", x)] = pt(f"{x}: {status.upper()}") + reason
-        verdict = n.get("verdict")
-        if not isinstance(verdict, Mapping):
+        verdict = verdicts.get(x)
+        if verdict is None:
             continue
-        for check, st in check_marks(verdict):
+        for check, st in verdict.checks:
             if check not in checks:
                 checks.append(check)
             cells[(check, x)] = st
@@ -66,14 +66,13 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]]) -> Figure:
                           highlight_x=bad)
 
 
-def _sweep_distributions(doc: Mapping[str, Any], nodes: list[Mapping[str, Any]]) -> list[Any]:
-    from ..core.documents import fleet_inputs
-
+def _sweep_distributions(doc: Mapping[str, Any], nodes: list[Mapping[str, Any]],
+                         verdicts: Mapping[str, NodeVerdict]) -> list[Any]:
     values: dict[tuple[str, str, str, str], list[tuple[str, str, float]]] = {}
     for n in nodes:
-        verdict = n.get("verdict")
-        if isinstance(verdict, Mapping):
-            for key, subject, value in fleet_inputs(verdict).throughput:
+        verdict = verdicts.get(str(n.get("node")))
+        if verdict is not None:
+            for key, subject, value in verdict.inputs.throughput:
                 values.setdefault(key, []).append((str(n.get("node")), subject, value))
     perf = (doc.get("fleet") or {}).get("performance") or {} if isinstance(doc.get("fleet"), Mapping) else {}
     stats = {(m.get("check"), m.get("metric"), m.get("unit"), m.get("model")): m
@@ -101,7 +100,7 @@ def _bad_node_table(bad: list[Mapping[str, Any]]) -> str:
 
 # -- nccl pairs ---------------------------------------------------------------------------------
 def pairs_section(inp: Input) -> Section:
-    doc = inp.doc
+    doc: Mapping[str, Any] = inp.doc  # read loosely: every value is checked where it is used
     nodes = [str(n) for n in doc.get("nodes") or []]
     sec = Section(f"nccl pairs: {doc.get('op')} over {len(nodes)} node(s)", inp.path, "pairs")
     bad, suspects = [str(n) for n in doc.get("bad") or []], [str(n) for n in doc.get("suspects") or []]
@@ -154,13 +153,14 @@ def _pair_matrix(nodes: list[str], pairs: list[Mapping[str, Any]], marked: list[
     ex = [pt(n) for n in nodes]
     ticks = [f"<b>{pt(n)}</b>" if n in set(marked) else pt(n) for n in nodes]
     hover = sparse_matrix(size, text)
-    data = [{"type": "heatmap", "x": ex, "y": ex, "z": sparse_matrix(size, bw), "text": hover, "colorscale": "Viridis",
-             "colorbar": {"title": {"text": "busbw GB/s"}}, "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False},
-            {"type": "heatmap", "x": ex, "y": ex, "z": sparse_matrix(size, broken), "text": hover, "showscale": False,
-             "zmin": 0, "zmax": 1,
-             "colorscale": [[0, STATUS_COLORS["fail"]], [1, STATUS_COLORS["fail"]]],
-             "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False}]
-    shapes = []
+    data: list[dict[str, JsonValue]] = [
+        {"type": "heatmap", "x": list(ex), "y": list(ex), "z": sparse_matrix(size, bw), "text": hover,
+         "colorscale": "Viridis", "colorbar": {"title": {"text": "busbw GB/s"}},
+         "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False},
+        {"type": "heatmap", "x": list(ex), "y": list(ex), "z": sparse_matrix(size, broken), "text": hover,
+         "showscale": False, "zmin": 0, "zmax": 1, "colorscale": [[0, STATUS_COLORS["fail"]], [1, STATUS_COLORS["fail"]]],
+         "hovertemplate": "%{text}<extra></extra>", "hoverongaps": False}]
+    shapes: list[JsonValue] = []
     for n in marked:
         if n in index:
             k = index[n]
@@ -168,17 +168,18 @@ def _pair_matrix(nodes: list[str], pairs: list[Mapping[str, Any]], marked: list[
                          {"x0": -0.5, "x1": size - 0.5, "y0": k - 0.5, "y1": k + 0.5}):
                 shapes.append({"type": "rect", "xref": "x", "yref": "y", **rect,
                                "line": {"color": STATUS_COLORS["fail"], "width": 2}})
-    axis: dict[str, Any] = {"type": "category", "tickvals": ex, "ticktext": ticks}
+    axis: dict[str, JsonValue] = {"type": "category", "tickvals": list(ex), "ticktext": list(ticks)}
     if size > 60:
         axis = {"type": "category", "showticklabels": False}
-    layout = {"title": {"text": "busbw per pair (red: the pair failed; framed: bad or suspect node)"},
-              "xaxis": {**axis, "tickangle": -45}, "yaxis": {**axis, "autorange": "reversed"}, "shapes": shapes}
+    layout: dict[str, JsonValue] = {"title": {"text": "busbw per pair (red: the pair failed; framed: bad or suspect node)"},
+                                    "xaxis": {**axis, "tickangle": -45}, "yaxis": {**axis, "autorange": "reversed"},
+                                    "shapes": shapes}
     return Figure(data, layout, height=min(900, max(360, 160 + 18 * size)))
 
 
 # -- bisect -------------------------------------------------------------------------------------
 def bisect_section(inp: Input) -> Section:
-    doc = inp.doc
+    doc: Mapping[str, Any] = inp.doc  # read loosely: every value is checked where it is used
     sec = Section(f"Bisection of {doc.get('nodeset')}: {doc.get('nodes')} node(s)", inp.path, "bisect")
     bad = _entries(doc, "bad_nodes")
     sec.attention = [f"bad node {b.get('node')}" + (" (confirmed)" if b.get("confirmed") else "") for b in bad]
@@ -234,9 +235,10 @@ def _bisect_tree(doc: Mapping[str, Any], records: list[Mapping[str, Any]]) -> Fi
                         f"{'PASS' if ok else 'FAIL'} {str(r.get('detail') or '')[:160]}"))
         if not ok and members:
             failed.append((rid, members))
-    data = [{"type": "icicle", "ids": ids, "parents": parents, "labels": labels, "values": values,
-             "branchvalues": "remainder", "marker": {"colors": colors}, "text": hover,
-             "hovertemplate": "%{text}<extra></extra>", "tiling": {"orientation": "v"}, "maxdepth": -1,
-             "textinfo": "label"}]
+    data: list[dict[str, JsonValue]] = [{
+        "type": "icicle", "ids": list(ids), "parents": list(parents), "labels": list(labels), "values": list(values),
+        "branchvalues": "remainder", "marker": {"colors": list(colors)}, "text": list(hover),
+        "hovertemplate": "%{text}<extra></extra>", "tiling": {"orientation": "v"}, "maxdepth": -1,
+        "textinfo": "label"}]
     return Figure(data, {"title": {"text": "group tests as a tree (red: the group failed)"}},
                   height=min(900, 240 + 60 * len(records)))

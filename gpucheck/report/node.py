@@ -4,9 +4,11 @@ against its floor and the node median) and a history (status and key metrics per
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping
+from typing import Any
 
-from ..render.grid import CAUSE_ORDER, causes, column_of, fold, status_key, verdict_grid
+from ..core.result import Action, ResultEntry, Status
+from ..core.verdict import Verdict
+from ..render.grid import CAUSE_ORDER, Cause, causes, column_of, fold, status_key, verdict_grid
 from .charts import bars_against_limits, lines_over_time, status_heatmap
 from .inputs import Input
 from .page import STATUS_COLORS, Figure, Section, badge, h, legend, pt, table
@@ -16,8 +18,8 @@ EVIDENCE_SHOWN = 12
 
 
 def verdict_section(inp: Input) -> Section:
-    v = inp.doc
-    sec = Section(f"Node {v.get('host')}: {str(v.get('status')).upper()}", inp.path, "verdict")
+    (v,) = inp.verdicts
+    sec = Section(f"Node {v.host}: {v.status.value.upper()}", inp.path, "verdict")
     found = causes(v)
     sec.attention = [f"{c.status.upper()} {c.where()}: {c.summary}" for c in found if c.status in CAUSE_ORDER[:4]]
     sec.blocks.append(_verdict_facts(v))
@@ -28,33 +30,30 @@ def verdict_section(inp: Input) -> Section:
     return sec
 
 
-def _verdict_facts(v: Mapping[str, Any]) -> str:
-    gpus = [g for g in v.get("gpus") or [] if isinstance(g, Mapping)]
-    models = sorted({str(g.get("name") or g.get("state")) for g in gpus})
+def _verdict_facts(v: Verdict) -> str:
+    models = sorted({g.name or g.state for g in v.gpus})
     rows = [
-        ["status", badge(str(v.get("status"))) + f" exit code {h(v.get('exit_code'))}"
-         + (f", action <b>{h(v.get('action'))}</b>" if v.get("action") not in (None, "none") else "")],
-        ["host", h(v.get("host"))],
-        ["level", h(f"{v.get('level')} {v.get('level_name')}")],
-        ["time", h(f"{v.get('time')} ({v.get('duration_s')} s)")],
-        ["GPUs", h(f"{len(gpus)}: {', '.join(models)}" if gpus else "none listed")],
-        ["driver", h((v.get("software") or {}).get("driver") or "-")],
-        ["source", h(f"{(v.get('source') or {}).get('kind')} {(v.get('source') or {}).get('path') or ''}")],
+        ["status", badge(v.status.value) + f" exit code {h(v.exit_code)}"
+         + (f", action <b>{h(v.action.value)}</b>" if v.action is not Action.NONE else "")],
+        ["host", h(v.host)],
+        ["level", h(f"{int(v.level)} {v.level_name}")],
+        ["time", h(f"{v.time} ({v.duration_s} s)")],
+        ["GPUs", h(f"{len(v.gpus)}: {', '.join(models)}" if v.gpus else "none listed")],
+        ["driver", h(v.software.get("driver") or "-")],
+        ["source", h(f"{v.source.kind} {v.source.path or ''}")],
     ]
-    if v.get("partial"):
-        rows.append(["partial", h(f"interrupted: {v.get('interrupted')}")])
-    if v.get("injected"):
-        rows.append(["injected", h(", ".join(map(str, v["injected"])))])
+    if v.partial:
+        rows.append(["partial", h(f"interrupted: {v.interrupted}")])
+    if v.injected:
+        rows.append(["injected", h(", ".join(v.injected))])
     return table(["", ""], rows)
 
 
-def grid_table(v: Mapping[str, Any]) -> str:
+def grid_table(v: Verdict) -> str:
     grid = verdict_grid(v)
     summaries: dict[tuple[str, str], list[str]] = {}
-    for r in v.get("results", []):
-        if isinstance(r, Mapping):
-            summaries.setdefault((str(r.get("check")), column_of(r)), []).append(
-                f"{r.get('subject')}: {str(r.get('status')).upper()}: {r.get('summary')}")
+    for r in v.results:
+        summaries.setdefault((r.check, column_of(r)), []).append(f"{r.subject}: {r.status.value.upper()}: {r.summary}")
     rows = []
     for check in grid.checks:
         cells = [f'<td class="check">{h(check)}</td>']
@@ -73,14 +72,12 @@ def grid_table(v: Mapping[str, Any]) -> str:
         "".join(f"<tr>{r}</tr>" for r in rows) + "</tbody></table>"
 
 
-def _cause_list(v: Mapping[str, Any], found: list[Any]) -> str:
+def _cause_list(v: Verdict, found: list[Cause]) -> str:
     if not found:
         return "<p>Every result passed.</p>"
     evidence: dict[tuple[str, str, str], list[str]] = {}
-    for r in v.get("results", []):
-        if isinstance(r, Mapping):
-            evidence.setdefault((status_key(r), str(r.get("summary", "")), str(r.get("action", "none"))),
-                                []).extend(map(str, r.get("evidence") or []))
+    for r in v.results:
+        evidence.setdefault((status_key(r), r.summary, r.action.value), []).extend(r.evidence)
     items = []
     for c in found:
         text = f"{badge(c.status, 'SKIP' if c.status == 'unexamined' else c.status.upper())} <b>{h(c.where())}</b>: " \
@@ -98,38 +95,47 @@ def _cause_list(v: Mapping[str, Any], found: list[Any]) -> str:
     return "<h3>Not a pass: cause and action</h3><ul class=\"causes\">" + "".join(items) + "</ul>"
 
 
-def _rate_metrics(v: Mapping[str, Any]) -> dict[tuple[str, str, str], list[Mapping[str, Any]]]:
-    """(check, metric, unit) -> the per-GPU results that measured it (units ending in /s)."""
-    out: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
-    for r in v.get("results", []):
-        if not isinstance(r, Mapping) or not isinstance(r.get("gpu"), int):
+def _rate(r: ResultEntry, metric: str) -> float | None:
+    """The value of `metric` of `r` when it is a number (a bool is not)."""
+    value = r.metric_value(metric)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _rate_metrics(v: Verdict) -> dict[tuple[str, str, str], list[tuple[ResultEntry, float]]]:
+    """(check, metric, unit) -> (the per-GPU result that measured it, its value), units ending in /s."""
+    out: dict[tuple[str, str, str], list[tuple[ResultEntry, float]]] = {}
+    for r in v.results:
+        if r.gpu is None:
             continue
-        for name, m in (r.get("metrics") or {}).items():
-            unit = m.get("unit") if isinstance(m, Mapping) else None
-            value = m.get("value") if isinstance(m, Mapping) else None
-            if isinstance(unit, str) and unit.endswith("/s") and isinstance(value, (int, float)) \
-                    and not isinstance(value, bool):
-                out.setdefault((str(r.get("check")), str(name), unit), []).append(r)
+        for name, m in r.metrics.items():
+            value = _rate(r, name)
+            if m.unit.endswith("/s") and value is not None:
+                out.setdefault((r.check, name, m.unit), []).append((r, value))
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0] != "burn.gemm", kv[0])))
 
 
-def throughput_charts(v: Mapping[str, Any]) -> list[Any]:
+def _limit(results: list[ResultEntry], metric: str, wanted: Status) -> float | None:
+    """The first lower limit (`<`, `<=`) of `metric` at status `wanted` among the results' thresholds."""
+    return next((float(t.limit) for r in results for t in r.thresholds
+                 if t.metric == metric and t.status is wanted and t.op in ("<", "<=")
+                 and isinstance(t.limit, (int, float))), None)
+
+
+def throughput_charts(v: Verdict) -> list[Any]:
     """Per (check, metric) measured per GPU: a bar per GPU against the result's fail/warn
     limits (the SKU floor of a burn) and the node median."""
     blocks: list[Any] = []
-    for (check, metric, unit), results in list(_rate_metrics(v).items())[:MAX_CHARTS]:
-        results = sorted(results, key=lambda r: r["gpu"])
-        values = [float(r["metrics"][metric]["value"]) for r in results]
+    for (check, metric, unit), measured in list(_rate_metrics(v).items())[:MAX_CHARTS]:
+        measured = sorted(measured, key=lambda rv: rv[0].gpu or 0)
+        results, values = [r for r, _ in measured], [value for _, value in measured]
         limits: list[tuple[str, float, str]] = []
-        for wanted, label in (("fail", "floor (fail below)"), ("warn", "warn below")):
-            lim = next((t.get("limit") for r in results for t in r.get("thresholds") or []
-                        if isinstance(t, Mapping) and t.get("metric") == metric and t.get("status") == wanted
-                        and t.get("op") in ("<", "<=") and isinstance(t.get("limit"), (int, float))), None)
+        for wanted, label in ((Status.FAIL, "floor (fail below)"), (Status.WARN, "warn below")):
+            lim = _limit(results, metric, wanted)
             if lim is not None:
-                limits.append((label, float(lim), STATUS_COLORS[wanted]))
+                limits.append((label, lim, STATUS_COLORS[wanted.value]))
         if len(values) > 1:
             limits.append(("node median", statistics.median(values), "#546e7a"))
-        blocks.append(bars_against_limits([f"gpu{r['gpu']}" for r in results], values,
+        blocks.append(bars_against_limits([f"gpu{r.gpu}" for r in results], values,
                                           [status_key(r) for r in results], title=f"{check} {metric}", unit=unit,
                                           limits=limits))
     if blocks:
@@ -139,16 +145,16 @@ def throughput_charts(v: Mapping[str, Any]) -> list[Any]:
 
 # -- history --------------------------------------------------------------------------------------
 def history_section(inp: Input) -> Section:
-    runs = sorted(inp.doc, key=lambda v: str(v.get("time")))
-    hosts = sorted({str(v.get("host")) for v in runs})
+    runs = sorted(inp.verdicts, key=lambda v: v.time)
+    hosts = sorted({v.host for v in runs})
     sec = Section(f"History of {', '.join(hosts)}: {len(runs)} run(s)", inp.path, "history")
     last = runs[-1]
-    sec.attention = [f"last run {last.get('time')}: {c.status.upper()} {c.where()}: {c.summary}"
+    sec.attention = [f"last run {last.time}: {c.status.upper()} {c.where()}: {c.summary}"
                      for c in causes(last) if c.status in CAUSE_ORDER[:3]]
     counts: dict[str, int] = {}
     for v in runs:
-        counts[str(v.get("status"))] = counts.get(str(v.get("status")), 0) + 1
-    facts = [["runs", h(f"{len(runs)} from {runs[0].get('time')} to {last.get('time')}")],
+        counts[v.status.value] = counts.get(v.status.value, 0) + 1
+    facts = [["runs", h(f"{len(runs)} from {runs[0].time} to {last.time}")],
              ["statuses", " ".join(badge(s, f"{n} {s}") for s, n in sorted(counts.items()))]]
     if inp.skipped_lines:
         facts.append(["skipped", h(f"{inp.skipped_lines} line(s) that were not a verdict")])
@@ -159,27 +165,25 @@ def history_section(inp: Input) -> Section:
     return sec
 
 
-def _run_labels(runs: list[Mapping[str, Any]]) -> list[str]:
-    labels, seen = [], {}
+def _run_labels(runs: list[Verdict]) -> list[str]:
+    labels: list[str] = []
+    seen: dict[str, int] = {}
     for v in runs:
-        t = str(v.get("time"))
-        seen[t] = seen.get(t, 0) + 1
-        labels.append(t if seen[t] == 1 else f"{t} #{seen[t]}")
+        seen[v.time] = seen.get(v.time, 0) + 1
+        labels.append(v.time if seen[v.time] == 1 else f"{v.time} #{seen[v.time]}")
     return labels
 
 
-def _history_heatmap(runs: list[Mapping[str, Any]], *, multi_host: bool) -> Figure:
+def _history_heatmap(runs: list[Verdict], *, multi_host: bool) -> Figure:
     xs = _run_labels(runs)
     per: dict[tuple[str, str], list[str]] = {}
     notes: dict[tuple[str, str], list[str]] = {}
     for x, v in zip(xs, runs):
-        for r in v.get("results", []):
-            if not isinstance(r, Mapping):
-                continue
-            y = (f"{v.get('host')} " if multi_host else "") + column_of(r)
+        for r in v.results:
+            y = (f"{v.host} " if multi_host else "") + column_of(r)
             per.setdefault((y, x), []).append(status_key(r))
-            if r.get("status") not in ("pass", "skip") or r.get("unexamined"):
-                notes.setdefault((y, x), []).append(f"{r.get('check')}: {r.get('summary')}")
+            if r.status not in (Status.PASS, Status.SKIP) or r.unexamined:
+                notes.setdefault((y, x), []).append(f"{r.check}: {r.summary}")
     ys = sorted({y for y, _ in per}, key=_row_order)
     cells = {k: fold(s) for k, s in per.items()}
     hover = {k: pt(f"{k[1]} {k[0]}: {cells[k].upper()}") + "".join("<br>" + pt(n[:160]) for n in notes.get(k, [])[:4])
@@ -193,13 +197,12 @@ def _row_order(row: str) -> tuple[str, int, int]:
     return (host, 0, 0) if col == "node" else (host, 1, int(col[3:]) if col[3:].isdigit() else 0)
 
 
-def _history_metrics(runs: list[Mapping[str, Any]], *, multi_host: bool) -> list[Any]:
+def _history_metrics(runs: list[Verdict], *, multi_host: bool) -> list[Any]:
     series: dict[tuple[str, str, str], dict[str, list[tuple[str, float]]]] = {}
     for v in runs:
-        for (check, metric, unit), results in _rate_metrics(v).items():
-            for r in results:
-                name = (f"{v.get('host')} " if multi_host else "") + f"gpu{r['gpu']}"
-                series.setdefault((check, metric, unit), {}).setdefault(name, []).append(
-                    (str(v.get("time")), float(r["metrics"][metric]["value"])))
+        for (check, metric, unit), measured in _rate_metrics(v).items():
+            for r, value in measured:
+                name = (f"{v.host} " if multi_host else "") + f"gpu{r.gpu}"
+                series.setdefault((check, metric, unit), {}).setdefault(name, []).append((v.time, value))
     blocks: list[Any] = [lines_over_time(s, title=f"{c} {m}", unit=u) for (c, m, u), s in list(series.items())[:MAX_CHARTS]]
     return (["<h3>Key metrics over time</h3>"] + blocks) if blocks else []

@@ -17,8 +17,9 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
+from ..core.jsonvalue import JsonValue
 from .inputs import ReportError
 
 STATUS_COLORS = {"pass": "#2e7d32", "warn": "#f9a825", "fail": "#c62828", "error": "#8e24aa",
@@ -54,33 +55,36 @@ def script_json(obj: Any) -> str:
     return text
 
 
-def sparse_matrix(n: int, cells: list[tuple[int, int, Any]]) -> dict[str, Any]:
+def sparse_matrix(n: int, cells: Sequence[tuple[int, int, JsonValue]]) -> dict[str, JsonValue]:
     """An n x n matrix (a heatmap's z or text) of null but `cells` (row, column, value): the page
     expands it before plotting (`densify` does the same in Python), so a 1,000-node pair
     matrix with a few thousand pairs measured does not carry a million nulls."""
-    return {"sparse": n, "cells": [list(c) for c in cells]}
+    return {"sparse": n, "cells": [[i, j, value] for i, j, value in cells]}
 
 
-def densify(data: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _dense(v: JsonValue) -> JsonValue:
+    """A sparse matrix (sparse_matrix's) expanded; any other value as it is."""
+    n, cells = (v.get("sparse"), v.get("cells")) if isinstance(v, dict) else (None, None)
+    if not isinstance(n, int) or not isinstance(cells, list):
+        return v
+    rows: list[list[JsonValue]] = [[None] * n for _ in range(n)]
+    for cell in cells:
+        if isinstance(cell, list) and len(cell) == 3 and isinstance(cell[0], int) and isinstance(cell[1], int):
+            rows[cell[0]][cell[1]] = cell[2]
+    return [list(row) for row in rows]
+
+
+def densify(data: list[dict[str, JsonValue]]) -> list[dict[str, JsonValue]]:
     """The traces with every sparse matrix expanded (what the page's script does)."""
-    out = []
-    for trace in data:
-        trace = dict(trace)
-        for key in ("z", "text"):
-            v = trace.get(key)
-            if isinstance(v, dict) and "sparse" in v:
-                m: list[list[Any]] = [[None] * v["sparse"] for _ in range(v["sparse"])]
-                for i, j, value in v["cells"]:
-                    m[i][j] = value
-                trace[key] = m
-        out.append(trace)
-    return out
+    return [{k: (_dense(v) if k in ("z", "text") else v) for k, v in trace.items()} for trace in data]
 
 
 @dataclass
 class Figure:
-    data: list[dict[str, Any]]
-    layout: dict[str, Any]
+    """A plotly figure: its traces and layout, plotly.js's JSON."""
+
+    data: list[dict[str, JsonValue]]
+    layout: dict[str, JsonValue]
     height: int = 420
 
 
@@ -145,7 +149,7 @@ def _plotly_js() -> str:
 
 def render_page(sections: list[Section], *, generated: str, inputs: list[str]) -> str:
     """The whole page."""
-    figures: list[dict[str, Any]] = []
+    figures: list[dict[str, JsonValue]] = []
     parts = []
     for n, sec in enumerate(sections):
         parts.append(_section_html(sec, n, figures))
@@ -171,7 +175,7 @@ def render_page(sections: list[Section], *, generated: str, inputs: list[str]) -
     )
 
 
-def _section_html(sec: Section, n: int, figures: list[dict[str, Any]]) -> str:
+def _section_html(sec: Section, n: int, figures: list[dict[str, JsonValue]]) -> str:
     out = [f'<section id="s{n}"><h2>{h(sec.title)} <span class="src">{h(sec.kind)} from {h(sec.source)}</span></h2>']
     if sec.attention:
         out.append('<div class="attention"><b>Needs attention:</b> ' + h("; ".join(sec.attention)) + "</div>")
@@ -180,8 +184,9 @@ def _section_html(sec: Section, n: int, figures: list[dict[str, Any]]) -> str:
     for i, block in enumerate(sec.blocks):
         if isinstance(block, Figure):
             fid = f"fig-{n}-{i}"
-            layout = {"margin": {"l": 70, "r": 20, "t": 40, "b": 60}, "height": block.height, **block.layout}
-            figures.append({"id": fid, "data": block.data, "layout": layout})
+            layout: dict[str, JsonValue] = {"margin": {"l": 70, "r": 20, "t": 40, "b": 60}, "height": block.height,
+                                            **block.layout}
+            figures.append({"id": fid, "data": [trace for trace in block.data], "layout": layout})
             out.append(f'<div class="plot" id="{fid}" style="height:{int(block.height)}px"></div>')
         else:
             out.append(str(block))

@@ -31,7 +31,7 @@ from ...platform.processes import Interrupted
 from .command import CommandTest
 from .confirm import Confirmation
 from .plan import plan_text
-from .result import BisectResult, Suspect, posterior_bad
+from .result import BisectResult, BisectSettings, Suspect, posterior_bad
 from .search import no_pass_reason
 from .session import GroupOutcome, GroupRecord, GroupTest, Session, TestBroken
 from .strategies import Found, binary_strategy, grid_layout, grid_strategy
@@ -76,8 +76,8 @@ def bisect(
         raise ValueError("repeats must be at least 1")
     t0 = time.monotonic()
     session = Session(test, parallel=parallel, on_round=on_round)
-    settings = {"group_size": group_size, "min_group": min_group, "max_bad": max_bad, "repeats": repeats,
-                "flake_rate": flake_rate, "parallel": parallel}
+    settings = BisectSettings(group_size=group_size, min_group=min_group, max_bad=max_bad, repeats=repeats,
+                              flake_rate=flake_rate, parallel=parallel)
     run = _Run(session, nodes, strategy=strategy, settings=settings, confirm_size=confirm_size, screen=screen)
     try:
         result = run.go()
@@ -101,7 +101,7 @@ NOT_SEARCH_PHASES = frozenset({"pairs", "re-pair", "control", "confirm", "verify
 class _Run:
     """One bisection: screen, search, confirm; builds the BisectResult."""
 
-    def __init__(self, session: Session, nodes: list[str], *, strategy: str, settings: dict[str, Any],
+    def __init__(self, session: Session, nodes: list[str], *, strategy: str, settings: BisectSettings,
                  confirm_size: int | None, screen: Screen | None):
         self.s = session
         self.nodes = list(nodes)
@@ -119,7 +119,7 @@ class _Run:
         return BisectResult(
             strategy=self.strategy, nodes=self.nodes, bad=[], cleared=[], search_tests=tests, search_rounds=rounds,
             tests=self.s.tests, rounds=self.s.rounds, duration_s=0.0, verified=False, records=self.s.records,
-            notes=self.notes + notes, settings=dict(self.settings),
+            notes=self.notes + notes, settings=self.settings.copy(),
             bandwidth=getattr(self.screened, "doc", None))
 
     def go(self) -> BisectResult:
@@ -166,7 +166,7 @@ class _Run:
         bad = self._screened_bad() + bad
         order = {n: i for i, n in enumerate(self.nodes)}
         bad.sort(key=lambda s: order[s.node])
-        settings = {**self.settings, "confirm_size": csize}
+        settings = BisectSettings(**self.settings, confirm_size=csize)
         tests, rounds = self.search_counts or (self.s.tests, self.s.rounds)
         return BisectResult(
             strategy=self.strategy, nodes=self.nodes, bad=bad, cleared=cleared, search_tests=tests,

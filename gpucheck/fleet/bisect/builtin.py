@@ -27,8 +27,9 @@ import threading
 import time
 from typing import Any
 
+from ...core.verdict import Verdict
 from .command import tail
-from .session import GroupOutcome
+from .session import GroupOutcome, Metrics
 
 DEFAULT_OPS = ("all_gather", "all_reduce")
 
@@ -47,7 +48,7 @@ class BitwiseProbe:
         self.launcher = launcher
         self.extra_args = list(extra_args or [])
         self.timeout_s = timeout_s
-        self.verdicts: dict[str, dict[str, Any] | None] = {}
+        self.verdicts: dict[str, Verdict | None] = {}
         self.errors: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -91,11 +92,11 @@ class BitwiseProbe:
         unjudged: dict[str, str] = {}
         for n in nodes:
             v = verdicts.get(n)
-            if v is not None and v.get("exit_code") == 1:
+            if v is not None and v.exit_code == 1:
                 bad[n] = f"bitwise check failed on the node: {verdict_cause(v)}"
-            elif v is not None and v.get("exit_code") == 3:
+            elif v is not None and v.exit_code == 3:
                 unjudged[n] = f"the bitwise check could not judge {n}: {verdict_cause(v)}"
-        fleet = bitwise_comparison(verdicts).get("by_node", {})
+        fleet = bitwise_comparison(verdicts).by_node
         for n in nodes:
             if n in fleet and n not in bad:
                 bad[n] = "; ".join(fleet[n])
@@ -158,14 +159,14 @@ class CollectiveTest:
         return GroupOutcome(True, ", ".join(f"{op} {v:.3g}" for op, v in metrics.items()) + " GB/s busbw", dt,
                             metrics)
 
-    def _judge(self, out: dict[str, Any]) -> tuple[list[str], dict[str, float]]:
+    def _judge(self, out: dict[str, Any]) -> tuple[list[str], Metrics]:
         from ...nccl.pairs_run import real_bandwidth
         from ...nccl.report import largest
 
         problems = [f"{h}: {w}" for h, w in (out.get("launch_errors") or {}).items()]
         if out.get("status") != "ok":
             return [out.get("summary") or out.get("status") or "collective failed", *problems], {}
-        metrics: dict[str, float] = {}
+        metrics: Metrics = {}
         for op in self.ops:
             row = largest(out.get("results") or [], op)
             if row is None:

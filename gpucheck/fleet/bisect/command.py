@@ -80,7 +80,7 @@ class CommandTest:
         detail = f"exit {done.rc}" + (f": {why}" if why else "")
         if done.rc in CANNOT_RUN:
             return GroupOutcome(False, detail, dt, broken=CANNOT_RUN[done.rc] + (f": {why}" if why else ""))
-        if done.rc < 0:
+        if done.rc is not None and done.rc < 0:
             name = _signal_name(-done.rc)
             return GroupOutcome(False, f"killed by {name}", dt,
                                 broken=f"the command was killed by {name}, which gpucheck did not send")

@@ -98,7 +98,8 @@ class Confirmation:
         return results
 
     def _confirm_round(self, todo: list[str], pool: list[str], results: dict[str, list[bool]]) -> None:
-        groups, used = [], set()
+        groups: list[list[str]] = []
+        used: set[str] = set()
         for s in list(todo):
             g = pad([s], pool, self.csize, avoid=used) if pool else [s]
             if len(g) < self.min_group:  # a collective cannot run on one node
@@ -138,7 +139,8 @@ class Confirmation:
 
     # -- verdicts -------------------------------------------------------------------------------
     def judge(self, suspects: list[str], results: dict[str, list[bool]]) -> tuple[list[Suspect], list[Suspect]]:
-        bad, cleared = [], []
+        bad: list[Suspect] = []
+        cleared: list[Suspect] = []
         evidence = search_evidence(self.session.records)
         order = {n: i for i, n in enumerate(self.nodes)}
         for s in sorted(suspects, key=order.__getitem__):

@@ -105,7 +105,7 @@ class PairScreen:
         from ...nccl import pairs as P
 
         pair = (group[0], group[1])
-        ops = {op: float(o.metrics[op]) for op in self.ops if op in o.metrics}
+        ops = {op: float(v) for op in self.ops if (v := o.metrics.get(op)) is not None}
         if o.healthy:
             return P.PairOutcome(rnd, pair, "ok", busbw_gbs=next(iter(ops.values()), None), summary=o.detail,
                                  op_busbw=ops, concurrency=at_once)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from ...platform.nodeset import fold
-from .session import GroupRecord
+from .session import GroupRecord, RecordEntry
 
 SCHEMA = "gpucheck.bisect"
 SCHEMA_VERSION = "1.1"
@@ -29,6 +29,60 @@ def posterior_bad(failures: int, runs: int, flake_rate: float) -> float:
     return 1.0 / (1.0 + math.exp(log_good - log_bad))
 
 
+class _Confirmation(TypedDict, total=False):
+    confirm_size: int  # the size of the confirmation's groups (set once the bisection ends)
+
+
+class BisectSettings(_Confirmation):
+    """How the bisection was asked to search."""
+
+    group_size: int | None  # None: chosen from the node count (the grid's: its row)
+    min_group: int
+    max_bad: int | None
+    repeats: int
+    flake_rate: float
+    parallel: int
+
+
+class SuspectEntry(TypedDict):
+    node: str
+    confirmed: bool
+    failures: int
+    runs: int
+    confidence: float
+    evidence: list[str]
+
+
+class BisectDocument(TypedDict):
+    """The `gpucheck.bisect` document (`gpucheck bisect --json`)."""
+
+    schema: str
+    schema_version: str
+    strategy: str
+    nodeset: str
+    nodes: int
+    bad: str
+    bad_nodes: list[SuspectEntry]
+    cleared: list[SuspectEntry]
+    verified: bool
+    tests: int
+    rounds: int
+    search_tests: int
+    search_rounds: int
+    confirm_tests: int
+    confirm_rounds: int
+    duration_s: float
+    settings: BisectSettings
+    notes: list[str]
+    records: list[RecordEntry]
+    interrupted: str | None
+    broken: str | None
+    command: str | None
+    bandwidth: dict[str, Any] | None  # the pairs screen's document (built-in test)
+    unexplained: str | None
+    exit_code: int
+
+
 @dataclass
 class Suspect:
     node: str
@@ -38,7 +92,7 @@ class Suspect:
     confirmed: bool = False
     evidence: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SuspectEntry:
         return {"node": self.node, "confirmed": self.confirmed, "failures": self.failures, "runs": self.runs,
                 "confidence": round(self.confidence, 6), "evidence": list(self.evidence)}
 
@@ -57,7 +111,8 @@ class BisectResult:
     verified: bool  # the nodes not reported bad passed together
     records: list[GroupRecord]
     notes: list[str] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: BisectSettings = field(default_factory=lambda: BisectSettings(
+        group_size=None, min_group=1, max_bad=None, repeats=1, flake_rate=0.0, parallel=0))
     interrupted: str | None = None  # the signal that stopped it (a partial result)
     broken: str | None = None  # why the group test cannot judge the nodes (no node is blamed)
     command: str | None = None  # the group test, for people (the --test command)
@@ -84,7 +139,7 @@ class BisectResult:
         bad = set(self.bad_nodes)
         return [n for n in (self.bandwidth or {}).get("unjudged", []) if n not in bad]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BisectDocument:
         return {
             "schema": SCHEMA, "schema_version": SCHEMA_VERSION,
             "strategy": self.strategy, "nodeset": fold(self.nodes), "nodes": len(self.nodes),

@@ -118,7 +118,8 @@ class Search:
         """Test each piece (padded to min_group) in as few rounds as possible; passing pieces
         become known good. `avoid`: nodes a pad must not come from (the undecided ones)."""
         avoid = set(avoid or ()) | {n for p in pieces for n in p}
-        groups, used = [], set()
+        groups: list[list[str]] = []
+        used: set[str] = set()
         for p in pieces:
             g = p if len(p) >= self.min_group else pad(p, self._pool(avoid), self.min_group, avoid=used)
             if len(g) < self.min_group:

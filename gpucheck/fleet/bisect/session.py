@@ -15,10 +15,15 @@ import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from ...platform.nodeset import fold
 from ...platform.processes import check_stop
+
+
+# A group test's measurements: name -> value (the built-in test: each collective's busbw in GB/s,
+# and the reference and floor it was judged against; None where there was none).
+Metrics = dict[str, float | None]
 
 
 @dataclass
@@ -26,7 +31,7 @@ class GroupOutcome:
     healthy: bool
     detail: str = ""
     duration_s: float = 0.0
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=dict)
     broken: str | None = None  # the test could not judge this group (no evidence about its nodes)
     timed_out: bool = False  # failed by running past its time limit
     blamed: list[str] = field(default_factory=list)  # nodes the failure names (could not start, hung)
@@ -56,7 +61,7 @@ class GroupRecord:
     detail: str = ""
     duration_s: float = 0.0
     subject: str | None = None  # confirm: the suspect under test
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=dict)
     concurrency: int = 1  # tests run at once in this round
     timed_out: bool = False
     blamed: list[str] = field(default_factory=list)
@@ -67,11 +72,29 @@ class GroupRecord:
         """The group as a folded node set (computed once: folding thousands of names is slow)."""
         return fold(self.nodes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> "RecordEntry":
         return {"round": self.round, "phase": self.phase, "nodes": self.label, "size": len(self.nodes),
                 "healthy": self.healthy, "detail": self.detail, "duration_s": round(self.duration_s, 3),
                 "subject": self.subject, "metrics": self.metrics, "concurrency": self.concurrency,
                 "timed_out": self.timed_out, "blamed": list(self.blamed), "unreachable": list(self.unreachable)}
+
+
+class RecordEntry(TypedDict):
+    """A group test as the bisection's document lists it."""
+
+    round: int
+    phase: str
+    nodes: str  # folded
+    size: int
+    healthy: bool
+    detail: str
+    duration_s: float
+    subject: str | None
+    metrics: Metrics
+    concurrency: int
+    timed_out: bool
+    blamed: list[str]
+    unreachable: list[str]
 
 
 class Session:
@@ -116,7 +139,9 @@ class Session:
 
     def _batches(self, groups: list[list[str]], pending: list[int]) -> tuple[list[int], list[int]]:
         """The next round: groups that share no node, at most `parallel` of them."""
-        batch, used, rest = [], set(), []
+        batch: list[int] = []
+        used: set[str] = set()
+        rest: list[int] = []
         for i in pending:
             g = set(groups[i])
             if g & used or (self.parallel and len(batch) >= self.parallel):

@@ -79,7 +79,8 @@ def _columns(session: Session, rows: list[list[str]], bad_rows: list[list[str]],
     bad_members = {n for r in bad_rows for n in r}
     columns = [[r[j] for r in rows if j < len(r)] for j in range(width)]
     pieces = [c for c in columns if bad_members.intersection(c)]
-    groups, used = [], set()
+    groups: list[list[str]] = []
+    used: set[str] = set()
     for p in pieces:
         g = pad(p, good, min_group, avoid=used)
         used |= set(g) - set(p)
