@@ -154,7 +154,15 @@ class PoetCombo(TypedDict):
     checks: dict[str, int]  # invariant -> comparisons made
 
 
-class PoetViolationDetails(TypedDict, total=False):
+class PoetIntervalDetails(TypedDict, total=False):
+    """What a violated interval invariant adds besides its value and interval."""
+
+    norm_w: float  # frobenius_norm: the two norms
+    norm_w_eff: float
+    step: int  # norm_drift: the merge
+
+
+class PoetViolationDetails(PoetIntervalDetails, total=False):
     """What a violated invariant adds about where and by how much (gpucheck.poet.invariants)."""
 
     elements: int  # an elementwise or bitwise comparison: how many elements are off
@@ -168,10 +176,7 @@ class PoetViolationDetails(TypedDict, total=False):
     measured: float  # cnp_orthogonality: ||G^T G - I||_2, its theory and rho
     theory: float
     rho: float
-    norm_w: float  # frobenius_norm: the two norms
-    norm_w_eff: float
     rows_bad: int  # row_norms: rows out of their interval
-    step: int  # norm_drift: the merge
     injected: bool  # set for every violation of the problem (an injection fired in it)
     time_s: float  # set for the violations the worker keeps: seconds into the run
 
@@ -197,16 +202,11 @@ class PoetDevice(DeviceInfo, total=False):
 
 class _PoetOptional(TypedDict, total=False):
     out_of_memory: str
-    problems: int  # the run's totals (PoetRunner._summary)
-    violations: list[PoetViolation]  # the first invariant violations
-    violation_count: int
-    injected: list[str]
-    seconds: float
-    tflops: float | None
-    invariants: list[str]
 
 
-class PoetResult(_PoetOptional):
+class PoetRun(_PoetOptional):
+    """POET's data while it runs (gpucheck.poet.worker.PoetRunner._header) ..."""
+
     device: PoetDevice
     backend: str
     cuda_kernels: bool
@@ -214,6 +214,18 @@ class PoetResult(_PoetOptional):
     config: PoetRunConfig
     combos: dict[str, PoetCombo]  # "<dtype>/<block>"
     stopped: str | None
+
+
+class PoetResult(PoetRun):
+    """... and what it returns: with the run's totals (PoetRunner._summary)."""
+
+    problems: int
+    violations: list[PoetViolation]  # the first invariant violations
+    violation_count: int
+    injected: list[str]
+    seconds: float
+    tflops: float | None
+    invariants: list[str]
 
 
 # -- eud.memtest: gpucheck.eud.memtest_worker:memtest_worker -------------------------------------------------------
