@@ -29,8 +29,8 @@ from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
                    fraction, injections_for_gpu)
-from ..sdk.workers import (LoadParams, LoadTime, finish_result, guarded_targets, progress_evidence, returned_data,
-                           run_per_gpu, stopped_early, telemetry_summary, unfinished_result, worker_data)
+from ..sdk.workers import (LoadParams, LoadTime, finish_result, guarded_targets, job_gpu, progress_evidence,
+                           returned_data, run_per_gpu, stopped_early, telemetry_summary, unfinished_result, worker_data)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..compute.gemm import BurnArgs
@@ -219,7 +219,7 @@ def _judge(ctx: Context, p: BurnParams, device: str, promise: "Promise", jobs: "
            outcomes: "dict[str, WorkerOutcome[BurnResult | SetupError, BurnProgress]]", sampler: Any,
            names: dict[int, str | None], injected: dict[int, list[str]], notes: list[str],
            elapsed: float) -> list[Result]:
-    gpus = [(j, _gpu_of(j)) for j in jobs]
+    gpus = [(j, job_gpu(j)) for j in jobs]
     tel = {g: telemetry_summary(sampler, g, device) for _, g in gpus}
     data: dict[int, BurnResult] = {}
     for j, g in gpus:
@@ -254,13 +254,6 @@ def _judge(ctx: Context, p: BurnParams, device: str, promise: "Promise", jobs: "
             stopped_early(r, outcomes[j.worker_id], promise)
         out.append(finish_result(r, t, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
-
-
-def _gpu_of(job: "WorkerJob") -> int:
-    """The GPU a job stands for (run_per_gpu starts one per GPU: it always names it)."""
-    if job.gpu is None:
-        raise ValueError(f"worker {job.worker_id} names no GPU")
-    return job.gpu
 
 
 def _partial_metrics(r: Result, progress: "BurnProgress") -> None:

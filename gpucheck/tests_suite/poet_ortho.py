@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..sdk import (Action, Context, InjectionArgs, Level, Limit, Need, Result, Rule, Status, choice, define, evaluate,
                    injections_for_gpu)
-from ..sdk.workers import (LoadParams, LoadTime, Promise, finish_result, guarded_targets, progress_evidence,
+from ..sdk.workers import (LoadParams, LoadTime, Promise, finish_result, guarded_targets, job_gpu, progress_evidence,
                            returned_data, run_per_gpu, stopped_early, telemetry_summary, unfinished_result)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -263,7 +263,7 @@ def judge_outcomes(device: str, promise: Promise | float, jobs: "list[WorkerJob]
 
     out: list[Result] = []
     for j in jobs:
-        g = _gpu_of(j)
+        g = job_gpu(j)
         oc = outcomes.get(j.worker_id)
         inj = injected.get(g, [])
         tel = telemetry_summary(sampler, g, device)
@@ -273,13 +273,6 @@ def judge_outcomes(device: str, promise: Promise | float, jobs: "list[WorkerJob]
             stopped_early(r, outcomes[j.worker_id], promise)
         out.append(finish_result(r, tel, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
-
-
-def _gpu_of(job: "WorkerJob") -> int:
-    """The GPU a job stands for (run_per_gpu starts one per GPU: it always names it)."""
-    if job.gpu is None:
-        raise ValueError(f"worker {job.worker_id} names no GPU")
-    return job.gpu
 
 
 def _partial(r: Result, progress: "PoetProgress") -> None:

@@ -332,6 +332,13 @@ def finish_result(r: Result, t: "TelemetrySummary", *, device: str, gpu: int, no
     return r
 
 
+def job_gpu(job: "WorkerJob") -> int:
+    """The GPU a job of run_per_gpu stands for (it starts one per GPU: every job names its GPU)."""
+    if job.gpu is None:
+        raise ValueError(f"worker {job.worker_id} names no GPU")
+    return job.gpu
+
+
 def worker_data(oc: "WorkerOutcome[RD | SetupError, Any] | None") -> RD | None:
     """The data a worker returned (possibly partial, after a stop), or None: no outcome, no
     result, or a setup error (not data: unfinished_result judges it)."""

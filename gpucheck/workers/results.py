@@ -325,9 +325,12 @@ MemtestStepEvent = TypedDict("MemtestStepEvent", {
 }, total=False)
 
 
+# A confirmation rerun (ErrorLog.confirm); "round" is set (2) when eud.memtest merges the headroom
+# round's into the first round's.
 MemtestConfirmation = TypedDict("MemtestConfirmation", {
     "pattern": str, "pass": int, "errors": int, "errors_again": int, "same_words": int, "reproduced": bool,
-})
+    "round": int,
+}, total=False)
 
 
 class MemtestErrors(TypedDict):
