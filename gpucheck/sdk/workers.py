@@ -16,9 +16,9 @@ from ..workers.per_gpu import (TORCH_IMPORT_CPU_S, LevelDurations, LoadParams, L
                                stopped_early, telemetry_summary, unfinished_result, worker_data)
 from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET, WorkerJob, WorkerOutcome
 from ..workers.results import (BurnDtype, BurnProgress, BurnResult, CopyBwGpu, CopyBwPair, CopyBwProgress,
-                               CopyBwResult, MemtestConfirmation, MemtestCopy, MemtestErrorRecord, MemtestErrors,
+                               CopyBwResult, LinkUnderLoad, MemtestConfirmation, MemtestCopy, MemtestErrorRecord, MemtestErrors,
                                MemtestProgress, MemtestResult, MemtestStall, PoetProgress, PoetResult, PoetViolation,
-                               ReproProgress, ReproResult, SdcEvent, SetupError)
+                               ReproProgress, ReproResult, SdcEvent, SetupError, WorkerProgress)
 
 __all__ = [
     "guard_context", "guarded_targets", "unknown_gpus",
@@ -28,7 +28,7 @@ __all__ = [
     "telemetry_summary", "unfinished_result", "worker_data", "job_gpu",
     "pool", "CANCELLED", "CRASHED", "HUNG", "OVER_BUDGET", "WorkerJob", "WorkerOutcome",
     # what the workers return and report (gpucheck.workers.results)
-    "BurnDtype", "BurnProgress", "BurnResult", "CopyBwGpu", "CopyBwPair", "CopyBwProgress", "CopyBwResult",
+    "BurnDtype", "BurnProgress", "BurnResult", "CopyBwGpu", "CopyBwPair", "CopyBwProgress", "CopyBwResult", "LinkUnderLoad",
     "MemtestConfirmation", "MemtestCopy", "MemtestErrorRecord", "MemtestErrors", "MemtestProgress", "MemtestResult", "MemtestStall", "PoetProgress",
-    "PoetResult", "PoetViolation", "ReproProgress", "ReproResult", "SdcEvent", "SetupError",
+    "PoetResult", "PoetViolation", "ReproProgress", "ReproResult", "SdcEvent", "SetupError", "WorkerProgress",
 ]

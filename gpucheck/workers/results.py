@@ -640,7 +640,7 @@ class CopyBwProgress(TypedDict):
 
     current: int  # the GPU being measured (the source of a peer copy)
     what: str  # "h2d/d2h/d2d" or "p2p <src>-><dst>"
-    measured: "dict[str, CopyBwBrief]"  # GPU -> what it measured so far
+    measured: "dict[int, CopyBwBrief]"  # GPU -> what it measured so far
 
 
 class _ReproProgressDigest(TypedDict, total=False):
