@@ -446,7 +446,7 @@ class CudaFingerprint(TypedDict):
     torch: str
     cublas: str | None
     blas_backend: str | None
-    workload_version: int
+    workload_version: str
     preset: str
 
 
@@ -462,7 +462,7 @@ class CpuFingerprint(TypedDict):
     mkl: str | None
     onednn: str | None
     threads: int
-    workload_version: int
+    workload_version: str
     preset: str
 
 
