@@ -9,7 +9,7 @@ up at the call: the tests replace it there.
 from __future__ import annotations
 
 from ..workers import pool
-from ..workers.busy import guard_context, guarded_targets, unknown_gpus
+from ..workers.busy import Guard, guard_context, guarded_targets, unknown_gpus
 from ..workers.per_gpu import (TORCH_IMPORT_CPU_S, LevelDurations, LoadParams, LoadTime, PerGpuRun, PoolParams, Promise,
                                cut_short, deadline_problem, duration_slice, finish_result, level_duration, pool_budget,
                                job_gpu, progress_evidence, promised, returned_data, run_per_gpu, stop_timings,
@@ -21,7 +21,7 @@ from ..workers.results import (BurnDtype, BurnProgress, BurnResult, CopyBwGpu, C
                                ReproProgress, ReproResult, SdcEvent, SetupError, WorkerProgress)
 
 __all__ = [
-    "guard_context", "guarded_targets", "unknown_gpus",
+    "Guard", "guard_context", "guarded_targets", "unknown_gpus",
     "TORCH_IMPORT_CPU_S", "LevelDurations", "LoadParams", "LoadTime", "PerGpuRun", "PoolParams", "Promise",
     "cut_short", "deadline_problem", "duration_slice", "finish_result", "level_duration", "pool_budget",
     "progress_evidence", "promised", "returned_data", "run_per_gpu", "stop_timings", "stopped_early",
