@@ -93,14 +93,15 @@ def classify(ev: XidEvent, ignore: Iterable[int] = ()) -> Classification:
         link = ev.nvlink.get("link")
         note = f"fatal {ev.nvlink.get('unit') or 'NVLink'} event" + (f" on link {link}" if link is not None else "")
     if ev.xid == 154:
-        rec = ev.recovery or {}
-        label = (rec.get("to_label") or "").strip().lower()
+        rec = ev.recovery
+        to_label, to_code = (rec.get("to_label"), rec.get("to_code")) if rec else (None, None)
+        label = (to_label or "").strip().lower()
         verdict = catalog.RECOVERY_ACTIONS.get(label)
-        if verdict is None and isinstance(rec.get("to_code"), int):
-            verdict = catalog.RECOVERY_ACTIONS.get(catalog.RECOVERY_CODES.get(rec["to_code"], ""))
+        if verdict is None and isinstance(to_code, int):
+            verdict = catalog.RECOVERY_ACTIONS.get(catalog.RECOVERY_CODES.get(to_code, ""))
         if verdict is not None:
             sev, act = verdict
-            note = f"the driver's recovery action is now {rec.get('to_label') or hex(rec.get('to_code', 0))}"
+            note = f"the driver's recovery action is now {to_label or hex(to_code or 0)}"
         else:
             sev, act = "warning", "investigate"
             note = "recovery action not readable from the message"
