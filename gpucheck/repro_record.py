@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .tests_suite.repro_bitwise import ReproParams
 
 CHECK_ID = "repro.bitwise"
 
@@ -67,6 +70,7 @@ def record_references(req: RecordRequest, say: Say) -> RecordOutcome:
     from .repro.judge import plan_record
     from .repro.workloads import WorkloadError
     from .core.result import Status
+    from .sdk.workers import returned_data
     from .tests_suite.repro_bitwise import collect
 
     check, ctx, p, path = _prepare(req)
@@ -83,7 +87,7 @@ def record_references(req: RecordRequest, say: Say) -> RecordOutcome:
         problems.append((Status.ERROR, "no GPU selected to record"))
     if req.injections and not problems:
         problems.append((Status.FAIL, "--inject was given: injected digests are never recorded"))
-    fps = {key: col.outcomes[gs[0]].result["fingerprint"] for key, gs in by_key.items()}
+    fps = {key: returned_data(col.outcomes[gs[0]])["fingerprint"] for key, gs in by_key.items()}  # (usable runs)
     summary = _summary(path, col, by_key, fps, [t for _, t in problems])
     _say_fingerprints(say, col.device, by_key, fps)
     if problems:
@@ -100,12 +104,12 @@ def record_references(req: RecordRequest, say: Say) -> RecordOutcome:
     return _write(path, records, col.not_run, summary, say)
 
 
-def _prepare(req: RecordRequest) -> tuple[Any, Any, dict[str, Any], str]:
+def _prepare(req: RecordRequest) -> "tuple[Any, Any, ReproParams, str]":
     """The check, the run's context, the check's parameters and the reference file's path;
     RecordUsageError for what cannot be done."""
     from .app import RunRequest, UsageError, prepare
     from .repro import store
-    from .tests_suite.repro_bitwise import ReproOptions, reference_path
+    from .tests_suite.repro_bitwise import DEFAULTS, ReproOptions, reference_path
 
     run = RunRequest(level=req.level, check_patterns=[CHECK_ID], gpus=req.gpus, device=req.device,
                      workers=req.workers, injections=list(req.injections),
@@ -116,7 +120,7 @@ def _prepare(req: RecordRequest) -> tuple[Any, Any, dict[str, Any], str]:
     except UsageError as e:
         raise RecordUsageError(None, str(e)) from None
     ctx, check = prep.ctx, prep.checks[0]
-    p = ctx.params(check)
+    p = ctx.params(check.id, DEFAULTS)  # the check's defaults (check.spec.defaults) merged with the config
     path = req.out or reference_path(ctx, p)[0]
     try:
         store.check_writable(path)

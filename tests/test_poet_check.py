@@ -297,7 +297,7 @@ def test_bad_configuration_is_a_bad_option_error_before_any_worker(cfg, message)
 
 
 def test_a_bit_the_flipped_dtype_does_not_have_is_a_usage_error_for_that_gpu():
-    settings = {"dtypes": ["bf16", "fp32"], "blocks": [32, 64]}
+    settings = poet_mod.RunSettings(dtypes=["bf16", "fp32"], blocks=[32, 64], size=None, rows=None, backend="auto")
     ctx = _ctx(injections=["bitflip:gpu=1,bit=20"])
     _, texts, problem = poet_mod._injection_args(ctx, 1, settings)
     assert texts == ["bitflip:gpu=1,bit=20"] and "bit must be in 0..15 for problem 0 (bf16), not 20" in problem

@@ -136,7 +136,7 @@ def _report(*, source: str, files: list[str], boot: int, since: str, as_json: bo
     from ..platform.kernlog.scan import scan
     from ..core.verdict import exit_code_for
 
-    params = dict(J.DEFAULT_PARAMS)
+    params = J.DEFAULT_PARAMS.copy()
     if repeat_limit is not None:
         params["repeat_limit"] = repeat_limit
     try:

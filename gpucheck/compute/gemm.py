@@ -50,10 +50,10 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence, TypedDict
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..workers.results import BurnResult, SetupError
+    from ..workers.results import BurnDtype, BurnResult, BurnRun, DeviceInfo, SdcEvent, SetupError
 
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "tf32", "fp32", "fp64", "fp8")
 # Device types whose fp8 GEMM (torch._scaled_mm) a burn runs: CUDA GPUs of compute capability 8.9
@@ -122,7 +122,7 @@ class DtypeError(ValueError):
     pass
 
 
-def parse_dtypes(value: str | list[str] | tuple[str, ...]) -> list[str]:
+def parse_dtypes(value: str | Sequence[str]) -> list[str]:
     """'bf16,fp32' or ['bf16', 'fp32'] -> ['bf16', 'fp32']; DtypeError for an unknown name."""
     from ..core.choices import parse_choices
 
@@ -153,6 +153,34 @@ def flops_per_gemm(n: int) -> float:
     return 2.0 * float(n) ** 3
 
 
+class BurnBitflip(TypedDict):
+    """The bitflip injection: flip `bit` of element (row, col) of the last GEMM of operand set
+    `set` (None: the top mantissa bit, the middle row, a third of the columns)."""
+
+    set: int
+    bit: int | None
+    row: int | None
+    col: int | None
+
+
+class BurnArgs(TypedDict, total=False):
+    """burn_worker's arguments (BurnConfig.from_args: a key not given keeps BurnConfig's default)."""
+
+    duration_s: float
+    dtypes: list[str] | str  # names, or a comma list (parse_dtypes)
+    size: int
+    repeats: int
+    window_s: float
+    ref_rows: int
+    ref_every_s: float
+    seed: int
+    max_events: int
+    distributions: list[str]
+    bitflip: BurnBitflip  # injections (the check's --inject)
+    slow: float
+    hang_after_s: float
+
+
 @dataclass
 class BurnConfig:
     duration_s: float = 30.0
@@ -163,14 +191,14 @@ class BurnConfig:
     ref_rows: int = 8
     ref_every_s: float = 1.0
     seed: int = 0
-    bitflip: dict[str, Any] | None = None  # {"set": 1, "bit": None, "row": None, "col": None}
+    bitflip: BurnBitflip | None = None
     slow: float | None = None  # factor in (0, 1]
     hang_after_s: float | None = None
     max_events: int = 8
     distributions: tuple[str, ...] = DISTRIBUTIONS  # the benchmark isolates verification with ("normal",)
 
     @classmethod
-    def from_args(cls, args: dict[str, Any]) -> "BurnConfig":
+    def from_args(cls, args: BurnArgs) -> "BurnConfig":
         from ..workers.settings import set_given
 
         cfg = cls()
@@ -178,7 +206,8 @@ class BurnConfig:
         set_given(cfg, args, int, ("size", "repeats", "ref_rows", "seed", "max_events"))
         if args.get("dtypes") is not None:
             cfg.dtypes = parse_dtypes(args["dtypes"])
-        cfg.bitflip = dict(args["bitflip"]) if args.get("bitflip") is not None else None
+        bitflip = args.get("bitflip")
+        cfg.bitflip = bitflip.copy() if bitflip is not None else None
         cfg.slow = float(args["slow"]) if args.get("slow") is not None else None
         cfg.hang_after_s = float(args["hang_after_s"]) if args.get("hang_after_s") is not None else None
         if args.get("distributions") is not None:
@@ -195,7 +224,7 @@ class BurnConfig:
         return cfg
 
 
-def burn_worker(args: dict[str, Any], chan: Any) -> "BurnResult | SetupError":
+def burn_worker(args: BurnArgs, chan: Any) -> "BurnResult | SetupError":
     """Worker target: burn, verify, measure; return plain data (see Burner.run)."""
     from ..workers.pool import torch_and_device
 
@@ -214,7 +243,7 @@ class Burner:
         self.dev = dev
         self.chan = chan
         self.cfg = cfg
-        self.events: list[dict[str, Any]] = []
+        self.events: list[SdcEvent] = []
         self.event_count = 0
         self.injected: list[str] = []
         self.flipped = False
@@ -224,12 +253,12 @@ class Burner:
         self.notes: list[str] = []
 
     # -- device -------------------------------------------------------------------------------
-    def device_info(self) -> dict[str, Any]:
+    def device_info(self) -> "DeviceInfo":
         from ..workers.pool import device_info
 
         return device_info(self.torch, self.dev)
 
-    def unsupported(self, dtype: str, info: dict[str, Any]) -> str | None:
+    def unsupported(self, dtype: str, info: "DeviceInfo") -> str | None:
         torch = self.torch
         if dtype == "fp8":
             if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
@@ -262,9 +291,9 @@ class Burner:
                 pass
 
     # -- the whole run --------------------------------------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> "BurnResult":
         info = self.device_info()
-        out: dict[str, Any] = {
+        out: BurnRun = {
             "device": info,
             "config": {"size": self.cfg.size, "repeats": self.cfg.repeats, "duration_s": self.cfg.duration_s,
                        "window_s": self.cfg.window_s, "ref_rows": self.cfg.ref_rows, "seed": self.cfg.seed},
@@ -307,12 +336,10 @@ class Burner:
         out["sdc_count"] = self.event_count
         out["injected"] = self.injected
         out["notes"] = self.notes
-        out["iterations"] = self.iterations
-        out["seconds"] = round(time.monotonic() - self.t_start, 3)
-        return out
+        return {**out, "iterations": self.iterations, "seconds": round(time.monotonic() - self.t_start, 3)}
 
     # -- one dtype ----------------------------------------------------------------------------
-    def burn_dtype(self, dtype: str, seconds: float) -> dict[str, Any]:
+    def burn_dtype(self, dtype: str, seconds: float) -> "BurnDtype":
         torch, dev, cfg = self.torch, self.dev, self.cfg
         n, reps = cfg.size, cfg.repeats
         self._set_precision(dtype)
@@ -325,7 +352,7 @@ class Burner:
         def checksum(C: Any) -> Any:
             return C.view(sum_view).sum(dtype=torch.int64)
 
-        res: dict[str, Any] = {
+        res: BurnDtype = {
             "dtype": dtype, "size": n, "repeats": reps, "iterations": 0, "sets": 0, "seconds": 0.0,
             "tflops": None, "tflops_windows": [], "repeat_checks": 0, "repeat_mismatches": 0,
             "reference_checks": 0, "reference_elements": 0, "reference_failures": 0,
@@ -460,7 +487,7 @@ class Burner:
             raise ValueError(f"unknown distribution {dist!r}")
 
     # -- windows and progress -------------------------------------------------------------------
-    def _close_window(self, res: dict[str, Any], dtype: str, flops: float, seconds: float) -> None:
+    def _close_window(self, res: "BurnDtype", dtype: str, flops: float, seconds: float) -> None:
         tf = flops / seconds / 1e12
         res["tflops_windows"].append(tf)
         ws = res["tflops_windows"]
@@ -475,13 +502,13 @@ class Burner:
         })
 
     # -- verification ---------------------------------------------------------------------------
-    def _add_event(self, res: dict[str, Any], ev: dict[str, Any]) -> None:
+    def _add_event(self, res: "BurnDtype", ev: "SdcEvent") -> None:
         self.event_count += 1
         res["sdc_events"] += 1
         if len(self.events) < self.cfg.max_events:
             self.events.append(ev)
 
-    def _repeat_event(self, res: dict[str, Any], dtype: str, dist: str, s: int, C0: Any, C1: Any,
+    def _repeat_event(self, res: "BurnDtype", dtype: str, dist: str, s: int, C0: Any, C1: Any,
                       mm: Any, sum_view: Any, injected: bool) -> None:
         torch = self.torch
         n, reps = self.cfg.size, self.cfg.repeats
@@ -516,7 +543,7 @@ class Burner:
             "time_s": round(time.monotonic() - self.t_start, 3), "injected": injected,
         })
 
-    def _reference_check(self, res: dict[str, Any], dtype: str, dist: str, s: int, A: Any, B: Any,
+    def _reference_check(self, res: "BurnDtype", dtype: str, dist: str, s: int, A: Any, B: Any,
                          C: Any, rng: random.Random) -> None:
         torch = self.torch
         n = self.cfg.size
@@ -565,24 +592,25 @@ class Burner:
             })
 
     # -- fault injection ------------------------------------------------------------------------
-    def _flip_due(self, s: int) -> dict[str, Any] | None:
+    def _flip_due(self, s: int) -> BurnBitflip | None:
         bf = self.cfg.bitflip
         if bf is None or self.flipped:
             return None
         return bf if s == int(bf.get("set", 1)) else None
 
-    def _flip(self, C: Any, view_dtype: Any, dtype: str, s: int, bf: dict[str, Any]) -> None:
+    def _flip(self, C: Any, view_dtype: Any, dtype: str, s: int, bf: BurnBitflip) -> None:
         torch = self.torch
         n = self.cfg.size
         nbits = C.element_size() * 8
         mantissa = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}[C.dtype]
         # Default: the top mantissa bit (a relative change of up to 1/2, like a flipped bit in a
         # multiplier's output).
-        bit = int(bf["bit"]) if bf.get("bit") is not None else mantissa - 1
+        given_bit, given_row, given_col = bf.get("bit"), bf.get("row"), bf.get("col")
+        bit = int(given_bit) if given_bit is not None else mantissa - 1
         if not 0 <= bit < nbits:
             raise ValueError(f"bitflip bit must be in 0..{nbits - 1} for {dtype}, not {bit}")
-        row = int(bf["row"]) % n if bf.get("row") is not None else n // 2
-        col = int(bf["col"]) % n if bf.get("col") is not None else n // 3
+        row = int(given_row) % n if given_row is not None else n // 2
+        col = int(given_col) % n if given_col is not None else n // 3
         mask = -(1 << bit) if bit == nbits - 1 else (1 << bit)
         flat = C.view(view_dtype).view(-1)
         flat[row * n + col:row * n + col + 1].bitwise_xor_(torch.tensor([mask], dtype=view_dtype, device=self.dev))

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
 
 from .levels import Level
 from .options import declared
@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .state import State
     from ..platform.telemetry.model import GpuEntry, Snapshot
     from ..platform.telemetry.source import TelemetrySource
+
+# A check's parameters: its TypedDict of defaults, and the merged values Context.params returns.
+_Params = TypeVar("_Params", bound=Mapping[str, Any])
 
 
 class Need(str, enum.Enum):
@@ -132,7 +135,7 @@ def define(
     needs: tuple[Need, ...] | list[Need] = (),
     budget_s: float = 10.0,
     detects: str = "",
-    defaults: dict[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,  # the check's TypedDict of parameters
     limits: dict[str, Any] | None = None,
     injects: tuple[str, ...] = (),
     budget_fn: Callable[["Context"], float] | None = None,
@@ -287,8 +290,17 @@ class Context:
             except Exception:  # a display problem never breaks a check
                 pass
 
-    def params(self, check: Check | CheckSpec | str, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The check's defaults merged with the config's overrides for it."""
+    @overload
+    def params(self, check: str, defaults: _Params) -> _Params: ...
+
+    @overload
+    def params(self, check: Check | CheckSpec | str, defaults: None = None) -> dict[str, Any]: ...
+
+    def params(self, check: Check | CheckSpec | str, defaults: Mapping[str, Any] | None = None) -> Any:
+        """The check's defaults merged with the config's overrides for it. Given the check's typed
+        defaults (a TypedDict), of that type: the config holds only keys the check declares, each
+        of its default's kind (gpucheck.core.config.Config.validate_checks)."""
+        spec_defaults: Mapping[str, Any]
         if isinstance(check, Check):
             spec_defaults, cid = check.spec.defaults, check.spec.id
         elif isinstance(check, CheckSpec):

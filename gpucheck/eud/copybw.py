@@ -40,15 +40,42 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..workers.results import CopyBwResult, SetupError
+    from ..workers.results import (CopyBwBrief, CopyBwGpu, CopyBwPair, CopyBwResult, CopyMeasure, LinkUnderLoad,
+                                   NumaPlacement, SetupError)
 
 MiB = 1 << 20
 
 
-def copybw_worker(args: dict[str, Any], chan: Any) -> "CopyBwResult | SetupError":
+class CopyBwTarget(TypedDict):
+    """A GPU the copy-bandwidth worker measures."""
+
+    gpu: int  # NVML index (or the CPU worker's number)
+    uuid: str | None  # to find its CUDA device (and NVML handle) by UUID
+    bus_id: str | None  # its PCI device: the local CPUs and NUMA node (sysfs)
+    name: str | None
+
+
+class _CopyBwArgsOptional(TypedDict, total=False):
+    h2d_bytes: int
+    d2d_bytes: int
+    p2p_bytes: int
+    repeats: int
+    warmup: int
+    p2p: bool  # measure every ordered GPU pair
+    numa_affinity: bool  # host buffers on the GPU's NUMA node
+    slow: dict[int, float]  # the slow injection: GPU -> factor on its measured bandwidths
+
+
+class CopyBwArgs(_CopyBwArgsOptional):
+    """copybw_worker's arguments (measure: a size or count not given has its default)."""
+
+    gpus: list[CopyBwTarget]
+
+
+def copybw_worker(args: CopyBwArgs, chan: Any) -> "CopyBwResult | SetupError":
     """Worker target: measure every GPU in args["gpus"] and every pair; return plain data."""
     try:
         import torch  # noqa: PLC0415 - in the worker only
@@ -131,7 +158,7 @@ class _Timer:
         return [s.elapsed_time(e) / 1000.0 for s, e in evs]
 
 
-def _torch_indices(torch: Any, gpus: list[dict[str, Any]]) -> tuple[dict[int, int], str | None]:
+def _torch_indices(torch: Any, gpus: list[CopyBwTarget]) -> tuple[dict[int, int], str | None]:
     """NVML index -> torch device index, matched by UUID; None note when all matched."""
     count = torch.cuda.device_count()
     by_uuid: dict[str, int] = {}
@@ -151,9 +178,9 @@ def _torch_indices(torch: Any, gpus: list[dict[str, Any]]) -> tuple[dict[int, in
     if unmatched:
         # CUDA_DEVICE_ORDER=PCI_BUS_ID (set by the worker pool) numbers CUDA devices like NVML.
         taken = set(out.values())
-        for g in unmatched:
-            if g < count and g not in taken:  # never two GPUs on one CUDA device
-                out[g] = g
+        for gi in unmatched:
+            if gi < count and gi not in taken:  # never two GPUs on one CUDA device
+                out[gi] = gi
         note = (f"GPU(s) {unmatched} matched to CUDA devices by index, not UUID "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
     return out, note
@@ -167,7 +194,7 @@ class _LinkReader:
     GPU's UUID is known (NVML and CUDA number GPUs independently), else by NVML index."""
 
     def __init__(self, gpu: int, uuid: str | None = None):
-        self.box: dict[str, Any] = {}
+        self.box: LinkUnderLoad = {}
         self._nv: Any = None
         self._h: Any = None
         try:
@@ -229,7 +256,7 @@ def _clear_cuda_error(torch: Any = None, device: Any = None) -> None:
             pass
 
 
-def measure(torch: Any, device: str, args: dict[str, Any], chan: Any) -> dict[str, Any]:
+def measure(torch: Any, device: str, args: CopyBwArgs, chan: Any) -> "CopyBwResult":
     """Measure every GPU and every pair (see the module doc). `args`:
     gpus: [{"gpu", "uuid", "bus_id", "name"}], h2d_bytes, d2d_bytes, p2p_bytes, repeats, warmup,
     p2p (bool), numa_affinity (bool), slow ({gpu: factor})."""
@@ -242,7 +269,7 @@ def measure(torch: Any, device: str, args: dict[str, Any], chan: Any) -> dict[st
     p2p_n = int(args.get("p2p_bytes", 256 * MiB))
     slow = {int(k): float(v) for k, v in (args.get("slow") or {}).items()}
     timer = _Timer(torch, cuda)
-    out: dict[str, Any] = {"device": device, "torch": torch.__version__, "gpus": {}, "pairs": [], "notes": [],
+    out: CopyBwResult = {"device": device, "torch": torch.__version__, "gpus": {}, "pairs": [], "notes": [],
                            "injected": [], "config": {"h2d_bytes": h2d_n, "d2d_bytes": d2d_n, "p2p_bytes": p2p_n,
                                                       "repeats": repeats, "warmup": warmup}}
     index: dict[int, int] = {g["gpu"]: g["gpu"] for g in gpus}
@@ -266,7 +293,7 @@ def measure(torch: Any, device: str, args: dict[str, Any], chan: Any) -> dict[st
         if chan.should_stop():
             out["stopped"] = chan.stop_reason
             break
-        rec: dict[str, Any] = {"gpu": gi, "name": g.get("name")}
+        rec: CopyBwGpu = {"gpu": gi, "name": g.get("name")}
         out["gpus"][gi] = rec
         if cuda and gi not in index:
             rec["error"] = "no CUDA device for this GPU (not visible to torch)"
@@ -290,36 +317,42 @@ def measure(torch: Any, device: str, args: dict[str, Any], chan: Any) -> dict[st
         _measure_pairs(torch, cuda, ok, dev, stream, timer, p2p_n, repeats, warmup, out, chan)
 
     for gi, f in slow.items():
-        rec = out["gpus"].get(gi)
-        if rec is None:
+        slowed = out["gpus"].get(gi)
+        if slowed is None:
             continue
-        for key in ("h2d", "d2h", "d2d"):
-            if rec.get(key) and rec[key].get("gbps") is not None:
-                rec[key]["gbps"] *= f
+        for m in (slowed.get("h2d"), slowed.get("d2h"), slowed.get("d2d")):
+            gbps = m.get("gbps") if m else None
+            if m and gbps is not None:
+                m["gbps"] = gbps * f
         for pr in out["pairs"]:
-            if gi in (pr["src"], pr["dst"]) and pr.get("gbps") is not None:
-                pr["gbps"] *= f
+            pair_gbps = pr.get("gbps")
+            if gi in (pr["src"], pr["dst"]) and pair_gbps is not None:
+                pr["gbps"] = pair_gbps * f
         out["injected"].append(f"slow: GPU {gi}'s measured bandwidths (and its pairs') x {f:g}")
     return out
 
 
-def _brief(out: dict[str, Any]) -> dict[str, Any]:
+def _brief(out: "CopyBwResult") -> "dict[int, CopyBwBrief]":
     """The measurements so far, small: what a hung or crashed worker leaves behind."""
-    b: dict[str, Any] = {}
+    b: dict[int, CopyBwBrief] = {}
     for gi, rec in out["gpus"].items():
-        b[gi] = {k: (rec[k]["gbps"] if isinstance(rec.get(k), dict) else None) for k in ("h2d", "d2h", "d2d")}
-        if rec.get("error"):
-            b[gi]["error"] = rec["error"]
+        h2d, d2h, d2d = rec.get("h2d"), rec.get("d2h"), rec.get("d2d")
+        b[gi] = {"h2d": h2d["gbps"] if isinstance(h2d, dict) else None,
+                 "d2h": d2h["gbps"] if isinstance(d2h, dict) else None,
+                 "d2d": d2d["gbps"] if isinstance(d2d, dict) else None}
+        error = rec.get("error")
+        if error:
+            b[gi]["error"] = error
     return b
 
 
-def _host_buffer(torch: Any, cuda: bool, n: int, cpus: set[int] | None, rec: dict[str, Any],
+def _host_buffer(torch: Any, cuda: bool, n: int, cpus: set[int] | None, rec: "CopyBwGpu",
                  device: Any = None) -> tuple[Any, Any]:
     """A host buffer of n bytes on the GPU's NUMA node, page-locked for DMA: fresh anonymous
     pages, first touched by this thread (a single-threaded memset) under the GPU's CPU affinity,
     then cudaHostRegister'ed. Returns (tensor, release function)."""
     old = None
-    numa: dict[str, Any] = rec.setdefault("numa", {})
+    numa: NumaPlacement = rec.setdefault("numa", {})
     if cpus and hasattr(os, "sched_setaffinity"):
         try:
             old = os.sched_getaffinity(0)  # pid 0: this thread only (Linux)
@@ -344,8 +377,12 @@ def _host_buffer(torch: Any, cuda: bool, n: int, cpus: set[int] | None, rec: dic
                 rc = int(torch.cuda.cudart().cudaHostRegister(ptr, n, 1))  # 1: cudaHostRegisterPortable
             if rc == 0:
                 numa["pinned"] = "cudaHostRegister"
-                release = lambda: (int(torch.cuda.cudart().cudaHostUnregister(ptr)) == 0  # noqa: E731
-                                   or _clear_cuda_error(torch, device))
+
+                def unregister() -> None:
+                    if int(torch.cuda.cudart().cudaHostUnregister(ptr)) != 0:
+                        _clear_cuda_error(torch, device)
+
+                release = unregister
             else:
                 _clear_cuda_error(torch, device)  # else torch's next kernel launch reports it as its own
                 host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
@@ -376,14 +413,14 @@ def _cpulist_text(cpus: set[int]) -> str:
     return ",".join(parts)
 
 
-def _result(samples: list[float], n: int, factor: float = 1.0) -> dict[str, Any]:
+def _result(samples: list[float], n: int, factor: float = 1.0) -> "CopyMeasure":
     med = _median(samples)
     return {"gbps": (factor * n / med / 1e9) if med else None, "bytes": n, "repeats": len(samples),
             "samples_s": [round(s, 9) for s in samples],
             "spread": round((max(samples) - min(samples)) / med, 4) if med else None}
 
 
-def _measure_gpu(torch: Any, cuda: bool, g: dict[str, Any], rec: dict[str, Any], device: Any, stream: Any,
+def _measure_gpu(torch: Any, cuda: bool, g: CopyBwTarget, rec: "CopyBwGpu", device: Any, stream: Any,
                  timer: _Timer, h2d_n: int, d2d_n: int, repeats: int, warmup: int, affinity: bool,
                  chan: Any) -> None:
     cpus, node = local_cpus(g.get("bus_id")) if (cuda and affinity) else (None, None)
@@ -399,7 +436,7 @@ def _measure_gpu(torch: Any, cuda: bool, g: dict[str, Any], rec: dict[str, Any],
                 link.close()
         rec["h2d"] = _result(t, h2d_n)
         if link is not None:
-            rec["link_under_load"] = dict(link.box)
+            rec["link_under_load"] = link.box.copy()
         chan.heartbeat()
         t = timer.run(lambda: host.copy_(dbuf, non_blocking=True), repeats, warmup, stream)
         rec["d2h"] = _result(t, h2d_n)
@@ -422,7 +459,7 @@ def _measure_gpu(torch: Any, cuda: bool, g: dict[str, Any], rec: dict[str, Any],
 
 
 def _measure_pairs(torch: Any, cuda: bool, ok: list[int], dev: Any, stream: Any, timer: _Timer, n: int,
-                   repeats: int, warmup: int, out: dict[str, Any], chan: Any) -> None:
+                   repeats: int, warmup: int, out: "CopyBwResult", chan: Any) -> None:
     src_bufs: dict[int, Any] = {}
     dst_bufs: dict[int, Any] = {}
     try:
@@ -437,7 +474,7 @@ def _measure_pairs(torch: Any, cuda: bool, ok: list[int], dev: Any, stream: Any,
                 if chan.should_stop():
                     out["stopped"] = chan.stop_reason
                     return
-                pr: dict[str, Any] = {"src": s, "dst": d, "gbps": None}
+                pr: CopyBwPair = {"src": s, "dst": d, "gbps": None}
                 out["pairs"].append(pr)
                 if cuda and not torch.cuda.can_device_access_peer(dev(s).index, dev(d).index):
                     pr["note"] = "no peer access (CUDA reports this pair cannot access each other's memory)"

@@ -282,7 +282,7 @@ def parse_diag(text: str) -> DiagDoc:
     cats = root.get("test_categories")
     fmt = "4.x" if root_key == "DCGM Diagnostic" or "metadata" in doc or "entity_groups" in doc else "3.x"
     out = DiagDoc(format=fmt)
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
     out.version = meta.get("version") or doc.get("version") or root.get("version")
     out.driver = meta.get("Driver Version Detected") or doc.get("Driver Version Detected")
     if root.get("runtime_error"):
@@ -290,13 +290,17 @@ def parse_diag(text: str) -> DiagDoc:
     serials = doc.get("GPU Device Serials")
     if isinstance(serials, dict):
         for k, v in serials.items():
-            if _int(k) is not None and _serial(v) is not None:
-                out.serials[_int(k)] = _serial(v)
+            index, serial = _int(k), _serial(v)
+            if index is not None and serial is not None:
+                out.serials[index] = serial
     for grp in doc.get("entity_groups") or []:
         if isinstance(grp, dict) and str(grp.get("entity_group", "")).upper() == "GPU":
             for e in grp.get("entities") or []:
-                if isinstance(e, dict) and _int(e.get("entity_id")) is not None and _serial(e.get("serial_num")):
-                    out.serials[_int(e["entity_id"])] = _serial(e["serial_num"])
+                if not isinstance(e, dict):
+                    continue
+                index, serial = _int(e.get("entity_id")), _serial(e.get("serial_num"))
+                if index is not None and serial:
+                    out.serials[index] = serial
     if cats is None:
         if out.runtime_error:
             return out
@@ -343,7 +347,7 @@ def _serial(value: Any) -> str | None:
     return text
 
 
-def _parse_test(out: DiagDoc, cname: str, t: dict[str, Any]) -> None:
+def _parse_test(out: DiagDoc, cname: str, t: dict[str, Any]) -> None:  # t: a test of dcgmi's own JSON
     name = str(t["name"])
     results = t.get("results")
     if results is None:
@@ -474,15 +478,16 @@ _FAIL_RULE_KEY = {Status.FAIL: "fail_as_fail", Status.WARN: "fail_as_warn", Stat
 def _test_result(t: DcgmTest, gpu: int | None, subject: str, injected: list[str]) -> Result:
     label = f"DCGM {t.name}" + (f" ({t.category})" if t.category else "")
     first = t.warnings[0].text.strip() if t.warnings else ""
-    limits: dict[str, Any] = {"fail_as_fail": "Fail", "fail_as_warn": None, "fail_as_error": None,
-                              "fail_action": Action.DRAIN, "warn_text": t.status_text if t.status == "warn" else "Warn"}
+    limits: dict[str, str | Action | None] = {
+        "fail_as_fail": "Fail", "fail_as_warn": None, "fail_as_error": None, "fail_action": Action.DRAIN,
+        "warn_text": t.status_text if t.status == "warn" else "Warn"}
     facts = {"label": label, "first": f": {first}" if first else "",
              "first_or_none": f": {first}" if first else ": DCGM gave no detail", "why": ""}
     if t.status == "fail":
         status, action, facts["why"] = _fail_verdict(t)
         limits.update(fail_as_fail=None, fail_action=action)
         limits[_FAIL_RULE_KEY[status]] = t.status_text
-    metrics: dict[str, Any] = {"dcgm_status": t.status_text, "dcgm_errors": len(t.warnings)}
+    metrics: dict[str, str | int | None] = {"dcgm_status": t.status_text, "dcgm_errors": len(t.warnings)}
     units = {"dcgm_status": "", "dcgm_errors": "count"}
     if t.warnings and t.warnings[0].error_id is not None:
         metrics["dcgm_error_id"], units["dcgm_error_id"] = t.warnings[0].error_id, ""

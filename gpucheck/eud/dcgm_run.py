@@ -97,7 +97,8 @@ def run_command(argv: list[str], *, timeout_s: float, cancel: threading.Event | 
             except subprocess.TimeoutExpired:  # a member that left the group keeps the pipe open
                 for f in (proc.stdout, proc.stderr):
                     try:
-                        f.close()
+                        if f is not None:
+                            f.close()
                     except Exception:  # noqa: BLE001
                         pass
                 chunks = ("", "")

@@ -23,9 +23,12 @@ Only imported in worker processes, benchmarks and tests; CuPy and NumPy are impo
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .patterns import KernelPattern, MASK64, STATS_WORDS, kernel_pattern, new_stats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import MemtestDevice, MemtestMemory
 
 MAX_BLOCK = 1024  # threads per block: CUDA's limit on every GPU gpucheck supports
 MAX_GRID_X = (1 << 31) - 1  # gridDim.x limit
@@ -155,20 +158,20 @@ class CupyBackend:
                 raise MemtestSetupError(f"could not set up the GPU: {e}") from None
             raise
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> "MemtestDevice":
         return {"name": self.gpu_name, "device": "cuda", "backend": self.name, "cupy": self.cp.__version__,
                 "capability": self.capability, "sms": self.sms, "memory_bytes": self.total_memory,
                 "l2_bytes": self.l2_bytes or None, "scrub_bytes": int(self.scrub_buf.nbytes),
                 "blocks_per_sm": dict(self.resident), "cuda_runtime": int(self.cp.cuda.runtime.runtimeGetVersion())}
 
     # -- memory ----------------------------------------------------------------------------------
-    def target_bytes(self) -> tuple[int, dict[str, Any]]:
+    def target_bytes(self) -> "tuple[int, MemtestMemory]":
         free, total = (int(x) for x in self.cp.cuda.runtime.memGetInfo())  # current device (CUDA context made)
         headroom = max(int(self.cfg.headroom_fraction * total), int(self.cfg.headroom_min_bytes))
         target = max(0, min(int(self.cfg.fraction * free), free - headroom))
         return target, {"free_bytes": free, "total_bytes": total, "headroom_bytes": headroom, "note": None}
 
-    def second_round_target(self, released_bytes: int) -> tuple[int, dict[str, Any]]:
+    def second_round_target(self, released_bytes: int) -> "tuple[int, MemtestMemory]":
         """Bytes to allocate for the headroom round: all that is free now (the headroom and the
         chunks just released) but `round2_reserve_bytes`."""
         free, total = (int(x) for x in self.cp.cuda.runtime.memGetInfo())

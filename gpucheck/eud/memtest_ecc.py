@@ -28,9 +28,12 @@ Only NVML is touched here (gpucheck.platform.telemetry.nvml), in the worker; the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.result import Action, Key, Rule, Status
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import EccData, EccReading
 
 COUNTERS: tuple[str, ...] = ("volatile_corrected", "volatile_uncorrected", "remapped_correctable",
                              "remapped_uncorrectable", "remap_pending", "remap_failure")
@@ -49,11 +52,19 @@ class EccReadError(RuntimeError):
     """The GPU's counters cannot be read at all (no NVML, the index is another GPU)."""
 
 
-def empty_reading(label: str) -> dict[str, Any]:
+class CounterGrowth(TypedDict):
+    """One counter over a run's readings (growth)."""
+
+    value: int | None  # the growth (a flag: 1 if it turned true); None: not supported
+    unread: str | None  # NVML's failure kind when a reading failed ("missing": absent in one)
+    steps: list[tuple[str, str, int]]  # (from label, to label, delta) where it grew
+
+
+def empty_reading(label: str) -> "EccReading":
     return {"label": label, "counters": {c: None for c in COUNTERS}, "errors": {}}
 
 
-def read_counters(session: Any, handle: Any, label: str) -> dict[str, Any]:
+def read_counters(session: Any, handle: Any, label: str) -> "EccReading":
     """One reading: {"label", "counters": {name: int | bool | None}, "errors": {name: NVML failure kind}}.
     None with no error: not supported. Never raises."""
     from ..platform.telemetry import nvml as N
@@ -107,7 +118,7 @@ class NvmlEccReader:
             self.session.close()
             raise
 
-    def read(self, label: str) -> dict[str, Any]:
+    def read(self, label: str) -> "EccReading":
         return read_counters(self.session, self.handle, label)
 
     def close(self) -> None:
@@ -119,11 +130,11 @@ class EccMonitor:
     injection (if any) applied. `reader` None: no counters (a CPU stand-in); with an injection,
     readings start from a synthetic zero baseline."""
 
-    def __init__(self, reader: Any = None, inject: dict[str, Any] | None = None, note: str | None = None):
+    def __init__(self, reader: Any = None, inject: dict[str, int] | None = None, note: str | None = None):
         self.reader = reader
-        self.inject = dict(inject) if inject else None
+        self.inject = inject.copy() if inject else None
         self.note = note
-        self.reads: list[dict[str, Any]] = []
+        self.reads: list[EccReading] = []
         self.injected: list[str] = []
         self.failure: str | None = None  # why the GPU's counters could not be read at all
 
@@ -145,15 +156,16 @@ class EccMonitor:
             self._apply(r)
         self.reads.append(r)
 
-    def _apply(self, r: dict[str, Any]) -> None:
+    def _apply(self, r: "EccReading") -> None:
         spec = self.inject or {}
         c = r["counters"]
         added = []
         for key, counter in INJECT_KEYS.items():
             k = int(spec.get(key, 0) or 0)
-            if not k or c.get(counter) is None:
+            now = c.get(counter)
+            if not k or now is None:
                 continue
-            c[counter] = True if counter in FLAGS else int(c[counter]) + k
+            c[counter] = True if counter in FLAGS else int(now) + k
             added.append(f"{counter} +{k}" if counter not in FLAGS else f"{counter} set")
         if added and len(self.injected) < 1:
             self.injected.append(f"ecc: {', '.join(added)} in the readings from {r['label']} on")
@@ -162,28 +174,28 @@ class EccMonitor:
         if self.reader is not None:
             self.reader.close()
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> "EccData":
         return {"source": self.source, "reads": list(self.reads), "note": self.note, "failure": self.failure,
                 "injected": list(self.injected)}
 
 
-def inject_spec(params: dict[str, Any]) -> dict[str, Any]:
+def inject_spec(params: dict[str, Any]) -> dict[str, int]:
     """An ecc injection's parameters, checked: counts >= 0 (corrected=1 when none is given).
     ValueError names a bad one."""
     unknown = sorted(set(params) - {"gpu", "after_pass", *INJECT_KEYS})
     if unknown:
         raise ValueError(f"unknown parameter(s) {', '.join(unknown)} (use {', '.join(INJECT_KEYS)}, after_pass)")
-    spec: dict[str, Any] = {}
+    counts: dict[str, int] = {}  # an INJECT_KEYS key or after_pass -> its count
     for key in (*INJECT_KEYS, "after_pass"):
         if params.get(key) is None:
             continue
         v = int(params[key])
         if v < 0:
             raise ValueError(f"{key} must be >= 0, not {v}")
-        spec[key] = v
-    if not any(spec.get(k) for k in INJECT_KEYS):
-        spec["corrected"] = 1
-    return spec
+        counts[key] = v
+    if not any(counts.get(k) for k in INJECT_KEYS):
+        counts["corrected"] = 1
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,30 +236,40 @@ COUNTER_OF: dict[str, str] = {
 ECC_LIMIT_KEYS = ("ecc_corrected_growth_max", "ecc_uncorrected_growth_max", "remapped_rows_growth_max")  # config
 
 
-def ecc_limits(p: dict[str, Any] | None) -> dict[str, Any]:
+class EccLimitParams(TypedDict):
+    """The check's parameters ECC_RULES take their limits from (ECC_LIMIT_KEYS)."""
+
+    ecc_corrected_growth_max: int
+    ecc_uncorrected_growth_max: int
+    remapped_rows_growth_max: int
+
+
+def ecc_limits(p: "EccLimitParams | None") -> dict[str, int | None]:
     """The limits of ECC_RULES from the check's parameters `p`; None: no counter was read, the
     rules are off."""
     if p is None:
         return dict.fromkeys((*ECC_LIMIT_KEYS, "ecc_flags_new_max"))
-    return {**{k: int(p[k]) for k in ECC_LIMIT_KEYS}, "ecc_flags_new_max": 0}
+    return {"ecc_corrected_growth_max": int(p["ecc_corrected_growth_max"]),
+            "ecc_uncorrected_growth_max": int(p["ecc_uncorrected_growth_max"]),
+            "remapped_rows_growth_max": int(p["remapped_rows_growth_max"]), "ecc_flags_new_max": 0}
 
 
-def growth(reads: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def growth(reads: "list[EccReading]") -> dict[str, CounterGrowth]:
     """Per counter: {"value": growth from the first to the last reading (a flag: 1 if it turned
     true), or None when not supported; "unread": NVML's failure kind when a reading failed;
     "steps": [(from label, to label, delta), ...] for every pair of readings where it grew}."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, CounterGrowth] = {}
     for c in COUNTERS:
         failed = next((r["errors"][c] for r in reads if c in r.get("errors", {})), None)
         vals = [r["counters"].get(c) for r in reads]
-        entry: dict[str, Any] = {"value": None, "unread": failed, "steps": []}
+        entry: CounterGrowth = {"value": None, "unread": failed, "steps": []}
         out[c] = entry
         if failed is not None or len(reads) < 2 or all(v is None for v in vals):
             continue  # unread, not read twice, or not supported
         if any(v is None for v in vals):
             entry["unread"] = "missing"  # supported in one reading, absent in another
             continue
-        nums = [int(bool(v)) if c in FLAGS else int(v) for v in vals]
+        nums = [int(bool(v)) if c in FLAGS else int(v) for v in vals if v is not None]  # none is None here
         entry["value"] = int(nums[-1] > nums[0]) if c in FLAGS else max(0, nums[-1] - nums[0])
         entry["steps"] = [(reads[i]["label"], reads[i + 1]["label"], nums[i + 1] - nums[i])
                           for i in range(len(nums) - 1) if nums[i + 1] != nums[i]]

@@ -40,7 +40,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence, TypedDict
 
 from .memtest_cupy import MAX_BLOCK, MAX_CHUNK_BYTES, CupyBackend, MemtestSetupError
 from .memtest_ecc import EccMonitor, EccReadError, NvmlEccReader
@@ -48,10 +48,49 @@ from .patterns import (BY_NAME, ErrorLog, NAMES, accumulate_errors, decode_step,
                        pattern_seed, steps_for, word_values)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..workers.results import MemtestResult, SetupError
+    from ..workers.results import (MemtestChunk, MemtestCopy, MemtestDevice, MemtestHeadroomRound, MemtestMemory,
+                                   MemtestPatternTotals, MemtestResult, MemtestStepEvent, SetupError)
 
 MIN_CHUNK_BYTES = 64
 ALIGN = 16  # every chunk an even number of words: the kernels move 16 bytes at a time
+
+
+class MemtestBitflip(TypedDict, total=False):
+    """The bitflip injection: flip `bit` of the word at region byte `offset` right after the first
+    fill step of `pattern` (None: the middle word, bit 17, the first pattern run), once, or in
+    every run of it with `sticky`."""
+
+    bit: int | None
+    offset: int | None
+    pattern: str | None
+    sticky: bool
+
+
+class MemtestArgs(TypedDict, total=False):
+    """memtest_worker's arguments (MemtestConfig.from_args: a key not given keeps MemtestConfig's default)."""
+
+    patterns: Sequence[str] | str
+    passes: int
+    duration_s: float | None
+    seed: int
+    fraction: float
+    headroom_fraction: float
+    headroom_min_bytes: int
+    headroom_round: bool
+    round2_reserve_bytes: int
+    chunk_bytes: int
+    cpu_bytes: int
+    cpu_chunk_bytes: int
+    max_errors: int
+    report_errors: int
+    confirm: bool
+    copy_bytes: int
+    copy_repeats: int
+    block: int
+    blocks_per_sm: int
+    stall_timeout_s: float
+    inject: MemtestBitflip | None  # injections (the check's --inject)
+    ecc_inject: dict[str, int] | None  # gpucheck.eud.memtest_ecc.inject_spec
 
 
 @dataclass
@@ -76,11 +115,11 @@ class MemtestConfig:
     block: int = 256
     blocks_per_sm: int = 32  # a cap on the occupancy API's answer (the grid is one wave either way)
     stall_timeout_s: float = 60.0  # a step of kernels still running after this long is a hang
-    inject: dict[str, Any] | None = None  # {"pattern", "offset", "bit", "sticky"}
-    ecc_inject: dict[str, Any] | None = None  # gpucheck.eud.memtest_ecc.inject_spec
+    inject: MemtestBitflip | None = None
+    ecc_inject: dict[str, int] | None = None  # gpucheck.eud.memtest_ecc.inject_spec
 
     @classmethod
-    def from_args(cls, args: dict[str, Any]) -> "MemtestConfig":
+    def from_args(cls, args: MemtestArgs) -> "MemtestConfig":
         from ..workers.settings import set_given
 
         cfg = cls()
@@ -89,10 +128,11 @@ class MemtestConfig:
                                    "cpu_bytes", "cpu_chunk_bytes", "max_errors", "report_errors", "copy_bytes",
                                    "copy_repeats", "block", "blocks_per_sm"))
         set_given(cfg, args, bool, ("confirm", "headroom_round"))
-        if args.get("patterns") is not None:
-            cfg.patterns = parse_patterns(args["patterns"])
-        cfg.inject = dict(args["inject"]) if args.get("inject") else None
-        cfg.ecc_inject = dict(args["ecc_inject"]) if args.get("ecc_inject") else None
+        patterns, inject, ecc_inject = args.get("patterns"), args.get("inject"), args.get("ecc_inject")
+        if patterns is not None:
+            cfg.patterns = parse_patterns(patterns)
+        cfg.inject = inject.copy() if inject else None
+        cfg.ecc_inject = dict(ecc_inject) if ecc_inject else None
         cfg.check()
         return cfg
 
@@ -120,7 +160,7 @@ class MemtestConfig:
                              f"not {self.chunk_bytes}")
 
 
-def memtest_worker(args: dict[str, Any], chan: Any) -> "MemtestResult | SetupError":
+def memtest_worker(args: MemtestArgs, chan: Any) -> "MemtestResult | SetupError":
     """Worker target: run the pattern test on this worker's device; return plain data."""
     cfg = MemtestConfig.from_args(args)
     try:
@@ -165,19 +205,19 @@ class NumpyBackend:
 
         self.np = np
         self.cfg = cfg
-        self.stats = None
-        self.errs = None
+        self.stats: Any = None  # the step's stats and error records (NumPy arrays)
+        self.errs: Any = None
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> "MemtestDevice":
         return {"name": platform.processor() or platform.machine() or "cpu", "device": "cpu",
                 "backend": self.name, "numpy": self.np.__version__}
 
-    def target_bytes(self) -> tuple[int, dict[str, Any]]:
+    def target_bytes(self) -> "tuple[int, MemtestMemory]":
         return int(self.cfg.cpu_bytes), {
             "free_bytes": None, "total_bytes": None, "headroom_bytes": int(self.cfg.cpu_chunk_bytes),
             "note": f"host memory stands in for GPU memory: {self.cfg.cpu_bytes} bytes"}
 
-    def second_round_target(self, released_bytes: int) -> tuple[int, dict[str, Any]]:
+    def second_round_target(self, released_bytes: int) -> "tuple[int, MemtestMemory]":
         """The CPU stand-in has no headroom to reach: its second round takes the released chunks'
         size plus cpu_chunk_bytes (its stand-in headroom) of new host memory."""
         return released_bytes + int(self.cfg.cpu_chunk_bytes), {"free_bytes": None, "reserve_bytes": None}
@@ -286,7 +326,7 @@ def _allocate(backend: Any, target: int, chan: Any) -> tuple[list[_Chunk], str |
     return chunks, note
 
 
-def _copy_bandwidth(backend: Any, chunks: list[_Chunk], cfg: MemtestConfig, chan: Any) -> dict[str, Any]:
+def _copy_bandwidth(backend: Any, chunks: list[_Chunk], cfg: MemtestConfig, chan: Any) -> "MemtestCopy":
     """A plain device-to-device copy between two parts of the region: the bandwidth yardstick."""
     if len(chunks) >= 2:
         n = min(chunks[0].words, chunks[1].words, cfg.copy_bytes // 8)
@@ -311,7 +351,7 @@ def _copy_bandwidth(backend: Any, chunks: list[_Chunk], cfg: MemtestConfig, chan
 
 
 class _Injector:
-    def __init__(self, spec: dict[str, Any] | None, cfg: MemtestConfig, chunks: list[_Chunk]):
+    def __init__(self, spec: MemtestBitflip | None, cfg: MemtestConfig, chunks: list[_Chunk]):
         self.spec = spec
         self.done = 0
         self.texts: list[str] = []
@@ -321,7 +361,8 @@ class _Injector:
             return
         region_words = sum(c.words for c in chunks)
         self.pattern = spec.get("pattern") or cfg.patterns[0]
-        self.bit = int(spec.get("bit", 17) if spec.get("bit") is not None else 17)
+        bit = spec.get("bit")
+        self.bit = int(bit) if bit is not None else 17
         self.sticky = bool(spec.get("sticky"))
         offset = spec.get("offset")
         word = region_words // 2 + 1 if offset is None else int(offset) // 8
@@ -379,7 +420,7 @@ class _Memtest:
 
     def __init__(self, backend: Any, cfg: MemtestConfig, chan: Any, ecc: EccMonitor):
         self.backend, self.cfg, self.chan, self.ecc = backend, cfg, chan, ecc
-        self.per_pattern: dict[str, dict[str, Any]] = {
+        self.per_pattern: dict[str, MemtestPatternTotals] = {
             name: {"runs": 0, "bytes": 0, "seconds": 0.0, "errors": 0} for name in cfg.patterns}
         self.t_start = time.monotonic()
         self.passes = 0
@@ -408,17 +449,20 @@ class _Memtest:
             if si == 0 and rnd.injector is not None and rnd.injector.due(name, confirming):
                 rnd.injector.apply(be, name, pass_index, confirming)
             return 0
-        ev = decode_step(*be.read_step(), self.cfg.max_errors)
+        stats, errs = be.read_step()
+        ev = decode_step(stats, errs, self.cfg.max_errors)
         if not ev["errors"]:
             return 0
         for r in ev["records"]:
-            c = _chunk_of(rnd.chunks, r["word"])
-            r["chunk"] = c.index if c else None
-            r["address"] = c.address + 8 * (r["word"] - c.base) if c else None
+            hit = _chunk_of(rnd.chunks, r["word"])
+            r["chunk"] = hit.index if hit else None
+            r["address"] = hit.address + 8 * (r["word"] - hit.base) if hit else None
             if rnd.number == 2:
                 r["round"] = 2
-        ev.update(pattern=name, step=step.label + (" (confirmation run)" if confirming else ""), **{"pass": pass_index})
-        rnd.log.add(ev, run_key=(name, pass_index, si, confirming))
+        event: MemtestStepEvent = {**ev, "pattern": name,
+                                   "step": step.label + (" (confirmation run)" if confirming else ""),
+                                   "pass": pass_index}
+        rnd.log.add(event, run_key=(name, pass_index, si, confirming))
         return int(ev["errors"])
 
     def pattern(self, rnd: _Round, name: str, pass_index: int, confirming: bool) -> int:
@@ -459,7 +503,7 @@ class _Memtest:
         if self.stopped is None and self.chan.should_stop():
             self.stopped = self.chan.stop_reason
 
-    def headroom_round(self, r1: _Round, headroom: int) -> dict[str, Any]:
+    def headroom_round(self, r1: _Round, headroom: int) -> "MemtestHeadroomRound":
         """Release the lowest chunks of round 1 (at least `headroom` bytes), keep the rest, allocate
         what is then free (but the reserve) and run one pass over it."""
         released: list[_Chunk] = []
@@ -469,36 +513,36 @@ class _Memtest:
         bufs = [c.buf for c in released]
         released.clear()
         self.backend.release(bufs)
-        target, mem = self.backend.second_round_target(released_bytes)
+        round2: tuple[int, MemtestMemory] = self.backend.second_round_target(released_bytes)
+        target, mem = round2
         chunks, note = _allocate(self.backend, target, self.chan)
-        info: dict[str, Any] = {"released_bytes": released_bytes, "held_bytes": r1.region_bytes, "target_bytes": target,
-                                "chunk_count": len(chunks), **mem, "allocation_note": note}
         rnd = _Round(2, chunks, ErrorLog(report_errors=self.cfg.report_errors))
-        info["region_bytes"] = rnd.region_bytes
-        info["chunks"] = [{"index": c.index, "bytes": c.words * 8, "address": c.address} for c in chunks[:8]]
+        region_bytes, first_chunks = rnd.region_bytes, _chunk_list(chunks)
+        passes = 0
         if chunks and self.one_pass(rnd, 0, None):
-            info["passes"] = 1
+            passes = 1
             self.ecc.read("after the headroom round", self.passes)
-        else:
-            info["passes"] = 0
-        info["errors"] = rnd.log.summary()
+        info: MemtestHeadroomRound = {
+            "released_bytes": released_bytes, "held_bytes": r1.region_bytes, "target_bytes": target,
+            "chunk_count": len(chunks), **mem, "allocation_note": note, "region_bytes": region_bytes,
+            "chunks": first_chunks, "passes": passes, "errors": rnd.log.summary()}
         self.backend.release([c.buf for c in rnd.chunks])
         rnd.chunks.clear()
         return info
 
 
-def run_memtest(backend: Any, cfg: MemtestConfig, chan: Any, ecc: EccMonitor | None = None) -> dict[str, Any]:
+def run_memtest(backend: Any, cfg: MemtestConfig, chan: Any, ecc: EccMonitor | None = None) -> "MemtestResult":
     """Allocate, measure the copy baseline, run the passes (and the headroom round); return plain
     data (see the module doc)."""
     run = _Memtest(backend, cfg, chan, ecc if ecc is not None else EccMonitor())
-    out: dict[str, Any] = {"device": backend.info(), "backend": backend.name, "patterns": list(cfg.patterns),
+    out: MemtestResult = {"device": backend.info(), "backend": backend.name, "patterns": list(cfg.patterns),
                            "stopped": None, "notes": [], "injected": []}
     target, mem = backend.target_bytes()
     chunks, note = _allocate(backend, target, chan)
     mem.update(target_bytes=target - target % ALIGN, region_bytes=8 * sum(c.words for c in chunks),
                chunk_count=len(chunks), chunk_bytes=backend.chunk_bytes(), allocation_note=note)
     out["memory"] = mem
-    out["chunks"] = [{"index": c.index, "bytes": c.words * 8, "address": c.address} for c in chunks[:8]]
+    out["chunks"] = _chunk_list(chunks)
     if not chunks:
         out["setup_error"] = (f"could not allocate memory to test (target {mem['target_bytes']} bytes"
                               + (f"; {note}" if note else "") + ")")
@@ -524,23 +568,28 @@ def run_memtest(backend: Any, cfg: MemtestConfig, chan: Any, ecc: EccMonitor | N
     return out
 
 
-def _finish(out: dict[str, Any], run: _Memtest, r1: _Round, injected: list[str]) -> None:
+def _chunk_list(chunks: list[_Chunk]) -> "list[MemtestChunk]":
+    """The first chunks of a round, for the result."""
+    return [{"index": c.index, "bytes": c.words * 8, "address": c.address} for c in chunks[:8]]
+
+
+def _finish(out: "MemtestResult", run: _Memtest, r1: _Round, injected: list[str]) -> None:
     cfg, per_pattern = run.cfg, run.per_pattern
     total_bytes = sum(pp["bytes"] for pp in per_pattern.values())
     total_s = sum(pp["seconds"] for pp in per_pattern.values())
     for pp in per_pattern.values():
         pp["gbps"] = pp["bytes"] / pp["seconds"] / 1e9 if pp["seconds"] > 0 else None
-    out.update(
-        passes=run.passes,
-        stopped=run.stopped,
-        per_pattern=per_pattern,
-        bytes_moved=total_bytes,
-        kernel_seconds=round(total_s, 6),
-        gbps=total_bytes / total_s / 1e9 if total_s > 0 else None,
-        errors=r1.log.summary(),
-        ecc=run.ecc.to_data(),
-        injected=injected + run.ecc.injected,
-        seconds=round(time.monotonic() - run.t_start, 3),
-        config={"fraction": cfg.fraction, "passes": cfg.passes, "duration_s": cfg.duration_s, "seed": cfg.seed,
-                "max_errors": cfg.max_errors, "confirm": cfg.confirm, "headroom_round": cfg.headroom_round},
-    )
+    out.update({
+        "passes": run.passes,
+        "stopped": run.stopped,
+        "per_pattern": per_pattern,
+        "bytes_moved": total_bytes,
+        "kernel_seconds": round(total_s, 6),
+        "gbps": total_bytes / total_s / 1e9 if total_s > 0 else None,
+        "errors": r1.log.summary(),
+        "ecc": run.ecc.to_data(),
+        "injected": injected + run.ecc.injected,
+        "seconds": round(time.monotonic() - run.t_start, 3),
+        "config": {"fraction": cfg.fraction, "passes": cfg.passes, "duration_s": cfg.duration_s, "seed": cfg.seed,
+                   "max_errors": cfg.max_errors, "confirm": cfg.confirm, "headroom_round": cfg.headroom_round},
+    })

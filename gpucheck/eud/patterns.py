@@ -59,7 +59,11 @@ and an error buffer of `max_errors` records (word, expected, actual).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import (MemtestConfirmation, MemtestErrorRecord, MemtestErrors, MemtestStep,
+                                   MemtestStepEvent)
 
 MASK64 = (1 << 64) - 1
 
@@ -313,11 +317,11 @@ def flipped_bits(expected: int, actual: int) -> list[int]:
     return [b for b in range(64) if d >> b & 1]
 
 
-def decode_step(stats, errs, max_errors: int) -> dict[str, Any]:
+def decode_step(stats, errs, max_errors: int) -> "MemtestStep":
     """A step's stats vector and error records (from the kernel or the NumPy path) as plain data.
     Records are sorted by offset (the GPU finds errors in no particular order)."""
     count = int(stats[STATS_COUNT])
-    out: dict[str, Any] = {"errors": count, "records": [], "or_bits": int(stats[STATS_OR]),
+    out: MemtestStep = {"errors": count, "records": [], "or_bits": int(stats[STATS_OR]),
                            "up": [int(x) for x in stats[STATS_UP:STATS_UP + 64]],
                            "down": [int(x) for x in stats[STATS_DOWN:STATS_DOWN + 64]]}
     if count == 0:
@@ -326,7 +330,7 @@ def decode_step(stats, errs, max_errors: int) -> dict[str, Any]:
     out["first_word"] = int(stats[STATS_MIN])
     out["last_word"] = int(stats[STATS_MAX])
     kept = min(int(stats[STATS_SLOTS]), int(max_errors), count)
-    recs = []
+    recs: list[MemtestErrorRecord] = []
     for i in range(kept):
         w, e, a = int(errs[3 * i]), int(errs[3 * i + 1]), int(errs[3 * i + 2])
         recs.append({"word": w, "offset": 8 * w, "expected": e, "actual": a, "bits": flipped_bits(e, a)})
@@ -347,7 +351,7 @@ def hex64(v: int) -> str:
     return f"0x{int(v) & MASK64:016x}"
 
 
-def describe_error(e: dict[str, Any]) -> str:
+def describe_error(e: "MemtestErrorRecord") -> str:
     """One error record, one line: where, what was expected and read, which bits flipped."""
     bits = e.get("bits") or flipped_bits(e["expected"], e["actual"])
     where = f"offset {e['offset']:#x}"
@@ -359,8 +363,9 @@ def describe_error(e: dict[str, Any]) -> str:
         ctx.append("headroom round")
     if e.get("pattern"):
         ctx.append(f"pattern {e['pattern']}")
-    if e.get("step"):
-        ctx.append(e["step"])
+    step = e.get("step")
+    if step:
+        ctx.append(step)
     if e.get("pass") is not None:
         ctx.append(f"pass {e['pass']}")
     tail = f" [{', '.join(ctx)}]" if ctx else ""
@@ -407,40 +412,43 @@ class ErrorLog:
         self.steps_with_errors = 0
         self.up = [0] * 64
         self.down = [0] * 64
-        self.records: list[dict[str, Any]] = []
+        self.records: list[MemtestErrorRecord] = []
         self.first_word: int | None = None
         self.last_word: int | None = None
         self.patterns: list[str] = []
         self.word_runs: dict[int, set[tuple]] = {}
-        self.confirmations: list[dict[str, Any]] = []
+        self.confirmations: list[MemtestConfirmation] = []
 
-    def add(self, ev: dict[str, Any], run_key: tuple) -> None:
+    def add(self, ev: "MemtestStepEvent", run_key: tuple) -> None:
         self.errors += int(ev["errors"])
         self.steps_with_errors += 1
         for b in range(64):
             self.up[b] += int(ev["up"][b])
             self.down[b] += int(ev["down"][b])
-        if ev.get("first_word") is not None:
-            fw, lw = int(ev["first_word"]), int(ev["last_word"])
+        first, last = ev.get("first_word"), ev.get("last_word")
+        if first is not None and last is not None:  # both, or neither: decode_step
+            fw, lw = int(first), int(last)
             self.first_word = fw if self.first_word is None else min(self.first_word, fw)
             self.last_word = lw if self.last_word is None else max(self.last_word, lw)
-        if ev.get("pattern") and ev["pattern"] not in self.patterns:
-            self.patterns.append(ev["pattern"])
+        pattern = ev.get("pattern")
+        if pattern and pattern not in self.patterns:
+            self.patterns.append(pattern)
         words = []
         for r in ev["records"]:
-            rec = dict(r)
-            for k in ("pattern", "step", "pass"):
-                rec.setdefault(k, ev.get(k))
+            rec = r.copy()
+            rec.setdefault("pattern", ev.get("pattern"))
+            rec.setdefault("step", ev.get("step"))
+            rec.setdefault("pass", ev.get("pass"))
             if len(self.records) < self.max_records:
                 self.records.append(rec)
             words.append(int(r["word"]))
-        if ev.get("first_word") is not None:
-            words += [int(ev["first_word"]), int(ev["last_word"])]
+        if first is not None and last is not None:
+            words += [int(first), int(last)]
         for w in words:
             if w in self.word_runs or len(self.word_runs) < self.MAX_WORDS:
                 self.word_runs.setdefault(w, set()).add(tuple(run_key))
 
-    def confirm(self, pattern: str, pass_index: int, found: int, again: int) -> dict[str, Any]:
+    def confirm(self, pattern: str, pass_index: int, found: int, again: int) -> "MemtestConfirmation":
         """Record a confirmation rerun of `pattern` in pass `pass_index`: how many errors the
         first run and the rerun found, and how many tracked words failed in both ("reproduced":
         the same word failed again)."""
@@ -449,7 +457,7 @@ class ErrorLog:
                     if any(k[0] == pattern and k[1] == pass_index and k[-1] == confirming for k in runs)}
 
         same = len(words(False) & words(True))
-        c = {"pattern": pattern, "pass": pass_index, "errors": int(found), "errors_again": int(again),
+        c: MemtestConfirmation = {"pattern": pattern, "pass": pass_index, "errors": int(found), "errors_again": int(again),
              "same_words": same, "reproduced": same > 0}
         self.confirmations.append(c)
         return c
@@ -457,10 +465,10 @@ class ErrorLog:
     def persistent_words(self) -> list[int]:
         return sorted(w for w, runs in self.word_runs.items() if len(runs) >= 2)
 
-    def first_record(self) -> dict[str, Any] | None:
+    def first_record(self) -> "MemtestErrorRecord | None":
         return min(self.records, key=lambda r: r["word"]) if self.records else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> "MemtestErrors":
         records = sorted(self.records, key=lambda r: (r["word"], r.get("pass") or 0))
         persistent = self.persistent_words()
         return {

@@ -27,11 +27,76 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable, TypedDict
 
 from ..core.result import Action, Key, Result, Rule, Status, evaluate
+from ..workers.per_gpu import LevelDurations, PoolParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import Sample
 
 CHECK_ID = "eud.power"
+
+
+class PowerParams(PoolParams, LevelDurations):
+    """eud.power's parameters (gpucheck.tests_suite.eud_power.DEFAULTS, merged with the config)."""
+
+    warmup_s: float
+    dtype: str
+    size: int
+    cpu_size: int
+    repeats: int
+    window_s: float
+    ref_every_s: float
+    min_load_samples: int
+    hw_fail_share: float
+    hw_min_samples: int
+    power_top_fraction: float
+    power_top_min_samples: int
+    power_fail_fraction: float
+    temp_peer_warn_c: float
+
+
+class _LoadExtras(TypedDict, total=False):
+    limit_w: float | None  # the enforced power limit, W
+    limit_source: str
+    injected: list[str]  # injection texts
+    evidence: list[str]
+    load: str  # what the load was
+    sdc_events: int  # wrong GEMM results the load saw
+    sdc_detail: str
+    xid: list[int] | None  # Xid codes delivered during the load; None: not watched
+
+
+class PowerLoad(_LoadExtras):
+    """One GPU's load, as judge_power judges it."""
+
+    samples: "list[Sample]"  # the load window's samples
+
+
+class PowerStats(TypedDict):
+    """The numbers of one GPU's load window (gpu_stats); None where never read."""
+
+    load_samples: int
+    power_samples: int
+    clock_samples: int
+    reason_samples: int
+    power_top_mean_w: float | None
+    power_mean_w: float | None
+    power_limit_w: float | None
+    power_fraction_of_limit: float | None
+    sm_clock_median_mhz: float | None
+    sm_clock_min_mhz: float | None
+    sm_clock_max_mhz: float | None
+    sm_clock_hw_median_mhz: float | None
+    sm_clock_other_median_mhz: float | None
+    temperature_median_c: float | None
+    temperature_max_c: float | None
+    hw_slowdown_samples: int
+    hw_slowdown_share: float | None
+    reason_counts: dict[str, int]
+    hw_reasons_seen: list[str]
+    sw_reasons_seen: list[str]
 
 # NVML clock-event reasons that mean hardware cut the clocks (names as in gpucheck.platform.telemetry.throttle).
 HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
@@ -39,7 +104,7 @@ HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 SW_REASONS = ("sw_power_cap", "sw_thermal_slowdown")
 
 
-def load_window(samples: Iterable[dict[str, Any]], start: float | None, end: float | None) -> list[dict[str, Any]]:
+def load_window(samples: "Iterable[Sample]", start: float | None, end: float | None) -> "list[Sample]":
     """Samples whose `time` lies in [start, end] (either bound None: open). Samples with an
     `error` and no reading are dropped."""
     out = []
@@ -57,29 +122,30 @@ def load_window(samples: Iterable[dict[str, Any]], start: float | None, end: flo
     return out
 
 
-def _num(samples: list[dict[str, Any]], key: str) -> list[float]:
-    return [float(s[key]) for s in samples if isinstance(s.get(key), (int, float)) and not isinstance(s.get(key), bool)]
+def _num(samples: "list[Sample]", key: str) -> list[float]:
+    values = (s.get(key) for s in samples)
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
-def _names(s: dict[str, Any]) -> list[str]:
+def _names(s: "Sample") -> list[str]:
     return list(s.get("throttle_reason_names") or [])
 
 
-def hw_fail_bar(n_load: int, p: dict[str, Any]) -> int:
+def hw_fail_bar(n_load: int, p: PowerParams) -> int:
     """How many hardware-slowdown samples fail a GPU: a meaningful share of the load, never one
     glitch."""
     return max(int(p["hw_min_samples"]), math.ceil(float(p["hw_fail_share"]) * n_load))
 
 
-def gpu_stats(samples: list[dict[str, Any]], limit_w: float | None, p: dict[str, Any]) -> dict[str, Any]:
+def gpu_stats(samples: "list[Sample]", limit_w: float | None, p: PowerParams) -> PowerStats:
     """Numbers of one GPU's load window. Values are None when never read."""
     n = len(samples)
     power = _num(samples, "power_w")
     clocks = _num(samples, "sm_clock_mhz")
     temps = _num(samples, "temperature_c")
     reason_counts: dict[str, int] = {}
-    hw_samples: list[dict[str, Any]] = []
-    other_samples: list[dict[str, Any]] = []
+    hw_samples: list[Sample] = []
+    other_samples: list[Sample] = []
     masks_read = 0
     for s in samples:
         names = _names(s)
@@ -123,17 +189,8 @@ def _fmt_w(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.0f} W"
 
 
-def judge_power(loads: dict[int, dict[str, Any]], p: dict[str, Any]) -> list[Result]:
-    """One result per GPU.
-
-    loads[gpu] = {
-      "samples": load-window samples (NvmlSession.sample keys + "time"),
-      "limit_w": enforced power limit in W or None, "limit_source": text,
-      "injected": [injection texts], "evidence": [lines], "load": text describing the load,
-      "sdc_events": int (wrong GEMM results seen by the load), "sdc_detail": text,
-      "xid": [Xid codes delivered during the load],
-    }
-    """
+def judge_power(loads: dict[int, PowerLoad], p: PowerParams) -> list[Result]:
+    """One result per GPU (loads[gpu]: PowerLoad, the load-window samples and what is known of the load)."""
     stats = {g: gpu_stats(d["samples"], d.get("limit_w"), p) for g, d in loads.items()}
     min_n = int(p["min_load_samples"])
     temps = {g: s["temperature_median_c"] for g, s in stats.items()
@@ -170,13 +227,14 @@ RULES = (
 )
 
 
-def _judge_one(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, float], p: dict[str, Any]) -> Result:
+def _judge_one(g: int, d: PowerLoad, s: PowerStats, temps: dict[int, float], p: PowerParams) -> Result:
     inj = list(d.get("injected", []))
     n = s["load_samples"]
     min_n = int(p["min_load_samples"])
     evidence = list(d.get("evidence", []))
-    if d.get("load"):
-        evidence.insert(0, d["load"])
+    load = d.get("load")
+    if load:
+        evidence.insert(0, load)
     if n < min_n or (s["power_samples"] == 0 and s["clock_samples"] == 0 and s["reason_samples"] == 0):
         why = (f"{n} telemetry sample(s) under load after the {p['warmup_s']:g} s warm-up, fewer than "
                f"min_load_samples {min_n} (load too short, or NVML telemetry missing)" if n < min_n else
@@ -196,21 +254,23 @@ def _judge_one(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, fl
     if s["sm_clock_median_mhz"] is not None:
         evidence.append(f"SM clock under load: min {s['sm_clock_min_mhz']:.0f}, median {s['sm_clock_median_mhz']:.0f}, "
                         f"max {s['sm_clock_max_mhz']:.0f} MHz")
-    if d.get("limit_w"):
-        evidence.append(f"enforced power limit {d['limit_w']:g} W ({d.get('limit_source') or 'snapshot'})")
+    limit_w = d.get("limit_w")
+    if limit_w:
+        evidence.append(f"enforced power limit {limit_w:g} W ({d.get('limit_source') or 'snapshot'})")
     res.evidence = evidence
     return res
 
 
-def _inputs(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, float], p: dict[str, Any]
-            ) -> tuple[dict[str, Any], dict[str, str], dict[str, Any], dict[str, Any], list[str]]:
+def _inputs(g: int, d: PowerLoad, s: PowerStats, temps: dict[int, float], p: PowerParams
+            ) -> tuple[dict[str, float | None], dict[str, str], dict[str, float | None], dict[str, str | float],
+                       list[str]]:
     """Metrics, units, limits, facts and notes (what could not be judged) of one GPU's load."""
     n = s["load_samples"]
-    metrics: dict[str, Any] = {"load_samples": n, "sdc_events": int(d.get("sdc_events", 0))}
+    metrics: dict[str, float | None] = {"load_samples": n, "sdc_events": int(d.get("sdc_events", 0))}
     units = {"load_samples": "count", "sdc_events": "count"}
-    limits: dict[str, Any] = dict.fromkeys(("hw_fail_bar", "hw_warn_limit", "power_fail_fraction",
-                                            "power_site_fraction", "temp_peer_warn_c", "xid_limit"))
-    facts: dict[str, Any] = {"sdc_detail": d.get("sdc_detail") or "wrong GEMM result"}
+    limits: dict[str, float | None] = dict.fromkeys(("hw_fail_bar", "hw_warn_limit", "power_fail_fraction",
+                                                      "power_site_fraction", "temp_peer_warn_c", "xid_limit"))
+    facts: dict[str, str | float] = {"sdc_detail": d.get("sdc_detail") or "wrong GEMM result"}
     notes: list[str] = []
     if s["reason_samples"]:
         metrics.update(hw_slowdown_samples=s["hw_slowdown_samples"], hw_slowdown_share=s["hw_slowdown_share"])
@@ -227,13 +287,15 @@ def _inputs(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, float
         units.update(temperature_median_c="C", temperature_max_c="C")
         peers = [v for pg, v in temps.items() if pg != g]
         if peers and g in temps:
-            facts["peers_c"] = statistics.median(peers)
-            metrics["temperature_over_peers_c"], units["temperature_over_peers_c"] = round(t - facts["peers_c"], 1), "C"
+            peers_c = statistics.median(peers)
+            facts["peers_c"] = peers_c
+            metrics["temperature_over_peers_c"], units["temperature_over_peers_c"] = round(t - peers_c, 1), "C"
             limits["temp_peer_warn_c"] = float(p["temp_peer_warn_c"])
         else:
             notes.append("no peer GPU to compare temperatures with")
-    if d.get("xid") is not None:
-        xids = sorted(set(int(x) for x in d["xid"]))
+    xid = d.get("xid")
+    if xid is not None:
+        xids = sorted(set(int(x) for x in xid))
         metrics["xid_events"], units["xid_events"], limits["xid_limit"] = len(xids), "count", 0
         facts["xids"] = ", ".join(map(str, xids))
     if s["sm_clock_median_mhz"] is not None:
@@ -242,7 +304,7 @@ def _inputs(g: int, d: dict[str, Any], s: dict[str, Any], temps: dict[int, float
     return metrics, units, limits, facts, notes
 
 
-def _hw_clock(s: dict[str, Any]) -> str:
+def _hw_clock(s: PowerStats) -> str:
     if s["sm_clock_hw_median_mhz"] is None:
         return ""
     clock = f", SM clock median {s['sm_clock_hw_median_mhz']:.0f} MHz in those samples"
@@ -251,8 +313,8 @@ def _hw_clock(s: dict[str, Any]) -> str:
     return clock
 
 
-def _power_reach(d: dict[str, Any], s: dict[str, Any], p: dict[str, Any], metrics: dict[str, Any],
-                 units: dict[str, str], limits: dict[str, Any], facts: dict[str, Any]) -> list[str]:
+def _power_reach(d: PowerLoad, s: PowerStats, p: PowerParams, metrics: dict[str, float | None],
+                 units: dict[str, str], limits: dict[str, float | None], facts: dict[str, str | float]) -> list[str]:
     """The power-reach inputs (into metrics, units, limits, facts) and what could not be judged."""
     limit = d.get("limit_w")
     if s["power_samples"]:
@@ -260,11 +322,12 @@ def _power_reach(d: dict[str, Any], s: dict[str, Any], p: dict[str, Any], metric
         units.update(power_top_mean_w="W", power_mean_w="W")
     if limit:
         metrics["power_limit_w"], units["power_limit_w"] = limit, "W"
-    if s["power_fraction_of_limit"] is not None:
+    fraction_of_limit = s["power_fraction_of_limit"]
+    if fraction_of_limit is not None:
         frac = float(p["power_fail_fraction"])
-        metrics["power_fraction_of_limit"], units["power_fraction_of_limit"] = s["power_fraction_of_limit"], ""
+        metrics["power_fraction_of_limit"], units["power_fraction_of_limit"] = fraction_of_limit, ""
         site_clocks = s["reason_counts"].get("applications_clocks_setting", 0)
-        site = bool(site_clocks) and s["power_fraction_of_limit"] < frac
+        site = bool(site_clocks) and fraction_of_limit < frac
         limits.update(power_fail_fraction=None if site else frac, power_site_fraction=frac if site else None)
         facts.update(top_fraction=f"{float(p['power_top_fraction']):.0%}", power_top_text=_fmt_w(s["power_top_mean_w"]),
                      power_limit_text=_fmt_w(limit), site_clocks=site_clocks)
@@ -274,7 +337,7 @@ def _power_reach(d: dict[str, Any], s: dict[str, Any], p: dict[str, Any], metric
     return [f"enforced power limit not read ({d.get('limit_source') or 'unknown'}): power reach not judged"]
 
 
-def _ok_summary(s: dict[str, Any], limit: float | None, notes: list[str]) -> str:
+def _ok_summary(s: PowerStats, limit: float | None, notes: list[str]) -> str:
     ok_parts = []
     if s["power_fraction_of_limit"] is not None:
         ok_parts.append(f"power {_fmt_w(s['power_top_mean_w'])} = {s['power_fraction_of_limit']:.2f} of the "

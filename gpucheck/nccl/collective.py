@@ -37,7 +37,7 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict, Union, cast
 
 from .bandwidth import algbw_gbs, align_size, busbw_factor, format_size, median
 from .patterns import Patterns
@@ -56,6 +56,122 @@ KEY = "gpucheck/"  # prefix of gpucheck's own keys in the rendezvous store
 _EXTRA = ("bad_iters", "first_iter", "index", "nbad", "expected", "got", "src_rank")
 
 
+# -- the events a rank sends (schema gpucheck.nccl.run: `gpucheck nccl run` prints them, one JSON
+# line each, and the parent reads them back) ----------------------------------------------------
+class ErrorRow(TypedDict):
+    """One rank's wrong elements at one size (the first iteration that had any)."""
+
+    rank: int
+    host: str | None
+    bad_iters: int
+    iter: int
+    index: int
+    nbad: int
+    expected: float | None
+    got: float | None
+    src_rank: int | None  # the rank the wrong data came from, where known
+
+
+class SizeRow(TypedDict):
+    """One collective at one size, every rank's numbers (_exchange)."""
+
+    op: str
+    bytes: int
+    count: int
+    ranks: int
+    iters: int
+    warmup: int
+    time_s: float | None  # median over iterations of the slowest rank's time
+    algbw_gbs: float | None
+    busbw_gbs: float | None
+    rank_time_s: list[float | None]  # per rank: median iteration
+    rank_min_s: list[float | None]  # per rank: fastest iteration
+    verified: int
+    errors: list[ErrorRow]
+
+
+class Failure(TypedDict, total=False):
+    """Why a rank's (or the job's) result is not ok. `kind`: corruption, timeout, rendezvous,
+    exit, cancelled, busy or error; the other keys as the kind has them."""
+
+    kind: str
+    rank: int | None  # the rank blamed (None: none could be named)
+    host: str | None
+    what: str  # timeout: the collective in flight
+    detail: str
+    trace: list[str]  # error: the last lines of the traceback
+    summary: str
+    reported_by: int  # timeout (report.merge): the survivor that named the rank
+    op: str  # corruption: where, and the rank's ErrorRow
+    bytes: int
+    bad_iters: int
+    iter: int
+    index: int
+    nbad: int
+    expected: float | None
+    got: float | None
+    src_rank: int | None
+
+
+class _ReportExtras(TypedDict, total=False):
+    warnings: list[str]  # what went wrong without deciding the result
+    gpu_name: str  # nccl: the rank's GPU
+    synthesized: bool  # written by the supervisor for a rank that sent nothing (gpucheck.nccl.procs)
+    notes: list[str]  # the invocation's notes (gpucheck.nccl.node)
+
+
+class RankReport(_ReportExtras):
+    """A rank's result event: every rank's numbers (the ranks exchange them) and its own view of
+    a failure."""
+
+    event: str  # "result"
+    schema: str  # SCHEMA
+    version: int  # SCHEMA_VERSION
+    rank: int
+    world: int
+    host: str
+    hosts: list[str | None]  # each rank's host label, where known
+    backend: str | None
+    device: str | None
+    versions: dict[str, str]  # torch, nccl
+    status: str  # ok, fail or error
+    summary: str
+    failure: Failure | None
+    results: list[SizeRow]
+    injected: list[str]
+    duration_s: float | None
+
+
+class ListeningEvent(TypedDict):
+    """Rank 0 hosts the rendezvous store at `port`."""
+
+    event: str  # "listening"
+    rank: int
+    host: str
+    port: int
+
+
+class ReadyEvent(TypedDict):
+    """The rank joined the process group."""
+
+    event: str  # "ready"
+    rank: int
+    host: str
+    backend: str
+
+
+class WarningEvent(TypedDict):
+    """Something went wrong that does not decide the result."""
+
+    event: str  # "warning"
+    rank: int
+    step: str
+    detail: str
+
+
+NcclEvent = Union[RankReport, ListeningEvent, ReadyEvent, WarningEvent]
+
+
 @dataclass
 class RankSpec:
     rank: int
@@ -72,7 +188,7 @@ class RankSpec:
     iters: int = 5
     warmup: int = 1
     timeout_s: float = 30.0
-    corrupt: dict[str, Any] | None = None  # rank, op, size, iter, index, text
+    corrupt: dict[str, Any] | None = None  # the --inject corrupt parameters: rank, op, size, iter, index, text
     agent_store: bool = False  # torchrun's agent hosts the store at master_addr:master_port
     ifname: str | None = None
 
@@ -115,7 +231,7 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
-def base_report(spec: RankSpec) -> dict[str, Any]:
+def base_report(spec: RankSpec) -> RankReport:
     return {
         "event": "result",
         "schema": SCHEMA,
@@ -137,7 +253,7 @@ def base_report(spec: RankSpec) -> dict[str, Any]:
 
 
 class _Rank:
-    def __init__(self, spec: RankSpec, emit: Callable[[dict[str, Any]], None],
+    def __init__(self, spec: RankSpec, emit: Callable[[NcclEvent], None],
                  get_port: Callable[[float], int]):
         self.spec = spec
         self.emit = emit
@@ -164,15 +280,15 @@ class _Rank:
         except Exception as e:  # the parent is gone: the warning stays in the report
             self.report["warnings"].append(f"warning event not sent: {_first_line(e)}")
 
-    def finish(self, status: str, summary: str, failure: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    def finish(self, status: str, summary: str, failure: Failure | None = None) -> RankReport | None:
         """Seal the report once (the main loop and the watchdog may race); None if already sent."""
         with self._done:
             if self._finished:
                 return None
             self._finished = True
         self.stop.set()
-        self.report.update(status=status, summary=summary, failure=failure,
-                           duration_s=round(time.monotonic() - self.t0, 3))
+        self.report.update({"status": status, "summary": summary, "failure": failure,
+                            "duration_s": round(time.monotonic() - self.t0, 3)})
         if self.hosts:
             self.report["hosts"] = [self.hosts.get(i) for i in range(self.spec.world)]
         return self.report
@@ -188,7 +304,7 @@ class _Rank:
         if master:
             return dist.TCPStore(self.spec.master_addr, int(self.spec.master_port or 0), self.spec.world,
                                  True, timeout=td, wait_for_workers=False)
-        return dist.TCPStore(self.spec.master_addr, int(self.port), self.spec.world, False, timeout=td)
+        return dist.TCPStore(self.spec.master_addr, int(cast(int, self.port)), self.spec.world, False, timeout=td)
 
     def heartbeat(self, dist: Any) -> None:
         """Publish (collective step, beat) in the store until the rank finishes. A heartbeat that
@@ -215,7 +331,7 @@ class _Rank:
 
         The store reads run in a helper thread with a hard limit: a TCPStore client can block
         forever on a frozen (SIGSTOPped, wedged) store host."""
-        box: dict[str, Any] = {}
+        box: dict[str, Any] = {}  # "beats": two readings of the heartbeats, or "err": why not
         th = threading.Thread(target=self._culprit_reads, args=(dist, box), daemon=True)
         th.start()
         th.join(CULPRIT_LIMIT_S)
@@ -314,8 +430,8 @@ class _Env:
         return self.device.type == "cuda"
 
 
-def run_rank(spec: RankSpec, emit: Callable[[dict[str, Any]], None],
-             get_port: Callable[[float], int]) -> dict[str, Any]:
+def run_rank(spec: RankSpec, emit: Callable[[NcclEvent], None],
+             get_port: Callable[[float], int]) -> RankReport:
     """Run one rank. `emit` sends progress events (listening, ready, warning); the returned dict
     is the rank's result event. `get_port(timeout)` returns the rendezvous port when
     spec.master_port is None (the parent learns it from rank 0).
@@ -346,7 +462,7 @@ def run_rank(spec: RankSpec, emit: Callable[[dict[str, Any]], None],
                          {"kind": "error", "detail": _first_line(e), "trace": trace}) or st.report
 
 
-def _setup(st: _Rank) -> _Env | dict[str, Any]:
+def _setup(st: _Rank) -> _Env | RankReport:
     """Import torch, pick the backend and the device, set the socket interface. A finished
     (error) report when this rank cannot run the test."""
     spec = st.spec
@@ -479,6 +595,24 @@ def _sweep(st: _Rank, env: _Env, store: Any) -> _Loop:  # noqa: ARG001 (the stor
     return loop
 
 
+@dataclass
+class _Miscompares:
+    """One rank's verification of one op and size: iterations with wrong data, wrong elements,
+    and the first one (exchanged as floats: _EXTRA, NaN for None)."""
+
+    bad_iters: int = 0
+    first_iter: int | None = None
+    index: int | None = None
+    nbad: int = 0
+    expected: float | None = None
+    got: float | None = None
+    src_rank: int | None = None
+
+    def row(self) -> list[float]:
+        values = (self.bad_iters, self.first_iter, self.index, self.nbad, self.expected, self.got, self.src_rank)
+        return [float("nan") if v is None else float(v) for v in values]  # in the order of _EXTRA
+
+
 class _Loop:
     """The iterations of one op and size: batches back to back after one barrier, then verified."""
 
@@ -506,14 +640,13 @@ class _Loop:
             dist.all_reduce(self.sync)
             self.env.torch.cuda.synchronize(self.env.device)
 
-    def one_size(self, op: str, nbytes: int) -> tuple[list[float], dict[str, Any]]:
+    def one_size(self, op: str, nbytes: int) -> tuple[list[float], _Miscompares]:
         st, spec, env = self.st, self.st.spec, self.env
         total = spec.warmup + spec.iters
         slots = batch_slots(op, nbytes, spec.world, total, BATCH_BYTES_CUDA if env.cuda else BATCH_BYTES_CPU)
         pat = Patterns(env.torch, op, nbytes, spec.rank, spec.world, env.device, slots=slots)
         times: list[float] = []
-        bad = {"bad_iters": 0, "first_iter": None, "index": None, "nbad": 0, "expected": None,
-               "got": None, "src_rank": None}
+        bad = _Miscompares()
         what = f"{op} {format_size(nbytes)}"
         k = 0
         while k < total:
@@ -548,7 +681,7 @@ class _Loop:
         return dts
 
     def _verify(self, pat: Any, op: str, nbytes: int, batch: list[int], dts: list[float], times: list[float],
-                bad: dict[str, Any]) -> None:
+                bad: _Miscompares) -> None:
         spec, corrupt = self.st.spec, self.corrupt
         for j, it in enumerate(batch):
             if corrupt and spec.rank == int(corrupt.get("rank", -1)) and op == self.c_op \
@@ -556,16 +689,16 @@ class _Loop:
                 pat.corrupt(int(corrupt.get("index", pat.numel // 3)), j)
             chk = pat.verify(j)
             if chk.bad:
-                bad["bad_iters"] += 1
-                bad["nbad"] += chk.bad
-                if bad["first_iter"] is None:
-                    bad.update(first_iter=it, index=chk.index, expected=chk.expected, got=chk.got,
-                               src_rank=chk.src_rank)
+                bad.bad_iters += 1
+                bad.nbad += chk.bad
+                if bad.first_iter is None:
+                    bad.first_iter, bad.index, bad.expected, bad.got = it, chk.index, chk.expected, chk.got
+                    bad.src_rank = chk.src_rank
             if it >= spec.warmup:
                 times.append(dts[j])
 
 
-def _teardown(st: _Rank, env: _Env, loop: _Loop, failure: dict[str, Any] | None) -> dict[str, Any]:
+def _teardown(st: _Rank, env: _Env, loop: _Loop, failure: Failure | None) -> RankReport:
     """The final barrier (no rank leaves while another still needs it), then the result."""
     st.call("final barrier", loop.barrier, env.dist)
     if failure is not None:
@@ -585,18 +718,18 @@ def batch_slots(op: str, nbytes: int, world: int, total: int, budget: int) -> in
 
 
 def _exchange(st: _Rank, dist: Any, torch: Any, all_gather: Any, device: Any, op: str, nbytes: int,
-              times: list[float], bad: dict[str, Any]) -> dict[str, Any]:
+              times: list[float], bad: _Miscompares) -> SizeRow:
     """All-gather every rank's per-iteration times and verification, and summarise one size."""
     spec = st.spec
     n = len(times)
-    row = [*times, *[float("nan") if bad[k] is None else float(bad[k]) for k in _EXTRA]]
+    row = [*times, *bad.row()]
     mine = torch.tensor(row, dtype=torch.float64, device=device)
     allv = torch.empty(spec.world * len(row), dtype=torch.float64, device=device)
     st.call(f"exchange of {op} results", lambda: all_gather(allv, mine), dist)
     table = allv.view(spec.world, len(row)).cpu().tolist()
     per_iter = [max(table[r][i] for r in range(spec.world)) for i in range(n)]
     t = median(per_iter)
-    errors = []
+    errors: list[ErrorRow] = []
     for r, vals in enumerate(table):
         extra = dict(zip(_EXTRA, vals[n:]))
         if extra["bad_iters"] > 0:
@@ -629,7 +762,7 @@ def _exchange(st: _Rank, dist: Any, torch: Any, all_gather: Any, device: Any, op
     }
 
 
-def _first_corruption(st: _Rank) -> dict[str, Any] | None:
+def _first_corruption(st: _Rank) -> Failure | None:
     for res in st.report["results"]:
         for err in res["errors"]:
             summary = corruption_summary(res["op"], err["rank"], err["host"], res["bytes"], err["index"],
@@ -638,7 +771,7 @@ def _first_corruption(st: _Rank) -> dict[str, Any] | None:
     return None
 
 
-def _ok_summary(report: dict[str, Any]) -> str:
+def _ok_summary(report: RankReport) -> str:
     parts = []
     for op in dict.fromkeys(r["op"] for r in report["results"]):
         rows = [r for r in report["results"] if r["op"] == op and r["busbw_gbs"] is not None]

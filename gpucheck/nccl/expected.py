@@ -12,7 +12,7 @@ number with NVLS (NVLink SHARP on NVSwitch systems), used when the check's `nvls
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,13 @@ def lookup(gpu_name: str | None, gpus: int) -> Expectation | None:
 
 
 def expected_busbw(op: str, gpu_name: str | None, gpus: int, *, nvls: bool = False,
-                   overrides: dict[str, Any] | None = None) -> tuple[float | None, str]:
-    """(expected busbw in GB/s or None, where it came from)."""
+                   overrides: Mapping[str, object] | None = None) -> tuple[float | None, str]:
+    """(expected busbw in GB/s or None, where it came from). `overrides`: the check's parameters,
+    whose `expected_<op>_gbs` (> 0) wins over the table."""
     key = f"expected_{op}_gbs"
-    if overrides and float(overrides.get(key) or 0) > 0:
-        return float(overrides[key]), f"config {key}"
+    given = overrides.get(key) if overrides else None
+    if isinstance(given, (int, float)) and float(given) > 0:
+        return float(given), f"config {key}"
     e = lookup(gpu_name, gpus)
     if e is None:
         return None, ""

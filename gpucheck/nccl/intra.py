@@ -10,15 +10,46 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from ..core.result import Action, Basis, Key, Result, Rule, Status, evaluate, settle
 from .bandwidth import format_size, median
-from .collective import RankSpec
+from .collective import Failure, NcclEvent, RankSpec, SizeRow
 from .expected import expected_busbw
-from .report import largest, merge
+from .report import Outcome, largest, merge
 
 CHECK_ID = "nccl.intra"
+
+
+class _ExpectedOverrides(TypedDict, total=False):
+    # the expected bus bandwidth of each collective, GB/s, where the SKU table has none (config)
+    expected_all_reduce_gbs: float
+    expected_all_gather_gbs: float
+    expected_all_to_all_gbs: float
+
+
+class JudgeParams(_ExpectedOverrides):
+    """The parameters judge reads (nccl.intra's: gpucheck.tests_suite.nccl_intra)."""
+
+    fail_fraction: float  # of the expected busbw
+    warn_fraction: float
+    baseline_warn_fraction: float  # of the node's recorded baseline
+    rank_spread_warn: float
+    nvls: bool  # NVLink SHARP: the table's NVLS rows
+
+
+# A collective's metrics: numbers, the backend, per-rank times and the sweep rows (SweepPoint).
+Metric = float | str | None | list[float | None] | list["SweepPoint"]
+
+
+class SweepPoint(TypedDict):
+    """One size of a collective in its result (nccl-tests' columns)."""
+
+    bytes: int
+    time_s: float | None
+    algbw_gbs: float | None
+    busbw_gbs: float | None
+    wrong: int  # nccl-tests' #wrong
 
 # A rank's data check found wrong elements: fail, drain, named by the ranks' own summary.
 CORRUPTION_RULES: tuple[Rule, ...] = (
@@ -59,10 +90,10 @@ def run_local(
     backend: str = "auto",
     device: str = "auto",
     devices: list[int] | None = None,
-    corrupt: dict[str, Any] | None = None,
+    corrupt: dict[str, Any] | None = None,  # the --inject corrupt parameters (RankSpec.corrupt)
     cancel: threading.Event | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-) -> dict[str, Any]:
+    on_event: Callable[[NcclEvent], None] | None = None,
+) -> Outcome:
     """Run one job of `ranks` local ranks (rank r on CUDA device devices[r]) and merge it."""
     from .procs import run_ranks
 
@@ -82,10 +113,10 @@ def run_local(
 
 
 def judge(
-    outcome: dict[str, Any],
+    outcome: Outcome,
     *,
     ops: list[str],
-    params: dict[str, Any],
+    params: JudgeParams,
     devices: list[int],
     gpu_name: str | None,
     baselines: dict[str, float] | None = None,
@@ -112,10 +143,10 @@ def _gpu_of(devices: list[int], rank: Any) -> int | None:
     return devices[int(rank)] if rank is not None and 0 <= int(rank) < len(devices) else None
 
 
-def _judge_failure(outcome: dict[str, Any], devices: list[int], injected: list[str]) -> list[Result] | None:
+def _judge_failure(outcome: Outcome, devices: list[int], injected: list[str]) -> list[Result] | None:
     """The results that a failure or an error gives before the bandwidth is judged; None when
     the job failed without data to judge (then _failure_results is all there is)."""
-    fail = outcome.get("failure") or {}
+    fail: Failure = outcome.get("failure") or {}
     status = outcome.get("status")
     out: list[Result] = []
     if status == "error":
@@ -130,8 +161,8 @@ def _judge_failure(outcome: dict[str, Any], devices: list[int], injected: list[s
     return out
 
 
-def _failure_results(outcome: dict[str, Any], devices: list[int], injected: list[str]) -> list[Result]:
-    fail = outcome.get("failure") or {}
+def _failure_results(outcome: Outcome, devices: list[int], injected: list[str]) -> list[Result]:
+    fail: Failure = outcome.get("failure") or {}
     if outcome.get("status") == "error":
         return [Result(CHECK_ID, Status.ERROR, f"could not run the collectives: {outcome.get('summary')}",
                        evidence=_evidence(fail), injected=injected)]
@@ -143,15 +174,16 @@ def _failure_results(outcome: dict[str, Any], devices: list[int], injected: list
     return [r]
 
 
-def _corruption_result(outcome: dict[str, Any], fail: dict[str, Any], devices: list[int],
+def _corruption_result(outcome: Outcome, fail: Failure, devices: list[int],
                        injected: list[str]) -> Result:
     """The corruption a rank's data check found (CORRUPTION_RULES), on the GPU of that rank. A
     report without its count of wrong elements (the ranks always send one) is not judged a pass:
     it is an error that says so."""
-    metrics: dict[str, Any] = {}
+    given: dict[str, object] = {**fail}  # read by name below, whichever fields it has
+    metrics: dict[str, object] = {}
     for k in ("op", "bytes", "rank", "iter", "index", "expected", "got", "nbad", "bad_iters", "src_rank"):
-        if fail.get(k) is not None:
-            metrics[f"corrupt_{k}" if k not in ("op", "bytes") else k] = fail[k]
+        if given.get(k) is not None:
+            metrics[f"corrupt_{k}" if k not in ("op", "bytes") else k] = given[k]
     r = evaluate(CHECK_ID, CORRUPTION_RULES, metrics, facts={"corruption": outcome["summary"]},
                  units={"bytes": "B"} if "bytes" in metrics else {}, gpu=_gpu_of(devices, fail.get("rank")),
                  ok_summary=f"could not judge a corruption report that gives no count of wrong elements: "
@@ -164,20 +196,20 @@ def _corruption_result(outcome: dict[str, Any], fail: dict[str, Any], devices: l
     return r
 
 
-def _judge_op(op: str, row: dict[str, Any], outcome: dict[str, Any], *, params: dict[str, Any], ranks: int,
+def _judge_op(op: str, row: SizeRow, outcome: Outcome, *, params: JudgeParams, ranks: int,
               devices: list[int], gpu_name: str | None, baseline: float | None, injected: list[str]) -> list[Result]:
     """One collective's result (subject node/<op>, OP_RULES) and, for an unbalanced rank, one on
     its GPU (RANK_RULES)."""
     backend = outcome.get("backend") or "unknown"
-    busbw = row["busbw_gbs"]
+    busbw, algbw = row["busbw_gbs"], row["algbw_gbs"]
+    if busbw is None or algbw is None:  # (largest: a row with its bandwidths)
+        return []
     rank_min = row.get("rank_min_s") or row["rank_time_s"]
-    metrics: dict[str, Any] = {
-        "busbw_gbs": round(busbw, 4), "algbw_gbs": round(row["algbw_gbs"], 4), "time_s": row["time_s"],
+    metrics: dict[str, Metric] = {
+        "busbw_gbs": round(busbw, 4), "algbw_gbs": round(algbw, 4), "time_s": row["time_s"],
         "bytes": row["bytes"], "ranks": ranks, "backend": backend, "rank_time_s": row["rank_time_s"],
         "rank_min_s": rank_min,
-        "sweep": [{**{k: s[k] for k in ("bytes", "time_s", "algbw_gbs", "busbw_gbs")},
-                   "wrong": sum(int(e.get("nbad") or 0) for e in s.get("errors") or ())}  # nccl-tests' #wrong
-                  for s in outcome["results"] if s["op"] == op],
+        "sweep": [_sweep_point(s) for s in outcome["results"] if s["op"] == op],
     }
     units = {"busbw_gbs": "GB/s", "algbw_gbs": "GB/s", "time_s": "s", "bytes": "B", "rank_time_s": "s",
              "rank_min_s": "s"}
@@ -185,9 +217,9 @@ def _judge_op(op: str, row: dict[str, Any], outcome: dict[str, Any], *, params: 
                                              backend=backend, gpu_name=gpu_name, baseline=baseline)
     spread, outlier = rank_spread(rank_min)
     metrics["rank_spread"] = None if spread is None else round(spread, 3)
-    limits["rank_spread_warn"] = float(params["rank_spread_warn"])
+    spread_warn = limits["rank_spread_warn"] = float(params["rank_spread_warn"])
     facts["outlier"] = outlier
-    ok = (f"{op} {busbw:.4g} GB/s busbw ({row['algbw_gbs']:.4g} GB/s algbw) at {format_size(row['bytes'])} "
+    ok = (f"{op} {busbw:.4g} GB/s busbw ({algbw:.4g} GB/s algbw) at {format_size(row['bytes'])} "
           f"on {ranks} ranks, data verified")
     if metrics.get("expected_busbw_gbs"):
         ok += f", expected {metrics['expected_busbw_gbs']:g} GB/s"
@@ -196,15 +228,25 @@ def _judge_op(op: str, row: dict[str, Any], outcome: dict[str, Any], *, params: 
     if notes:
         r.summary += "; " + "; ".join(notes)
     r.evidence.append("per-rank time at the largest size (median / fastest iteration): " + ", ".join(
-        f"rank {i}: {t * 1e3:.3f} / {m * 1e3:.3f} ms" for i, (t, m) in enumerate(zip(row["rank_time_s"], rank_min))))
+        f"rank {i}: {_ms(t)} / {_ms(m)} ms" for i, (t, m) in enumerate(zip(row["rank_time_s"], rank_min))))
     r.injected = list(injected)
     out = [r]
-    if spread is not None and spread > limits["rank_spread_warn"] and outlier is not None:
-        rr = _unbalanced_rank(op, rank_min, outlier, limits["rank_spread_warn"], devices)
+    if spread is not None and spread > spread_warn and outlier is not None:
+        rr = _unbalanced_rank(op, rank_min, outlier, spread_warn, devices)
         if rr.status == Status.WARN:  # the same rule as the spread's: only a float's last bit could part them
             rr.injected = list(injected)
             out.append(rr)
     return out
+
+
+def _ms(t: float | None) -> str:
+    """A rank's time in milliseconds (every rank reports one)."""
+    return "n/a" if t is None else f"{t * 1e3:.3f}"
+
+
+def _sweep_point(s: SizeRow) -> SweepPoint:
+    return {"bytes": s["bytes"], "time_s": s["time_s"], "algbw_gbs": s["algbw_gbs"], "busbw_gbs": s["busbw_gbs"],
+            "wrong": sum(int(e.get("nbad") or 0) for e in s.get("errors") or ())}
 
 
 def _unbalanced_rank(op: str, rank_min: list[Any], outlier: int, warn: float, devices: list[int]) -> Result:
@@ -222,18 +264,17 @@ def _unbalanced_rank(op: str, rank_min: list[Any], outlier: int, warn: float, de
                     gpu=_gpu_of(devices, outlier), ok_summary=f"rank {outlier} within the spread limit in {op}")
 
 
-def _bandwidth_limits(op: str, busbw: float, metrics: dict[str, Any], units: dict[str, str], *,
-                      params: dict[str, Any], ranks: int, backend: str, gpu_name: str | None,
-                      baseline: float | None) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+def _bandwidth_limits(op: str, busbw: float, metrics: dict[str, Metric], units: dict[str, str], *,
+                      params: JudgeParams, ranks: int, backend: str, gpu_name: str | None,
+                      baseline: float | None) -> tuple[dict[str, float | None], dict[str, str | int | None], list[str]]:
     """The limits (None: off) and facts of the expected-bandwidth (SKU table or config) and
     baseline rules for one collective, their metrics (into `metrics`), and notes for the summary."""
-    limits: dict[str, Any] = {"busbw_fail_gbs": None, "busbw_warn_gbs": None, "baseline_warn_fraction": None}
-    facts: dict[str, Any] = {"collective": op}
+    limits: dict[str, float | None] = {"busbw_fail_gbs": None, "busbw_warn_gbs": None, "baseline_warn_fraction": None}
+    facts: dict[str, str | int | None] = {"collective": op}
     notes: list[str] = []
-    exp, exp_src = (None, "")
     if backend == "nccl":
         exp, exp_src = expected_busbw(op, gpu_name, ranks, nvls=bool(params.get("nvls")), overrides=params)
-    elif float(params.get(f"expected_{op}_gbs") or 0) > 0:
+    else:  # the config's expected_<op>_gbs (> 0) only
         exp, exp_src = expected_busbw(op, None, ranks, overrides=params)
     if exp:
         metrics["expected_busbw_gbs"] = exp
@@ -262,11 +303,12 @@ def rank_spread(times: list[float | None]) -> tuple[float | None, int | None]:
     if not med:
         return None, None
     spread = (max(vals) - min(vals)) / med
-    outlier = max((i for i, t in enumerate(times) if t is not None), key=lambda i: abs(times[i] - med))
+    present = [(i, t) for i, t in enumerate(times) if t is not None]
+    outlier = max(present, key=lambda it: abs(it[1] - med))[0]
     return spread, outlier
 
 
-def _evidence(fail: dict[str, Any]) -> list[str]:
+def _evidence(fail: Failure) -> list[str]:
     ev = []
     if fail.get("detail"):
         ev.append(str(fail["detail"]))
@@ -301,4 +343,4 @@ def baselines_from_history(state: Any, *, ranks: int, backend: str, sizes: dict[
                 continue
             if isinstance(m.get("busbw_gbs"), (int, float)):
                 seen.setdefault(op, []).append(float(m["busbw_gbs"]))
-    return {op: median(v[-keep:]) for op, v in seen.items() if v}
+    return {op: med for op, v in seen.items() if v and (med := median(v[-keep:])) is not None}

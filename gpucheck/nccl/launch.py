@@ -45,13 +45,17 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..platform import processes
 from ..platform.nodeset import NodeSetError, check_node_name, node_name_problem
 from ..platform.placeholders import quoted_placeholder, refusal, substitute
 from ..platform.processes import kill_group
 from .report import merge, parse_events
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .collective import ListeningEvent, NcclEvent, RankReport
+    from .report import Outcome
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -- {host} {qcmd}"
 SRUN = "srun"
@@ -177,7 +181,7 @@ class _Proc:
     rank: int
     argv: list[str]
     popen: subprocess.Popen | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: "list[NcclEvent]" = field(default_factory=list)
     stderr: deque = field(default_factory=lambda: deque(maxlen=20))
     error: str | None = None
     unreachable: bool = False
@@ -203,9 +207,9 @@ def run_group(
     deadline_s: float,
     index: int = 0,
     corrupt: dict[str, str] | None = None,
-    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    on_event: "Callable[[str, NcclEvent], None] | None" = None,
     nproc_per_node: int = 1,
-) -> dict[str, Any]:
+) -> "Outcome":
     """Run one collective across `hosts` (node rank = position) and merge the ranks' events.
 
     `corrupt` maps a host to the --inject text its ranks get. Returns report.merge()'s outcome plus
@@ -231,7 +235,7 @@ class _Group:
     """The processes of one group test and their supervision."""
 
     def __init__(self, hosts: list[str], launcher: Launcher, args: list[str], *, deadline_s: float, index: int,
-                 corrupt: dict[str, str] | None, on_event: Callable[[str, dict[str, Any]], None] | None,
+                 corrupt: dict[str, str] | None, on_event: "Callable[[str, NcclEvent], None] | None",
                  nproc_per_node: int):
         self.hosts = list(hosts)
         self.launcher = launcher
@@ -276,7 +280,7 @@ class _Group:
             for ev in parse_events(raw):
                 p.events.append(ev)
                 if ev.get("event") == "listening" and not self.port_known.is_set():
-                    self.port = int(ev["port"])
+                    self.port = int(cast("ListeningEvent", ev)["port"])
                     self.port_known.set()
                 if self.on_event is not None:
                     self.on_event(p.host, ev)
@@ -379,8 +383,8 @@ class _Group:
                 th.join(timeout=2)
 
     # -- the outcome --------------------------------------------------------------------------
-    def outcome(self) -> dict[str, Any]:
-        reports = [ev for p in self.procs for ev in p.events if ev.get("event") == "result"]
+    def outcome(self) -> "Outcome":
+        reports = [cast("RankReport", ev) for p in self.procs for ev in p.events if ev.get("event") == "result"]
         launch_errors: dict[str, str] = {}
         for p in self.procs:
             if p.has_result() or p.stopped:

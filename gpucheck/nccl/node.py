@@ -14,9 +14,9 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
-from .collective import RankSpec, base_report
+from .collective import NcclEvent, RankReport, RankSpec, base_report
 from .topology import Topology, pick_interface, rank_hosts, spec_port
 
 EXIT_OK, EXIT_FAIL, EXIT_NO_JUDGEMENT = 0, 1, 3
@@ -35,7 +35,7 @@ class NodeSettings:
     ifname: str | None = None
     peer_hosts: list[str] = field(default_factory=list)
     peer_addrs: list[str] = field(default_factory=list)
-    corrupt: dict[str, Any] | None = None
+    corrupt: dict[str, Any] | None = None  # the --inject corrupt parameters (RankSpec.corrupt)
     force: bool = False
 
 
@@ -123,9 +123,9 @@ def choose_interface(topo: Topology, cfg: NodeSettings) -> tuple[str | None, str
     return name, (f"network interface {why}" if name else None)
 
 
-def run_node(topo: Topology, cfg: NodeSettings, *, emit: Callable[[dict[str, Any]], None],
+def run_node(topo: Topology, cfg: NodeSettings, *, emit: Callable[[NcclEvent], None],
              note: Callable[[str], None], port_source: Callable[[], int | None] | None = None,
-             on_finish: Callable[[list[dict[str, Any]], int, str], None] | None = None,
+             on_finish: Callable[[list[RankReport], int, str], None] | None = None,
              session_ended: threading.Event | None = None) -> int:
     """Run this invocation's ranks; `emit` gets every event, `on_finish` (a terminal view) the
     reports, the world size and the status at the end. `session_ended` (StdinWatch.ended) stops
@@ -138,9 +138,10 @@ def run_node(topo: Topology, cfg: NodeSettings, *, emit: Callable[[dict[str, Any
     specs = rank_specs(topo, cfg, ifname)
     notes: list[str] = [chosen] if chosen else []
 
-    def send(ev: dict[str, Any]) -> None:
+    def send(ev: NcclEvent) -> None:
         if notes and ev.get("event") == "result":
-            ev = {**ev, "notes": [*ev.get("notes", []), *notes]}
+            rep = cast(RankReport, ev)
+            ev = {**rep, "notes": [*rep.get("notes", []), *notes]}
         emit(ev)
 
     if uses_gpus(cfg.backend) and refuse_busy_gpus(specs, topo.local_ranks, force=cfg.force, emit=send,
@@ -164,7 +165,7 @@ def run_node(topo: Topology, cfg: NodeSettings, *, emit: Callable[[dict[str, Any
 
 
 def refuse_busy_gpus(specs: list[RankSpec], local_ranks: list[int], *, force: bool,
-                     emit: Callable[[dict[str, Any]], None], notes: list[str], note: Callable[[str], None]) -> bool:
+                     emit: Callable[[NcclEvent], None], notes: list[str], note: Callable[[str], None]) -> bool:
     """The load-test guard (gpucheck.workers.busy) for this invocation's GPUs: when one is in use (or
     whether it is cannot be read), emit an error result for every rank (failure kind "busy",
     which report.merge turns into a could-not-judge group, blaming no host) and return True.
@@ -180,8 +181,8 @@ def refuse_busy_gpus(specs: list[RankSpec], local_ranks: list[int], *, force: bo
     detail = "; ".join(refusals)
     for spec in specs:
         rep = base_report(spec)
-        rep.update(summary=f"not started: {detail}",
-                   failure={"kind": "busy", "rank": spec.rank, "host": rep["host"], "detail": detail})
+        rep.update({"summary": f"not started: {detail}",
+                    "failure": {"kind": "busy", "rank": spec.rank, "host": rep["host"], "detail": detail}})
         emit(rep)
     note(f"gpucheck nccl run: not started: {detail}")
     return True

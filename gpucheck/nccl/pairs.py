@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .bandwidth import median
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .collective import Failure
 
 Pair = tuple[str, str]
 MIN_PAIRS_FOR_MEDIAN = 3
@@ -129,7 +132,7 @@ class PairOutcome:
     bytes: int | None = None
     summary: str = ""
     blamed: list[str] = field(default_factory=list)  # nodes a failure names
-    failure: dict[str, Any] | None = None
+    failure: "Failure | None" = None
     injected: list[str] = field(default_factory=list)
     op_busbw: dict[str, float] = field(default_factory=dict)  # every collective's busbw (largest size)
     concurrency: int = 0  # pairs measured at once in its round (0: not known, one class)

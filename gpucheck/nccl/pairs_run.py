@@ -10,12 +10,16 @@ signal stopped the run; 0 otherwise.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..platform.processes import Interrupted, stopping
 from . import pairs as P
 from .launch import Launcher, run_group
 from .report import largest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .collective import Failure, SizeRow
+    from .report import Outcome
 
 EXIT_OK, EXIT_FAIL, EXIT_NO_JUDGEMENT = 0, 1, 3
 
@@ -57,8 +61,8 @@ def run_plan(plan: list[list[P.Pair]], lau: Launcher, args: list[str], *, deadli
     outcomes: list[P.PairOutcome] = []
     index = 0
     for rnd, pairs in enumerate(plan, start=1):
-        if stopping():
-            raise Interrupted(stopping(), partial=outcomes)
+        if why := stopping():
+            raise Interrupted(why, partial=outcomes)
         if progress:
             progress(f"round {rnd}/{len(plan)}: " + ", ".join(f"{a}+{b}" for a, b in pairs))
         at_once = min(fanout, max(1, len(pairs)))
@@ -74,20 +78,20 @@ def run_plan(plan: list[list[P.Pair]], lau: Launcher, args: list[str], *, deadli
                     group = fut.result()
                 except Interrupted:
                     continue  # the round ends below
-                out = pair_outcome(rnd, pair, group, ops, injected=[corrupt["text"]] if cmap else [])
+                out = pair_outcome(rnd, pair, group, ops, injected=[corrupt["text"]] if cmap and corrupt else [])
                 out.concurrency = at_once
                 outcomes.append(out)
-        if stopping():
-            raise Interrupted(stopping(), partial=outcomes)
+        if why := stopping():
+            raise Interrupted(why, partial=outcomes)
     return outcomes
 
 
-def pair_outcome(rnd: int, nodes: tuple[str, str], group: dict[str, Any], ops: list[str] | str,
+def pair_outcome(rnd: int, nodes: tuple[str, str], group: "Outcome", ops: list[str] | str,
                  injected: list[str] | None = None) -> P.PairOutcome:
     """One pair's group outcome (gpucheck.nccl.launch.run_group) as a PairOutcome."""
     ops = [ops] if isinstance(ops, str) else list(ops)
     status = group.get("status")
-    failure = group.get("failure") or {}
+    failure: Failure = group.get("failure") or {}
     launch_errors = group.get("launch_errors") or {}
     unreachable = [h for h in group.get("unreachable") or [] if h in nodes]
     injected = injected or []
@@ -99,7 +103,8 @@ def pair_outcome(rnd: int, nodes: tuple[str, str], group: dict[str, Any], ops: l
     if status == "ok":
         return _measured(rnd, nodes, group, ops, injected)
     if status == "fail":
-        blamed = [failure["host"]] if failure.get("kind") in ("timeout", "exit") and failure.get("host") in nodes else []
+        host = failure.get("host")
+        blamed = [host] if failure.get("kind") in ("timeout", "exit") and host is not None and host in nodes else []
         summary = group.get("summary", "")
         if launch_errors:
             summary += "; " + "; ".join(f"{h}: {w}" for h, w in launch_errors.items())
@@ -112,12 +117,13 @@ def pair_outcome(rnd: int, nodes: tuple[str, str], group: dict[str, Any], ops: l
                          unreachable=unreachable)
 
 
-def _measured(rnd: int, nodes: tuple[str, str], group: dict[str, Any], ops: list[str],
+def _measured(rnd: int, nodes: tuple[str, str], group: "Outcome", ops: list[str],
               injected: list[str]) -> P.PairOutcome:
-    rows = {op: largest(group.get("results", []), op) for op in ops}
-    missing = [op for op, row in rows.items() if row is None]
+    found = {op: largest(group.get("results", []), op) for op in ops}
+    missing = [op for op, row in found.items() if row is None]
     if missing:
         return P.PairOutcome(rnd, nodes, "error", summary=f"no {', '.join(missing)} measurement", injected=injected)
+    rows: dict[str, SizeRow] = {op: row for op, row in found.items() if row is not None}  # every op here
     impossible = [f"{op} busbw {row.get('busbw_gbs')!r}" for op, row in rows.items()
                   if not real_bandwidth(row.get("busbw_gbs"))]
     if impossible:  # not a measurement (a broken timer, a corrupt or hostile rank): not examined
@@ -126,7 +132,8 @@ def _measured(rnd: int, nodes: tuple[str, str], group: dict[str, Any], ops: list
     first = rows[ops[0]]
     return P.PairOutcome(rnd, nodes, "ok", busbw_gbs=first["busbw_gbs"], algbw_gbs=first["algbw_gbs"],
                          time_s=first["time_s"], bytes=first["bytes"], summary=group.get("summary", ""),
-                         injected=injected, op_busbw={op: row["busbw_gbs"] for op, row in rows.items()})
+                         injected=injected, op_busbw={op: busbw for op, row in rows.items()
+                                                      if (busbw := row["busbw_gbs"]) is not None})  # all: real
 
 
 def real_bandwidth(value: Any) -> bool:

@@ -17,15 +17,16 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ..platform.processes import die_with_parent
-from .collective import CULPRIT_LIMIT_S, RankSpec, base_report, run_rank, timeout_summary
+from .collective import (CULPRIT_LIMIT_S, NcclEvent, RankReport, RankSpec, base_report, run_rank,
+                         timeout_summary)
 
 REAP_S = 5.0
 
 
-def _child_main(spec_dict: dict[str, Any], conn: Any, parent_pid: int) -> None:
+def _child_main(spec_dict: dict[str, Any], conn: Any, parent_pid: int) -> None:  # RankSpec.to_dict()
     die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
@@ -33,7 +34,7 @@ def _child_main(spec_dict: dict[str, Any], conn: Any, parent_pid: int) -> None:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA indices = NVML indices
     lock = threading.Lock()
 
-    def emit(event: dict[str, Any]) -> None:
+    def emit(event: NcclEvent) -> None:
         with lock:
             try:
                 conn.send(("event", event))
@@ -62,12 +63,12 @@ def run_ranks(
     specs: list[RankSpec],
     *,
     deadline_s: float,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
+    on_event: Callable[[NcclEvent], None] | None = None,
     port_source: Callable[[], int | None] | None = None,
     cancel: threading.Event | None = None,
     after_failure_s: float | None = None,
     cancel_reason: str = "cancelled",
-) -> list[dict[str, Any]]:
+) -> list[RankReport]:
     """Run `specs` (ranks of one job, on this host) to completion or to the deadline.
 
     Ranks whose spec.master_port is None wait for the port: from the local rank 0's announcement,
@@ -104,7 +105,7 @@ class _Supervisor:
         self.after_failure_s = after_failure_s
         self.cancel_reason = cancel_reason
         self.children: list[tuple[RankSpec, Any, Any]] = []
-        self.results: dict[int, dict[str, Any]] = {}
+        self.results: dict[int, RankReport] = {}
         self.port: int | None = None
         self.waiting_for_port: list[Any] = []
         self.t_end = time.monotonic() + deadline_s
@@ -158,7 +159,7 @@ class _Supervisor:
             self.port = int(event["port"])
             _send_port(self.waiting_for_port, self.port)
         if event.get("event") == "result":
-            self.results[spec.rank] = event
+            self.results[spec.rank] = cast(RankReport, event)  # a rank's NcclEvent: this one its report
             if event.get("status") != "ok":
                 self.t_end = min(self.t_end, time.monotonic() + self.after_failure_s)
         if self.on_event is not None:
@@ -204,17 +205,17 @@ def _send_port(conns: list[Any], port: int) -> None:
     conns.clear()
 
 
-def _no_result(spec: RankSpec, why: str, hang: bool = False, cancelled: bool = False) -> dict[str, Any]:
+def _no_result(spec: RankSpec, why: str, hang: bool = False, cancelled: bool = False) -> RankReport:
     rep = base_report(spec)
     rep["synthesized"] = True  # by the supervisor: the rank itself sent nothing
     if cancelled:
-        rep.update(status="error", summary=f"rank {spec.rank}: stopped ({why})",
-                   failure={"kind": "cancelled", "rank": spec.rank, "host": spec.host, "detail": why})
+        rep.update({"status": "error", "summary": f"rank {spec.rank}: stopped ({why})",
+                    "failure": {"kind": "cancelled", "rank": spec.rank, "host": spec.host, "detail": why}})
     elif hang:
-        rep.update(status="fail", summary=timeout_summary(spec.rank, spec.host, "") + f" ({why})",
-                   failure={"kind": "timeout", "rank": spec.rank, "host": spec.host, "what": "",
-                            "detail": why})
+        rep.update({"status": "fail", "summary": timeout_summary(spec.rank, spec.host, "") + f" ({why})",
+                    "failure": {"kind": "timeout", "rank": spec.rank, "host": spec.host, "what": "",
+                                "detail": why}})
     else:
-        rep.update(status="error", summary=why, failure={"kind": "exit", "rank": spec.rank,
-                                                          "host": spec.host, "detail": why})
+        rep.update({"status": "error", "summary": why, "failure": {"kind": "exit", "rank": spec.rank,
+                                                                   "host": spec.host, "detail": why}})
     return rep

@@ -9,13 +9,48 @@ else. `merge` folds the events into one outcome, naming the culprit the survivor
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TypedDict, cast
 
-from .collective import timeout_summary
+from .collective import Failure, NcclEvent, RankReport, SizeRow, timeout_summary
 
 
-def parse_events(text: str) -> list[dict[str, Any]]:
-    """The JSON event lines in a `gpucheck nccl run` output; other lines are ignored."""
+class Verdict(TypedDict):
+    """What one job comes to: ok, fail or error, why, and the failure it names."""
+
+    status: str
+    summary: str
+    failure: Failure | None
+
+
+class _GroupExtras(TypedDict, total=False):
+    # gpucheck.nccl.launch.run_group: a job across hosts
+    launch_errors: dict[str, str]  # host -> why it gave no result
+    unreachable: list[str]  # hosts the launcher could not connect to
+    stopped: list[str]  # hosts whose processes were ended because another could not take part
+    nodes: list[str]
+
+
+class _Base(TypedDict):
+    """What every outcome of merge has, whatever it comes to."""
+
+    world: int
+    hosts: list[str | None]  # each rank's host
+    backend: str | None
+    versions: dict[str, str]
+    gpu_name: str | None
+    results: list[SizeRow]  # every rank's numbers (from a rank that has them)
+    ranks: dict[int, str]  # rank -> its status
+    injected: list[str]
+    warnings: list[str]
+
+
+class Outcome(_Base, Verdict, _GroupExtras):
+    """One job's ranks folded (merge): what it comes to, and every rank's numbers."""
+
+
+def parse_events(text: str) -> list[NcclEvent]:
+    """The JSON event lines in a `gpucheck nccl run` output (its schema's events: gpucheck.nccl.collective);
+    other lines are ignored."""
     from ..platform.safeio import loads_json
 
     out = []
@@ -28,11 +63,11 @@ def parse_events(text: str) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if isinstance(doc, dict) and "event" in doc:
-            out.append(doc)
+            out.append(cast(NcclEvent, doc))
     return out
 
 
-def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, Any]:
+def merge(reports: list[RankReport], world: int | None = None) -> Outcome:
     """Fold rank result events into {status, summary, failure, results, ranks, hosts, ...}.
 
     status: ok | fail | error. failure: the corruption if any rank saw one, else a rank that refused
@@ -45,7 +80,7 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
     by_rank = {int(r["rank"]): r for r in reports if r.get("rank") is not None}
     hosts = _hosts(reports, world)
     with_results = [r for r in sorted(by_rank.values(), key=lambda r: r["rank"]) if r.get("results")]
-    base = {
+    base: _Base = {
         "world": world,
         "hosts": hosts,
         "backend": next((r.get("backend") for r in reports if r.get("backend")), None),
@@ -57,7 +92,7 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
         "warnings": [f"rank {r.get('rank')}: {w}" for r in reports for w in r.get("warnings") or []],
     }
     missing = [r for r in range(world) if r not in by_rank]
-    failures = [r.get("failure") or {} for r in reports if r.get("status") != "ok"]
+    failures: list[Failure] = [r.get("failure") or {} for r in reports if r.get("status") != "ok"]
     corrupt = next((f for f in failures if f.get("kind") == "corruption"), None)
     if corrupt:
         return {**base, "status": "fail", "summary": corrupt["summary"], "failure": corrupt}
@@ -67,39 +102,45 @@ def merge(reports: list[dict[str, Any]], world: int | None = None) -> dict[str, 
     return {**base, **_failed(reports, by_rank, hosts, missing, failures)}
 
 
-def _not_started(reports: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _failure(rep: RankReport) -> Failure:
+    """A rank's failure ({} when it has none)."""
+    return rep.get("failure") or {}
+
+
+def _not_started(reports: list[RankReport]) -> Verdict | None:
     """A rank that refused a busy GPU, a rendezvous that never formed, a stopped run: no verdict
     on the hardware (status error), whatever the peers' timeouts say."""
-    busy = [r for r in reports if (r.get("failure") or {}).get("kind") == "busy"]
+    busy = [r for r in reports if _failure(r).get("kind") == "busy"]
     if busy:
         rep = busy[0]
         summary = (f"rank {rep.get('rank')} on host {rep.get('host') or 'unknown'} did not start: "
-                   f"{rep['failure'].get('detail') or rep.get('summary')}")
-        return {"status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
-    rendezvous = [r for r in reports if (r.get("failure") or {}).get("kind") == "rendezvous"]
+                   f"{_failure(rep).get('detail') or rep.get('summary')}")
+        return {"status": "error", "summary": summary, "failure": {**_failure(rep), "summary": summary}}
+    rendezvous = [r for r in reports if _failure(r).get("kind") == "rendezvous"]
     if rendezvous:
         rep = rendezvous[0]
         summary = (f"the rendezvous never formed (rank {rep.get('rank')} on host {rep.get('host') or 'unknown'}: "
-                   f"{rep['failure'].get('detail') or rep.get('summary')})")
-        return {"status": "error", "summary": summary, "failure": {**rep["failure"], "summary": summary}}
-    cancelled = [r for r in reports if (r.get("failure") or {}).get("kind") == "cancelled"]
+                   f"{_failure(rep).get('detail') or rep.get('summary')})")
+        return {"status": "error", "summary": summary, "failure": {**_failure(rep), "summary": summary}}
+    cancelled = [r for r in reports if _failure(r).get("kind") == "cancelled"]
     if cancelled:
-        return {"status": "error", "summary": f"stopped before the end ({cancelled[0]['failure']['detail']})",
+        return {"status": "error", "summary": f"stopped before the end ({_failure(cancelled[0])['detail']})",
                 "failure": cancelled[0]["failure"]}
     return None
 
 
-def _failed(reports: list[dict[str, Any]], by_rank: dict[int, dict[str, Any]], hosts: list[str | None],
-            missing: list[int], failures: list[dict[str, Any]]) -> dict[str, Any]:
+def _failed(reports: list[RankReport], by_rank: dict[int, RankReport], hosts: list[str | None],
+            missing: list[int], failures: list[Failure]) -> Verdict:
     """The timeout culprit most survivors name, else a rank that exited, else the first error."""
     culprit = _culprit(reports, hosts)
     if culprit is not None:
         return culprit
-    exited = [int(r["rank"]) for r in reports if (r.get("failure") or {}).get("kind") == "exit"]
+    exited = [int(r["rank"]) for r in reports if _failure(r).get("kind") == "exit"]
     if exited or missing:
         r = (exited or missing)[0]
         host = hosts[r] if r < len(hosts) else None
-        why = (by_rank.get(r) or {}).get("summary") or f"rank {r} gave no result"
+        gave = by_rank.get(r)
+        why = (gave.get("summary") if gave else None) or f"rank {r} gave no result"
         summary = f"rank {r} on host {host or 'unknown'} exited during the test ({why})"
         return {"status": "fail", "summary": summary,
                 "failure": {"kind": "exit", "rank": r, "host": host, "summary": summary}}
@@ -117,30 +158,31 @@ def _failed(reports: list[dict[str, Any]], by_rank: dict[int, dict[str, Any]], h
     return {"status": "ok", "summary": first.get("summary", "ok"), "failure": None}
 
 
-def _culprit(reports: list[dict[str, Any]], hosts: list[str | None]) -> dict[str, Any] | None:
+def _culprit(reports: list[RankReport], hosts: list[str | None]) -> Verdict | None:
     """The rank the survivors waited for. A survivor naming itself (its own process was killed
     as frozen by the supervisor) is weaker evidence than a peer naming it."""
     named: Counter[int] = Counter()
-    detail: dict[int, dict[str, Any]] = {}
+    detail: dict[int, Failure] = {}
     for rep in reports:
-        f = rep.get("failure") or {}
-        if rep.get("status") == "ok" or f.get("kind") != "timeout" or f.get("rank") is None:
+        f = _failure(rep)
+        blamed = f.get("rank")
+        if rep.get("status") == "ok" or f.get("kind") != "timeout" or blamed is None:
             continue
-        weight = 1 if int(f["rank"]) == int(rep["rank"]) else 2
-        named[int(f["rank"])] += weight
-        if weight == 2 or int(f["rank"]) not in detail:
-            detail[int(f["rank"])] = {**f, "reported_by": rep["rank"]}
+        weight = 1 if int(blamed) == int(rep["rank"]) else 2
+        named[int(blamed)] += weight
+        if weight == 2 or int(blamed) not in detail:
+            detail[int(blamed)] = {**f, "reported_by": rep["rank"]}
     if not named:
         return None
     culprit, _ = max(named.items(), key=lambda kv: (kv[1], -kv[0]))
-    f = dict(detail[culprit])
+    f = detail[culprit].copy()
     if not f.get("host") and culprit < len(hosts):
         f["host"] = hosts[culprit]
     summary = timeout_summary(culprit, f.get("host"), f.get("what", ""))
     return {"status": "fail", "summary": summary, "failure": {**f, "summary": summary}}
 
 
-def _hosts(reports: list[dict[str, Any]], world: int) -> list[str | None]:
+def _hosts(reports: list[RankReport], world: int) -> list[str | None]:
     hosts: list[str | None] = [None] * world
     for rep in reports:
         for i, h in enumerate(rep.get("hosts") or []):
@@ -152,6 +194,6 @@ def _hosts(reports: list[dict[str, Any]], world: int) -> list[str | None]:
     return hosts
 
 
-def largest(results: list[dict[str, Any]], op: str) -> dict[str, Any] | None:
+def largest(results: list[SizeRow], op: str) -> SizeRow | None:
     rows = [r for r in results if r.get("op") == op and r.get("busbw_gbs") is not None]
     return max(rows, key=lambda r: r["bytes"]) if rows else None

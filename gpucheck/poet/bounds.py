@@ -31,6 +31,7 @@ bottom of fp32's range stays within stage_floor with gc_fmaf and leaves it with 
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 DTYPES: tuple[str, ...] = ("fp32", "bf16", "fp16")
 BLOCK_SIZES: tuple[int, ...] = (32, 64, 128, 256)
@@ -68,13 +69,13 @@ class PoetInputError(ValueError):
     pass
 
 
-def parse_dtypes(value: str | list[str] | tuple[str, ...]) -> list[str]:
+def parse_dtypes(value: str | Sequence[str]) -> list[str]:
     """'fp32,bf16' or ['bf16'] -> ['fp32', 'bf16']; PoetInputError for anything else."""
     from ..core.choices import parse_choices
 
     return parse_choices(value, DTYPES, what="dtype", error=PoetInputError, aliases=ALIASES)
 
-def parse_blocks(value: str | int | list[int] | list[str] | tuple) -> list[int]:
+def parse_blocks(value: str | int | Sequence[int] | Sequence[str]) -> list[int]:
     """'32,256' or [64] -> block sizes; PoetInputError unless each is one of BLOCK_SIZES."""
     if isinstance(value, int):
         items: list = [value]

@@ -301,7 +301,8 @@ class CupyOps(KernelOps):
         stream = self._current_stream()
         with self._device:
             self._cm.launch("poet", kernel, grid, block_of(kernel), conv, sync=False, stream=stream)
-        self._pending.append((kernel, tuple(grid), stream))
+        gx, gy, gz = grid
+        self._pending.append((kernel, (gx, gy, gz), stream))
 
     def sync(self) -> None:
         """Wait for every launch since the last sync (on each stream they went to); KernelError

@@ -41,7 +41,12 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypedDict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
+
+    from ..workers.results import PoetIntervalDetails, PoetViolation, PoetViolationDetails
 
 from .bounds import (
     STORE_ROUNDOFF,
@@ -77,6 +82,44 @@ UNIT_NAMES = {"tensor": "tensor cores", "cuda": "CUDA cores", "torch": "torch"}
 INJECT_OPS: tuple[str, ...] = ("forward", "output", "merge", "roundtrip", "cnp")
 
 
+class PoetBitflip(TypedDict, total=False):
+    """The bitflip injection: flip `bit` of element (row, col) of the output of `op` in problem
+    `problem` (None: the top mantissa bit, a default element, problem 0)."""
+
+    op: str  # INJECT_OPS
+    bit: int | None
+    row: int | None
+    col: int | None
+    problem: int | None
+
+
+class ProblemCheck(TypedDict):
+    """One problem run and verified (check_problem)."""
+
+    violations: list[PoetViolation]
+    ratios: dict[str, float]  # invariant -> the worst error/bound ratio (inf: not finite)
+    checks: dict[str, int]  # invariant -> comparisons made
+    launches: int
+    flops: float
+    injected: list[str]
+
+
+@dataclass
+class CnpInfo:
+    """One CNP block set as later bounds need it (_Checker.cnp): float64 copies, the exact CNP,
+    beta (elementwise bound of |G - G_exact|), eta (bound of ||G_j - G_exact,j||_2 per block), the
+    transform, and the singular-value ranges of the stored blocks. Tensors: in-process only."""
+
+    name: str
+    G64: Any
+    Gx: Any
+    beta: Any
+    eta: list[float]
+    t: Transform
+    sig_lo: list[float]
+    sig_hi: list[float]
+
+
 @dataclass
 class VerifyConfig:
     verify_rows: int = 256  # rows of y compared input-centric vs weight-centric
@@ -94,7 +137,7 @@ class _Checker:
         self.cfg = cfg
         self.rng = rng
         self.units = units  # the units of a bd: the first computes what is used downstream
-        self.violations: list[dict[str, Any]] = []
+        self.violations: list[PoetViolation] = []
         self.ratios: dict[str, float] = {}
         self.checks: dict[str, int] = {}
         dt = prob.dtype
@@ -110,7 +153,8 @@ class _Checker:
         if not (r <= self.ratios.get(name, -1.0)):  # NaN or larger
             self.ratios[name] = r if math.isfinite(r) else math.inf
 
-    def _violation(self, name: str, op: str, error: float, bound: float, **details: Any) -> None:
+    def _violation(self, name: str, op: str, error: float, bound: float,
+                   **details: "Unpack[PoetViolationDetails]") -> None:
         p = self.prob
         self.violations.append({
             "invariant": name, "dtype": p.dtype, "block": p.b, "problem": p.index, "op": op,
@@ -164,14 +208,15 @@ class _Checker:
         self._violation(name, op, err, 0.0, elements=ndiff, where=f"{where}, {bits}", index=list(idx), got=got,
                         expected=again_v)
 
-    def interval(self, name: str, op: str, value: float, lo: float, hi: float, where: str, **details: Any) -> None:
+    def interval(self, name: str, op: str, value: float, lo: float, hi: float, where: str,
+                 **details: "Unpack[PoetIntervalDetails]") -> None:
         ok, err, bound, ratio = interval_check(value, lo, hi)
         self._ratio(name, ratio)
         if not ok:
             self._violation(name, op, err, bound, where=where, value=value, lo=lo, hi=hi, **details)
 
     # -- the CNP blocks ----------------------------------------------------------------------
-    def cnp(self, G: Any, t: Transform, name: str) -> dict[str, Any]:
+    def cnp(self, G: Any, t: Transform, name: str) -> CnpInfo:
         """cnp_reference for one G; returns what later bounds need: float64 copies, the exact
         CNP, beta (elementwise bound of |G - G_exact|), eta (bound of ||G_j - G_exact,j||_2),
         the singular-value ranges of the stored blocks."""
@@ -189,20 +234,19 @@ class _Checker:
         rho_hi = [r + d for r, d in zip(t.rho, t.drho)]
         sig_lo = [max(0.0, 1.0 - rh**4 - e) for rh, e in zip(rho_hi, eta_l)]
         sig_hi = [1.0 + e for e in eta_l]
-        return {"name": name, "G64": G.to(f64), "Gx": Gx, "beta": beta, "eta": eta_l, "t": t,
-                "sig_lo": sig_lo, "sig_hi": sig_hi}
+        return CnpInfo(name=name, G64=G.to(f64), Gx=Gx, beta=beta, eta=eta_l, t=t, sig_lo=sig_lo, sig_hi=sig_hi)
 
-    def orthogonality(self, infos: list[dict[str, Any]]) -> None:
+    def orthogonality(self, infos: list[CnpInfo]) -> None:
         """cnp_orthogonality on `ortho_blocks` blocks drawn from all G's of the problem:
         | ||G_j^T G_j - I||_2 - (2 rho^4 - rho^8) | <= 2 eta + eta^2 + shift(rho, drho) + float64
         error. A block with a NaN or Inf (an exponent flip) is a violation with error inf; it never
         reaches the eigensolver (which raises on non-finite input on CPUs)."""
         torch = self.torch
-        pairs = [(i, j) for i, info in enumerate(infos) for j in range(len(info["eta"]))]
+        pairs = [(i, j) for i, info in enumerate(infos) for j in range(len(info.eta))]
         if not pairs or self.cfg.ortho_blocks <= 0:
             return
         pick = self.rng.sample(pairs, min(self.cfg.ortho_blocks, len(pairs)))
-        Gs = torch.stack([infos[i]["G64"][j] for i, j in pick])
+        Gs = torch.stack([infos[i].G64[j] for i, j in pick])
         b = Gs.shape[-1]
         eye = torch.eye(b, dtype=Gs.dtype, device=Gs.device)
         M = Gs.transpose(1, 2) @ Gs - eye
@@ -214,8 +258,8 @@ class _Checker:
         a = (absG.sum(2).amax(1) * absG.sum(1).amax(1)).sqrt()
         for (i, j), ej, aj in zip(pick, e.tolist(), a.tolist()):
             info = infos[i]
-            t: Transform = info["t"]
-            rho, drho, eta = t.rho[j], t.drho[j], info["eta"][j]
+            t: Transform = info.t
+            rho, drho, eta = t.rho[j], t.drho[j], info.eta[j]
             theory = cnp_orthogonality_error(rho)
             slack = (2.0 * eta + eta * eta + cnp_orthogonality_shift(rho, drho)
                      + float64_eig_error(b, aj)) * self.cfg.bound_scale
@@ -225,7 +269,7 @@ class _Checker:
             ratio = err / slack if math.isfinite(ej) else math.inf
             self._ratio("cnp_orthogonality", ratio)
             if not (math.isfinite(ej) and err <= slack):
-                self._violation("cnp_orthogonality", f"cnp {info['name']}", err, slack, where=f"block {j}",
+                self._violation("cnp_orthogonality", f"cnp {info.name}", err, slack, where=f"block {j}",
                                 measured=ej, theory=theory, rho=rho)
 
     # -- one bd call: kernel_reference, returns the local bound ------------------------------
@@ -262,10 +306,13 @@ def _fro(torch: Any, t: Any) -> float:
 class _Injector:
     """Flips one bit of one output of the op named in the injection, once."""
 
-    def __init__(self, torch: Any, prob: Problem, inject: dict[str, Any] | None):
+    def __init__(self, torch: Any, prob: Problem, inject: PoetBitflip | None):
         self.torch = torch
         self.prob = prob
         self.spec = inject if inject and int(inject.get("problem") or 0) == prob.index else None
+        # an int when given, else None (the defaults below)
+        self.spec_row = None if self.spec is None else self.spec.get("row")
+        self.spec_col = None if self.spec is None else self.spec.get("col")
         self.done: list[str] = []
 
     def __call__(self, op: str, t: Any) -> None:
@@ -277,13 +324,13 @@ class _Injector:
         bit = TOP_MANTISSA_BIT[p.dtype] if bit is None else int(bit)
         if op == "cnp":  # block 0 of G_in; default a diagonal element (about 1)
             b = p.b
-            r = int(spec["row"]) % b if spec.get("row") is not None else b // 2
-            c = int(spec["col"]) % b if spec.get("col") is not None else b // 2
+            r = int(self.spec_row) % b if self.spec_row is not None else b // 2
+            c = int(self.spec_col) % b if self.spec_col is not None else b // 2
             flat, where = r * b + c, f"block 0, element ({r}, {c})"
         else:
             rows, cols = tuple(t.shape)
-            r = int(spec["row"]) % rows if spec.get("row") is not None else rows // 2
-            c = int(spec["col"]) % cols if spec.get("col") is not None else cols // 3
+            r = int(self.spec_row) % rows if self.spec_row is not None else rows // 2
+            c = int(self.spec_col) % cols if self.spec_col is not None else cols // 3
             flat = r * cols + c
             where = f"element ({r}, {c})"
         before, after = flip_bit(self.torch, t, flat, bit)
@@ -298,7 +345,7 @@ class _Run:
     def __init__(self, torch: Any, ops: Any, prob: Problem, ck: _Checker, inj: _Injector, beat: Callable[[], None]):
         self.torch, self.ops, self.prob, self.ck, self.inj, self.beat = torch, ops, prob, ck, inj, beat
 
-    def cnp(self, t: Transform, name: str, inject_op: str | None = None) -> tuple[Any, dict[str, Any]]:
+    def cnp(self, t: Transform, name: str, inject_op: str | None = None) -> tuple[Any, CnpInfo]:
         """G of transform t, twice: cnp_reference on the first, repeat_bitwise between the two."""
         ops, dtype = self.ops, self.prob.dtype
         G = ops.cnp(t.Q, dtype)
@@ -311,7 +358,7 @@ class _Run:
         self.ck.bitwise("repeat_bitwise", f"cnp {name}", G, again, ("block", "row", "col"))
         return G, info
 
-    def bd(self, op: str, X: Any, G: Any, info: dict[str, Any], inject_op: str | None = None,
+    def bd(self, op: str, X: Any, G: Any, info: CnpInfo, inject_op: str | None = None,
            **kw: Any) -> tuple[Any, Any, Any]:
         """One block-diagonal apply on every unit, each twice: kernel_reference on the first
         unit's first result (the one returned and used downstream), repeat_bitwise for every
@@ -326,7 +373,7 @@ class _Run:
         if inject_op:
             self.inj(inject_op, Y)
         self.beat()
-        ref, absr, loc = ck.bd_reference(f"bd_apply {op}", Y, X, info["G64"], info["G64"].abs(), **kw)
+        ref, absr, loc = ck.bd_reference(f"bd_apply {op}", Y, X, info.G64, info.G64.abs(), **kw)
         for unit, (first, again) in zip(ck.units, runs):
             label = f"bd_apply {op}" + (f" ({UNIT_NAMES[unit]})" if len(ck.units) > 1 else "")
             ck.bitwise("repeat_bitwise", label, first, again, ("row", "col"))
@@ -337,8 +384,8 @@ class _Run:
         return Y, ref, loc
 
 
-def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject: dict[str, Any] | None = None,
-                  beat: Callable[[], None] | None = None) -> dict[str, Any]:
+def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject: PoetBitflip | None = None,
+                  beat: Callable[[], None] | None = None) -> ProblemCheck:
     """Run one problem through `ops` and verify it. Returns plain data (see the module doc)."""
     beat = beat or (lambda: None)
     rng = random.Random(prob.seed)
@@ -359,7 +406,7 @@ def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject
     A, _, eA = run.bd("W·BD(G_in)ᵀ·Π_inᵀ", W, G_in, ci, transpose=True, out_idx=ti.perm)
     W_eff, _, locW = run.bd("Π_outᵀ·BD(G_out)ᵀ·A", A, G_out, co, inject_op="merge", x_t=True, y_t=True,
                             out_idx=to.inv)
-    eWe = locW + bd_torch(torch, eA, co["G64"].abs(), x_t=True, y_t=True, out_idx=to.inv, acc=torch.float64)
+    eWe = locW + bd_torch(torch, eA, co.G64.abs(), x_t=True, y_t=True, out_idx=to.inv, acc=torch.float64)
     y_w = ops.dense(x, W_eff)
     beat()
     _forward_equivalence(ck, prob, cfg, rng, Y1, Z, y_in, y_w, W_eff, e1, ref3, eWe, co)
@@ -383,7 +430,7 @@ def check_problem(torch: Any, ops: Any, prob: Problem, cfg: VerifyConfig, inject
 
 
 def _forward_equivalence(ck: _Checker, prob: Problem, cfg: VerifyConfig, rng: random.Random, Y1: Any, Z: Any,
-                         y_in: Any, y_w: Any, W_eff: Any, e1: Any, ref3: Any, eWe: Any, co: dict[str, Any]) -> None:
+                         y_in: Any, y_w: Any, W_eff: Any, e1: Any, ref3: Any, eWe: Any, co: CnpInfo) -> None:
     """y_in (input-centric) vs y_w (weight-centric) on `verify_rows` sampled rows."""
     torch = ck.torch
     f64 = torch.float64
@@ -398,7 +445,7 @@ def _forward_equivalence(ck: _Checker, prob: Problem, cfg: VerifyConfig, rng: ra
     S2 = Y1R @ W64.t()
     e2 = u * S2.abs() + ((1.0 + u) * cn * Y1R.abs() + e1.index_select(0, R)) @ W64.abs().t() + fn
     e3 = (u * ref3.index_select(0, R).abs()
-          + bd_torch(torch, (1.0 + u) * cb * ZR.abs() + e2, co["G64"].abs(), out_idx=to.inv, acc=f64) + fb)
+          + bd_torch(torch, (1.0 + u) * cb * ZR.abs() + e2, co.G64.abs(), out_idx=to.inv, acc=f64) + fb)
     Syw = xR @ We64.t()
     e_yw = u * Syw.abs() + xR.abs() @ ((1.0 + u) * cn * We64.abs() + eWe).t() + fn
     ck.elementwise("forward_equivalence", "x·Π_in·BD(G_in)·Wᵀ·BD(G_out)·Π_out vs x·W_effᵀ",
@@ -406,8 +453,8 @@ def _forward_equivalence(ck: _Checker, prob: Problem, cfg: VerifyConfig, rng: ra
                    row_map=rows)
 
 
-def _frobenius(ck: _Checker, prob: Problem, cfg: VerifyConfig, W_eff: Any, eWe: Any, ci: dict[str, Any],
-               co: dict[str, Any]) -> tuple[float, float, float, float]:
+def _frobenius(ck: _Checker, prob: Problem, cfg: VerifyConfig, W_eff: Any, eWe: Any, ci: CnpInfo,
+               co: CnpInfo) -> tuple[float, float, float, float]:
     """frobenius_norm of W_eff; returns the interval it was judged against (the start of the
     drift chain) and the two norms."""
     torch = ck.torch
@@ -415,23 +462,23 @@ def _frobenius(ck: _Checker, prob: Problem, cfg: VerifyConfig, W_eff: Any, eWe: 
     nWe = _fro(torch, W_eff)
     rr = _fro(torch, eWe) * cfg.bound_scale / nW
     ev = 4.0 * norm_eval_error(prob.n * prob.n)
-    s_lo = min(ci["sig_lo"]) * min(co["sig_lo"])
-    s_hi = max(ci["sig_hi"]) * max(co["sig_hi"])
+    s_lo = min(ci.sig_lo) * min(co.sig_lo)
+    s_hi = max(ci.sig_hi) * max(co.sig_hi)
     lo1, hi1 = max(0.0, s_lo - rr), s_hi + rr
     ck.interval("frobenius_norm", "‖W_eff‖_F / ‖W‖_F", nWe / nW, lo1 - ev, hi1 + ev, where="W_eff",
                 norm_w=nW, norm_w_eff=nWe)
     return lo1, hi1, nW, nWe
 
 
-def _row_norms(ck: _Checker, prob: Problem, cfg: VerifyConfig, A: Any, eA: Any, ci: dict[str, Any]) -> None:
+def _row_norms(ck: _Checker, prob: Problem, cfg: VerifyConfig, A: Any, eA: Any, ci: CnpInfo) -> None:
     """row_norms of A = W BD(G_in)^T Pi^T (row norms do not see the column permutation)."""
     torch = ck.torch
     f64 = torch.float64
     n, k, b = prob.n, prob.k, prob.b
     W64 = prob.W.to(f64)
     seg2 = (W64.reshape(n, k, b) ** 2).sum(2)
-    sl = torch.tensor(ci["sig_lo"], dtype=f64, device=W64.device) ** 2
-    sh = torch.tensor(ci["sig_hi"], dtype=f64, device=W64.device) ** 2
+    sl = torch.tensor(ci.sig_lo, dtype=f64, device=W64.device) ** 2
+    sh = torch.tensor(ci.sig_hi, dtype=f64, device=W64.device) ** 2
     nw = seg2.sum(1).sqrt()
     nA = torch.linalg.vector_norm(A.to(f64), dim=1)
     rA = torch.linalg.vector_norm(eA, dim=1) * cfg.bound_scale
@@ -453,13 +500,13 @@ def _row_norms(ck: _Checker, prob: Problem, cfg: VerifyConfig, A: Any, eA: Any, 
                       value=float(v[worst].item()), lo=float(lo[worst].item()), hi=float(hi[worst].item()))
 
 
-def _round_trip(run: _Run, Y1: Any, G_in: Any, ci: dict[str, Any], e1: Any) -> None:
+def _round_trip(run: _Run, Y1: Any, G_in: Any, ci: CnpInfo, e1: Any) -> None:
     """X2 = x Pi BD(G) BD(G)^T Pi^T against x Pi BD((I - Q^4)^2) Pi^T."""
     torch, prob, ck = run.torch, run.prob, run.ck
     f64 = torch.float64
     ti = prob.t_in
     X2, _, loc2 = run.bd("Y1·BD(G_in)ᵀ·Π_inᵀ", Y1, G_in, ci, inject_op="roundtrip", transpose=True, out_idx=ti.perm)
-    Gx, beta = ci["Gx"], ci["beta"]
+    Gx, beta = ci.Gx, ci.beta
     aGx = Gx.abs() + beta
     D = Gx @ Gx.transpose(1, 2)  # = (I - Q^4)^2, the exact CNP round trip
     # float64 evaluation of D and of x.D (expected): (1 + gamma_b)^2 - 1 <= gamma_2b of |x| |G| |G|^T
@@ -467,13 +514,13 @@ def _round_trip(run: _Run, Y1: Any, G_in: Any, ci: dict[str, Any], e1: Any) -> N
             + gamma(2 * prob.b, U64) * (Gx.abs() @ Gx.abs().transpose(1, 2)))
     x64 = prob.x.to(f64)
     expected = bd_torch(torch, x64, D, in_idx=ti.perm, out_idx=ti.perm, acc=f64)
-    bound_rt = (loc2 + bd_torch(torch, e1, ci["G64"].abs(), transpose=True, out_idx=ti.perm, acc=f64)
+    bound_rt = (loc2 + bd_torch(torch, e1, ci.G64.abs(), transpose=True, out_idx=ti.perm, acc=f64)
                 + bd_torch(torch, x64.abs(), Gerr, in_idx=ti.perm, out_idx=ti.perm, acc=f64))
     ck.elementwise("round_trip", "x·Π_in·BD(G_in)·BD(G_in)ᵀ·Π_inᵀ vs x·Π_in·BD((I−Q⁴)²)·Π_inᵀ", X2, expected,
                    bound_rt, ("row", "col"))
 
 
-def _chain(run: _Run, cfg: VerifyConfig, infos: list[dict[str, Any]], W_eff: Any, nW: float, nWe: float,
+def _chain(run: _Run, cfg: VerifyConfig, infos: list[CnpInfo], W_eff: Any, nW: float, nWe: float,
            lo_c: float, hi_c: float) -> None:
     """The merge-then-reinitialize chain: norm_drift after every merge (infos grows by the
     chain's CNP blocks, for cnp_orthogonality)."""
@@ -487,10 +534,10 @@ def _chain(run: _Run, cfg: VerifyConfig, infos: list[dict[str, Any]], W_eff: Any
         A2, _, eA2 = run.bd(f"merge {step} W·BD(G_in)ᵀ·Π_inᵀ", W_prev, gi, c2i, transpose=True, out_idx=t2i.perm)
         W2, _, eW2 = run.bd(f"merge {step} Π_outᵀ·BD(G_out)ᵀ·A", A2, go, c2o, x_t=True, y_t=True,
                             out_idx=t2o.inv)
-        eW2 = eW2 + bd_torch(torch, eA2, c2o["G64"].abs(), x_t=True, y_t=True, out_idx=t2o.inv, acc=torch.float64)
+        eW2 = eW2 + bd_torch(torch, eA2, c2o.G64.abs(), x_t=True, y_t=True, out_idx=t2o.inv, acc=torch.float64)
         delta = _fro(torch, eW2) * cfg.bound_scale / n_prev
-        lo_c *= max(0.0, min(c2i["sig_lo"]) * min(c2o["sig_lo"]) - delta)
-        hi_c *= max(c2i["sig_hi"]) * max(c2o["sig_hi"]) + delta
+        lo_c *= max(0.0, min(c2i.sig_lo) * min(c2o.sig_lo) - delta)
+        hi_c *= max(c2i.sig_hi) * max(c2o.sig_hi) + delta
         n_t = _fro(torch, W2)
         evs = step * ev
         ck.interval("norm_drift", f"‖W_{step}‖_F / ‖W‖_F after {step} merges", n_t / nW, lo_c - evs, hi_c + evs,

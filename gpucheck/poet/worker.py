@@ -17,16 +17,44 @@ import importlib
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence, TypedDict
 
 from .bounds import DENSE_ACC_ROUNDOFF, parse_blocks, parse_dtypes
-from .invariants import INJECT_OPS, INVARIANTS, VerifyConfig, check_problem
+from .invariants import INJECT_OPS, INVARIANTS, PoetBitflip, ProblemCheck, VerifyConfig, check_problem
 from .ortho import QPool, TorchOps, make_problem, set_precision
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..workers.results import PoetResult, SetupError
+    from ..workers.results import PoetCombo, PoetDevice, PoetResult, PoetRun, PoetViolation, SetupError
 
 BACKENDS = ("auto", "cupy", "torch")
+
+
+class PoetArgs(TypedDict, total=False):
+    """poet_worker's arguments (PoetConfig.from_args: a key not given keeps PoetConfig's default)."""
+
+    duration_s: float
+    dtypes: Sequence[str] | str  # names, or a comma list (parse_dtypes)
+    blocks: Sequence[int] | str  # sizes, or a comma list (parse_blocks)
+    size: int | None
+    gpu_size: int
+    cpu_blocks: int
+    rows: int | None
+    gpu_rows: int
+    cpu_rows: int
+    rho_min: float
+    rho_max: float
+    chain_steps: int
+    verify_rows: int
+    ortho_blocks: int
+    q_pool: int
+    dense_acc_roundoff: float
+    bound_scale: float
+    seed: int
+    backend: str
+    window_s: float
+    max_events: int
+    bitflip: PoetBitflip  # injections (the check's --inject)
+    hang_after_s: float
 
 
 @dataclass
@@ -52,11 +80,11 @@ class PoetConfig:
     backend: str = "auto"
     window_s: float = 1.0
     max_events: int = 8
-    bitflip: dict[str, Any] | None = None
+    bitflip: PoetBitflip | None = None
     hang_after_s: float | None = None
 
     @classmethod
-    def from_args(cls, args: dict[str, Any]) -> "PoetConfig":
+    def from_args(cls, args: PoetArgs) -> "PoetConfig":
         from ..workers.settings import set_given
 
         cfg = cls()
@@ -70,7 +98,8 @@ class PoetConfig:
             cfg.blocks = parse_blocks(args["blocks"])
         if args.get("backend") is not None:
             cfg.backend = str(args["backend"])
-        cfg.bitflip = dict(args["bitflip"]) if args.get("bitflip") is not None else None
+        bitflip = args.get("bitflip")
+        cfg.bitflip = bitflip.copy() if bitflip is not None else None
         cfg.hang_after_s = float(args["hang_after_s"]) if args.get("hang_after_s") is not None else None
         cfg.validate()
         return cfg
@@ -105,6 +134,8 @@ class PoetConfig:
     def _validate_bitflip(self) -> None:
         """The flip's problem and bit: the bit must exist in the storage format of the dtype that
         problem runs (problems go round-robin over the (dtype, block) pairs)."""
+        if self.bitflip is None:
+            return
         problem = self.bitflip.get("problem")
         problem = 0 if problem is None else int(problem)
         if problem < 0:
@@ -153,7 +184,7 @@ def select_backend(torch: Any, dev: Any, want: str) -> tuple[Any, str | None]:
         return TorchOps(torch, dev), f"{e}: the CUDA kernels were not exercised (torch path)"
 
 
-def poet_worker(args: dict[str, Any], chan: Any) -> "PoetResult | SetupError":
+def poet_worker(args: PoetArgs, chan: Any) -> "PoetResult | SetupError":
     """Worker target: select the device and backend, run the loop; plain data out."""
     from ..workers.pool import torch_and_device
 
@@ -200,14 +231,14 @@ class PoetRunner:
         self.vcfg = VerifyConfig(verify_rows=cfg.verify_rows, ortho_blocks=cfg.ortho_blocks,
                                  dense_acc_roundoff=cfg.dense_acc_roundoff, bound_scale=cfg.bound_scale,
                                  max_events=cfg.max_events)
-        self.events: list[dict[str, Any]] = []
+        self.events: list[PoetViolation] = []
         self.event_count = 0
         self.injected: list[str] = []
 
-    def device_info(self) -> dict[str, Any]:
+    def device_info(self) -> "PoetDevice":
         from ..workers.pool import device_info
 
-        info = device_info(self.torch, self.dev)
+        info: PoetDevice = {**device_info(self.torch, self.dev)}
         if self.dev.type == "cuda":
             try:
                 import cupy  # noqa: PLC0415
@@ -223,7 +254,7 @@ class PoetRunner:
         if self.chan.should_stop():
             raise _Stopped()
 
-    def _combos(self) -> dict[str, dict[str, Any]]:
+    def _combos(self) -> "dict[str, PoetCombo]":
         """Per dtype/block combination: its problem sizes and running totals."""
         cfg, device = self.cfg, self.dev.type
         return {f"{dt}/{b}": {
@@ -232,7 +263,7 @@ class PoetRunner:
             "max_ratio": {}, "checks": {},
         } for dt in cfg.dtypes for b in cfg.blocks}
 
-    def _header(self, combos: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    def _header(self, combos: "dict[str, PoetCombo]") -> "PoetRun":
         """The result's fixed part: device, backend, configuration, and the combos to fill."""
         cfg = self.cfg
         return {
@@ -245,7 +276,7 @@ class PoetRunner:
             "combos": combos, "stopped": None,
         }
 
-    def _solve(self, i: int, dt: str, b: int, c: dict[str, Any], out: dict[str, Any]) -> dict[str, Any] | None:
+    def _solve(self, i: int, dt: str, b: int, c: "PoetCombo", out: "PoetRun") -> ProblemCheck | None:
         """Problem `i`, made and checked; None when the run ends here (`out` says why: asked to
         stop, or out of memory)."""
         cfg = self.cfg
@@ -266,14 +297,15 @@ class PoetRunner:
                                     f"m={c['rows']}): {str(e).splitlines()[0][:200]}")
             return None
 
-    def _tally(self, c: dict[str, Any], res: dict[str, Any], elapsed: float, t0: float) -> None:
+    def _tally(self, c: "PoetCombo", res: ProblemCheck, elapsed: float, t0: float) -> None:
         """One checked problem into its combo's totals and the run's violation events."""
         c["problems"] += 1
         c["launches"] += res["launches"]
         c["flops"] += res["flops"]
         c["seconds"] += elapsed
         for name, r in res["ratios"].items():
-            if not (r <= c["max_ratio"].get(name, -1.0)):
+            worst = c["max_ratio"].get(name)  # a float while the run goes (None only in its summary)
+            if not (r <= (-1.0 if worst is None else worst)):
                 c["max_ratio"][name] = r
         for name, cnt in res["checks"].items():
             c["checks"][name] = c["checks"].get(name, 0) + cnt
@@ -285,7 +317,7 @@ class PoetRunner:
                 v["time_s"] = round(time.monotonic() - t0, 3)
                 self.events.append(v)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> "PoetResult":
         cfg = self.cfg
         plan = [(dt, b) for dt in cfg.dtypes for b in cfg.blocks]
         combos = self._combos()
@@ -322,19 +354,19 @@ class PoetRunner:
             out["stopped"] = self.chan.stop_reason
         return self._summary(out, combos, i, time.monotonic() - t0)
 
-    def _summary(self, out: dict[str, Any], combos: dict[str, dict[str, Any]], problems: int,
-                 seconds: float) -> dict[str, Any]:
-        """The run's totals into `out`: problems, violations, rates, the invariants checked."""
+    def _summary(self, out: "PoetRun", combos: "dict[str, PoetCombo]", problems: int,
+                 seconds: float) -> "PoetResult":
+        """The run's totals after `out`: problems, violations, rates, the invariants checked."""
         total_flops = sum(c["flops"] for c in combos.values())
         checked = [name for name in INVARIANTS if any(name in c["checks"] for c in combos.values())]
-        out.update(
-            problems=problems, violations=self.events, violation_count=self.event_count, injected=self.injected,
-            seconds=round(seconds, 3), tflops=(total_flops / seconds / 1e12) if seconds > 0 else None,
-            invariants=checked,  # core_agreement only where a second unit exists (tensor cores)
-        )
         for c in combos.values():
-            c["max_ratio"] = {k: (v if math.isfinite(v) else None) for k, v in c["max_ratio"].items()}
-        return out
+            c["max_ratio"] = {k: (v if v is not None and math.isfinite(v) else None) for k, v in c["max_ratio"].items()}
+        return {
+            **out, "problems": problems, "violations": self.events, "violation_count": self.event_count,
+            "injected": self.injected, "seconds": round(seconds, 3),
+            "tflops": (total_flops / seconds / 1e12) if seconds > 0 else None,
+            "invariants": checked,  # core_agreement only where a second unit exists (tensor cores)
+        }
 
     def _out_of_memory(self, e: BaseException) -> bool:
         torch = self.torch

@@ -36,9 +36,12 @@ import hashlib
 import json
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, TypedDict
 
 from .workloads import WORKLOAD_VERSION
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import CpuFingerprint, CudaFingerprint, Fingerprint
 
 GPU_FIELDS = ("device", "gpu", "compute_capability", "sm_count", "driver", "cuda_runtime", "torch", "cublas",
               "blas_backend", "workload_version", "preset")
@@ -49,11 +52,12 @@ _CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "
               "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "sve", "sve2", "asimd", "bf16")
 
 
-def canonical(fp: dict[str, Any]) -> str:
+def canonical(fp: Mapping[str, object]) -> str:
+    """Any fingerprint (one this gpucheck reads, or one a reference file holds) as canonical JSON."""
     return json.dumps(fp, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def fingerprint_key(fp: dict[str, Any]) -> str:
+def fingerprint_key(fp: Mapping[str, object]) -> str:
     """SHA-256 (hex) of the fingerprint's canonical JSON (sorted keys, no spaces)."""
     return hashlib.sha256(canonical(fp).encode("utf-8")).hexdigest()
 
@@ -62,28 +66,31 @@ def short_key(key: str) -> str:
     return key[:12]
 
 
-def describe(fp: dict[str, Any]) -> str:
+def describe(fp: "Fingerprint") -> str:
     """One line a person can read."""
     if fp.get("device") == "cuda":
         return (f"{fp.get('gpu')} (sm {fp.get('compute_capability')}, {fp.get('sm_count')} SMs), "
                 f"driver {fp.get('driver')}, CUDA {fp.get('cuda_runtime')}, torch {fp.get('torch')}, "
                 f"cuBLAS {fp.get('cublas')} ({fp.get('blas_backend')}), workloads {fp.get('workload_version')}"
                 f"/{fp.get('preset')}")
+    mkl = fp.get("mkl")
     return (f"CPU {fp.get('cpu')} ({fp.get('cpu_capability')}), torch {fp.get('torch')}, BLAS {fp.get('blas')}"
-            f"{' ' + str(fp['mkl']) if fp.get('mkl') else ''}, oneDNN {fp.get('onednn')}, "
+            f"{' ' + str(mkl) if mkl else ''}, oneDNN {fp.get('onednn')}, "
             f"{fp.get('threads')} thread(s), workloads {fp.get('workload_version')}/{fp.get('preset')}")
 
 
-def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+def differences(a: "Fingerprint", b: "Fingerprint") -> list[str]:
     """The fields where two fingerprints differ, as 'field: a vs b'."""
     out = []
-    for k in sorted(set(a) | set(b)):
-        if a.get(k) != b.get(k):
-            out.append(f"{k}: {a.get(k)!r} vs {b.get(k)!r}")
+    fa: Mapping[str, object] = a  # compared field by field, whichever kind each is
+    fb: Mapping[str, object] = b
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):
+            out.append(f"{k}: {fa.get(k)!r} vs {fb.get(k)!r}")
     return out
 
 
-def closest(fp: dict[str, Any], others: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]] | None:
+def closest(fp: "Fingerprint", others: "list[Fingerprint]") -> "tuple[Fingerprint, list[str]] | None":
     """The stored fingerprint that differs from `fp` in the fewest fields, and those fields."""
     best = None
     for o in others:
@@ -147,7 +154,7 @@ def cublas_version() -> str | None:
     return _cuda_pkg_version("nvidia-cublas")
 
 
-def cuda_fingerprint(torch: Any, dev: Any, *, preset: str, driver: str | None = None) -> dict[str, Any]:
+def cuda_fingerprint(torch: Any, dev: Any, *, preset: str, driver: str | None = None) -> "CudaFingerprint":
     props = torch.cuda.get_device_properties(dev)
     try:
         backend = str(torch.backends.cuda.preferred_blas_library()).rsplit(".", 1)[-1]
@@ -169,7 +176,8 @@ def cuda_fingerprint(torch: Any, dev: Any, *, preset: str, driver: str | None = 
 
 
 def _cpu_model() -> tuple[str | None, list[str]]:
-    model, flags = None, []
+    model: str | None = None
+    flags: list[str] = []
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -191,7 +199,13 @@ def _cpu_model() -> tuple[str | None, list[str]]:
     return model, flags
 
 
-def torch_cpu_libraries(torch: Any) -> dict[str, str | None]:
+class CpuLibraries(TypedDict):
+    blas: str | None
+    mkl: str | None
+    onednn: str | None
+
+
+def torch_cpu_libraries(torch: Any) -> CpuLibraries:
     """BLAS, MKL and oneDNN versions from torch's build configuration."""
     text = torch.__config__.show()
     m = re.search(r"BLAS_INFO=([^,\s]+)", text)
@@ -204,7 +218,7 @@ def torch_cpu_libraries(torch: Any) -> dict[str, str | None]:
     }
 
 
-def cpu_fingerprint(torch: Any, *, preset: str) -> dict[str, Any]:
+def cpu_fingerprint(torch: Any, *, preset: str) -> "CpuFingerprint":
     model, flags = _cpu_model()
     try:
         capability = str(torch.backends.cpu.get_cpu_capability())

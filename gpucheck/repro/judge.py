@@ -19,12 +19,20 @@ the counts (result.evaluate), in this order of strength:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.result import Action, Basis, Result, Rule, Status, evaluate
 from . import majority as mj
 from .fingerprint import canonical, closest, describe, fingerprint_key, short_key
 from .store import entries
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.pool import WorkerOutcome
+    from ..workers.results import Fingerprint, ReproDigest, ReproProgress, ReproResult, SetupError
+    from .store import Record, RefDoc, RefEntry
+
+    # What the pool returned for one GPU's gpucheck.repro.worker:repro_worker (None: no outcome).
+    ReproOutcome = WorkerOutcome[ReproResult | SetupError, ReproProgress] | None
 
 SHORT = 16  # hex characters of a digest shown in metrics
 
@@ -53,9 +61,9 @@ class GpuRun:
 
     gpu: int
     key: str
-    fingerprint: dict[str, Any]
-    run1: dict[str, dict[str, Any]]
-    run2: dict[str, dict[str, Any]]
+    fingerprint: "Fingerprint"
+    run1: "dict[str, ReproDigest]"
+    run2: "dict[str, ReproDigest]"
     asked: list[str]
     seconds: float
     injected_at: list[str] = field(default_factory=list)
@@ -82,7 +90,7 @@ def _differing_parts(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return [k for k in a if a.get(k) != b.get(k)] + [k for k in b if k not in a]
 
 
-def _parts_note(a: dict[str, Any], b: dict[str, Any]) -> str:
+def _parts_note(a: "ReproDigest", b: "ReproDigest") -> str:
     diff = _differing_parts(a.get("parts", {}), b.get("parts", {}))
     total = max(len(a.get("parts", {})), len(b.get("parts", {})))
     if not diff:
@@ -91,7 +99,7 @@ def _parts_note(a: dict[str, Any], b: dict[str, Any]) -> str:
     return f"{len(diff)} of {total} output(s) differ: {shown}"
 
 
-def usable(check_id: str, gpu: int, outcome: Any, injected: list[str]) -> tuple[GpuRun | None, Result | None]:
+def usable(check_id: str, gpu: int, outcome: "ReproOutcome", injected: list[str]) -> tuple[GpuRun | None, Result | None]:
     """A GpuRun for a worker that returned digests, or the Result saying why it did not."""
     from ..workers.pool import CANCELLED, CRASHED, HUNG
 
@@ -115,13 +123,15 @@ def usable(check_id: str, gpu: int, outcome: Any, injected: list[str]) -> tuple[
         if outcome.traceback:
             r.evidence.extend(outcome.traceback.strip().splitlines()[-12:])
         return None, r
-    if data is not None and data.get("setup_error"):
-        return None, Result(check_id, Status.ERROR, f"could not run the workloads: {data['setup_error']}",
+    setup_error = data.get("setup_error") if data is not None else None
+    if setup_error:
+        return None, Result(check_id, Status.ERROR, f"could not run the workloads: {setup_error}",
                             gpu=gpu, injected=injected)
     if data is None or "runs" not in data:
         why = ("interrupted before the worker returned" if outcome.kind == CANCELLED
                else f"the worker overran its time budget ({outcome.error})")
         return None, Result(check_id, Status.ERROR, f"not finished: {why}", gpu=gpu, injected=injected)
+    data = cast("ReproResult", data)  # it has its runs: no setup error
     run = GpuRun(gpu=gpu, key=data["key"], fingerprint=data["fingerprint"], run1=data["runs"][0],
                  run2=data["runs"][1], asked=list(data["workloads"]), seconds=float(data.get("seconds", 0.0)),
                  injected_at=list(data.get("injected", [])), stopped=data.get("stopped"))
@@ -157,7 +167,7 @@ class _Comparisons:
                    {g: [] for g in members})
 
 
-def judge_node(check_id: str, outcomes: dict[int, Any], *, refs: dict[str, Any] | None, ref_source: str,
+def judge_node(check_id: str, outcomes: "dict[int, ReproOutcome]", *, refs: "RefDoc | None", ref_source: str,
                injected: dict[int, list[str]] | None = None, not_run: dict[str, str] | None = None) -> list[Result]:
     """Per-GPU results (and a node result carrying the digest set for fleet comparison).
 
@@ -184,7 +194,7 @@ def judge_node(check_id: str, outcomes: dict[int, Any], *, refs: dict[str, Any] 
     return results
 
 
-def _usable_runs(check_id: str, outcomes: dict[int, Any],
+def _usable_runs(check_id: str, outcomes: "dict[int, ReproOutcome]",
                  injected: dict[int, list[str]]) -> tuple[list[Result], dict[int, GpuRun]]:
     """The GPUs whose workers returned digests, and a Result for each one that did not."""
     results: list[Result] = []
@@ -199,7 +209,7 @@ def _usable_runs(check_id: str, outcomes: dict[int, Any],
 
 
 def _compare_group(key: str, members: list[int], runs: dict[int, GpuRun],
-                   entry: dict[str, Any] | None) -> _Comparisons:
+                   entry: "RefEntry | None") -> _Comparisons:
     """Every workload of one fingerprint group: each GPU's two runs with each other, then the
     GPUs with the stored reference where it holds the workload, else with each other."""
     ref_digests: dict[str, str] = entry["digests"] if entry else {}
@@ -213,7 +223,7 @@ def _compare_group(key: str, members: list[int], runs: dict[int, GpuRun],
     for w in workloads:
         have = [g for g in members if w in runs[g].complete]
         _note_nondeterminism(w, have, runs, w in nondet_everywhere, cmp)
-        if w in ref_digests:
+        if entry is not None and w in ref_digests:
             _compare_with_reference(w, have, runs, key, entry, cmp)
         else:
             _compare_with_peers(w, have, runs, cmp)
@@ -232,7 +242,7 @@ def _note_nondeterminism(w: str, have: list[int], runs: dict[int, GpuRun], every
                  + _parts_note(r.run1[w], r.run2[w])]))
 
 
-def _compare_with_reference(w: str, have: list[int], runs: dict[int, GpuRun], key: str, entry: dict[str, Any],
+def _compare_with_reference(w: str, have: list[int], runs: dict[int, GpuRun], key: str, entry: "RefEntry",
                             cmp: _Comparisons) -> None:
     ref = entry["digests"][w]
     for g in have:
@@ -258,16 +268,17 @@ def _compare_with_peers(w: str, have: list[int], runs: dict[int, GpuRun], cmp: _
         return
     for g in have:
         cmp.vs_peers[g].append(w)
-    if v["status"] == mj.MAJORITY:
-        peer = next(g for g in have if runs[g].digest(w) == v["majority"])
+    majority = v["majority"]
+    if v["status"] == mj.MAJORITY and majority is not None:  # (a majority always names its digest)
+        peer = next(g for g in have if runs[g].digest(w) == majority)
         for g in have:
             if g in v["outliers"]:
                 cmp.findings[g].append(_Finding(
                     MAJORITY_OUTLIERS,
                     f"silent data corruption suspected in {w}: digest differs from the node majority "
                     f"({v['agree']} of {v['of']} GPUs agree)",
-                    [f"{w}: this GPU {runs[g].digest(w)}, majority {v['majority']} (GPUs "
-                     f"{', '.join(map(str, v['groups'][v['majority']]))}); "
+                    [f"{w}: this GPU {runs[g].digest(w)}, majority {majority} (GPUs "
+                     f"{', '.join(map(str, v['groups'][majority]))}); "
                      + _parts_note(runs[g].run1[w], runs[peer].run1[w])]))
     elif v["status"] != mj.AGREE:
         sizes = " vs ".join(str(len(x)) for x in v["groups"].values())
@@ -281,8 +292,8 @@ def _compare_with_peers(w: str, have: list[int], runs: dict[int, GpuRun], cmp: _
 
 
 def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list[str], vs_peers: list[str],
-                self_only: list[str], entry: dict[str, Any] | None, ref_digests: dict[str, str], n_same: int,
-                refs: dict[str, Any] | None, ref_source: str, injected: list[str],
+                self_only: list[str], entry: "RefEntry | None", ref_digests: dict[str, str], n_same: int,
+                refs: "RefDoc | None", ref_source: str, injected: list[str],
                 not_run: dict[str, str]) -> Result:
     """One GPU's result: its metrics (digests and the count of each finding) judged by RULES."""
     sk = short_key(r.key)
@@ -312,10 +323,10 @@ def _gpu_result(check_id: str, r: GpuRun, findings: list[_Finding], vs_ref: list
 
 
 def _gpu_metrics(r: GpuRun, findings: list[_Finding],
-                 ref_digests: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+                 ref_digests: dict[str, str]) -> tuple[dict[str, str | int | float], dict[str, str]]:
     """The digests (and the reference's) per workload, the fingerprint, the workloads compared,
     the run time, and the count of each finding (FINDINGS)."""
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, str | int | float] = {}
     for w in r.complete:
         metrics[f"digest_{w}"] = r.digest(w)[:SHORT]
         if w in ref_digests:
@@ -328,7 +339,7 @@ def _gpu_metrics(r: GpuRun, findings: list[_Finding],
     return metrics, units
 
 
-def _coverage(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: list[str], entry: dict[str, Any] | None,
+def _coverage(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: list[str], entry: "RefEntry | None",
               n_same: int) -> list[str]:
     """What each workload was compared with: the reference, the node's other GPUs, or only itself."""
     coverage = []
@@ -342,8 +353,8 @@ def _coverage(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: list[s
     return coverage
 
 
-def _reference_evidence(r: GpuRun, entry: dict[str, Any] | None, ref_digests: dict[str, str],
-                        refs: dict[str, Any] | None, ref_source: str) -> list[str]:
+def _reference_evidence(r: GpuRun, entry: "RefEntry | None", ref_digests: dict[str, str],
+                        refs: "RefDoc | None", ref_source: str) -> list[str]:
     """Where the reference came from, or, without one, the closest stored fingerprint and how to
     record one; the workloads the reference lacks."""
     sk = short_key(r.key)
@@ -366,7 +377,7 @@ def _reference_evidence(r: GpuRun, entry: dict[str, Any] | None, ref_digests: di
 
 
 def _pass_summary(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: list[str],
-                  entry: dict[str, Any] | None, n_same: int) -> str:
+                  entry: "RefEntry | None", n_same: int) -> str:
     """A passing GPU's summary: what its workloads were compared with."""
     parts = []
     if vs_ref:
@@ -378,7 +389,7 @@ def _pass_summary(sk: str, vs_ref: list[str], vs_peers: list[str], self_only: li
     return "; ".join(parts) + "; two runs identical"
 
 
-def _beyond_reference(workloads: list[str], entry: dict[str, Any] | None, sk: str, no_ref: str,
+def _beyond_reference(workloads: list[str], entry: "RefEntry | None", sk: str, no_ref: str,
                       not_in_ref: str) -> list[str]:
     """The summary part for workloads no reference holds: the fingerprint has none (then say how
     to record one), or its reference lacks these workloads."""
@@ -397,7 +408,7 @@ def node_digest_sets(runs: dict[int, GpuRun], by_key: dict[str, list[int]]) -> d
             for key, members in by_key.items()}
 
 
-def _workload_votes(runs: dict[int, GpuRun], members: list[int]) -> list[tuple[str, dict[str, Any]]]:
+def _workload_votes(runs: dict[int, GpuRun], members: list[int]) -> list[tuple[str, mj.Vote]]:
     """Per workload asked of these GPUs (one fingerprint), the vote of the GPUs that completed it
     (majority.vote); workloads no GPU completed are left out."""
     out = []
@@ -419,8 +430,8 @@ def _node_result(check_id: str, runs: dict[int, GpuRun], by_key: dict[str, list[
     return r
 
 
-def plan_record(check_id: str, outcomes: dict[int, Any]) -> tuple[
-        list[tuple[dict[str, Any], dict[str, str]]], list[tuple[Status, str]], dict[str, list[int]]]:
+def plan_record(check_id: str, outcomes: "dict[int, ReproOutcome]") -> tuple[
+        "list[Record]", list[tuple[Status, str]], dict[str, list[int]]]:
     """What `repro record` may write: ([(fingerprint, {workload: digest})], problems, {key: GPUs}).
     Any problem refuses the whole record. A problem is (status, text): fail for what says the
     node is not known-good (a GPU that hung or crashed, a non-deterministic GPU, GPUs of one
@@ -450,7 +461,9 @@ def plan_record(check_id: str, outcomes: dict[int, Any]) -> tuple[
                 split = "; ".join(f"{d} on GPU(s) {', '.join(map(str, gs))}" for d, gs in v["groups"].items())
                 problems.append((Status.FAIL, f"{w}: the node's GPUs of fingerprint {short_key(key)} disagree: {split}"))
                 continue
-            digests[w] = v["majority"]
+            agreed = v["majority"]
+            if agreed is not None:  # one group: its digest (every workload here has a vote)
+                digests[w] = agreed
         if digests:
             records.append((runs[members[0]].fingerprint, digests))
     return records, problems, by_key

@@ -14,7 +14,7 @@ healthy ones. Outcomes:
 
 from __future__ import annotations
 
-from typing import Any, Hashable, Mapping
+from typing import Any, Hashable, Mapping, TypedDict, TypeVar
 
 AGREE = "agree"
 MAJORITY = "majority"
@@ -23,7 +23,35 @@ NO_MAJORITY = "no-majority"
 SINGLE = "single"
 
 
-def vote(digests: Mapping[Hashable, str]) -> dict[str, Any]:
+class _VoteMissing(TypedDict, total=False):
+    missing: list[Any]  # fleet_outliers: the nodes of the fingerprint that did not run the workload
+
+
+class Vote(_VoteMissing):
+    """A majority vote over digests (vote)."""
+
+    status: str  # AGREE, MAJORITY, TIE, NO_MAJORITY or SINGLE
+    majority: str | None  # the digest held by more than half (one voter: its digest)
+    agree: int  # voters holding it (0 without one)
+    of: int  # voters
+    outliers: list[Any]  # voters not holding it (empty without a majority): GPU indices or node names
+    groups: dict[str, list[Any]]  # digest -> its voters, largest group first
+
+
+class FleetGroup(TypedDict):
+    """The nodes of one fingerprint compared (fleet_outliers)."""
+
+    nodes: list[str]
+    status: str  # "ok", "outliers", "tie" or "single-node"
+    outliers: dict[str, list[str]]  # node -> workloads where it differs from the majority
+    ties: list[str]  # workloads without a majority
+    workloads: dict[str, Vote]  # workload -> the vote over the nodes that ran it (with "missing")
+
+
+_Voter = TypeVar("_Voter", bound=Hashable)  # a GPU index, a node name
+
+
+def vote(digests: Mapping[_Voter, str]) -> Vote:
     """Majority among `digests` (voter -> digest).
 
     Returns {"status": agree|majority|tie|no-majority|single, "majority": digest or None,
@@ -37,19 +65,20 @@ def vote(digests: Mapping[Hashable, str]) -> dict[str, Any]:
         v.sort(key=_sort_key)
     ordered = dict(sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])))
     n = len(digests)
-    out: dict[str, Any] = {"status": SINGLE, "majority": None, "agree": 0, "of": n, "outliers": [], "groups": ordered}
+    out: Vote = {"status": SINGLE, "majority": None, "agree": 0, "of": n, "outliers": [], "groups": ordered}
     if n == 0:
         out["status"] = NO_MAJORITY
         return out
     sizes = [len(v) for v in ordered.values()]
     top_digest, top = next(iter(ordered.items()))
     if n == 1:
-        out.update(status=SINGLE, majority=top_digest, agree=1)
+        out.update({"status": SINGLE, "majority": top_digest, "agree": 1})
     elif len(ordered) == 1:
-        out.update(status=AGREE, majority=top_digest, agree=n)
+        out.update({"status": AGREE, "majority": top_digest, "agree": n})
     elif 2 * sizes[0] > n:
-        out.update(status=MAJORITY, majority=top_digest, agree=sizes[0],
-                   outliers=sorted((x for d, vs in ordered.items() if d != top_digest for x in vs), key=_sort_key))
+        out.update({"status": MAJORITY, "majority": top_digest, "agree": sizes[0],
+                    "outliers": sorted((x for d, vs in ordered.items() if d != top_digest for x in vs),
+                                       key=_sort_key)})
     elif sizes[0] == sizes[1]:
         out["status"] = TIE
     else:
@@ -61,7 +90,7 @@ def _sort_key(x: Any) -> tuple[int, Any]:
     return (0, x) if isinstance(x, (int, float)) else (1, str(x))
 
 
-def fleet_outliers(nodes: Mapping[str, Mapping[str, Mapping[str, str]]]) -> dict[str, dict[str, Any]]:
+def fleet_outliers(nodes: Mapping[str, Mapping[str, Mapping[str, str]]]) -> dict[str, FleetGroup]:
     """Outlier nodes per fingerprint, by majority.
 
     nodes: {node: {fingerprint_key: {workload: digest}}} (a node with GPUs of two kinds has two
@@ -81,12 +110,12 @@ def fleet_outliers(nodes: Mapping[str, Mapping[str, Mapping[str, str]]]) -> dict
     for node, sets in nodes.items():
         for key, digests in sets.items():
             by_fp.setdefault(key, {})[node] = digests
-    report: dict[str, dict[str, Any]] = {}
+    report: dict[str, FleetGroup] = {}
     for key in sorted(by_fp):
         members = by_fp[key]
         names = sorted(members, key=_sort_key)
         workloads = sorted({w for d in members.values() for w in d})
-        per_w: dict[str, dict[str, Any]] = {}
+        per_w: dict[str, Vote] = {}
         outliers: dict[str, list[str]] = {}
         ties: list[str] = []
         for w in workloads:

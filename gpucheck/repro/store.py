@@ -41,18 +41,21 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypedDict, cast
 
 from ..platform import safeio
 from . import DEFAULT_REFERENCE_PATH
 from .fingerprint import fingerprint_key, short_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import Fingerprint
 
 KIND = "gpucheck.repro-refs"
 VERSION = 1
 DEFAULT_PATH = DEFAULT_REFERENCE_PATH
 _HEX64 = "^[0-9a-f]{64}$"
 
-SCHEMA: dict[str, Any] = {
+SCHEMA: dict[str, Any] = {  # a JSON Schema document: JSON of every shape
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://gpucheck.dev/schema/repro-refs-1.json",
     "title": "gpucheck bitwise reproducibility references",
@@ -96,6 +99,34 @@ SCHEMA: dict[str, Any] = {
 }
 
 
+class _EntryUpdate(TypedDict, total=False):
+    updated_at: str  # when workloads were added to the entry, and on which host
+    updated_host: str
+
+
+class RefEntry(_EntryUpdate):
+    """The digests recorded for one fingerprint."""
+
+    fingerprint: "Fingerprint"  # as gpucheck.repro.fingerprint wrote it (validate: device, workload_version, preset)
+    key: str  # fingerprint_key(fingerprint)
+    workload_version: str
+    digests: dict[str, str]  # workload -> sha256, hex
+    recorded_at: str
+    host: str
+
+
+class RefDoc(TypedDict):
+    """A reference file (SCHEMA)."""
+
+    kind: str  # KIND
+    version: int  # VERSION
+    references: list[RefEntry]
+
+
+# What `record` adds: (a fingerprint, {workload: digest}).
+Record = tuple["Fingerprint", dict[str, str]]
+
+
 class RefFileError(ValueError):
     """The reference file cannot be used: unreadable, not JSON, or not a gpucheck reference file."""
 
@@ -131,7 +162,7 @@ class RecordOutcome:
     written: bool = False
 
 
-def empty() -> dict[str, Any]:
+def empty() -> RefDoc:
     return {"kind": KIND, "version": VERSION, "references": []}
 
 
@@ -139,7 +170,7 @@ def _fail(path: str, where: str, msg: str) -> RefFileError:
     return RefFileError(f"{path}: {where}: {msg}" if where else f"{path}: {msg}")
 
 
-def validate(doc: Any, path: str = "<reference file>") -> dict[str, Any]:
+def validate(doc: Any, path: str = "<reference file>") -> RefDoc:
     """Check `doc` against the format (SCHEMA, and the rules the schema cannot say); return it."""
     if not isinstance(doc, dict):
         raise _fail(path, "", "not a gpucheck reference file (the top level is not an object)")
@@ -199,14 +230,14 @@ def validate(doc: Any, path: str = "<reference file>") -> dict[str, Any]:
         for k in ("recorded_at", "host", "updated_at", "updated_host"):
             if k in e and not isinstance(e[k], str):
                 raise _fail(path, f"{where}.{k}", "must be a string")
-    return doc
+    return cast(RefDoc, doc)  # checked above, field by field
 
 
 def _is_hex64(s: Any) -> bool:
     return isinstance(s, str) and len(s) == 64 and all(c in "0123456789abcdef" for c in s)
 
 
-def loads(text: str | bytes, path: str = "<reference file>") -> dict[str, Any]:
+def loads(text: str | bytes, path: str = "<reference file>") -> RefDoc:
     try:
         doc = safeio.loads_json(text)
     except ValueError as e:
@@ -226,7 +257,7 @@ def check_folder(path: str | os.PathLike[str]) -> None:
         raise _fail(str(p), "", f"refusing the reference file: {safeio.describe_error(e, str(p))}") from None
 
 
-def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> dict[str, Any] | None:
+def load(path: str | os.PathLike[str], *, missing_ok: bool = False) -> RefDoc | None:
     """The validated file; None when it does not exist and missing_ok. RefFileError otherwise."""
     p = Path(path)
     check_folder(p)
@@ -272,16 +303,16 @@ def check_writable(path: str | os.PathLike[str]) -> None:
         raise _fail(str(p), "", f"folder {parent} is not writable")
 
 
-def dumps(doc: dict[str, Any]) -> str:
+def dumps(doc: RefDoc) -> str:
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
 
-def entries(doc: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def entries(doc: RefDoc | None) -> dict[str, RefEntry]:
     """key -> entry."""
-    return {e["key"]: e for e in (doc or {}).get("references", [])}
+    return {e["key"]: e for e in (doc.get("references", []) if doc else [])}
 
 
-def find(doc: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+def find(doc: RefDoc | None, key: str) -> RefEntry | None:
     return entries(doc).get(key)
 
 
@@ -289,13 +320,13 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def merge(doc: dict[str, Any], records: list[tuple[dict[str, Any], dict[str, str]]], *, host: str,
-          now: str | None = None) -> tuple[dict[str, Any], RecordOutcome]:
+def merge(doc: RefDoc, records: list[Record], *, host: str,
+          now: str | None = None) -> tuple[RefDoc, RecordOutcome]:
     """A new document with `records` ([(fingerprint, {workload: digest})]) added to `doc`.
     RecordConflict (listing every disagreement) when any digest differs from a stored one; `doc`
     is never modified."""
     now = now or _now()
-    new = json.loads(json.dumps(doc))
+    new: RefDoc = json.loads(json.dumps(doc))  # a deep copy
     by_key = entries(new)
     out = RecordOutcome(path="")
     conflicts: list[Conflict] = []
@@ -306,10 +337,10 @@ def merge(doc: dict[str, Any], records: list[tuple[dict[str, Any], dict[str, str
                 raise ValueError(f"bad digest for {w}: {d!r}")
         entry = by_key.get(key)
         if entry is None:
-            entry = {"fingerprint": fp, "key": key, "workload_version": fp["workload_version"],
-                     "digests": dict(sorted(digests.items())), "recorded_at": now, "host": host}
-            new["references"].append(entry)
-            by_key[key] = entry
+            created: RefEntry = {"fingerprint": fp, "key": key, "workload_version": fp["workload_version"],
+                                 "digests": dict(sorted(digests.items())), "recorded_at": now, "host": host}
+            new["references"].append(created)
+            by_key[key] = created
             out.new_keys.append(key)
             out.added.setdefault(key, []).extend(sorted(digests))
             continue
@@ -344,7 +375,7 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def record(path: str | os.PathLike[str], records: list[tuple[dict[str, Any], dict[str, str]]], *,
+def record(path: str | os.PathLike[str], records: list[Record], *,
            host: str, now: str | None = None) -> RecordOutcome:
     """Add `records` to the file at `path` (created when missing, 0644), atomically, under a lock.
     RecordConflict: nothing written. RefFileError: the existing file is malformed, or (as root)

@@ -29,18 +29,41 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from .workloads import (CUBLAS_WORKSPACE_CONFIG, PRESET_DEFS, WorkloadError, determinism, digest, flip_bit,
                         run_workload, select_workloads)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..workers.results import ReproResult, SetupError
+    from ..workers.results import DeterminismSettings, Fingerprint, ReproDigest, ReproResult, SetupError
 
 PART_HEX = 16  # characters of each output's part digest returned (enough to name the output)
 
 
-def repro_worker(args: dict[str, Any], chan: Any) -> "ReproResult | SetupError":
+class ReproBitflip(TypedDict):
+    """The bitflip injection: flip `bit` of element `element` (None: a default one) of output
+    `output` of `workload` before it is digested, in the runs `runs`."""
+
+    workload: str
+    output: int
+    element: int | None
+    bit: int
+    runs: list[int]
+
+
+class _ReproArgsOptional(TypedDict, total=False):
+    preset: str  # "gpu" or "cpu" (default: the device's)
+    driver: str | None  # the NVML driver version, for the fingerprint
+    bitflip: ReproBitflip
+
+
+class ReproArgs(_ReproArgsOptional):
+    """repro_worker's arguments."""
+
+    workloads: list[str]
+
+
+def repro_worker(args: ReproArgs, chan: Any) -> "ReproResult | SetupError":
     from ..workers.pool import torch_and_device
 
     # Read by cuBLAS when it creates its handle (the first GEMM): before any CUDA work.
@@ -54,7 +77,7 @@ def repro_worker(args: dict[str, Any], chan: Any) -> "ReproResult | SetupError":
 
 
 def run_all(torch: Any, dev: Any, chan: Any, workloads: list[str], preset_name: str,
-            args: dict[str, Any]) -> dict[str, Any]:
+            args: ReproArgs) -> "ReproResult":
     """The two runs of every workload on `dev` (the worker's body; callable in-process)."""
     with determinism(torch) as settings:
         settings["cublas_workspace_config"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
@@ -62,14 +85,14 @@ def run_all(torch: Any, dev: Any, chan: Any, workloads: list[str], preset_name: 
 
 
 def _run_all(torch: Any, dev: Any, chan: Any, workloads: list[str], preset_name: str,
-             args: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+             args: ReproArgs, settings: "DeterminismSettings") -> "ReproResult":
     from . import fingerprint as fpm
 
     preset = PRESET_DEFS[preset_name]
     t_start = time.monotonic()
     flip = args.get("bitflip")
     injected: list[str] = []
-    runs: list[dict[str, Any]] = [{}, {}]
+    runs: list[dict[str, ReproDigest]] = [{}, {}]
     stopped = None
 
     def beat() -> None:
@@ -105,11 +128,12 @@ def _run_all(torch: Any, dev: Any, chan: Any, workloads: list[str], preset_name:
         if stopped:
             break
 
+    fp: Fingerprint
     if dev.type == "cuda":
         fp = fpm.cuda_fingerprint(torch, dev, preset=preset.name, driver=args.get("driver"))
     else:
         fp = fpm.cpu_fingerprint(torch, preset=preset.name)
-    out: dict[str, Any] = {
+    out: ReproResult = {
         "fingerprint": fp,
         "key": fpm.fingerprint_key(fp),
         "preset": preset.name,

@@ -65,7 +65,10 @@ import contextlib
 import hashlib
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..workers.results import DeterminismSettings
 
 WORKLOAD_VERSION = "gpucheck-repro-1"
 
@@ -179,7 +182,7 @@ def set_deterministic_algorithms(torch: Any, mode: bool, warn_only: bool = False
     workload uses, and is still made when Inductor is already loaded."""
     import sys  # noqa: PLC0415
 
-    inductor = sys.modules.get("torch._inductor.config")
+    inductor: Any = sys.modules.get("torch._inductor.config")
     if inductor is not None:
         inductor.deterministic = mode
     setter = getattr(torch._C, "_set_deterministic_algorithms", None)
@@ -189,7 +192,7 @@ def set_deterministic_algorithms(torch: Any, mode: bool, warn_only: bool = False
         setter(mode, warn_only=warn_only)
 
 
-def apply_determinism(torch: Any) -> dict[str, Any]:
+def apply_determinism(torch: Any) -> "DeterminismSettings":
     """Process-wide settings every workload runs under; returns what was set (for the record).
     CUBLAS_WORKSPACE_CONFIG is the caller's job: it must be in the environment before the first
     cuBLAS call of the process (the worker sets it before it imports torch)."""
@@ -207,7 +210,7 @@ def apply_determinism(torch: Any) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def determinism(torch: Any) -> Iterator[dict[str, Any]]:
+def determinism(torch: Any) -> "Iterator[DeterminismSettings]":
     """apply_determinism for the duration of the block, then the process's previous settings
     again (for callers that run the workloads in their own process: benchmarks, tests)."""
     old = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -360,7 +363,7 @@ def param_shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
     return dict(sorted(shapes.items()))
 
 
-def init_params(torch: Any, cfg: TransformerConfig, dev: Any) -> dict[str, Any]:
+def init_params(torch: Any, cfg: TransformerConfig, dev: Any) -> dict[str, Any]:  # name -> its tensor
     """The weights on `dev` in bfloat16, exact: matrices are Irwin-Hall integers (|m| <= 60)
     times 2^-10 (std about 0.0175), biases integers in [-8, 8] times 2^-12, LayerNorm gains
     1 + [-8, 8] * 2^-7 and shifts [-8, 8] * 2^-10. Every value has at most 8 significant bits."""

@@ -10,12 +10,17 @@ skipped: a run restricted to one check (`--check ecc`) must not pass a node whos
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 
 from ..core.check import Context
 from ..core.result import Action, Basis, Result, Status, settle
 from ..platform.telemetry.fields import judged_view
 from ..platform.telemetry.nvml import UNJUDGED_KINDS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import GpuEntry, JudgedGpu
+
+_Params = TypeVar("_Params", bound=Mapping[str, Any])  # a check's TypedDict of parameters
 
 # The failure kind of a field a converted capture (nvidia-smi -q) does not hold (docs/snapshot.md).
 NOT_IN_CAPTURE = "not_in_capture"
@@ -42,20 +47,20 @@ def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:
     """A skip when the snapshot says NVML is not usable (the inventory check fails the node for
     it when GPUs should be there); an error when it was not read for a reason that says nothing
     about the GPUs (nvml_unjudged)."""
-    snap = ctx.snapshot or {}
-    nv = snap.get("nvml") or {}
-    if nv.get("ok"):
+    nv = ctx.snapshot.get("nvml") if ctx.snapshot else None
+    if nv and nv.get("ok"):
         return None
-    unjudged = nvml_unjudged(check_id, snap)
+    unjudged = nvml_unjudged(check_id, ctx.snapshot or {})
     if unjudged is not None:
         return [unjudged]
-    err = nv.get("error") or {}
-    kind = err.get("kind", "other")
+    err = nv.get("error") if nv else None
+    kind = err.get("kind", "other") if err else "other"
+    message = err.get("message", "") if err else ""
     return [Result(check_id, Status.SKIP, f"NVML unavailable: {kind} (judged by the inventory check)",
-                   evidence=[f"NVML: {err.get('message', '')}"] if err.get("message") else [])]
+                   evidence=[f"NVML: {message}"] if message else [])]
 
 
-def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[dict[str, Any]], list[Result] | None]:
+def selected_gpus_or_skip(check_id: str, ctx: Context) -> "tuple[list[JudgedGpu], list[Result] | None]":
     """The selected snapshot GPUs as the checks judge them (telemetry.fields.judged_view: values
     a field cannot hold are None and listed as invalid), or a skip saying why there is nothing to
     judge."""
@@ -64,39 +69,40 @@ def selected_gpus_or_skip(check_id: str, ctx: Context) -> tuple[list[dict[str, A
         return [], skip
     gpus = sorted((judged_view(g) for g in ctx.selected_gpu_entries()), key=lambda g: g.get("index", 0))
     if not gpus:
-        total = len((ctx.snapshot or {}).get("gpus", []))
+        total = len(ctx.snapshot.get("gpus", [])) if ctx.snapshot else 0
         why = (f"none of the selected GPUs {ctx.gpus} is among the {total} GPUs NVML reports"
                if ctx.gpus is not None and total else "NVML reports no GPU (judged by the inventory check)")
         return [], [Result(check_id, Status.SKIP, why)]
     return gpus, None
 
 
-def gpu_state_result(check_id: str, g: dict[str, Any]) -> Result | None:
+def gpu_state_result(check_id: str, g: "GpuEntry") -> Result | None:
     """The result for a GPU that cannot be read (state other than ok), or None."""
     state = g.get("state", "ok")
     if state == "ok":
         return None
     idx = g.get("index")
-    err = g.get("error") or {}
-    msg = err.get("message", "")
+    err = g.get("error")
+    msg = err.get("message", "") if err else ""
+    kind = err.get("kind", "other") if err else "other"
     evidence = [f"NVML: {msg}"] if msg else []
     if state in STATE_TEXT:
         action = Action.REBOOT if state == "lost" else Action.RESET_GPU
         r = Result(check_id, Status.FAIL, f"GPU {idx}: {STATE_TEXT[state]}", gpu=idx, action=action, evidence=evidence,
                    basis=Basis.GPU_STATE)
-    elif err.get("kind") == "no_permission":
+    elif kind == "no_permission":
         r = Result(check_id, Status.ERROR, f"GPU {idx} could not be opened: no permission to query NVML",
                    gpu=idx, evidence=evidence, basis=Basis.GPU_STATE)
     else:
         r = Result(check_id, Status.FAIL,
-                   f"GPU {idx} could not be opened through NVML ({err.get('kind', 'other')}): unusable for jobs",
+                   f"GPU {idx} could not be opened through NVML ({kind}): unusable for jobs",
                    gpu=idx, action=Action.REBOOT, evidence=evidence, basis=Basis.GPU_STATE)
     r.metric("uuid", g.get("uuid"))
     r.metric("state", state)
     return r
 
 
-def each_gpu(check_id: str, ctx: Context, defaults: dict[str, Any], judge_one: Callable[..., Result],
+def each_gpu(check_id: str, ctx: Context, defaults: _Params, judge_one: Callable[..., Result],
              setup: Callable[[Context], tuple[Any, ...]] | None = None) -> list[Result]:
     """The prologue of every per-GPU snapshot check: a skip when NVML or the selection leaves no
     GPU to judge, the state result of a GPU that cannot be read, and `judge_one(gpu entry,
@@ -114,7 +120,7 @@ def each_gpu(check_id: str, ctx: Context, defaults: dict[str, Any], judge_one: C
     return out
 
 
-def unreadable_fields(g: dict[str, Any]) -> dict[str, str]:
+def unreadable_fields(g: "JudgedGpu") -> dict[str, str]:
     """Every field of GPU entry `g` that could not be read (its `errors` map: field -> kind) or
     holds a value its field cannot hold (the "invalid" map of telemetry.fields.judged_view),
     field -> why, in words that name the field."""
@@ -139,7 +145,7 @@ def status_if_unreadable(field: str, reads: Mapping[str, Status]) -> Status | No
     return Status.ERROR if Status.ERROR in found else Status.WARN
 
 
-def apply_unreadable(r: Result, g: dict[str, Any], reads: Mapping[str, Status]) -> Result:
+def apply_unreadable(r: Result, g: "JudgedGpu", reads: Mapping[str, Status]) -> Result:
     """Note on `r` every field of `g` it reads (`reads`: field -> ERROR where a fail rule needs
     it, WARN where only an advisory rule or the report does) that could not be read or holds an
     invalid value. A pass or skip becomes the worst of those statuses, and the summary names the
@@ -169,8 +175,9 @@ def apply_unreadable(r: Result, g: dict[str, Any], reads: Mapping[str, Status]) 
     return r
 
 
-def get(d: dict[str, Any] | None, *path: str) -> Any:
-    """d[path[0]][path[1]]..., None where anything is missing."""
+def get(d: Mapping[str, object] | None, *path: str) -> Any:
+    """d[path[0]][path[1]]..., None where anything is missing: a path into any JSON document (a
+    snapshot, a GPU entry), whatever its type."""
     cur: Any = d
     for p in path:
         if not isinstance(cur, dict):

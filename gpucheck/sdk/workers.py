@@ -9,16 +9,26 @@ up at the call: the tests replace it there.
 from __future__ import annotations
 
 from ..workers import pool
-from ..workers.busy import guard_context, guarded_targets, unknown_gpus
-from ..workers.per_gpu import (TORCH_IMPORT_CPU_S, LoadTime, Promise, cut_short, deadline_problem, duration_slice,
-                               finish_result, level_duration, pool_budget, progress_evidence, promised, run_per_gpu,
-                               stop_timings, stopped_early, telemetry_summary, unfinished_result)
-from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET, WorkerJob
+from ..workers.busy import Guard, guard_context, guarded_targets, unknown_gpus
+from ..workers.per_gpu import (TORCH_IMPORT_CPU_S, LevelDurations, LoadParams, LoadTime, PerGpuRun, PoolParams, Promise,
+                               cut_short, deadline_problem, duration_slice, finish_result, level_duration, pool_budget,
+                               job_gpu, progress_evidence, promised, returned_data, run_per_gpu, stop_timings,
+                               stopped_early, telemetry_summary, unfinished_result, worker_data)
+from ..workers.pool import CANCELLED, CRASHED, HUNG, OVER_BUDGET, WorkerJob, WorkerOutcome
+from ..workers.results import (BurnDtype, BurnProgress, BurnResult, CopyBwGpu, CopyBwPair, CopyBwProgress,
+                               CopyBwResult, LinkUnderLoad, MemtestConfirmation, MemtestCopy, MemtestErrorRecord, MemtestErrors,
+                               MemtestProgress, MemtestResult, MemtestStall, PoetProgress, PoetResult, PoetViolation,
+                               ReproProgress, ReproResult, SdcEvent, SetupError, WorkerProgress)
 
 __all__ = [
-    "guard_context", "guarded_targets", "unknown_gpus",
-    "TORCH_IMPORT_CPU_S", "LoadTime", "Promise", "cut_short", "deadline_problem", "duration_slice", "finish_result",
-    "level_duration", "pool_budget", "progress_evidence", "promised", "run_per_gpu", "stop_timings",
-    "stopped_early", "telemetry_summary", "unfinished_result",
-    "pool", "CANCELLED", "CRASHED", "HUNG", "OVER_BUDGET", "WorkerJob",
+    "Guard", "guard_context", "guarded_targets", "unknown_gpus",
+    "TORCH_IMPORT_CPU_S", "LevelDurations", "LoadParams", "LoadTime", "PerGpuRun", "PoolParams", "Promise",
+    "cut_short", "deadline_problem", "duration_slice", "finish_result", "level_duration", "pool_budget",
+    "progress_evidence", "promised", "returned_data", "run_per_gpu", "stop_timings", "stopped_early",
+    "telemetry_summary", "unfinished_result", "worker_data", "job_gpu",
+    "pool", "CANCELLED", "CRASHED", "HUNG", "OVER_BUDGET", "WorkerJob", "WorkerOutcome",
+    # what the workers return and report (gpucheck.workers.results)
+    "BurnDtype", "BurnProgress", "BurnResult", "CopyBwGpu", "CopyBwPair", "CopyBwProgress", "CopyBwResult", "LinkUnderLoad",
+    "MemtestConfirmation", "MemtestCopy", "MemtestErrorRecord", "MemtestErrors", "MemtestProgress", "MemtestResult", "MemtestStall", "PoetProgress",
+    "PoetResult", "PoetViolation", "ReproProgress", "ReproResult", "SdcEvent", "SetupError", "WorkerProgress",
 ]

@@ -25,19 +25,46 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..platform.durations import parse_duration
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
                    fraction, injections_for_gpu, option)
-from ..sdk.workers import (LoadTime, finish_result, guarded_targets, progress_evidence, run_per_gpu, stopped_early,
-                           telemetry_summary, unfinished_result)
+from ..sdk.workers import (LoadParams, LoadTime, finish_result, guarded_targets, job_gpu, progress_evidence,
+                           returned_data, run_per_gpu, stopped_early, telemetry_summary, unfinished_result, worker_data)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compute.gemm import BurnArgs
+    from ..platform.telemetry.model import TelemetrySummary
+    from ..sdk.workers import (BurnDtype, BurnProgress, BurnResult, PerGpuRun, Promise, SdcEvent, SetupError,
+                               WorkerJob, WorkerOutcome)
 
 CHECK_ID = "burn.gemm"
 
-DEFAULTS: dict[str, Any] = {
+
+class BurnParams(LoadParams):
+    """burn.gemm's parameters (DEFAULTS, merged with the config's [checks."burn.gemm"])."""
+
+    dtypes_level2: list[str]
+    dtypes_level3: list[str]
+    dtypes_level4: list[str]
+    size: int
+    cpu_size: int
+    repeats: int
+    window_s: float
+    ref_rows: int
+    ref_every_s: float
+    seed: int
+    sku_warn_fraction: float
+    sku_fail_fraction: float
+    sku_min_size: int
+    peer_warn_fraction: float
+    peer_fail_fraction: float
+
+
+DEFAULTS: BurnParams = {
     # Length and dtypes by level (level 2: a short burn; 3 and 4: longer, every dtype).
     "duration_s_level2": 30.0,
     "duration_s_level3": 300.0,
@@ -138,7 +165,8 @@ def burn_gemm(ctx: Context) -> list[Result]:
     notes: list[str] = []
     given = ctx.options_for(BurnOptions)
     try:
-        dtypes = parse_dtypes(given.dtypes or p[f"dtypes_level{_level(ctx)}"])
+        by_level = {2: p["dtypes_level2"], 3: p["dtypes_level3"], 4: p["dtypes_level4"]}
+        dtypes = parse_dtypes(given.dtypes or by_level[_level(ctx)])
     except DtypeError as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad dtype list: {e}")]
     size = int(given.size or (p["cpu_size"] if device == "cpu" else p["size"]))
@@ -149,14 +177,14 @@ def burn_gemm(ctx: Context) -> list[Result]:
             return results
         return [Result(CHECK_ID, Status.SKIP, "no GPU selected to burn")]
 
-    run = run_per_gpu(
+    def make_args(g: int) -> "BurnArgs":
+        return {"duration_s": duration, "dtypes": dtypes, "size": size, "repeats": p["repeats"],
+                "window_s": p["window_s"], "ref_rows": p["ref_rows"], "ref_every_s": p["ref_every_s"],
+                "seed": p["seed"]}
+
+    run: "PerGpuRun[BurnResult | SetupError, BurnProgress]" = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device, p=p,
-        budget_s=TIME.pool_budget_s(p, duration),
-        make_args=lambda g: {
-            "duration_s": duration, "dtypes": dtypes, "size": size, "repeats": p["repeats"],
-            "window_s": p["window_s"], "ref_rows": p["ref_rows"], "ref_every_s": p["ref_every_s"],
-            "seed": p["seed"],
-        },
+        budget_s=TIME.pool_budget_s(p, duration), make_args=make_args,
         injection_args=lambda g: _injection_args(ctx, g),
     )
     results.extend(run.results)
@@ -176,7 +204,7 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _describe_event(ev: dict[str, Any]) -> str:
+def _describe_event(ev: "SdcEvent") -> str:
     where = f"{ev['dtype']} set {ev['set']} iteration {ev['iteration']} ({ev['distribution']} operands)"
     if ev["kind"] == "repeat":
         return (f"{where}: {ev['elements']} element(s) differ bitwise between two runs of the same "
@@ -188,7 +216,7 @@ def _describe_event(ev: dict[str, Any]) -> str:
             f"expected {_fmt(ev['expected'])}")
 
 
-def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str]) -> str:
+def _likely_cause(tel: "TelemetrySummary", node_clock: float | None, common: set[str]) -> str:
     """Why a GPU is slow, from its telemetry: slowdown reasons its peers do not all share (a
     power cap every GPU hits under a GEMM burn explains nothing), and a low SM clock."""
     if not tel["samples"]:
@@ -208,21 +236,24 @@ def _likely_cause(tel: dict[str, Any], node_clock: float | None, common: set[str
     return "; no clock throttling seen"
 
 
-def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: list[Any],
-           outcomes: dict[str, Any], sampler: Any, names: dict[int, str | None],
-           injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
-    tel = {j.gpu: telemetry_summary(sampler, j.gpu, device) for j in jobs}
-    data: dict[int, dict[str, Any]] = {}
-    for j in jobs:
-        oc = outcomes.get(j.worker_id)
-        if oc is not None and oc.result is not None and not oc.result.get("setup_error"):
-            data[j.gpu] = oc.result
+def _judge(ctx: Context, p: BurnParams, device: str, promise: "Promise", jobs: "list[WorkerJob]",
+           outcomes: "dict[str, WorkerOutcome[BurnResult | SetupError, BurnProgress]]", sampler: Any,
+           names: dict[int, str | None], injected: dict[int, list[str]], notes: list[str],
+           elapsed: float) -> list[Result]:
+    gpus = [(j, job_gpu(j)) for j in jobs]
+    tel = {g: telemetry_summary(sampler, g, device) for _, g in gpus}
+    data: dict[int, BurnResult] = {}
+    for j, g in gpus:
+        d = worker_data(outcomes.get(j.worker_id))
+        if d is not None:
+            data[g] = d
     # Node medians: throughput per dtype, SM clock.
     per_dtype: dict[str, list[float]] = {}
     for d in data.values():
-        for dt, r in d.get("dtypes", {}).items():
-            if r.get("tflops") is not None:
-                per_dtype.setdefault(dt, []).append(float(r["tflops"]))
+        for dt, rec in d.get("dtypes", {}).items():
+            tflops = rec.get("tflops")
+            if tflops is not None:
+                per_dtype.setdefault(dt, []).append(float(tflops))
     medians = {dt: statistics.median(v) for dt, v in per_dtype.items() if len(v) >= 2}
     clocks = [t["sm_clock_median_mhz"] for g, t in tel.items() if g in data and t["sm_clock_median_mhz"]]
     node_clock = statistics.median(clocks) if len(clocks) >= 2 else None
@@ -233,21 +264,20 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, promise: Any, jobs: lis
         return set.intersection(*others) if others else set()
 
     out: list[Result] = []
-    for j in jobs:
-        g = j.gpu
+    for j, g in gpus:
         oc = outcomes.get(j.worker_id)
         t = tel[g]
         inj = injected.get(g, [])
         r = unfinished_result(CHECK_ID, g, oc, inj, worker="burn", setup_verb="burn", partial=_partial_metrics)
         if r is None:
-            r = _judge_data(p, device, g, oc.result, names.get(g), medians, t, node_clock, len(jobs), inj,
+            r = _judge_data(p, device, g, returned_data(oc), names.get(g), medians, t, node_clock, len(jobs), inj,
                             common_reasons(g))
-            stopped_early(r, oc, promise)
+            stopped_early(r, outcomes[j.worker_id], promise)
         out.append(finish_result(r, t, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
 
-def _partial_metrics(r: Result, progress: dict[str, Any]) -> None:
+def _partial_metrics(r: Result, progress: "BurnProgress") -> None:
     if progress.get("dtype") and progress.get("tflops") is not None:
         r.metric(f"tflops_{progress['dtype']}", round(float(progress["tflops"]), 4), "TFLOP/s")
     if progress.get("iterations") is not None:
@@ -279,9 +309,9 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _dtype_inputs(p: dict[str, Any], dt: str, r: dict[str, Any], size: int, sku: Sku | None,
-                  medians: dict[str, float], metrics: dict[str, Any], units: dict[str, str], limits: dict[str, Any],
-                  facts: dict[str, Any]) -> tuple[str | None, list[str]]:
+def _dtype_inputs(p: BurnParams, dt: str, r: "BurnDtype", size: int, sku: Sku | None,
+                  medians: dict[str, float], metrics: dict[str, float | None], units: dict[str, str],
+                  limits: dict[str, float | None], facts: dict[str, str | None]) -> tuple[str | None, list[str]]:
     """One dtype's metrics, units, limits and facts (into the dicts given); its part of the ok
     summary (None: nothing measured) and evidence."""
     tf = r.get("tflops")
@@ -318,18 +348,18 @@ def _dtype_inputs(p: dict[str, Any], dt: str, r: dict[str, Any], size: int, sku:
     return part, evidence
 
 
-def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_name: str | None,
-                medians: dict[str, float], tel: dict[str, Any], node_clock: float | None,
+def _judge_data(p: BurnParams, device: str, g: int, d: "BurnResult", snap_name: str | None,
+                medians: dict[str, float], tel: "TelemetrySummary", node_clock: float | None,
                 n_workers: int, inj: list[str], common: set[str]) -> Result:
     dev_info = d.get("device", {})
     name = dev_info.get("name") or snap_name
     sku: Sku | None = lookup(name) if device == "cuda" else None
     size = int(d.get("config", {}).get("size", 0))
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, float | None] = {}  # per dtype: the names carry it
     units: dict[str, str] = {}
-    limits: dict[str, Any] = {"xid_limit": None, **{f"{dt}_{k}": None for dt in DTYPES
+    limits: dict[str, float | None] = {"xid_limit": None, **{f"{dt}_{k}": None for dt in DTYPES
                                                    for k in ("warn_tflops", "fail_tflops", "peer_warn_pct", "peer_fail_pct")}}
-    facts: dict[str, Any] = {"likely": _likely_cause(tel, node_clock, common), "sku": sku.name if sku else None,
+    facts: dict[str, str | None] = {"likely": _likely_cause(tel, node_clock, common), "sku": sku.name if sku else None,
                              "sku_warn_fraction": f"{float(p['sku_warn_fraction']):g}"}
     evidence: list[str] = []
     ok_parts: list[str] = []
@@ -360,7 +390,7 @@ def _judge_data(p: dict[str, Any], device: str, g: int, d: dict[str, Any], snap_
     return res
 
 
-def _ok_summary(d: dict[str, Any], ok_parts: list[str], n_workers: int, medians: dict[str, float], device: str,
+def _ok_summary(d: "BurnResult", ok_parts: list[str], n_workers: int, medians: dict[str, float], device: str,
                 sku: Sku | None, name: Any) -> str:
     checks_repeat = sum(int(r.get("repeat_checks", 0)) for r in d.get("dtypes", {}).values())
     checks_ref = sum(int(r.get("reference_checks", 0)) for r in d.get("dtypes", {}).values())
@@ -376,7 +406,7 @@ def _ok_summary(d: dict[str, Any], ok_parts: list[str], n_workers: int, medians:
     return ok
 
 
-def _evidence(d: dict[str, Any], evidence: list[str], device: str, name: Any, sku: Sku | None,
+def _evidence(d: "BurnResult", evidence: list[str], device: str, name: Any, sku: Sku | None,
               inj: list[str]) -> list[str]:
     if device == "cuda":
         evidence.insert(0, f"device {name!r}" + (f": SKU {sku.name} ({sku.source})" if sku else

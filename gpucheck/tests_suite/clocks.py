@@ -11,7 +11,7 @@ load.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ..platform.telemetry.throttle import is_set, reason_names
 from ..sdk import (Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, define, each_gpu, evaluate,
@@ -19,7 +19,17 @@ from ..sdk import (Context, Key, Level, Limit, Need, Result, Rule, Status, apply
 
 ID = "clocks"
 
-DEFAULTS = {
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import JudgedGpu
+
+
+class ClocksParams(TypedDict):
+    """clocks' parameters (DEFAULTS, merged with the config's [checks.clocks])."""
+
+    thermal_margin_c: float
+
+
+DEFAULTS: ClocksParams = {
     "thermal_margin_c": 10,  # warn when the GPU is less than this far below its slowdown temperature
 }
 LIMITS = {"thermal_margin_c": Limit("real", 0)}  # degrees: a fraction of one is a valid margin
@@ -48,13 +58,13 @@ RULES = (
 )  # every action: investigate (cooling, an external power brake)
 
 
-def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+def _gpu(g: "JudgedGpu", p: ClocksParams) -> Result:
     idx = g.get("index")
     mask = get(g, "clocks", "throttle_reasons")
     temp = get(g, "temperature", "gpu_c")
     slowdown = get(g, "temperature", "slowdown_c")
     headroom = None if temp is None or slowdown is None else slowdown - temp
-    metrics: dict[str, Any] = {
+    metrics: dict[str, float | str | None] = {
         "uuid": g.get("uuid"),
         "throttle_reasons": mask,
         "throttle_reason_names": None if mask is None else ",".join(reason_names(mask)) or "none",

@@ -10,14 +10,29 @@ uncorrectable errors are judged separately (NVIDIA's RMA policy for SRAM is the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, each_gpu,
                    evaluate, get)
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import EccErrors, JudgedGpu
+
 ID = "ecc"
 
-DEFAULTS = {
+
+class EccParams(TypedDict):
+    """ecc's parameters (DEFAULTS, merged with the config's [checks.ecc]): the rules' limits."""
+
+    volatile_uncorrected_fail: int
+    aggregate_uncorrected_warn: int
+    sram_volatile_uncorrected_fail: int
+    sram_aggregate_uncorrected_warn: int
+    corrected_volatile_warn: int
+    corrected_aggregate_warn: int
+
+
+DEFAULTS: EccParams = {
     "volatile_uncorrected_fail": 0,  # fail when volatile uncorrected (DBE) > this
     "aggregate_uncorrected_warn": 0,  # warn when lifetime uncorrected > this
     "sram_volatile_uncorrected_fail": 0,  # fail when volatile SRAM uncorrected > this
@@ -62,11 +77,15 @@ RULES = (
 )
 
 
-def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+def _gpu(g: "JudgedGpu", p: EccParams) -> Result:
     idx = g.get("index")
-    e = g.get("ecc_errors") or {}
-    metrics: dict[str, Any] = {"uuid": g.get("uuid")}
-    metrics.update({k: e.get(k) for k in _FIELDS})
+    e: EccErrors | dict[str, None] = g.get("ecc_errors") or {}
+    metrics: dict[str, int | str | None] = {  # the uuid, then _FIELDS
+        "uuid": g.get("uuid"), "volatile_uncorrected": e.get("volatile_uncorrected"),
+        "aggregate_uncorrected": e.get("aggregate_uncorrected"),
+        "sram_volatile_uncorrected": e.get("sram_volatile_uncorrected"),
+        "sram_aggregate_uncorrected": e.get("sram_aggregate_uncorrected"),
+        "volatile_corrected": e.get("volatile_corrected"), "aggregate_corrected": e.get("aggregate_corrected")}
     thr = e.get("sram_threshold_exceeded")
     metrics["sram_threshold_exceeded"] = None if thr is None else int(bool(thr))
     if get(g, "ecc_mode", "current") is False:

@@ -29,18 +29,46 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..data.bandwidth import BandwidthSku, lookup
 from ..sdk import (Action, Basis, Context, Key, Level, Limit, Need, Result, Rule, Slice, Status, define, evaluate,
                    fraction)
 from ..sdk.workers import (CRASHED, HUNG, Promise, TORCH_IMPORT_CPU_S, WorkerJob, cut_short, guarded_targets, pool,
-                           pool_budget, stop_timings)
+                           pool_budget, returned_data, stop_timings)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..eud.copybw import CopyBwArgs, CopyBwTarget
+    from ..platform.telemetry.model import GpuEntry, NvLinkLink, Pcie
+    from ..sdk.workers import (CopyBwGpu, CopyBwPair, CopyBwProgress, CopyBwResult, LinkUnderLoad, SetupError,
+                               WorkerOutcome, WorkerProgress)
 
 CHECK_ID = "eud.bandwidth"
 MiB = 1 << 20
 
-DEFAULTS: dict[str, Any] = {
+
+class BandwidthParams(TypedDict):
+    """eud.bandwidth's parameters (DEFAULTS, merged with the config's [checks."eud.bandwidth"])."""
+
+    h2d_bytes: int
+    d2d_bytes: int
+    p2p_bytes: int
+    repeats: int
+    warmup: int
+    cpu_bytes: int
+    cpu_repeats: int
+    p2p: bool
+    numa_affinity: bool
+    typical_warn_fraction: float
+    typical_fail_fraction: float
+    peer_warn_fraction: float
+    peer_fail_fraction: float
+    work_budget_s: float
+    heartbeat_timeout_s: float
+    startup_timeout_s: float
+
+
+DEFAULTS: BandwidthParams = {
     "h2d_bytes": 256 * MiB,  # per host<->device transfer (PCIe Gen5 x16: ~5 ms)
     "d2d_bytes": 1024 * MiB,  # per device-to-device copy (H100: ~0.7 ms)
     "p2p_bytes": 256 * MiB,  # per peer copy (NVLink: ~0.7 ms)
@@ -67,7 +95,7 @@ KINDS = ("h2d", "d2h", "d2d")
 LABEL = {"h2d": "host-to-device", "d2h": "device-to-host", "d2d": "device-to-device", "p2p": "peer-to-peer"}
 
 
-def _params(ctx: Context) -> dict[str, Any]:
+def _params(ctx: Context) -> BandwidthParams:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
@@ -120,21 +148,21 @@ def bandwidth(ctx: Context) -> list[Result]:
     if problem:
         return [Result(CHECK_ID, Status.ERROR, problem)]
     entries = {int(e["index"]): e for e in ctx.selected_gpu_entries() if e.get("index") is not None}
-    gpus = [{"gpu": t["gpu"], "uuid": t["visible"] if device == "cuda" else None,
-             "bus_id": (entries.get(t["gpu"]) or {}).get("pci_bus_id"), "name": t["name"]} for t in targets]
+    gpus: list[CopyBwTarget] = [{"gpu": t["gpu"], "uuid": t["visible"] if device == "cuda" else None,
+                                 "bus_id": _bus_id(entries.get(t["gpu"])), "name": t["name"]} for t in targets]
     cpu = device == "cpu"
-    args = {"gpus": gpus, "slow": factors, "p2p": bool(p["p2p"]), "numa_affinity": bool(p["numa_affinity"]),
+    args: CopyBwArgs = {"gpus": gpus, "slow": factors, "p2p": bool(p["p2p"]), "numa_affinity": bool(p["numa_affinity"]),
             "h2d_bytes": p["cpu_bytes"] if cpu else p["h2d_bytes"], "d2d_bytes": p["cpu_bytes"] if cpu else p["d2d_bytes"],
             "p2p_bytes": p["cpu_bytes"] if cpu else p["p2p_bytes"],
             "repeats": p["cpu_repeats"] if cpu else p["repeats"], "warmup": p["warmup"]}
-    job = WorkerJob("node", gpu=None, device=device, args=args, visible_device=None)
+    job = WorkerJob("node", gpu=None, device=device, args={**args}, visible_device=None)
 
-    def on_progress(_job: WorkerJob, info: dict[str, Any]) -> None:
+    def on_progress(_job: WorkerJob, info: "WorkerProgress") -> None:  # the copy worker's: CopyBwProgress
         cur = info.get("current")
         ctx.report(CHECK_ID, f"gpu{cur}" if cur is not None else "node", {"what": info.get("what")})
 
     t0 = time.monotonic()
-    outcomes = pool.run_workers(
+    outcomes: "dict[str, WorkerOutcome[CopyBwResult | SetupError, CopyBwProgress]]" = pool.run_workers(
         "gpucheck.eud.copybw:copybw_worker", [job],
         budget_s=pool_budget(ctx, float(p["work_budget_s"]) + float(p["startup_timeout_s"])),
         heartbeat_timeout_s=float(p["heartbeat_timeout_s"]), startup_timeout_s=float(p["startup_timeout_s"]),
@@ -152,45 +180,25 @@ def bandwidth(ctx: Context) -> list[Result]:
 # judging (pure)
 
 
-def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
+def _bus_id(entry: "GpuEntry | None") -> str | None:
+    return entry.get("pci_bus_id") if entry else None
+
+
+def judge_outcome(oc: "WorkerOutcome[CopyBwResult | SetupError, CopyBwProgress] | None", gpus: list[int],
+                  p: BandwidthParams, device: str, entries: "dict[int, GpuEntry]",
                   injected: dict[int, list[str]]) -> list[Result]:
     """Results for every GPU from the node worker's outcome."""
     if oc is None:
         return [Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool")]
-    if oc.result is not None and oc.result.get("setup_error"):
-        return [Result(CHECK_ID, Status.ERROR, f"could not measure: {oc.result['setup_error']}", gpu=g,
+    setup_error = oc.result.get("setup_error") if oc.result is not None else None
+    if setup_error:
+        return [Result(CHECK_ID, Status.ERROR, f"could not measure: {setup_error}", gpu=g,
                        injected=injected.get(g, [])) for g in gpus]
     if oc.result is None:
-        prog = oc.progress or {}
-        cur = prog.get("current")
-        out = []
-        for g in gpus:
-            inj = injected.get(g, [])
-            if g == cur and oc.kind in (HUNG, CRASHED):
-                what = prog.get("what", "copies")
-                if oc.kind == HUNG:
-                    r = Result(CHECK_ID, Status.FAIL, f"hang: copies stopped while measuring {what} on this GPU "
-                                                      f"({oc.error})", gpu=g, action=Action.RESET_GPU, injected=inj,
-                               basis=Basis.HANG)
-                else:
-                    r = Result(CHECK_ID, Status.FAIL, f"copy worker crashed while measuring {what} on this GPU: "
-                                                      f"{oc.error}", gpu=g, action=Action.RESET_GPU, injected=inj,
-                               basis=Basis.CRASH)
-                    if oc.traceback:
-                        r.evidence.extend(oc.traceback.strip().splitlines()[-8:])
-            else:
-                why = {HUNG: "the worker hung", CRASHED: "the worker crashed"}.get(oc.kind, f"{oc.kind}: {oc.error}")
-                r = Result(CHECK_ID, Status.ERROR, f"not measured: {why}" + (f" on GPU {cur}" if cur is not None else ""),
-                           gpu=g, injected=inj)
-            part = (prog.get("measured") or {}).get(g)
-            if part:
-                for k in KINDS:
-                    if part.get(k) is not None:
-                        r.metric(f"{k}_gbps", round(float(part[k]), 3), "GB/s")
-            out.append(r)
-        return out
-    res = judge_bandwidth(oc.result, p, device, entries, injected)
-    stopped = oc.result.get("stopped")
+        return _unfinished(oc, gpus, injected)
+    data = returned_data(oc)
+    res = judge_bandwidth(data, p, device, entries, injected)
+    stopped = data.get("stopped")
     if stopped:
         whole = Promise(0.0, "every run", "host, device and peer copies of every selected GPU")
         for r in res:
@@ -205,20 +213,55 @@ def judge_outcome(oc: Any, gpus: list[int], p: dict[str, Any], device: str, entr
     return res
 
 
+def _unfinished(oc: "WorkerOutcome[CopyBwResult | SetupError, CopyBwProgress]", gpus: list[int],
+                injected: dict[int, list[str]]) -> list[Result]:
+    """A worker that returned nothing: the GPU it was measuring when it hung or crashed fails, the
+    others are not measured (with what the worker had measured of each before)."""
+    prog = oc.progress
+    cur = prog.get("current") if prog else None
+    measured = prog.get("measured") if prog else None
+    out = []
+    for g in gpus:
+        inj = injected.get(g, [])
+        if g == cur and oc.kind in (HUNG, CRASHED):
+            what = prog.get("what", "copies") if prog else "copies"
+            if oc.kind == HUNG:
+                r = Result(CHECK_ID, Status.FAIL, f"hang: copies stopped while measuring {what} on this GPU "
+                                                  f"({oc.error})", gpu=g, action=Action.RESET_GPU, injected=inj,
+                           basis=Basis.HANG)
+            else:
+                r = Result(CHECK_ID, Status.FAIL, f"copy worker crashed while measuring {what} on this GPU: "
+                                                  f"{oc.error}", gpu=g, action=Action.RESET_GPU, injected=inj,
+                           basis=Basis.CRASH)
+                if oc.traceback:
+                    r.evidence.extend(oc.traceback.strip().splitlines()[-8:])
+        else:
+            why = {HUNG: "the worker hung", CRASHED: "the worker crashed"}.get(oc.kind, f"{oc.kind}: {oc.error}")
+            r = Result(CHECK_ID, Status.ERROR, f"not measured: {why}" + (f" on GPU {cur}" if cur is not None else ""),
+                       gpu=g, injected=inj)
+        part = measured.get(g) if measured else None
+        if part:
+            for k, v in (("h2d", part.get("h2d")), ("d2h", part.get("d2h")), ("d2d", part.get("d2d"))):
+                if v is not None:
+                    r.metric(f"{k}_gbps", round(float(v), 3), "GB/s")
+        out.append(r)
+    return out
+
+
 def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4g}"
 
 
-def _gbps(rec: dict[str, Any], kind: str) -> float | None:
+def _gbps(rec: "CopyBwGpu", kind: str) -> float | None:
     v = rec.get(kind)
     return None if not isinstance(v, dict) or v.get("gbps") is None else float(v["gbps"])
 
 
-def link_cause(entry: dict[str, Any] | None, under_load: dict[str, Any] | None) -> str:
+def link_cause(entry: "GpuEntry | None", under_load: "LinkUnderLoad | None") -> str:
     """Why a GPU's host transfers may be slow, from its PCIe link: '; likely cause: ...', a note
     that the link is at its maximum, or '' when nothing is known."""
-    pc = (entry or {}).get("pcie") or {}
-    ul = under_load or {}
+    pc: Pcie | dict[str, None] = (entry.get("pcie") if entry else None) or {}
+    ul: LinkUnderLoad = under_load or {}
     wmax, gmax = pc.get("link_width_max"), pc.get("link_gen_max")
     width = ul.get("width") if ul.get("width") is not None else pc.get("link_width")
     gen_ul, gen_snap = ul.get("gen"), pc.get("link_gen")
@@ -241,15 +284,16 @@ def link_cause(entry: dict[str, Any] | None, under_load: dict[str, Any] | None) 
     return ""
 
 
-def _nvlink_down(entry: dict[str, Any] | None) -> str:
-    links = ((entry or {}).get("nvlink") or {}).get("links") or []
+def _nvlink_down(entry: "GpuEntry | None") -> str:
+    nvlink = entry.get("nvlink") if entry else None
+    links: list[NvLinkLink] = (nvlink.get("links") if nvlink else None) or []
     down = [lk.get("link") for lk in links if lk.get("state") not in (None, "active")]
     if not links or not down:
         return ""
     return f"; NVLink: {len(down)} of {len(links)} links not active in the snapshot (links {down})"
 
 
-def failed_pair_suspects(pairs: list[dict[str, Any]]) -> tuple[set[int], dict[int, set[int]]]:
+def failed_pair_suspects(pairs: "list[CopyBwPair]") -> tuple[set[int], dict[int, set[int]]]:
     """GPUs whose peer copies failed with at least two partners and with at least half of the
     partners they were tried with (the common factor of the failures), and per GPU the partners it
     failed with. Pairs without peer access were not tried and do not count."""
@@ -311,7 +355,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _node_yardsticks(data: dict[str, Any]) -> tuple[dict[str, float], float | None, int]:
+def _node_yardsticks(data: "CopyBwResult") -> tuple[dict[str, float], float | None, int]:
     """The node medians of H2D, D2H and D2D over the GPUs measured (two at least), the median
     over GPUs of each GPU's pair median (three at least: one bad GPU slows every pair it is in,
     but moves only its own pair median far), and how many GPUs were measured."""
@@ -320,25 +364,33 @@ def _node_yardsticks(data: dict[str, Any]) -> tuple[dict[str, float], float | No
     measured = [r for r in gpus.values() if not r.get("error")]
     medians: dict[str, float] = {}
     for k in KINDS:
-        vals = [_gbps(r, k) for r in measured if _gbps(r, k) is not None]
+        vals = [v for v in (_gbps(r, k) for r in measured) if v is not None]
         if len(vals) >= 2:
             medians[k] = statistics.median(vals)
-    per_gpu = [statistics.median([float(pr["gbps"]) for pr in pairs if g in (pr["src"], pr["dst"])])
+    per_gpu = [statistics.median([_measured(pr) for pr in pairs if g in (pr["src"], pr["dst"])])
                for g in gpus if any(g in (pr["src"], pr["dst"]) for pr in pairs)]
     return medians, (statistics.median(per_gpu) if len(per_gpu) >= 3 else None), len(measured)
+
+
+def _measured(pr: "CopyBwPair") -> float:
+    """The bandwidth of a pair that was measured (gbps not None)."""
+    gbps = pr["gbps"]
+    if gbps is None:
+        raise ValueError(f"pair gpu{pr['src']}->gpu{pr['dst']} was not measured")
+    return float(gbps)
 
 
 def _deficit(value: float, median: float) -> float:
     return max(0.0, (median - value) / median * 100.0) if median > 0 else 0.0
 
 
-def _host_copies(rec: dict[str, Any], sku: BandwidthSku | None, p: dict[str, Any], medians: dict[str, float],
-                 link: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _host_copies(rec: "CopyBwGpu", sku: BandwidthSku | None, p: BandwidthParams, medians: dict[str, float],
+                 link: str) -> tuple[dict[str, float | None], dict[str, float | None], dict[str, str | None]]:
     """Metrics, limits and facts of H2D, D2H and D2D for one GPU."""
     tw, tf = float(p["typical_warn_fraction"]), float(p["typical_fail_fraction"])
-    metrics: dict[str, Any] = {}
-    limits: dict[str, Any] = {}
-    facts: dict[str, Any] = {}
+    metrics: dict[str, float | None] = {}
+    limits: dict[str, float | None] = {}
+    facts: dict[str, str | None] = {}
     for k in KINDS:
         v = _gbps(rec, k)
         metrics[f"{k}_gbps"] = None if v is None else round(v, 3)
@@ -362,20 +414,21 @@ def _host_copies(rec: dict[str, Any], sku: BandwidthSku | None, p: dict[str, Any
     return metrics, limits, facts
 
 
-def _peer_copies(g: int, data: dict[str, Any], sku: BandwidthSku | None, p: dict[str, Any], pair_median: float | None,
-                 suspects: set[int], failed_with: dict[int, set[int]], entry: dict[str, Any] | None
-                 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _peer_copies(g: int, data: "CopyBwResult", sku: BandwidthSku | None, p: BandwidthParams,
+                 pair_median: float | None, suspects: set[int], failed_with: dict[int, set[int]],
+                 entry: "GpuEntry | None") -> tuple[dict[str, float | None], dict[str, float | None], dict[str, str | None]]:
     """Metrics, limits and facts of one GPU's peer copies."""
     mine = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("gbps") is not None]
     no_access = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("note")]
     failed = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"]) and pr.get("error")]
     floors = sku is not None and sku.p2p_fail_gbps is not None
-    metrics: dict[str, Any] = {}
-    limits: dict[str, Any] = dict.fromkeys(("p2p_warn_gbps", "p2p_fail_gbps", "p2p_peer_warn_pct", "p2p_peer_fail_pct"))
-    facts: dict[str, Any] = {"nvlink_down": _nvlink_down(entry)}
+    metrics: dict[str, float | None] = {}
+    limits: dict[str, float | None] = dict.fromkeys(("p2p_warn_gbps", "p2p_fail_gbps", "p2p_peer_warn_pct",
+                                                      "p2p_peer_fail_pct"))
+    facts: dict[str, str | None] = {"nvlink_down": _nvlink_down(entry)}
     if mine:
-        vals = [float(pr["gbps"]) for pr in mine]
-        slowest = min(mine, key=lambda pr: pr["gbps"])
+        vals = [_measured(pr) for pr in mine]
+        slowest = min(mine, key=_measured)
         med = statistics.median(vals)
         metrics.update(p2p_min_gbps=round(min(vals), 3), p2p_median_gbps=round(med, 3))
         facts.update(slowest=f"slowest gpu{slowest['src']}->gpu{slowest['dst']} {_fmt(slowest['gbps'])} GB/s",
@@ -400,10 +453,10 @@ def _peer_copies(g: int, data: dict[str, Any], sku: BandwidthSku | None, p: dict
     return metrics, limits, facts
 
 
-def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entries: dict[int, dict[str, Any]],
+def judge_bandwidth(data: "CopyBwResult", p: BandwidthParams, device: str, entries: "dict[int, GpuEntry]",
                     injected: dict[int, list[str]]) -> list[Result]:
     """One result per measured GPU from the worker's data (see the module doc and RULES)."""
-    gpus: dict[int, dict[str, Any]] = {int(k): v for k, v in data.get("gpus", {}).items()}
+    gpus: dict[int, CopyBwGpu] = {int(k): v for k, v in data.get("gpus", {}).items()}
     medians, pair_median, n_measured = _node_yardsticks(data)
     suspects, failed_with = failed_pair_suspects(data.get("pairs", []))
     cpu = device == "cpu"
@@ -416,7 +469,7 @@ def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entrie
                               action=Action.RESET_GPU if "cuda" in err.lower() else Action.INVESTIGATE,
                               injected=injected.get(g, []), basis=Basis.DEVICE_ERROR))
             continue
-        name = rec.get("name") or (entry or {}).get("name")
+        name = rec.get("name") or (entry.get("name") if entry else None)
         sku: BandwidthSku | None = None if cpu else lookup(name)
         hm, hl, hf = _host_copies(rec, sku, p, medians, link_cause(entry, rec.get("link_under_load")) if not cpu else "")
         pm, pl, pf = _peer_copies(g, data, sku, p, pair_median, suspects, failed_with, entry)
@@ -431,7 +484,7 @@ def judge_bandwidth(data: dict[str, Any], p: dict[str, Any], device: str, entrie
     return out
 
 
-def _ok_summary(g: int, data: dict[str, Any], rec: dict[str, Any], metrics: dict[str, Any], name: Any,
+def _ok_summary(g: int, data: "CopyBwResult", rec: "CopyBwGpu", metrics: dict[str, float | None], name: Any,
                 sku: BandwidthSku | None, cpu: bool, n_measured: int) -> str:
     ok_parts = [f"{k.upper()} {_fmt(_gbps(rec, k))}" for k in KINDS if _gbps(rec, k) is not None]
     ok = ", ".join(ok_parts) + " GB/s" + (" (D2D counts read + write)" if _gbps(rec, "d2d") is not None else "")
@@ -447,7 +500,7 @@ def _ok_summary(g: int, data: dict[str, Any], rec: dict[str, Any], metrics: dict
     return ok
 
 
-def _evidence(g: int, data: dict[str, Any], rec: dict[str, Any], name: Any, sku: BandwidthSku | None,
+def _evidence(g: int, data: "CopyBwResult", rec: "CopyBwGpu", name: Any, sku: BandwidthSku | None,
               cpu: bool) -> list[str]:
     pairs = [pr for pr in data.get("pairs", []) if g in (pr["src"], pr["dst"])]
     mine = [pr for pr in pairs if pr.get("gbps") is not None]

@@ -28,13 +28,37 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..eud.dcgm_parse import CHECK_ID, DcgmParseError, map_results, parse_diag
 from ..sdk import Action, Context, Level, Limit, Result, Rule, Slice, Status, define, evaluate, option, settle
 from ..sdk.workers import guard_context, unknown_gpus
 
-DEFAULTS: dict[str, Any] = {
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import GpuEntry, NvmlError, Snapshot
+
+
+class DcgmParams(TypedDict):
+    """eud.dcgm's parameters (DEFAULTS, merged with the config's [checks."eud.dcgm"])."""
+
+    dcgmi_path: str
+    host: str
+    diag_level_level3: int
+    diag_level_level4: int
+    timeout_s_r1: float
+    timeout_s_r2: float
+    timeout_s_r3: float
+    timeout_s_r4: float
+    probe_timeout_s: float
+    require_hostengine: bool
+    term_grace_s: float
+    check_settings: bool
+
+
+# A GPU's site settings (SETTINGS -> its value; None: not read).
+Settings = dict[str, bool | float | None]
+
+DEFAULTS: DcgmParams = {
     "dcgmi_path": "dcgmi",  # a name looked up on PATH, or an absolute path
     "host": "",  # host engine address for --host; empty: the local one
     "diag_level_level3": 3,  # dcgmi diag -r at gpucheck level 3 (DCGM: ~15 min)
@@ -84,16 +108,21 @@ class DcgmOptions:
              "default: 3 at level 3, 4 at level 4, see docs/eud.md).")
 
 
-def _params(ctx: Context) -> dict[str, Any]:
+def _params(ctx: Context) -> DcgmParams:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
-def dcgm_level(ctx: Context, p: dict[str, Any] | None = None) -> int:
+def dcgm_level(ctx: Context, p: DcgmParams | None = None) -> int:
     p = p or _params(ctx)
     v = ctx.options_for(DcgmOptions).diag_level
     if v is None:
-        v = p["diag_level_level4" if int(ctx.level) >= 4 else "diag_level_level3"]
+        v = p["diag_level_level4"] if int(ctx.level) >= 4 else p["diag_level_level3"]
     return parse_dcgm_level(v)
+
+
+def _timeout_s(p: DcgmParams, level: int) -> float:
+    """dcgmi diag -r <level>'s timeout (timeout_s_r<level>)."""
+    return float({1: p["timeout_s_r1"], 2: p["timeout_s_r2"], 3: p["timeout_s_r3"], 4: p["timeout_s_r4"]}[level])
 
 
 def _budget(ctx: Context) -> float:
@@ -102,7 +131,7 @@ def _budget(ctx: Context) -> float:
         lv = dcgm_level(ctx, p)
     except ValueError:
         lv = 1
-    return float(p[f"timeout_s_r{lv}"]) + float(p["probe_timeout_s"]) + float(p["term_grace_s"]) + 30.0
+    return _timeout_s(p, lv) + float(p["probe_timeout_s"]) + float(p["term_grace_s"]) + 30.0
 
 
 # How long `dcgmi diag -r N` normally runs, by DCGM's documentation (docs/eud.md, "Levels,
@@ -133,13 +162,13 @@ def not_here(ctx: Context) -> str | None:
 # settings before/after
 
 
-def site_settings(snapshot: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+def site_settings(snapshot: "Snapshot | None") -> dict[int, Settings]:
     """The settings a site sets, per GPU index, from a telemetry snapshot."""
-    out: dict[int, dict[str, Any]] = {}
-    for g in (snapshot or {}).get("gpus", []):
+    out: dict[int, Settings] = {}
+    for g in (snapshot.get("gpus", []) if snapshot else []):
         if g.get("state", "ok") != "ok" or not isinstance(g.get("index"), int):
             continue
-        vals = {}
+        vals: Settings = {}
         for key in SETTINGS:
             cur: Any = g
             for part in key.split("."):
@@ -149,7 +178,7 @@ def site_settings(snapshot: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
     return out
 
 
-def settings_changes(before: dict[int, dict[str, Any]], after: dict[int, dict[str, Any]]) -> dict[int, list[str]]:
+def settings_changes(before: dict[int, Settings], after: dict[int, Settings]) -> dict[int, list[str]]:
     """Per GPU, the settings whose value differs (a value read as None on either side is not compared)."""
     changes: dict[int, list[str]] = {}
     for g, b in before.items():
@@ -204,11 +233,11 @@ def _settings_result(ctx: Context) -> Result | None:
 
 
 
-def _limits(ctx: Context, p: dict[str, Any], level: int) -> tuple[float, float, list[str]]:
+def _limits(ctx: Context, p: DcgmParams, level: int) -> tuple[float, float, list[str]]:
     """dcgmi's timeout and SIGTERM grace, and a note when the run's time limit shortened them:
     that limit is hard, so dcgmi is stopped at the run's deadline and killed within the runner's
     stop time. A diag cut short this way is a timeout (error), never a verdict."""
-    timeout = float(p[f"timeout_s_r{level}"])
+    timeout = _timeout_s(p, level)
     term_grace = float(p["term_grace_s"])
     if ctx.deadline is None:
         return timeout, term_grace, []
@@ -274,14 +303,20 @@ def dcgm_check(ctx: Context) -> list[Result]:
     return guard.skipped + guard.annotate(_diag_results(ctx, p, level, dcgmi, res, notes, timeout))
 
 
+def _snapshot_gpus(ctx: Context) -> "list[GpuEntry]":
+    """The telemetry snapshot's GPU entries (none without a snapshot)."""
+    return ctx.snapshot.get("gpus", []) if ctx.snapshot else []
+
+
 def _gpus_not_in_use(ctx: Context) -> tuple[list[int] | None, Any]:
     """The load-test guard (gpucheck.workers.busy) for DCGM, which runs on a GPU list: the GPUs for
     `dcgmi diag -i` (None: all, as asked; []: none may be loaded) and the guard, whose skips name
     the GPUs in use. The node's GPUs are the selection, else every GPU of the telemetry snapshot."""
     asked = ctx.gpus if ctx.gpus is not None else sorted(
-        int(g["index"]) for g in (ctx.snapshot or {}).get("gpus", []) if isinstance(g.get("index"), int))
+        int(g["index"]) for g in _snapshot_gpus(ctx) if isinstance(g.get("index"), int))
     if not asked:  # DCGM would test the GPUs it finds: none of them is known to be free
-        err = ((ctx.snapshot or {}).get("nvml") or {}).get("error") or {}
+        nvml = ctx.snapshot.get("nvml") if ctx.snapshot else None
+        err: NvmlError | dict[str, None] = (nvml.get("error") if nvml else None) or {}
         why = "NVML lists no GPU" + (f" ({err.get('kind')}: {err.get('message')})" if err else "")
         return (None if ctx.force else []), unknown_gpus(CHECK_ID, force=ctx.force, why=why)
     guard = guard_context(ctx, "cuda", CHECK_ID, asked)
@@ -290,7 +325,7 @@ def _gpus_not_in_use(ctx: Context) -> tuple[list[int] | None, Any]:
     return list(guard.loaded), guard
 
 
-def _diag_results(ctx: Context, p: dict[str, Any], level: int, dcgmi: str, res: Any, notes: list[str],
+def _diag_results(ctx: Context, p: DcgmParams, level: int, dcgmi: str, res: Any, notes: list[str],
                   timeout: float) -> list[Result]:
     """Results from a finished (or stopped) `dcgmi diag` run."""
     cmd = " ".join(res.argv[1:])
@@ -320,7 +355,7 @@ def _diag_results(ctx: Context, p: dict[str, Any], level: int, dcgmi: str, res: 
                        action=Action.INVESTIGATE, evidence=head + [about])]
     if not doc.tests:
         return [Result(CHECK_ID, Status.ERROR, "DCGM reported no test result", evidence=head + [about] + res.tail())]
-    serial_to_index = {str(g.get("serial")): int(g["index"]) for g in (ctx.snapshot or {}).get("gpus", [])
+    serial_to_index = {str(g.get("serial")): int(g["index"]) for g in _snapshot_gpus(ctx)
                        if g.get("serial") and isinstance(g.get("index"), int)}
     gpu_map = {dcgm_id: serial_to_index[s] for dcgm_id, s in doc.serials.items() if s in serial_to_index}
     results = map_results(doc, gpu_map=gpu_map)

@@ -36,19 +36,90 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from ..eud.memtest_ecc import COUNTER_OF, ECC_RULES, ecc_limits, growth, inject_spec
+from ..eud.memtest_ecc import COUNTER_OF, ECC_RULES, EccLimitParams, ecc_limits, growth, inject_spec
 from ..eud.patterns import NAMES, PatternError, describe_error, histogram_text, human_bytes, parse_patterns
 from ..platform.durations import parse_duration
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Slice, Status, compute_skip,
                    define, evaluate, flag_of, injections_for_gpu, option, settle)
-from ..sdk.workers import (CANCELLED, OVER_BUDGET, Promise, cut_short, deadline_problem, duration_slice,
-                           guarded_targets, progress_evidence, run_per_gpu, telemetry_summary, unfinished_result)
+from ..sdk.workers import (CANCELLED, OVER_BUDGET, PoolParams, Promise, cut_short, deadline_problem, duration_slice,
+                           guarded_targets, job_gpu, progress_evidence, returned_data, run_per_gpu, telemetry_summary,
+                           unfinished_result)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..eud.memtest_worker import MemtestArgs
+    from ..platform.telemetry.model import TelemetrySummary
+    from ..sdk.workers import (MemtestConfirmation, MemtestCopy, MemtestErrorRecord, MemtestProgress, MemtestResult, MemtestStall,
+                               PerGpuRun, SetupError, WorkerOutcome)
 
 CHECK_ID = "eud.memtest"
 
-DEFAULTS: dict[str, Any] = {
+
+class MemtestParams(PoolParams, EccLimitParams):
+    """eud.memtest's parameters (DEFAULTS, merged with the config's [checks."eud.memtest"])."""
+
+    fraction_level2: float
+    fraction_level3: float
+    fraction_level4: float
+    headroom_fraction: float
+    headroom_min_bytes: int
+    chunk_bytes: int
+    passes_level2: int
+    passes_level3: int
+    duration_s_level4: float
+    patterns: list[str]
+    seed: int
+    max_errors: int
+    report_errors: int
+    confirm: bool
+    copy_bytes: int
+    copy_repeats: int
+    cpu_bytes: int
+    cpu_chunk_bytes: int
+    block: int
+    blocks_per_sm: int
+    headroom_round_level3: bool
+    headroom_round_level4: bool
+    round2_reserve_bytes: int
+    pass_budget_s: float
+    stall_timeout_s: float
+
+
+class MemtestPlan(TypedDict):
+    """What this run tests (plan): the options over the level's defaults."""
+
+    fraction: float
+    duration_s: float | None  # a loop over the patterns this long; None: `passes`
+    passes: int
+    patterns: list[str]
+    headroom_round: bool
+
+
+class ErrorsView(TypedDict):
+    """Both rounds' error summaries as one (_errors_view): MemtestErrors, and the headroom round's count."""
+
+    errors: int
+    headroom_errors: int
+    steps_with_errors: int
+    records: "list[MemtestErrorRecord]"
+    records_kept: int
+    distinct_words_recorded: int
+    first_offset: int | None
+    last_offset: int | None
+    up: list[int]
+    down: list[int]
+    bits: list[int]
+    patterns: list[str]
+    persistent_words: int
+    persistent_offsets: list[int]
+    confirmations: "list[MemtestConfirmation]"
+
+
+# A metric of the pattern test: a count, a rate, an offset (None: none), or per-bit flip counts.
+_Metric = int | float | dict[str, int] | None
+
+DEFAULTS: MemtestParams = {
     "fraction_level2": 0.1,  # of the free GPU memory
     "fraction_level3": 1.0,  # nearly all of it: the headroom below is kept free
     "fraction_level4": 1.0,
@@ -110,7 +181,7 @@ class MemtestOptions:
              "given at level 2 or 3 it replaces the fixed passes).")
 
 
-def _params(ctx: Context) -> dict[str, Any]:
+def _params(ctx: Context) -> MemtestParams:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
@@ -122,27 +193,28 @@ def _device(ctx: Context) -> str:
     return "cpu" if ctx.device == "cpu" else "cuda"
 
 
-def plan(ctx: Context, p: dict[str, Any] | None = None) -> dict[str, Any]:
+def plan(ctx: Context, p: MemtestParams | None = None) -> MemtestPlan:
     """Fraction, passes, loop duration and patterns of this run (options over level defaults).
     Raises ValueError / PatternError for bad options."""
     p = p or _params(ctx)
     lv = _level(ctx)
     given = ctx.options_for(MemtestOptions)
-    frac = float(given.fraction) if given.fraction is not None else float(p[f"fraction_level{lv}"])
+    by_level = {2: p["fraction_level2"], 3: p["fraction_level3"], 4: p["fraction_level4"]}
+    frac = float(given.fraction) if given.fraction is not None else float(by_level[lv])
     if not 0.0 < frac <= 1.0:
         raise ValueError(f"memtest_fraction must be in (0, 1], not {frac}")
     duration = given.duration_s
     if duration is None and lv == 4:
         duration = p["duration_s_level4"]
     duration = None if duration is None else float(duration)
-    passes = 1 if lv == 4 else int(p[f"passes_level{lv}"])
+    passes = 1 if lv == 4 else int(p["passes_level2"] if lv == 2 else p["passes_level3"])
     patterns = parse_patterns(given.patterns or p["patterns"])
-    headroom = bool(p.get(f"headroom_round_level{lv}", False))
+    headroom = bool({2: False, 3: p["headroom_round_level3"], 4: p["headroom_round_level4"]}[lv])
     return {"fraction": frac, "duration_s": duration, "passes": passes, "patterns": patterns,
             "headroom_round": headroom}
 
 
-def _work_s(pl: dict[str, Any], p: dict[str, Any]) -> float:
+def _work_s(pl: MemtestPlan, p: MemtestParams) -> float:
     """The pattern work's time budget: the passes (or the loop and its last pass), and one more
     pass for the headroom round."""
     per_pass = float(p["pass_budget_s"])
@@ -159,7 +231,7 @@ def _budget(ctx: Context) -> float:
     return float(p["startup_timeout_s"]) + _work_s(pl, p) + 30.0
 
 
-def _promise(ctx: Context, p: dict[str, Any], pl: dict[str, Any]) -> Any:
+def _promise(ctx: Context, p: MemtestParams, pl: MemtestPlan) -> Promise:
     """What this run promised: the pattern loop's duration, or its passes over the patterns."""
     given = ctx.options_for(MemtestOptions)
     if pl["duration_s"] is not None:
@@ -251,16 +323,21 @@ def memtest(ctx: Context) -> list[Result]:
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to test")]
 
-    keys = ("seed", "headroom_fraction", "headroom_min_bytes", "chunk_bytes", "max_errors", "report_errors",
-            "confirm", "copy_bytes", "copy_repeats", "cpu_bytes", "cpu_chunk_bytes", "block", "blocks_per_sm",
-            "round2_reserve_bytes", "stall_timeout_s")
     work = _work_s({**pl, "duration_s": duration}, p)
-    run = run_per_gpu(
+
+    def make_args(g: int) -> "MemtestArgs":
+        return {"patterns": pl["patterns"], "passes": pl["passes"], "duration_s": duration,
+                "fraction": pl["fraction"], "headroom_round": pl["headroom_round"], "seed": p["seed"],
+                "headroom_fraction": p["headroom_fraction"], "headroom_min_bytes": p["headroom_min_bytes"],
+                "chunk_bytes": p["chunk_bytes"], "max_errors": p["max_errors"], "report_errors": p["report_errors"],
+                "confirm": p["confirm"], "copy_bytes": p["copy_bytes"], "copy_repeats": p["copy_repeats"],
+                "cpu_bytes": p["cpu_bytes"], "cpu_chunk_bytes": p["cpu_chunk_bytes"], "block": p["block"],
+                "blocks_per_sm": p["blocks_per_sm"], "round2_reserve_bytes": p["round2_reserve_bytes"],
+                "stall_timeout_s": p["stall_timeout_s"]}
+
+    run: "PerGpuRun[MemtestResult | SetupError, MemtestProgress | MemtestStall]" = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.eud.memtest_worker:memtest_worker", targets, device=device, p=p,
-        budget_s=work + float(p["startup_timeout_s"]) + 30.0,
-        make_args=lambda g: {"patterns": pl["patterns"], "passes": pl["passes"], "duration_s": duration,
-                             "fraction": pl["fraction"], "headroom_round": pl["headroom_round"],
-                             **{k: p[k] for k in keys}},
+        budget_s=work + float(p["startup_timeout_s"]) + 30.0, make_args=make_args,
         injection_args=lambda g: injection_args(ctx, g, pl["patterns"]), hide_progress_keys=("first_error",),
     )
     results.extend(run.results)
@@ -270,9 +347,10 @@ def memtest(ctx: Context) -> list[Result]:
     ecc = {int(e["index"]): (e.get("ecc_mode") or {}).get("current") for e in ctx.selected_gpu_entries()
            if e.get("index") is not None}
     for j in jobs:
-        tel = telemetry_summary(sampler, j.gpu, device) if sampler is not None else None
-        r = judge_outcome(j.gpu, outcomes.get(j.worker_id), p, device, injected.get(j.gpu, []),
-                          ecc_enabled=ecc.get(j.gpu), telemetry=tel, promise=promise)
+        g = job_gpu(j)
+        tel = telemetry_summary(sampler, g, device) if sampler is not None else None
+        r = judge_outcome(g, outcomes.get(j.worker_id), p, device, injected.get(g, []),
+                          ecc_enabled=ecc.get(g), telemetry=tel, promise=promise)
         r.evidence.extend(notes)
         r.duration_s = elapsed
         results.append(r)
@@ -292,16 +370,16 @@ def _crash(err: str) -> tuple[str, Action]:
     return "", Action.RESET_GPU if ("cuda" in low or "kernel" in low) else Action.INVESTIGATE
 
 
-def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: list[str],
-                  ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None,
-                  promise: Any = None) -> Result:
+def judge_outcome(gpu: int, oc: "WorkerOutcome[MemtestResult | SetupError, MemtestProgress | MemtestStall] | None",
+                  p: MemtestParams, device: str, injected: list[str], ecc_enabled: bool | None = None,
+                  telemetry: "TelemetrySummary | None" = None, promise: Promise | None = None) -> Result:
     """One GPU's result from its worker outcome (gpucheck.workers.pool.WorkerOutcome); with the
     run's `promise` (workers.per_gpu.Promise), a stopped run is cut short, never a pass."""
     unfinished = unfinished_result(CHECK_ID, gpu, oc, injected, worker="pattern-test", setup_verb="test",
                                    partial=_partial, crash=_crash)
-    if unfinished is not None:
-        return unfinished
-    d = oc.result
+    if unfinished is not None or oc is None:
+        return unfinished or Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=gpu)
+    d = returned_data(oc)
     r = judge_data(gpu, d, p, device, injected, ecc_enabled=ecc_enabled, telemetry=telemetry)
     if oc.kind in (CANCELLED, OVER_BUDGET) or d.get("stopped"):
         stopped = d.get("stopped") or oc.kind
@@ -311,12 +389,14 @@ def judge_outcome(gpu: int, oc: Any, p: dict[str, Any], device: str, injected: l
     return r
 
 
-def _partial(r: Result, progress: dict[str, Any]) -> None:
+def _partial(r: Result, progress: "MemtestProgress | MemtestStall") -> None:
     if not progress:
         return
-    if progress.get("errors") is not None:
-        r.metric("errors", int(progress["errors"]), "count")
-    fe = progress.get("first_error")
+    report = cast("MemtestProgress", progress) if "pattern" in progress else None  # a pattern's (not a stall's)
+    errors = report.get("errors") if report is not None else None
+    fe = report.get("first_error") if report is not None else None
+    if errors is not None:
+        r.metric("errors", int(errors), "count")
     if fe:
         r.evidence.append("first error before it stopped: " + describe_error(fe))
     r.evidence.append(progress_evidence(progress, leave_out=("first_error",)))
@@ -326,28 +406,32 @@ def _fmt(x: float | None, unit: str = "") -> str:
     return "n/a" if x is None else f"{x:.4g}{unit}"
 
 
-def _errors_view(d: dict[str, Any]) -> dict[str, Any]:
+def _errors_view(d: "MemtestResult") -> ErrorsView:
     """Both rounds' error summaries as one: totals, histograms, confirmations and records (round-2
     records say so); the span and first offsets are the first round's (offsets are per round)."""
     e1 = d["errors"]
-    e2 = ((d.get("headroom_round") or {}).get("errors")) or {}
-    view = dict(e1)
+    h = d.get("headroom_round")
+    e2 = h.get("errors") if h else None
+    view: ErrorsView = {**e1, "headroom_errors": 0}
     if not e2:
-        view["headroom_errors"] = 0
         return view
     view["errors"] = int(e1["errors"]) + int(e2.get("errors", 0))
     view["headroom_errors"] = int(e2.get("errors", 0))
-    for k in ("steps_with_errors", "persistent_words", "records_kept", "distinct_words_recorded"):
-        view[k] = int(e1.get(k, 0)) + int(e2.get(k, 0))
+    view["steps_with_errors"] = int(e1.get("steps_with_errors", 0)) + int(e2.get("steps_with_errors", 0))
+    view["persistent_words"] = int(e1.get("persistent_words", 0)) + int(e2.get("persistent_words", 0))
+    view["records_kept"] = int(e1.get("records_kept", 0)) + int(e2.get("records_kept", 0))
+    view["distinct_words_recorded"] = (int(e1.get("distinct_words_recorded", 0))
+                                       + int(e2.get("distinct_words_recorded", 0)))
     view["up"] = [a + b for a, b in zip(e1["up"], e2["up"])]
     view["down"] = [a + b for a, b in zip(e1["down"], e2["down"])]
     view["bits"] = [b for b in range(64) if view["up"][b] or view["down"][b]]
-    view["confirmations"] = list(e1.get("confirmations", [])) + [dict(c, round=2) for c in e2.get("confirmations", [])]
-    view["records"] = list(e1.get("records", [])) + [dict(r, round=2) for r in e2.get("records", [])]
+    view["confirmations"] = (list(e1.get("confirmations", []))
+                             + [{**c, "round": 2} for c in e2.get("confirmations", [])])
+    view["records"] = list(e1.get("records", [])) + [{**r, "round": 2} for r in e2.get("records", [])]
     return view
 
 
-def _miscompare_cause(e: dict[str, Any], region: int, how: str, passes: int, ecc_enabled: bool | None
+def _miscompare_cause(e: ErrorsView, region: int, how: str, passes: int, ecc_enabled: bool | None
                       ) -> tuple[str, Action, list[str]]:
     """The summary, action and evidence for miscompares (see the module doc for the rules)."""
     n_err = int(e["errors"])
@@ -395,23 +479,24 @@ def _miscompare_cause(e: dict[str, Any], region: int, how: str, passes: int, ecc
     return cause, action, evidence
 
 
-def _ecc_inputs(d: dict[str, Any], p: dict[str, Any], device: str
-                ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], list[str], list[str]]:
+def _ecc_inputs(d: "MemtestResult", p: EccLimitParams, device: str
+                ) -> tuple[dict[str, int | None], dict[str, int | None], dict[str, str], list[str], list[str]]:
     """ECC_RULES over the counters read around the passes: metrics, limits (None: the rules are
     off, no counter was read), facts, evidence, and the counters a rule needed that could not be
     read."""
-    ecc = d.get("ecc") or {}
-    reads = ecc.get("reads") or []
+    ecc = d.get("ecc")
+    reads = (ecc.get("reads") if ecc else None) or []
     off = ecc_limits(None)
-    if ecc.get("failure"):
-        return {}, off, {}, [], [f"ECC counters ({ecc['failure']})"]
+    failure = ecc.get("failure") if ecc else None
+    if failure:
+        return {}, off, {}, [], [f"ECC counters ({failure})"]
     if not reads:
-        note = ecc.get("note") or ("no ECC counters read" if device == "cuda" else
+        note = (ecc.get("note") if ecc else None) or ("no ECC counters read" if device == "cuda" else
                                    "no ECC counters: a CPU worker stands in for the GPU")
         return {}, off, {}, [note], []
     g = growth(reads)
-    metrics: dict[str, Any] = {}
-    facts: dict[str, Any] = {}
+    metrics: dict[str, int | None] = {}
+    facts: dict[str, str] = {}
     unread: list[str] = []
     unsupported = []
     for rule in ECC_RULES:
@@ -425,15 +510,15 @@ def _ecc_inputs(d: dict[str, Any], p: dict[str, Any], device: str
         elif entry["value"] is None:
             unsupported.append(counter)
     labels = ", ".join(r["label"] for r in reads)
-    evidence = [f"ECC counters ({ecc.get('source')}) read {len(reads)} times: {labels}"]
+    evidence = [f"ECC counters ({ecc.get('source') if ecc else None}) read {len(reads)} times: {labels}"]
     if unsupported:
         evidence.append(f"not supported on this GPU (not judged): {', '.join(unsupported)}")
     return metrics, ecc_limits(p), facts, evidence, unread
 
 
-def _plan_evidence(d: dict[str, Any], device: str, gpu: int, region: int, patterns: list[str]) -> list[str]:
+def _plan_evidence(d: "MemtestResult", device: str, gpu: int, region: int, patterns: list[str]) -> list[str]:
     evidence: list[str] = []
-    cfg = d.get("config") or {}
+    cfg = d.get("config")
     if cfg:
         loop = (f"loop for {cfg['duration_s']:g} s" if cfg.get("duration_s") is not None
                 else f"{cfg.get('passes')} pass(es)")
@@ -460,21 +545,22 @@ def _plan_evidence(d: dict[str, Any], device: str, gpu: int, region: int, patter
                             f"scrub buffer {human_bytes(dev.get('scrub_bytes') or 0)}")
     h = d.get("headroom_round")
     if h:
+        reserve = h.get("reserve_bytes")
         evidence.append(f"headroom round: released {human_bytes(h.get('released_bytes') or 0)} of the first round, "
                         f"kept {human_bytes(h.get('held_bytes') or 0)} allocated, then tested "
                         f"{human_bytes(h.get('region_bytes') or 0)} ({h.get('passes', 0)} pass)"
-                        + (f", leaving {human_bytes(h['reserve_bytes'])} free" if h.get("reserve_bytes") else ""))
+                        + (f", leaving {human_bytes(reserve)} free" if reserve else ""))
     return evidence
 
 
-def _tail_evidence(d: dict[str, Any], ratio: float | None, injected: list[str]) -> list[str]:
+def _tail_evidence(d: "MemtestResult", ratio: float | None, injected: list[str]) -> list[str]:
     evidence: list[str] = []
     per = d.get("per_pattern", {})
     if per:
         evidence.append("per pattern: " + "; ".join(
             f"{name} {v['runs']} run(s) {_fmt(v.get('gbps'), ' GB/s')}" + (f" {v['errors']} error(s)" if v["errors"] else "")
             for name, v in per.items()))
-    cp = d.get("copy") or {}
+    cp: MemtestCopy = d.get("copy") or {}
     if cp.get("gbps"):
         evidence.append(f"device-to-device copy baseline: {human_bytes(cp['bytes'])} x {cp.get('repeats')}, median "
                         f"{_fmt(cp['gbps'], ' GB/s')} counting bytes read + written; memtest/copy ratio "
@@ -482,8 +568,8 @@ def _tail_evidence(d: dict[str, Any], ratio: float | None, injected: list[str]) 
     elif cp.get("note"):
         evidence.append(f"no copy baseline: {cp['note']}")
     evidence.extend(d.get("notes", []))
-    h = d.get("headroom_round") or {}
-    if h.get("allocation_note"):
+    h = d.get("headroom_round")
+    if h and h.get("allocation_note"):
         evidence.append(f"headroom round: {h['allocation_note']}")
     evidence.extend(f"injected {x}" for x in d.get("injected", []))
     if any(x.startswith("bitflip") for x in injected) and not any(
@@ -503,9 +589,15 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _metrics(d: dict[str, Any], e: dict[str, Any], ratio: float | None) -> tuple[dict[str, Any], dict[str, str]]:
-    gbps, copy, h = d.get("gbps"), (d.get("copy") or {}).get("gbps"), d.get("headroom_round")
-    metrics: dict[str, Any] = {
+def _copy_gbps(d: "MemtestResult") -> float | None:
+    """The copy baseline's bandwidth, None when there is none."""
+    cp = d.get("copy")
+    return cp.get("gbps") if cp else None
+
+
+def _metrics(d: "MemtestResult", e: ErrorsView, ratio: float | None) -> tuple[dict[str, _Metric], dict[str, str]]:
+    gbps, copy, h = d.get("gbps"), _copy_gbps(d), d.get("headroom_round")
+    metrics: dict[str, _Metric] = {
         "errors": int(e["errors"]), "bytes_tested": int(d["region_bytes"]), "passes": int(d.get("passes", 0)),
         "patterns": len(d.get("patterns", [])),
         "bandwidth_gbps": None if gbps is None else round(gbps, 3), "copy_gbps": None if copy is None else round(copy, 3),
@@ -527,20 +619,20 @@ def _metrics(d: dict[str, Any], e: dict[str, Any], ratio: float | None) -> tuple
     return metrics, units
 
 
-def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, injected: list[str],
-               ecc_enabled: bool | None = None, telemetry: dict[str, Any] | None = None) -> Result:
+def judge_data(gpu: int, d: "MemtestResult", p: EccLimitParams, device: str, injected: list[str],
+               ecc_enabled: bool | None = None, telemetry: "TelemetrySummary | None" = None) -> Result:
     """One GPU's result from the worker's data (pure; see the module doc and RULES)."""
     e = _errors_view(d)
     h = d.get("headroom_round")
-    region = int(d["region_bytes"]) + int((h or {}).get("region_bytes") or 0)
+    region = int(d["region_bytes"]) + int((h.get("region_bytes") if h else None) or 0)
     passes, patterns = int(d.get("passes", 0)), list(d.get("patterns", []))
-    gbps, copy = d.get("gbps"), (d.get("copy") or {}).get("gbps")
+    gbps, copy = d.get("gbps"), _copy_gbps(d)
     ratio = (gbps / copy) if gbps and copy else None
     metrics, units = _metrics(d, e, ratio)
     how = f"{len(patterns)} pattern(s) x {passes} pass(es)" + (" + a headroom round" if h and h.get("passes") else "")
     evidence = _plan_evidence(d, device, gpu, int(d["region_bytes"]), patterns)
-    limits: dict[str, Any] = {"miscompare_action": Action.DRAIN, "xid_limit": None}
-    facts: dict[str, Any] = {}
+    limits: dict[str, Action | int | None] = {"miscompare_action": Action.DRAIN, "xid_limit": None}
+    facts: dict[str, str] = {}
     if metrics["errors"]:
         facts["miscompare"], limits["miscompare_action"], ev = _miscompare_cause(e, region, how, passes, ecc_enabled)
         evidence.extend(ev)
@@ -554,21 +646,22 @@ def judge_data(gpu: int, d: dict[str, Any], p: dict[str, Any], device: str, inje
         ok += f" = {ratio:.2f} of a device-to-device copy ({_fmt(copy, ' GB/s')})"
     if em and not unread:
         ok += "; ECC counters did not grow"
-    tel = telemetry or {}
-    if tel.get("samples"):
+    tel = telemetry
+    if tel is not None and tel.get("samples"):
         xids = tel.get("xid") or []
         metrics["xid_events"], units["xid_events"], limits["xid_limit"] = len(xids), "count", 0
         facts["xids"] = ", ".join(map(str, xids))
     res = evaluate(CHECK_ID, RULES, metrics, limits=limits, facts=facts, units=units, ok_summary=ok, gpu=gpu)
     _could_not_judge(res, d, unread)
     res.evidence = evidence + ecc_evidence + res.evidence + _tail_evidence(d, ratio, injected)
-    if tel.get("xid_note"):
-        res.evidence.append(tel["xid_note"])
+    xid_note = tel.get("xid_note") if tel is not None else None
+    if xid_note:
+        res.evidence.append(xid_note)
     res.injected = list(injected)
     return res
 
 
-def _could_not_judge(res: Result, d: dict[str, Any], unread: list[str]) -> None:
+def _could_not_judge(res: Result, d: "MemtestResult", unread: list[str]) -> None:
     """What leaves the result unjudged (error; a fail found from what was verified stands, and
     names it in the evidence): an injection that could not be made, a stop before anything was
     verified, ECC counters that could not be read, a headroom round that could not allocate."""

@@ -28,17 +28,23 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from ..eud.power_judge import CHECK_ID, HW_REASONS, judge_power, load_window
+from ..eud.power_judge import CHECK_ID, HW_REASONS, PowerLoad, PowerParams, judge_power, load_window
 from ..platform.durations import parse_duration
 from ..platform.telemetry.throttle import bit
-from ..sdk import (Context, InjectionArgs, Level, Limit, Need, Result, Status, choice, define, flag_of, fraction,
-                   injections_for_gpu, option)
-from ..sdk.workers import (CANCELLED, OVER_BUDGET, cut_short, deadline_problem, duration_slice, guarded_targets,
-                           level_duration, promised, run_per_gpu, unfinished_result)
+from ..sdk import (Context, InjectionArgs, Level, Limit, Need, Result, Slice, Status, choice, define, flag_of,
+                   fraction, injections_for_gpu, option)
+from ..sdk.workers import (CANCELLED, OVER_BUDGET, Promise, cut_short, deadline_problem, duration_slice,
+                           guarded_targets, job_gpu, level_duration, promised, returned_data, run_per_gpu,
+                           unfinished_result)
 
-DEFAULTS: dict[str, Any] = {
+if TYPE_CHECKING:  # pragma: no cover
+    from ..compute.gemm import BurnArgs
+    from ..platform.telemetry.model import Sample
+    from ..sdk.workers import BurnProgress, BurnResult, PerGpuRun, SetupError, WorkerJob, WorkerOutcome, WorkerProgress
+
+DEFAULTS: PowerParams = {
     "duration_s_level3": 120.0,  # load per run at level 3 (plus warm-up and start-up)
     "duration_s_level4": 900.0,
     "warmup_s": 10.0,  # after the first GEMM window: excluded from judging
@@ -81,11 +87,11 @@ class PowerOptions:
                                    "128 on CPU workers).")
 
 
-def _params(ctx: Context) -> dict[str, Any]:
+def _params(ctx: Context) -> PowerParams:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
-def power_duration(ctx: Context, p: dict[str, Any] | None = None) -> float:
+def power_duration(ctx: Context, p: PowerParams | None = None) -> float:
     return level_duration(ctx, p or _params(ctx), ctx.options_for(PowerOptions).duration_s, lowest=3)
 
 
@@ -94,13 +100,13 @@ def _budget(ctx: Context) -> float:
     return power_duration(ctx, p) + float(p["warmup_s"]) + float(p["startup_timeout_s"]) + 30.0
 
 
-def _promise(ctx: Context, p: dict[str, Any] | None = None) -> Any:
+def _promise(ctx: Context, p: PowerParams | None = None) -> Promise:
     p = p or _params(ctx)
     return promised(ctx, p, "load (with its warm-up)", ctx.options_for(PowerOptions).duration_s,
                     flag=flag_of(PowerOptions, "duration_s"), lowest=3, extra_s=float(p["warmup_s"]))
 
 
-def _min_slice(ctx: Context) -> Any:
+def _min_slice(ctx: Context) -> Slice:
     """The workers' start-up floor, the warm-up and the whole promised load."""
     return duration_slice(ctx, _promise(ctx))
 
@@ -139,14 +145,14 @@ def injection_specs(ctx: Context, gpu: int) -> InjectionArgs:
     return injections_for_gpu(ctx.injections, gpu, _INJECTS, _inject)
 
 
-def apply_injections(samples: list[dict[str, Any]], spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """Samples as if the hardware had done what `spec` says (pure: returns new dicts)."""
+def apply_injections(samples: "list[Sample]", spec: dict[str, Any]) -> "list[Sample]":
+    """Samples as if the hardware had done what `spec` (injection_specs) says (pure: returns new dicts)."""
     if not spec:
         return samples
 
     out = []
-    for s in samples:
-        s = dict(s)
+    for sample in samples:
+        s = sample.copy()
         if "throttle" in spec:
             reason, factor = spec["throttle"]
             names = list(s.get("throttle_reason_names") or [])
@@ -154,26 +160,30 @@ def apply_injections(samples: list[dict[str, Any]], spec: dict[str, Any]) -> lis
                 names.append(reason)
             s["throttle_reason_names"] = names
             s["throttle_reasons"] = int(s.get("throttle_reasons") or 0) | bit(reason)
-            if isinstance(s.get("sm_clock_mhz"), (int, float)):
-                s["sm_clock_mhz"] = int(round(s["sm_clock_mhz"] * factor))
-        if "hot" in spec and isinstance(s.get("temperature_c"), (int, float)):
-            s["temperature_c"] = s["temperature_c"] + spec["hot"]
-        if "lowpower" in spec and isinstance(s.get("power_w"), (int, float)):
-            s["power_w"] = round(s["power_w"] * spec["lowpower"], 3)
+            clock = s.get("sm_clock_mhz")
+            if isinstance(clock, (int, float)):
+                s["sm_clock_mhz"] = int(round(clock * factor))
+        temp, power = s.get("temperature_c"), s.get("power_w")
+        if "hot" in spec and isinstance(temp, (int, float)):
+            s["temperature_c"] = temp + spec["hot"]
+        if "lowpower" in spec and isinstance(power, (int, float)):
+            s["power_w"] = round(power * spec["lowpower"], 3)
         s["injected"] = True
         out.append(s)
     return out
 
 
-def power_limit(ctx: Context, gpu: int, samples: list[dict[str, Any]]) -> tuple[float | None, str]:
+def power_limit(ctx: Context, gpu: int, samples: "list[Sample]") -> tuple[float | None, str]:
     """Enforced power limit of `gpu`: the telemetry snapshot's power.limit_w, else a
     `power_limit_w` carried by the samples (replays, tests), else None."""
     for e in ctx.selected_gpu_entries():
         if e.get("index") == gpu:
-            lim = (e.get("power") or {}).get("limit_w")
+            power = e.get("power")
+            lim = power.get("limit_w") if power else None
             if isinstance(lim, (int, float)) and lim > 0:
                 return float(lim), "nvmlDeviceGetEnforcedPowerLimit, telemetry snapshot"
-    vals = [float(s["power_limit_w"]) for s in samples if isinstance(s.get("power_limit_w"), (int, float))]
+    limits = (s.get("power_limit_w") for s in samples)
+    vals = [float(v) for v in limits if isinstance(v, (int, float))]
     if vals:
         return statistics.median(vals), "power_limit_w in the samples"
     return None, "not in the telemetry snapshot"
@@ -207,12 +217,13 @@ def power_check(ctx: Context) -> list[Result]:
         return [Result(CHECK_ID, Status.SKIP, why)]
     nvml_telemetry = ctx.telemetry.kind == "live"
     if device == "cuda" and nvml_telemetry and ctx.snapshot is not None:
-        nv = ctx.snapshot.get("nvml") or {}
-        if nv.get("ok") is False:
-            err = nv.get("error") or {}
+        nv = ctx.snapshot.get("nvml")
+        if nv and nv.get("ok") is False:
+            err = nv.get("error")
+            kind, message = (err.get("kind", "unknown"), err.get("message", "")) if err else ("unknown", "")
             return [Result(CHECK_ID, Status.ERROR,
-                           f"could not judge: NVML is not working ({err.get('kind', 'unknown')}: "
-                           f"{err.get('message', '')}), so power, clocks and clock-event reasons cannot be read")]
+                           f"could not judge: NVML is not working ({kind}: "
+                           f"{message}), so power, clocks and clock-event reasons cannot be read")]
 
     duration = power_duration(ctx, p)
     warmup = float(p["warmup_s"])
@@ -227,9 +238,10 @@ def power_check(ctx: Context) -> list[Result]:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected to load")]
 
     size = int(ctx.options_for(PowerOptions).size or (p["cpu_size"] if device == "cpu" else p["size"]))
-    specs: dict[int, dict[str, Any]] = {}  # telemetry injections, applied to the samples when judging
+    # telemetry injections (injection_specs), applied to the samples when judging
+    specs: dict[int, dict[str, Any]] = {}
 
-    def inject(g: int) -> tuple[dict[str, Any], list[str], str | None]:
+    def inject(g: int) -> InjectionArgs:
         spec, texts, problem = injection_specs(ctx, g)
         if not problem:
             specs[g] = spec
@@ -238,20 +250,22 @@ def power_check(ctx: Context) -> list[Result]:
     first: dict[int, float] = {}
     last: dict[int, float] = {}
 
-    def observe(job: Any, info: dict[str, Any]) -> None:
+    def observe(job: "WorkerJob", info: "WorkerProgress") -> None:  # the burn worker's: BurnProgress
         now = time.time()
-        first.setdefault(job.gpu, now)
-        last[job.gpu] = now
-        info["time_left_s"] = max(0.0, float(info.get("time_left_s", 0.0)))
+        g = job_gpu(job)
+        first.setdefault(g, now)
+        last[g] = now
+        burn = cast("BurnProgress", info)
+        burn["time_left_s"] = max(0.0, float(burn.get("time_left_s", 0.0)))
 
-    run = run_per_gpu(
+    def make_args(g: int) -> "BurnArgs":
+        return {"duration_s": duration + warmup, "dtypes": [p["dtype"]], "size": size, "repeats": p["repeats"],
+                "window_s": p["window_s"], "ref_rows": 8, "ref_every_s": p["ref_every_s"], "seed": 0,
+                "distributions": ["normal"]}
+
+    run: "PerGpuRun[BurnResult | SetupError, BurnProgress]" = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.compute.gemm:burn_worker", targets, device=device, p=p,
-        budget_s=duration + warmup + float(p["startup_timeout_s"]) + 30.0,
-        make_args=lambda g: {
-            "duration_s": duration + warmup, "dtypes": [p["dtype"]], "size": size, "repeats": p["repeats"],
-            "window_s": p["window_s"], "ref_rows": 8, "ref_every_s": p["ref_every_s"], "seed": 0,
-            "distributions": ["normal"],
-        },
+        budget_s=duration + warmup + float(p["startup_timeout_s"]) + 30.0, make_args=make_args,
         injection_args=inject, observe=observe,
     )
     results.extend(run.results)
@@ -265,7 +279,7 @@ def power_check(ctx: Context) -> list[Result]:
     return sorted(guard.annotate(results), key=lambda r: (r.gpu is None, r.gpu or 0))
 
 
-def _sdc_detail(d: dict[str, Any]) -> str:
+def _sdc_detail(d: "BurnResult") -> str:
     evs = d.get("sdc") or []
     if not evs:
         return ""
@@ -275,24 +289,25 @@ def _sdc_detail(d: dict[str, Any]) -> str:
     return f"{ev.get('dtype')} set {ev.get('set')}: {ev.get('elements')} element(s) {what}"
 
 
-def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
+def _judge(ctx: Context, p: PowerParams, device: str, jobs: "list[WorkerJob]",
+           outcomes: "dict[str, WorkerOutcome[BurnResult | SetupError, BurnProgress]]", sampler: Any,
            specs: dict[int, dict[str, Any]], injected: dict[int, list[str]], first: dict[int, float],
-           last: dict[int, float], notes: list[str], injected_telemetry: bool, promise: Any = None
+           last: dict[int, float], notes: list[str], injected_telemetry: bool, promise: Promise | None = None
            ) -> list[Result]:
     out: list[Result] = []
-    cut: dict[int, tuple[str, Any]] = {}  # GPU -> (why it stopped, seconds loaded)
-    loads: dict[int, dict[str, Any]] = {}
+    cut: dict[int, tuple[str, float | None]] = {}  # GPU -> (why it stopped, seconds loaded)
+    loads: dict[int, PowerLoad] = {}
     warmup = float(p["warmup_s"])
     xid_watched = sampler.xid_note is None
     for j in jobs:
-        g = j.gpu
+        g = job_gpu(j)
         oc = outcomes.get(j.worker_id)
         inj = injected.get(g, [])
         unfinished = unfinished_result(CHECK_ID, g, oc, inj, worker="load", setup_verb="load the GPU")
-        if unfinished is not None:
-            out.append(unfinished)
+        if unfinished is not None or oc is None:
+            out.append(unfinished or Result(CHECK_ID, Status.ERROR, "no outcome from the worker pool", gpu=g))
             continue
-        d = oc.result
+        d = returned_data(oc)
         if g not in first:
             skipped = "; ".join(f"{k}: {v}" for k, v in (d.get("skipped") or {}).items()) or "no GEMM window finished"
             out.append(Result(CHECK_ID, Status.ERROR, f"could not load the GPU: {skipped}", gpu=g, injected=inj))
@@ -300,11 +315,14 @@ def _judge(ctx: Context, p: dict[str, Any], device: str, jobs: list[Any], outcom
         raw = load_window(sampler.samples(g), first[g] + warmup, last[g])
         samples = apply_injections(raw, specs.get(g, {}))
         limit, source = power_limit(ctx, g, samples)
-        dt = next(iter((d.get("dtypes") or {}).values()), {})
-        size = d.get("config", {}).get("size") or j.args.get("size")
+        dtypes = d.get("dtypes")
+        dt = next(iter(dtypes.values()), None) if dtypes else None
+        tflops = dt.get("tflops") if dt else None
+        config = d.get("config")
+        size = (config.get("size") if config else None) or j.args.get("size")
         load = (f"load: {p['dtype']} GEMMs {size}x{size} on every selected GPU at once for "
                 f"{float(d.get('seconds', 0.0)):.0f} s"
-                + (f", median {dt['tflops']:.4g} TFLOP/s" if dt.get("tflops") else "")
+                + (f", median {tflops:.4g} TFLOP/s" if tflops else "")
                 + f"; the first {warmup:g} s after the first GEMM window are warm-up and not judged")
         ev = list(notes)
         if device == "cpu":

@@ -17,15 +17,31 @@ GPUs (skip).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from ..platform.telemetry.fields import judged_view
 from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
                    gpu_state_result, nvml_unjudged, settle, unreadable_fields)
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import JudgedGpu, PciDevice, Snapshot
+
+    # The run's snapshot, or {} where none was read.
+    SnapshotOrNone = Snapshot | dict[str, None]
+
 ID = "inventory"
 
-DEFAULTS = {
+
+class InventoryParams(TypedDict):
+    """inventory's parameters (DEFAULTS, merged with the config's [checks.inventory])."""
+
+    require_persistence_mode: bool
+    require_ecc: bool
+    allow_mig: bool
+    compare_pci_bus: bool
+
+
+DEFAULTS: InventoryParams = {
     "require_persistence_mode": True,  # warn when persistence mode is off
     "require_ecc": True,  # fail when ECC is disabled
     "allow_mig": False,  # warn when MIG mode is enabled
@@ -33,7 +49,7 @@ DEFAULTS = {
 }
 
 
-def gpu_reads(p: dict[str, Any]) -> dict[str, Status]:
+def gpu_reads(p: InventoryParams) -> dict[str, Status]:
     """The snapshot fields a GPU's result depends on, and what it is when one could not be read
     (or holds an invalid value): error for the ECC mode where ECC is required (a fail rule), warn
     for the advisory modes and the identity it reports."""
@@ -44,7 +60,7 @@ def gpu_reads(p: dict[str, Any]) -> dict[str, Status]:
     return reads
 
 
-def node_reads(p: dict[str, Any], snap: dict[str, Any]) -> dict[str, Status]:
+def node_reads(p: InventoryParams, snap: "SnapshotOrNone") -> dict[str, Status]:
     """The fields of every GPU the node result depends on: the model (mixed or unexpected models
     fail) and, when NVIDIA GPUs are on the PCI bus and compared, the PCI bus id."""
     reads = {"name": Status.ERROR}
@@ -94,7 +110,7 @@ GPU_RULES = (
 )
 
 
-def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
+def _no_nvml(ctx: Context, snap: "SnapshotOrNone") -> list[Result]:
     unjudged = nvml_unjudged(ID, snap)  # NVML did not answer in time, or our own reader failed
     if unjudged is not None:
         unjudged.evidence.extend(_pci_evidence(snap))
@@ -104,7 +120,8 @@ def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
     msg = err.get("message", "")
     pci = snap.get("pci_nvidia_devices") or []
     expected = ctx.config.expected_gpus if ctx.config is not None else None
-    metrics = {"nvml_ok": False, "nvml_error": kind, "pci_gpu_count": len(pci), "expected_gpus": expected}
+    metrics: dict[str, bool | int | str | None] = {"nvml_ok": False, "nvml_error": kind, "pci_gpu_count": len(pci),
+                                                    "expected_gpus": expected}
     units = {"pci_gpu_count": "count", "expected_gpus": "count"}
     if kind == "no_permission":  # nothing could be compared: no threshold is listed
         r = Result(ID, Status.ERROR, "NVML refused access (no permission): cannot judge the GPUs", metrics=metrics,
@@ -119,13 +136,13 @@ def _no_nvml(ctx: Context, snap: dict[str, Any]) -> list[Result]:
     return [r]
 
 
-def _pci_evidence(snap: dict[str, Any]) -> list[str]:
+def _pci_evidence(snap: "SnapshotOrNone") -> list[str]:
     """One line per NVIDIA device on the PCI bus, with the driver bound to it."""
     return [f"PCI {d.get('bus_id')} class {d.get('class')} device {d.get('device')} driver {d.get('driver') or 'none'}"
             for d in snap.get("pci_nvidia_devices") or []]
 
 
-def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
+def _node(ctx: Context, snap: "SnapshotOrNone", p: InventoryParams) -> Result:
     gpus = [judged_view(g) for g in snap.get("gpus") or []]
     pci = snap.get("pci_nvidia_devices") or []
     expected = ctx.config.expected_gpus if ctx.config is not None else None
@@ -133,12 +150,12 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
     count = len(gpus)
     unseen, not_in_nvml = _bus_ids_not_in_nvml(gpus, pci) if p["compare_pci_bus"] else ([], 0)
     absent = sorted(set(ctx.gpus or ()) - {g.get("index") for g in gpus})  # a job's GPU NVML lacks
-    names = sorted({g.get("name") for g in gpus if g.get("state", "ok") == "ok" and g.get("name")})
+    names = sorted({name for g in gpus if g.get("state", "ok") == "ok" and (name := g.get("name"))})
     mismatched = [
         g.get("index") for g in gpus
         if expected_model and g.get("state", "ok") == "ok" and g.get("name") and g.get("name") != expected_model
     ]
-    metrics: dict[str, Any] = {
+    metrics: dict[str, int | str | None] = {
         "gpu_count": count,
         "expected_gpus": expected,
         "missing_gpus": None if expected is None else max(expected - count, 0),
@@ -179,7 +196,7 @@ def _node(ctx: Context, snap: dict[str, Any], p: dict[str, Any]) -> Result:
     return _unreadable_on_the_node(r, gpus, node_reads(p, snap))
 
 
-def _bus_ids_not_in_nvml(gpus: list[dict[str, Any]], pci: list[dict[str, Any]]) -> tuple[list[str], int]:
+def _bus_ids_not_in_nvml(gpus: "list[JudgedGpu]", pci: "list[PciDevice]") -> tuple[list[str], int]:
     """The sysfs bus ids no NVML GPU has, and how many of them no GPU without a readable bus id
     (NVML lists it but cannot open it, or the read failed) can account for: those are theirs
     first."""
@@ -190,7 +207,7 @@ def _bus_ids_not_in_nvml(gpus: list[dict[str, Any]], pci: list[dict[str, Any]]) 
     return unseen, max(len(unseen) - len(unreadable), 0)
 
 
-def _unreadable_on_the_node(r: Result, gpus: list[dict[str, Any]], reads: dict[str, Status]) -> Result:
+def _unreadable_on_the_node(r: Result, gpus: "list[JudgedGpu]", reads: dict[str, Status]) -> Result:
     """The node result depends on every readable GPU's model and bus id: one that could not be
     read (or is invalid) leaves it unjudged (error) unless what was read already fails it."""
     whys = {f"GPU {g.get('index')}: {f}": f"GPU {g.get('index')}: {why}" for g in gpus if g.get("state", "ok") == "ok"
@@ -206,11 +223,11 @@ def _unreadable_on_the_node(r: Result, gpus: list[dict[str, Any]], reads: dict[s
     return r
 
 
-def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+def _gpu(g: "JudgedGpu", p: InventoryParams) -> Result:
     idx = g.get("index")
     ecc_cur, ecc_pend = get(g, "ecc_mode", "current"), get(g, "ecc_mode", "pending")
     mig_cur, mig_pend = get(g, "mig_mode", "current"), get(g, "mig_mode", "pending")
-    metrics: dict[str, Any] = {
+    metrics: dict[str, str | bool | None] = {
         "uuid": g.get("uuid"),
         "name": g.get("name"),
         "serial": g.get("serial"),
@@ -243,7 +260,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
     defaults=DEFAULTS,
 )
 def inventory(ctx: Context) -> list[Result]:
-    snap = ctx.snapshot or {}
+    snap: SnapshotOrNone = ctx.snapshot or {}
     p = ctx.params(ID, DEFAULTS)
     if not get(snap, "nvml", "ok"):
         return _no_nvml(ctx, snap)

@@ -10,17 +10,28 @@ pages as the RMA limit (DCGM_LIMIT_MAX_RETIRED_PAGES, 63 in newer DCGM) and 15 a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..sdk import (Action, Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, define, each_gpu,
                    evaluate, get)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import JudgedGpu, RemappedRows, RetiredPages
 
 ID = "memory-remap"
 ARCH_AMPERE = 7  # nvmlDeviceArchitecture_t NVML_DEVICE_ARCH_AMPERE
 _ARCH_IDS = {"kepler": 2, "maxwell": 3, "pascal": 4, "volta": 5, "turing": 6, "ampere": 7, "ada": 8,
              "hopper": 9, "blackwell": 10}
 
-DEFAULTS = {
+class RemapParams(TypedDict):
+    """memory-remap's parameters (DEFAULTS, merged with the config's [checks.memory-remap])."""
+
+    uncorrectable_remaps_warn: int
+    retired_pages_warn: int
+    retired_pages_fail: int
+
+
+DEFAULTS: RemapParams = {
     "uncorrectable_remaps_warn": 512,  # warn when rows remapped for uncorrectable errors >= this
     "retired_pages_warn": 15,  # pre-Ampere: warn when retired pages (SBE + DBE) >= this
     "retired_pages_fail": 60,  # pre-Ampere: fail (rma) when retired pages >= this
@@ -38,7 +49,7 @@ READS_RETIRED = {"retired_pages": Status.ERROR, "remapped_rows": Status.WARN, "a
 LIMITS = {k: Limit("int", 1) for k in DEFAULTS}
 
 
-def _arch_id(g: dict[str, Any]) -> int | None:
+def _arch_id(g: "JudgedGpu") -> int | None:
     a = g.get("architecture_id")
     if isinstance(a, int) and not isinstance(a, bool):
         return a
@@ -69,10 +80,10 @@ def _flag(v: Any) -> int | None:
     return None if v is None else int(bool(v))
 
 
-def _remap(g: dict[str, Any], p: dict[str, Any]) -> Result:
+def _remap(g: "JudgedGpu", p: RemapParams) -> Result:
     idx = g.get("index")
-    rr = g.get("remapped_rows") or {}
-    metrics: dict[str, Any] = {
+    rr: RemappedRows | dict[str, None] = g.get("remapped_rows") or {}
+    metrics: dict[str, int | str | None] = {
         "uuid": g.get("uuid"),
         "architecture": g.get("architecture"),
         "remapped_correctable": rr.get("correctable"),
@@ -88,12 +99,12 @@ def _remap(g: dict[str, Any], p: dict[str, Any]) -> Result:
     return apply_unreadable(r, g, READS_REMAP)
 
 
-def _retired(g: dict[str, Any], p: dict[str, Any]) -> Result:
+def _retired(g: "JudgedGpu", p: RemapParams) -> Result:
     idx = g.get("index")
-    rp = g.get("retired_pages") or {}
+    rp: RetiredPages | dict[str, None] = g.get("retired_pages") or {}
     sbe, dbe = rp.get("single_bit"), rp.get("double_bit")
     total = None if sbe is None and dbe is None else (sbe or 0) + (dbe or 0)
-    metrics: dict[str, Any] = {
+    metrics: dict[str, int | str | None] = {
         "uuid": g.get("uuid"),
         "architecture": g.get("architecture"),
         "retired_pages_sbe": sbe,
@@ -108,7 +119,7 @@ def _retired(g: dict[str, Any], p: dict[str, Any]) -> Result:
     return apply_unreadable(r, g, READS_RETIRED)
 
 
-def judges_retired_pages(g: dict[str, Any]) -> bool:
+def judges_retired_pages(g: "JudgedGpu") -> bool:
     """Page retirement is judged before Ampere, and where the architecture is unknown and the GPU
     has no row remapper (judge what the GPU keeps); row remapping otherwise."""
     arch = _arch_id(g)
@@ -117,11 +128,11 @@ def judges_retired_pages(g: dict[str, Any]) -> bool:
     return all(v is None for v in (get(g, "remapped_rows") or {}).values())
 
 
-def reads_for(g: dict[str, Any]) -> dict[str, Status]:
+def reads_for(g: "JudgedGpu") -> dict[str, Status]:
     return READS_RETIRED if judges_retired_pages(g) else READS_REMAP
 
 
-def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+def _gpu(g: "JudgedGpu", p: RemapParams) -> Result:
     return _retired(g, p) if judges_retired_pages(g) else _remap(g, p)
 
 

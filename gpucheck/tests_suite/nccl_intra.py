@@ -7,14 +7,46 @@ by data integrity and rank balance). torch is imported only in the rank processe
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..nccl.bandwidth import align_size, normalize_op, parse_ops, parse_sizes
-from ..nccl.intra import CHECK_ID, baselines_from_history, judge, run_local
+from ..nccl.intra import CHECK_ID, JudgeParams, baselines_from_history, judge, run_local
 from ..sdk import Context, Level, Limit, Need, Result, Status, define
 from ..sdk.workers import guard_context
 
-DEFAULTS: dict[str, Any] = {
+if TYPE_CHECKING:  # pragma: no cover
+    from ..sdk.workers import Guard
+
+
+class IntraParams(JudgeParams):
+    """nccl.intra's parameters (DEFAULTS, merged with the config's [checks."nccl.intra"])."""
+
+    ops: str
+    sizes: str
+    iters: int
+    warmup: int
+    cpu_sizes: str
+    cpu_iters: int
+    cpu_warmup: int
+    timeout_s: float
+
+
+@dataclass
+class Plan:
+    """What this run measures: the ranks' devices (GPUs, or CPU workers), the collectives and sizes."""
+
+    cpu: bool
+    devices: list[int]
+    ranks: int
+    ops: list[str]
+    sizes: list[int]
+    iters: int
+    warmup: int
+    timeout_s: float
+
+
+DEFAULTS: IntraParams = {
     "ops": "all_reduce,all_gather,all_to_all",
     "sizes": "1M-1G",  # GPU sweep (doubling)
     "iters": 10,
@@ -40,7 +72,7 @@ LIMITS = {k: Limit("int", 1) for k in ("iters", "cpu_iters")}
 _BUDGET_BPS = {"cpu": 5e7, "cuda": 5e9}
 
 
-def _plan(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
+def _plan(ctx: Context, params: IntraParams) -> Plan:
     on_cpu = ctx.device == "cpu"
     if on_cpu:
         devices = list(range(ctx.workers)) if ctx.gpus is None else list(ctx.gpus)
@@ -50,23 +82,17 @@ def _plan(ctx: Context, params: dict[str, Any]) -> dict[str, Any]:
     ranks = len(devices)
     ops = parse_ops(params["ops"])
     sizes = parse_sizes(params["cpu_sizes"] if on_cpu else params["sizes"])
-    return {
-        "cpu": on_cpu,
-        "devices": devices,
-        "ranks": ranks,
-        "ops": ops,
-        "sizes": sizes,
-        "iters": int(params["cpu_iters"] if on_cpu else params["iters"]),
-        "warmup": int(params["cpu_warmup"] if on_cpu else params["warmup"]),
-        "timeout_s": float(params["timeout_s"]),
-    }
+    return Plan(cpu=on_cpu, devices=devices, ranks=ranks, ops=ops, sizes=sizes,
+                iters=int(params["cpu_iters"] if on_cpu else params["iters"]),
+                warmup=int(params["cpu_warmup"] if on_cpu else params["warmup"]),
+                timeout_s=float(params["timeout_s"]))
 
 
-def _estimate_s(plan: dict[str, Any]) -> float:
-    rate = _BUDGET_BPS["cpu" if plan["cpu"] else "cuda"]
-    per_op = sum((plan["iters"] + plan["warmup"]) * (3.0 * s / rate + 0.01) for s in plan["sizes"])
+def _estimate_s(plan: Plan) -> float:
+    rate = _BUDGET_BPS["cpu" if plan.cpu else "cuda"]
+    per_op = sum((plan.iters + plan.warmup) * (3.0 * s / rate + 0.01) for s in plan.sizes)
     # start-up (torch import, rendezvous) + one collective timeout of slack + the sweep
-    return 30.0 + plan["timeout_s"] + per_op * len(plan["ops"])
+    return 30.0 + plan.timeout_s + per_op * len(plan.ops)
 
 
 def _budget(ctx: Context) -> float:
@@ -96,26 +122,26 @@ def intra_check(ctx: Context) -> list[Result]:
     except ValueError as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad nccl.intra parameters: {e}")]
     guard = _without_busy_gpus(ctx, plan)
-    if plan["ranks"] < 2:
-        unit = "CPU workers" if plan["cpu"] else "GPUs"
+    if plan.ranks < 2:
+        unit = "CPU workers" if plan.cpu else "GPUs"
         free = " and not in use" if guard.skipped else ""
-        return guard.skipped + [Result(CHECK_ID, Status.SKIP, f"needs at least 2 {unit}, {plan['ranks']} selected"
+        return guard.skipped + [Result(CHECK_ID, Status.SKIP, f"needs at least 2 {unit}, {plan.ranks} selected"
                                                               f"{free}")]
     injections = ctx.injections_for("corrupt")
-    corrupt = None
+    corrupt: dict[str, Any] | None = None  # the --inject corrupt parameters a rank gets (RankSpec.corrupt)
     injected: list[str] = []
     if injections:
         inj = injections[0]
         rank = inj.get("rank")
         if rank is None and inj.get("gpu") is not None:
             gpu = int(inj.get("gpu"))
-            if gpu not in plan["devices"]:
+            if gpu not in plan.devices:
                 return [Result(CHECK_ID, Status.ERROR, f"--inject {inj.text}: GPU {gpu} is not tested")]
-            rank = plan["devices"].index(gpu)
+            rank = plan.devices.index(gpu)
         rank = int(rank if rank is not None else 0)
-        if not 0 <= rank < plan["ranks"]:
+        if not 0 <= rank < plan.ranks:
             return [Result(CHECK_ID, Status.ERROR, f"--inject {inj.text}: no rank {rank} "
-                                                   f"(ranks 0-{plan['ranks'] - 1})")]
+                                                   f"(ranks 0-{plan.ranks - 1})")]
         corrupt = {"rank": rank, "text": inj.text}
         for key in ("op", "iter", "index"):
             if inj.get(key) is not None:
@@ -125,36 +151,36 @@ def intra_check(ctx: Context) -> list[Result]:
                 corrupt["op"] = normalize_op(str(corrupt["op"]))
             except ValueError as e:
                 return [Result(CHECK_ID, Status.ERROR, f"--inject {inj.text}: {e}")]
-            if corrupt["op"] not in plan["ops"]:
+            if corrupt["op"] not in plan.ops:
                 return [Result(CHECK_ID, Status.ERROR, f"--inject {inj.text}: {corrupt['op']} is not run "
-                                                       f"(ops: {', '.join(plan['ops'])})")]
-        if int(corrupt.get("iter", 0)) not in range(plan["iters"]):
-            return [Result(CHECK_ID, Status.ERROR, f"--inject {inj.text}: iter must be 0-{plan['iters'] - 1}")]
+                                                       f"(ops: {', '.join(plan.ops)})")]
+        if int(corrupt.get("iter", 0)) not in range(plan.iters):
+            return [Result(CHECK_ID, Status.ERROR, f"--inject {inj.text}: iter must be 0-{plan.iters - 1}")]
         injected = [inj.text]
-    backend = "gloo" if plan["cpu"] else "nccl"
+    backend = "gloo" if plan.cpu else "nccl"
     estimate = _estimate_s(plan)
     outcome = run_local(
-        ranks=plan["ranks"], ops=plan["ops"], sizes=plan["sizes"], iters=plan["iters"],
-        warmup=plan["warmup"], timeout_s=plan["timeout_s"], deadline_s=estimate,
-        backend=backend, device="cpu" if plan["cpu"] else "cuda", devices=plan["devices"],
+        ranks=plan.ranks, ops=plan.ops, sizes=plan.sizes, iters=plan.iters,
+        warmup=plan.warmup, timeout_s=plan.timeout_s, deadline_s=estimate,
+        backend=backend, device="cpu" if plan.cpu else "cuda", devices=plan.devices,
         corrupt=corrupt, cancel=ctx.cancel,
         on_event=lambda e: ctx.report(CHECK_ID, "node", {"event": e.get("event"), "rank": e.get("rank")}),
     )
     gpu_name = outcome.get("gpu_name") or _snapshot_name(ctx)
-    largest_size = align_size(max(plan["sizes"]), plan["ranks"])
-    baselines = baselines_from_history(ctx.state, ranks=plan["ranks"], backend=backend,
-                                       sizes={op: largest_size for op in plan["ops"]})
-    results = judge(outcome, ops=plan["ops"], params=params, devices=plan["devices"], gpu_name=gpu_name,
+    largest_size = align_size(max(plan.sizes), plan.ranks)
+    baselines = baselines_from_history(ctx.state, ranks=plan.ranks, backend=backend,
+                                       sizes={op: largest_size for op in plan.ops})
+    results = judge(outcome, ops=plan.ops, params=params, devices=plan.devices, gpu_name=gpu_name,
                     baselines=baselines, injected=injected)
     return guard.skipped + guard.annotate(results)
 
 
-def _without_busy_gpus(ctx: Context, plan: dict[str, Any]):
+def _without_busy_gpus(ctx: Context, plan: Plan) -> "Guard":
     """The load-test guard (gpucheck.workers.busy): GPUs a job is using get no rank (plan updated); their
     skips are in the returned guard."""
-    guard = guard_context(ctx, "cpu" if plan["cpu"] else "cuda", CHECK_ID, plan["devices"])
-    plan["devices"] = list(guard.loaded)
-    plan["ranks"] = len(plan["devices"])
+    guard = guard_context(ctx, "cpu" if plan.cpu else "cuda", CHECK_ID, plan.devices)
+    plan.devices = list(guard.loaded)
+    plan.ranks = len(plan.devices)
     return guard
 
 

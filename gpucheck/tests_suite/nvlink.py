@@ -29,14 +29,38 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, counter_growth, define,
                    each_gpu, evaluate, previous_interval, snapshot_time, unreadable_fields)
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import JudgedGpu, NvLink, NvLinkLink
+
 ID = "nvlink"
 
-DEFAULTS = {
+
+class NvlinkParams(TypedDict):
+    """nvlink's parameters (DEFAULTS, merged with the config's [checks.nvlink]): the rules' limits."""
+
+    replay_growth_fail: int
+    recovery_growth_fail: int
+    crc_rate_warn_per_s: float
+    crc_rate_fail_per_s: float
+    replay_abs_warn: int
+    recovery_abs_warn: int
+    crc_abs_warn: int
+
+
+# One link as the check records it (the `links` metric): "state" -> its state, "replay" /
+# "recovery" / "crc" (COUNTERS) -> its error counters; None: not read.
+LinkCounts = dict[str, int | str | None]
+# One link against the previous reading: COUNTERS -> growth, "crc_rate" -> CRC errors per second.
+LinkDelta = dict[str, int | float | None]
+# A GPU's metrics: counts, rates, the snapshot time, its uuid, and `links` (str(link) -> LinkCounts).
+Metric = int | float | str | None | dict[str, LinkCounts]
+
+DEFAULTS: NvlinkParams = {
     "replay_growth_fail": 0,  # fail when a link's replay errors grew by more than this since the previous run
     "recovery_growth_fail": 0,  # fail when a link's recovery errors grew by more than this
     "crc_rate_warn_per_s": 1.0,  # warn when a link's CRC (flit + data) errors per second exceed this
@@ -63,7 +87,7 @@ UNITS = {
 }
 
 
-def _crc(link: dict[str, Any]) -> int | None:
+def _crc(link: "NvLinkLink") -> int | None:
     a, b = link.get("crc_flit_errors"), link.get("crc_data_errors")
     if a is None and b is None:
         return None
@@ -71,7 +95,9 @@ def _crc(link: dict[str, Any]) -> int | None:
 
 
 # -- history --------------------------------------------------------------------------------------
-Reading = tuple[dict[int, dict[str, Any]], tuple[dict[str, Any], Any]]
+# A GPU's previous reading: its links, and (metrics holding its snapshot_time, the verdict's time)
+# as the history holds them (gpucheck.sdk.previous_interval).
+Reading = tuple[dict[int, LinkCounts], tuple[dict[str, Any], Any]]
 
 
 def read_history(ctx: Context) -> dict[str, Reading]:
@@ -83,7 +109,7 @@ def read_history(ctx: Context) -> dict[str, Reading]:
     found: dict[str, Reading] = {}
     try:
         for doc in ctx.state.iter_history():
-            in_doc: dict[str, tuple[dict[int, dict[str, Any]], Any]] = {}
+            in_doc: dict[str, tuple[dict[int, LinkCounts], Any]] = {}
             for r in doc.get("results", []):
                 if not isinstance(r, dict) or r.get("check") != ID or not isinstance(r.get("metrics"), dict):
                     continue
@@ -97,9 +123,9 @@ def read_history(ctx: Context) -> dict[str, Reading]:
                     for k, v in links.items():
                         if isinstance(v, dict) and str(k).isdigit():
                             entry[0][int(k)] = {c: v.get(c) for c in ("state",) + COUNTERS}
-                elif isinstance(m.get("link"), int) and m.get("link_key"):  # one result per link (before)
+                elif isinstance(link := m.get("link"), int) and m.get("link_key"):  # one result per link (before)
                     entry = in_doc.setdefault(uuid, ({}, m.get("snapshot_time")))
-                    entry[0][m["link"]] = {"state": m.get("state"), "replay": m.get("replay_errors"),
+                    entry[0][link] = {"state": m.get("state"), "replay": m.get("replay_errors"),
                                            "recovery": m.get("recovery_errors"), "crc": m.get("crc_errors")}
             for uuid, (links, then) in in_doc.items():
                 if links:
@@ -159,8 +185,8 @@ class _Links:
     """One GPU's links as read now and compared with the previous reading."""
 
     numbers: list[Any]  # the links, in order
-    compact: dict[str, dict[str, Any]]  # str(link) -> {"state", "replay", "recovery", "crc"} now
-    delta: dict[int, dict[str, Any]]  # links compared with a previous reading: growth, crc_rate
+    compact: dict[str, LinkCounts]  # str(link) -> {"state", "replay", "recovery", "crc"} now
+    delta: dict[int, LinkDelta]  # links compared with a previous reading: growth, crc_rate
     absolute: list[int]  # links with no previous reading: judged on counts since driver load
     notes: list[str]
 
@@ -174,22 +200,23 @@ class _Links:
         return {n: d[key] for n, d in self.delta.items()}
 
 
-def _read_links(links: list[dict[str, Any]], prev_links: dict[int, dict[str, Any]], interval: float | None) -> _Links:
+def _read_links(links: "list[NvLinkLink]", prev_links: dict[int, LinkCounts], interval: float | None) -> _Links:
     out = _Links([], {}, {}, [], [])
     for lk in links:
         n = lk.get("link")
         out.numbers.append(n)
-        cur = {"state": lk.get("state"), "replay": lk.get("replay_errors"), "recovery": lk.get("recovery_errors"),
-               "crc": _crc(lk)}
+        cur: LinkCounts = {"state": lk.get("state"), "replay": lk.get("replay_errors"),
+                           "recovery": lk.get("recovery_errors"), "crc": _crc(lk)}
         out.compact[str(n)] = cur
         pl = prev_links.get(n)
         if interval is not None and pl is not None:
-            d: dict[str, Any] = {}
+            d: LinkDelta = {}
             for c in COUNTERS:
                 d[c], why = counter_growth(cur[c], pl.get(c))
                 if why:
                     out.notes.append(f"NvLink {n} {c} errors: {why}")
-            d["crc_rate"] = None if d["crc"] is None else round(d["crc"] / max(interval, 1.0), 3)
+            crc = d["crc"]
+            d["crc_rate"] = None if crc is None else round(crc / max(interval, 1.0), 3)
             out.delta[n] = d
         else:
             out.absolute.append(n)
@@ -198,10 +225,10 @@ def _read_links(links: list[dict[str, Any]], prev_links: dict[int, dict[str, Any
     return out
 
 
-def _metrics(g: dict[str, Any], lk: _Links, interval: float | None, now: float | None) -> dict[str, Any]:
+def _metrics(g: "JudgedGpu", lk: _Links, interval: float | None, now: float | None) -> dict[str, Metric]:
     states = [c["state"] for c in lk.compact.values()]
     d = lk.delta.values()
-    metrics: dict[str, Any] = {
+    metrics: dict[str, Metric] = {
         "uuid": g.get("uuid"),
         "snapshot_time": now,
         "links_total": len(states),
@@ -226,7 +253,7 @@ def _metrics(g: dict[str, Any], lk: _Links, interval: float | None, now: float |
     return metrics
 
 
-def _findings(rules: tuple[Rule, ...], p: dict[str, Any], lk: _Links) -> dict[str, list[int]]:
+def _findings(rules: tuple[Rule, ...], p: NvlinkParams, lk: _Links) -> dict[str, list[int]]:
     """Per finding, the links that break its rule on their own (a link over the CRC fail rate is
     not also in the warn band)."""
     found: dict[str, list[int]] = {}
@@ -241,8 +268,8 @@ def _findings(rules: tuple[Rule, ...], p: dict[str, Any], lk: _Links) -> dict[st
     return found
 
 
-def _facts(found: dict[str, list[int]], lk: _Links, since: str | None) -> dict[str, Any]:
-    facts: dict[str, Any] = {"since": since}
+def _facts(found: dict[str, list[int]], lk: _Links, since: str | None) -> dict[str, str | None]:
+    facts: dict[str, str | None] = {"since": since}
     for finding, ns in found.items():
         vals = lk.values(finding)
         facts[f"{finding}_links"] = _names(ns) if ns else None  # None: the cause names nothing
@@ -253,7 +280,7 @@ def _facts(found: dict[str, list[int]], lk: _Links, since: str | None) -> dict[s
     return facts
 
 
-def _judge_links(g: dict[str, Any], links: list[dict[str, Any]], p: dict[str, Any], prev: Reading | None,
+def _judge_links(g: "JudgedGpu", links: "list[NvLinkLink]", p: NvlinkParams, prev: Reading | None,
                  now: float | None) -> Result:
     idx = g.get("index")
     interval, why_not = previous_interval(prev[1] if prev else None, now)
@@ -274,8 +301,9 @@ def _judge_links(g: dict[str, Any], links: list[dict[str, Any]], p: dict[str, An
     return r
 
 
-def _ok_summary(idx: Any, metrics: dict[str, Any], lk: _Links, since: str | None) -> str:
-    total, up = metrics["links_total"], metrics["links_active"]
+def _ok_summary(idx: Any, metrics: dict[str, Metric], lk: _Links, since: str | None) -> str:
+    states = [c["state"] for c in lk.compact.values()]
+    total, up = len(states), sum(1 for s in states if s in UP_STATES)  # metrics links_total, links_active
     asleep = sum(1 for c in lk.compact.values() if c["state"] == "sleep")
     if up == total:
         head = (f"{total}/{total} NvLinks up ({total - asleep} active, {asleep} in sleep)" if asleep
@@ -315,9 +343,9 @@ def _link_evidence(n: int, lk: _Links, since: str | None) -> str:
             f"CRC {c['crc']} since driver load")
 
 
-def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[str, Reading], now: float | None) -> Result:
+def _gpu(g: "JudgedGpu", p: NvlinkParams, history: dict[str, Reading], now: float | None) -> Result:
     idx = g.get("index")
-    nv = g.get("nvlink") or {}
+    nv: NvLink | dict[str, None] = g.get("nvlink") or {}
     supported = nv.get("supported")
     links = sorted(nv.get("links") or [], key=lambda x: x.get("link", 0))
     if supported is False or (supported is None and not links and not _link_errors(g)):
@@ -338,7 +366,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[str, Reading], now:
     return apply_unreadable(r, g, READS)
 
 
-def _link_errors(g: dict[str, Any]) -> bool:
+def _link_errors(g: "JudgedGpu") -> bool:
     return any(k.startswith("nvlink") for k in unreadable_fields(g))
 
 

@@ -13,14 +13,42 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..sdk import (Action, Context, Key, Level, Limit, Need, Result, Rule, Status, apply_unreadable, counter_growth,
                    define, each_gpu, evaluate, latest_metrics_by, previous_interval, snapshot_time)
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import JudgedGpu, Pcie
+
 ID = "pcie"
 
-DEFAULTS = {
+
+class PcieParams(TypedDict):
+    """pcie's parameters (DEFAULTS, merged with the config's [checks.pcie])."""
+
+    replay_rate_warn_per_min: float
+    replay_min_window_s: float
+    warn_gen_below_max: bool
+
+
+class PcieMetrics(TypedDict):
+    """What a GPU's result records (None: not read, or no delta)."""
+
+    uuid: str | None
+    link_width: int | None
+    link_width_max: int | None
+    link_gen: int | None
+    link_gen_max: int | None
+    link_gen_gpu_max: int | None
+    replay_counter: int | None
+    snapshot_time: float | None
+    replay_growth: int | None
+    replay_interval_s: float | None
+    replay_rate_per_min: float | None
+
+
+DEFAULTS: PcieParams = {
     "replay_rate_warn_per_min": 8,  # DCGM_LIMIT_MAX_PCIREPLAY_RATE
     "replay_min_window_s": 60,  # growth over a shorter interval is judged as if over this long
     "warn_gen_below_max": True,  # false: generation below max is reported but passes
@@ -43,7 +71,7 @@ RULES = (
 )
 
 
-def _replay_rate(p: dict[str, Any], prev: Any, now: float | None, replays: Any
+def _replay_rate(p: PcieParams, prev: Any, now: float | None, replays: Any
                  ) -> tuple[float | None, float | None, int | None, str | None]:
     """(replays per minute since the previous reading, the interval, the growth, why no rate)."""
     interval, why_no_interval = previous_interval(prev, now)
@@ -54,15 +82,15 @@ def _replay_rate(p: dict[str, Any], prev: Any, now: float | None, replays: Any
     return round(growth / window_min, 3), interval, growth, None
 
 
-def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: float | None) -> Result:
+def _gpu(g: "JudgedGpu", p: PcieParams, history: dict[Any, Any], now: float | None) -> Result:
     idx = g.get("index")
-    pc = g.get("pcie") or {}
+    pc: Pcie | dict[str, None] = g.get("pcie") or {}
     width, width_max = pc.get("link_width"), pc.get("link_width_max")
     gen, gen_max = pc.get("link_gen"), pc.get("link_gen_max")
     replays = pc.get("replay_counter")
     uuid = g.get("uuid")
     rate, interval, growth, why_no_rate = _replay_rate(p, history.get(uuid) if uuid else None, now, replays)
-    metrics: dict[str, Any] = {
+    metrics: PcieMetrics = {
         "uuid": uuid,
         "link_width": width,
         "link_width_max": width_max,
@@ -76,8 +104,10 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: flo
         "replay_rate_per_min": rate,
     }
     # The limits of this GPU: its own maxima (a rule is off where one is not reported).
-    limits = {**p, "link_width_max": width_max, "link_gen_max": gen_max if p["warn_gen_below_max"] else None}
-    r = evaluate(ID, RULES, metrics, limits=limits, gpu=idx,
+    limits: dict[str, float | None] = {"replay_rate_warn_per_min": p["replay_rate_warn_per_min"],
+                                       "link_width_max": width_max,
+                                       "link_gen_max": gen_max if p["warn_gen_below_max"] else None}
+    r = evaluate(ID, RULES, dict(metrics), limits=limits, gpu=idx,
                  units={"link_width": "lanes", "link_width_max": "lanes", "replay_counter": "count",
                         "replay_growth": "count", "replay_interval_s": "s", "replay_rate_per_min": "1/min",
                         "snapshot_time": "s"},
@@ -89,7 +119,7 @@ def _gpu(g: dict[str, Any], p: dict[str, Any], history: dict[Any, Any], now: flo
     return apply_unreadable(r, g, READS)
 
 
-def _notes(r: Result, p: dict[str, Any], m: dict[str, Any], interval: float | None, why_no_rate: str | None) -> None:
+def _notes(r: Result, p: PcieParams, m: PcieMetrics, interval: float | None, why_no_rate: str | None) -> None:
     """What the rules did not judge: a generation below its maximum (when not judged), replays
     without a delta; and the replays counted since the previous reading."""
     gen, gen_max, replays = m["link_gen"], m["link_gen_max"], m["replay_counter"]
@@ -100,7 +130,7 @@ def _notes(r: Result, p: dict[str, Any], m: dict[str, Any], interval: float | No
         r.evidence.append(note)
         if r.status == Status.PASS:
             r.summary += f"; {note}"
-    elif m["replay_rate_per_min"] is not None and r.status == Status.PASS:
+    elif m["replay_rate_per_min"] is not None and interval is not None and r.status == Status.PASS:
         r.summary += f"; {m['replay_growth']} replays in {interval:.0f} s"
 
 

@@ -23,18 +23,46 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..platform.durations import parse_duration
 from ..poet.bounds import PoetInputError, parse_blocks, parse_dtypes
 from ..sdk import (Action, Context, InjectionArgs, Level, Limit, Need, Result, Rule, Status, choice, define, evaluate,
                    injections_for_gpu, option)
-from ..sdk.workers import (LoadTime, Promise, finish_result, guarded_targets, progress_evidence, run_per_gpu,
-                           stopped_early, telemetry_summary, unfinished_result)
+from ..sdk.workers import (LoadParams, LoadTime, Promise, finish_result, guarded_targets, job_gpu, progress_evidence,
+                           returned_data, run_per_gpu, stopped_early, telemetry_summary, unfinished_result)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..poet.worker import PoetArgs
+    from ..sdk.workers import PerGpuRun, PoetProgress, PoetResult, PoetViolation, SetupError, WorkerJob, WorkerOutcome
 
 CHECK_ID = "poet.ortho"
 
-DEFAULTS: dict[str, Any] = {
+
+class PoetParams(LoadParams):
+    """poet.ortho's parameters (DEFAULTS, merged with the config's [checks."poet.ortho"])."""
+
+    dtypes: list[str]
+    blocks: list[int]
+    size: int
+    rows: int
+    cpu_blocks: int
+    cpu_rows: int
+    rho_min: float
+    rho_max: float
+    chain_steps: int
+    verify_rows: int
+    ortho_blocks: int
+    q_pool: int
+    dense_acc_roundoff: float
+    bound_scale: float
+    seed: int
+    backend: str
+    window_s: float
+    max_events: int
+
+
+DEFAULTS: PoetParams = {
     "duration_s_level2": 30.0,
     "duration_s_level3": 300.0,
     "duration_s_level4": 1800.0,
@@ -98,8 +126,16 @@ class PoetOptions:
         "--backend", "choice", choices=LIMITS["backend"].choices,
         help="auto (default): the CUDA kernels through CuPy on GPUs when CuPy is installed, torch otherwise.")
 
-_WORKER_KEYS = ("rho_min", "rho_max", "chain_steps", "verify_rows", "ortho_blocks", "q_pool", "dense_acc_roundoff",
-                "bound_scale", "seed", "window_s", "max_events", "cpu_blocks", "cpu_rows")
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What this run computes: ctx.options over the parameters (_run_settings)."""
+
+    dtypes: list[str]
+    blocks: list[int]
+    size: int | None  # None: the worker's default for its device
+    rows: int | None
+    backend: str
 
 
 # The time functions (parameters, duration, budget, promise, least slice): gpucheck.workers.per_gpu.
@@ -108,7 +144,7 @@ _params = TIME.params
 poet_duration = TIME.duration
 
 
-def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = None) -> InjectionArgs:
+def _injection_args(ctx: Context, gpu: int, settings: RunSettings | None = None) -> InjectionArgs:
     """Worker args for the injections that target `gpu`, their texts, and a usage problem (with
     `settings`, a bit that the flipped problem's dtype does not have is one)."""
     from ..poet.invariants import INJECT_OPS
@@ -122,12 +158,12 @@ def _injection_args(ctx: Context, gpu: int, settings: dict[str, Any] | None = No
         args["bitflip"] = {"op": op, **{k: (None if inj.get(k) is None else int(inj.get(k)))
                                         for k in ("bit", "row", "col", "problem")}}
         if settings is not None:
-            PoetConfig(dtypes=settings["dtypes"], blocks=settings["blocks"], bitflip=args["bitflip"])._validate_bitflip()
+            PoetConfig(dtypes=settings.dtypes, blocks=settings.blocks, bitflip=args["bitflip"])._validate_bitflip()
 
     return injections_for_gpu(ctx.injections, gpu, ("bitflip", "hang"), inject)
 
 
-def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
+def _run_settings(ctx: Context, p: PoetParams) -> RunSettings:
     """dtypes, blocks, size, rows and backend of this run (its options over the config); ValueError."""
     from ..poet.worker import BACKENDS
 
@@ -149,8 +185,8 @@ def _run_settings(ctx: Context, p: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     if backend == "cupy" and ctx.device == "cpu":
         raise ValueError("backend cupy needs GPUs (the CUDA kernels), not CPU workers")
-    return {"dtypes": dtypes, "blocks": blocks, "size": size, "rows": None if rows is None else int(rows),
-            "backend": backend}
+    return RunSettings(dtypes=dtypes, blocks=blocks, size=size, rows=None if rows is None else int(rows),
+                       backend=backend)
 
 
 @define(
@@ -178,10 +214,14 @@ def poet_ortho(ctx: Context) -> list[Result]:
     duration = promise.seconds
     notes: list[str] = []
 
-    def make_args(g: int | None) -> dict[str, Any]:
-        return {"duration_s": duration, "dtypes": settings["dtypes"], "blocks": settings["blocks"],
-                "size": settings["size"], "rows": settings["rows"], "gpu_size": p["size"], "gpu_rows": p["rows"],
-                "backend": settings["backend"], **{k: p[k] for k in _WORKER_KEYS}}
+    def make_args(g: int | None) -> "PoetArgs":
+        return {"duration_s": duration, "dtypes": settings.dtypes, "blocks": settings.blocks,
+                "size": settings.size, "rows": settings.rows, "gpu_size": p["size"], "gpu_rows": p["rows"],
+                "backend": settings.backend, "rho_min": p["rho_min"], "rho_max": p["rho_max"],
+                "chain_steps": p["chain_steps"], "verify_rows": p["verify_rows"], "ortho_blocks": p["ortho_blocks"],
+                "q_pool": p["q_pool"], "dense_acc_roundoff": p["dense_acc_roundoff"],
+                "bound_scale": p["bound_scale"], "seed": p["seed"], "window_s": p["window_s"],
+                "max_events": p["max_events"], "cpu_blocks": p["cpu_blocks"], "cpu_rows": p["cpu_rows"]}
 
     try:
         from ..poet.worker import PoetConfig
@@ -195,7 +235,7 @@ def poet_ortho(ctx: Context) -> list[Result]:
     if not targets:
         return results or [Result(CHECK_ID, Status.SKIP, "no GPU selected")]
 
-    run = run_per_gpu(
+    run: "PerGpuRun[PoetResult | SetupError, PoetProgress]" = run_per_gpu(
         ctx, CHECK_ID, "gpucheck.poet.worker:poet_worker", targets, device=device, p=p,
         budget_s=TIME.pool_budget_s(p, duration),
         make_args=make_args,
@@ -217,12 +257,12 @@ def _fmt(x: Any) -> str:
     return f"{x:.4g}" if isinstance(x, (int, float)) else str(x)
 
 
-def describe_violation(v: dict[str, Any]) -> str:
+def describe_violation(v: "PoetViolation") -> str:
     """'<invariant> (<dtype>, block <b>): error <e> > bound <bound>'."""
     return f"{v['invariant']} ({v['dtype']}, block {v['block']}): error {_fmt(v['error'])} > bound {_fmt(v['bound'])}"
 
 
-def _violation_detail(v: dict[str, Any]) -> str:
+def _violation_detail(v: "PoetViolation") -> str:
     parts = [f"problem {v['problem']} ({v.get('distribution', '?')} data, n={v.get('size')}, m={v.get('rows')})",
              f"op {v['op']}"]
     if v.get("where"):
@@ -241,7 +281,8 @@ def _violation_detail(v: dict[str, Any]) -> str:
     return "SDC " + describe_violation(v) + ": " + "; ".join(parts)
 
 
-def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[str, Any], sampler: Any,
+def judge_outcomes(device: str, promise: Promise | float, jobs: "list[WorkerJob]",
+                   outcomes: "dict[str, WorkerOutcome[PoetResult | SetupError, PoetProgress]]", sampler: Any,
                    injected: dict[int, list[str]], notes: list[str], elapsed: float) -> list[Result]:
     """`promise`: a workers.per_gpu.Promise, or the promised seconds (a cut run is not a pass)."""
     if not isinstance(promise, Promise):
@@ -249,19 +290,19 @@ def judge_outcomes(device: str, promise: Any, jobs: list[Any], outcomes: dict[st
 
     out: list[Result] = []
     for j in jobs:
-        g = j.gpu
+        g = job_gpu(j)
         oc = outcomes.get(j.worker_id)
         inj = injected.get(g, [])
         tel = telemetry_summary(sampler, g, device)
         r = unfinished_result(CHECK_ID, g, oc, inj, worker="poet", setup_verb="run POET", partial=_partial)
         if r is None:
-            r = judge_data(g, oc.result, inj)
-            stopped_early(r, oc, promise)
+            r = judge_data(g, returned_data(oc), inj)
+            stopped_early(r, outcomes[j.worker_id], promise)
         out.append(finish_result(r, tel, device=device, gpu=g, notes=notes, elapsed_s=elapsed))
     return out
 
 
-def _partial(r: Result, progress: dict[str, Any]) -> None:
+def _partial(r: Result, progress: "PoetProgress") -> None:
     if progress.get("problems") is not None:
         r.metric("problems", int(progress["problems"]), "count")
     if progress:
@@ -274,14 +315,14 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _sdc_text(events: list[dict[str, Any]], n_viol: int) -> str:
+def _sdc_text(events: "list[PoetViolation]", n_viol: int) -> str:
     """The first violation (and how many more), or the count when none was kept."""
     if events:
         return describe_violation(events[0]) + (f"; {n_viol - 1} more violation(s)" if n_viol > 1 else "")
     return f"{n_viol} violation(s) (details not kept)"
 
 
-def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
+def judge_data(g: int, d: "PoetResult", inj: list[str]) -> Result:
     """One GPU's worker data -> its Result: metrics and evidence here, status and action from RULES."""
     problems = int(d.get("problems", 0))
     n_viol = int(d.get("violation_count", 0))
@@ -302,16 +343,18 @@ def judge_data(g: int, d: dict[str, Any], inj: list[str]) -> Result:
     return res
 
 
-def _metrics(d: dict[str, Any], problems: int, n_viol: int) -> tuple[dict[str, Any], dict[str, str], dict[str, float]]:
+def _metrics(d: "PoetResult", problems: int, n_viol: int
+             ) -> tuple[dict[str, float | None], dict[str, str], dict[str, float]]:
     """The counts, the effective TFLOP/s and the worst error/bound ratio per invariant (inf: a
     ratio the worker could not compute, reported as None)."""
     combos = d.get("combos", {})
-    metrics: dict[str, Any] = {"problems": problems, "violations": n_viol,
+    metrics: dict[str, float | None] = {"problems": problems, "violations": n_viol,
                                "launches": sum(int(c.get("launches", 0)) for c in combos.values()),
                                "cuda_kernels": 1 if d.get("cuda_kernels") else 0}
     units: dict[str, str] = {"problems": "count", "violations": "count", "launches": "count", "cuda_kernels": "bool"}
-    if d.get("tflops") is not None:
-        metrics["tflops_effective"] = round(float(d["tflops"]), 4)
+    tflops = d.get("tflops")
+    if tflops is not None:
+        metrics["tflops_effective"] = round(float(tflops), 4)
         units["tflops_effective"] = "TFLOP/s"
     worst: dict[str, float] = {}
     for c in combos.values():
@@ -324,7 +367,7 @@ def _metrics(d: dict[str, Any], problems: int, n_viol: int) -> tuple[dict[str, A
     return metrics, units, worst
 
 
-def _evidence(d: dict[str, Any], events: list[dict[str, Any]], inj: list[str]) -> list[str]:
+def _evidence(d: "PoetResult", events: "list[PoetViolation]", inj: list[str]) -> list[str]:
     """The device and backend, each dtype/block pair's tally, every violation, the injections."""
     dev = d.get("device", {})
     backend = ("CUDA kernels (gpucheck/kernels/poet.cu) through CuPy " + str(dev.get("cupy") or "")).strip() \
@@ -347,7 +390,7 @@ def _evidence(d: dict[str, Any], events: list[dict[str, Any]], inj: list[str]) -
     return evidence
 
 
-def _not_judged(d: dict[str, Any], problems: int) -> str:
+def _not_judged(d: "PoetResult", problems: int) -> str:
     """Why a run with no violation is not a pass: out of memory, or no problem finished."""
     if d.get("out_of_memory"):
         return (f"could not run POET: {d['out_of_memory']} (a smaller --size/--rows, or GPU memory held "
@@ -356,7 +399,7 @@ def _not_judged(d: dict[str, Any], problems: int) -> str:
     return f"no POET problem finished: {why}"
 
 
-def _ok_summary(d: dict[str, Any], problems: int, worst: dict[str, float]) -> str:
+def _ok_summary(d: "PoetResult", problems: int, worst: dict[str, float]) -> str:
     """What a clean run verified: dtypes, blocks, path, invariants, the worst ratio, pairs not reached."""
     combos = d.get("combos", {})
     dtypes = sorted({c["dtype"] for c in combos.values() if c.get("problems")})
@@ -365,7 +408,7 @@ def _ok_summary(d: dict[str, Any], problems: int, worst: dict[str, float]) -> st
           f"{'CUDA kernels' if d.get('cuda_kernels') else 'torch path'}: {len(d.get('invariants', []))} invariants clean")
     finite = {k: v for k, v in worst.items() if v != float("inf")}
     if finite:
-        name = max(finite, key=finite.get)
+        name = max(finite, key=lambda k: finite[k])
         ok += f", worst error/bound {finite[name]:.2g} ({name})"
     missed = [f"{c['dtype']}/{c['block']}" for c in combos.values() if not c.get("problems")]
     if missed:  # the dtype and block lists above are unions: say which pairs were never run

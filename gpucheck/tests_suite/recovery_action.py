@@ -18,9 +18,12 @@ a pass saying so, with the value recorded as None (never read as "none needed").
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..sdk import Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, each_gpu, evaluate
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import JudgedGpu
 
 ID = "recovery-action"
 
@@ -42,7 +45,7 @@ RULE = Rule("recovery_action", "!=", 0, Status.FAIL, Key("driver_action"),
             "{driver_asks} (NVML recovery action {recovery_action_name})")
 
 
-def _gpu(g: dict[str, Any], p: dict[str, Any]) -> Result:
+def _gpu(g: "JudgedGpu", p: dict[str, object]) -> Result:  # (no parameters)
     idx = g.get("index")
     value = g.get("recovery_action")
     if value is None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ..repro import DEFAULT_REFERENCE_PATH
 from ..sdk import Action, Context, Level, Need, Result, Rule, Status, define, evaluate, injections_for_gpu, option
@@ -45,7 +45,24 @@ REFERENCE_RULES: tuple[Rule, ...] = (
          "pass", "count"),
 )
 
-DEFAULTS: dict[str, Any] = {
+if TYPE_CHECKING:  # pragma: no cover
+    from ..repro.worker import ReproArgs, ReproBitflip
+    from ..sdk.workers import ReproProgress, ReproResult, SetupError, WorkerJob, WorkerOutcome, WorkerProgress
+
+
+class ReproParams(TypedDict):
+    """repro.bitwise's parameters (DEFAULTS, merged with the config's [checks."repro.bitwise"])."""
+
+    reference: str
+    workloads_level1: list[str]
+    workloads_level2: list[str]
+    work_budget_s_level1: float
+    work_budget_s_level2: float
+    startup_timeout_s: float
+    heartbeat_timeout_s: float
+
+
+DEFAULTS: ReproParams = {
     "reference": DEFAULT_REFERENCE_PATH,  # the reference file; missing = no reference
     "workloads_level1": ["gemm.bf16", "gemm.fp32"],  # the fast subset
     "workloads_level2": ["all"],  # level 2 and above
@@ -91,7 +108,7 @@ class ReproOptions:
         help="Workloads to run (comma list or repeated; default by level: gemm.bf16,gemm.fp32 at 1, all at 2).")
 
 
-def _params(ctx: Context) -> dict[str, Any]:
+def _params(ctx: Context) -> ReproParams:
     return ctx.params(CHECK_ID, DEFAULTS)
 
 
@@ -101,7 +118,12 @@ def _lv(ctx: Context) -> int:
 
 def _budget(ctx: Context) -> float:
     p = _params(ctx)
-    return float(p["startup_timeout_s"]) + float(p[f"work_budget_s_level{_lv(ctx)}"])
+    return float(p["startup_timeout_s"]) + _work_budget_s(p, _lv(ctx))
+
+
+def _work_budget_s(p: ReproParams, lv: int) -> float:
+    """The two runs' time budget at level `lv` (1, or 2 and above), after start-up."""
+    return float(p["work_budget_s_level1"] if lv == 1 else p["work_budget_s_level2"])
 
 
 def _device(ctx: Context) -> str:
@@ -122,23 +144,23 @@ class Collected:
     device: str
     workloads: list[str]
     not_run: dict[str, str]
-    outcomes: dict[int, Any] = field(default_factory=dict)
+    outcomes: "dict[int, WorkerOutcome[ReproResult | SetupError, ReproProgress] | None]" = field(default_factory=dict)
     injected: dict[int, list[str]] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)  # skips and errors for GPUs not run
     elapsed_s: float = 0.0
     guard: Any = None  # gpucheck.workers.busy.Guard: GPUs in use were not run; --force notes
 
 
-def selected_workloads(ctx: Context, p: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
+def selected_workloads(ctx: Context, p: ReproParams | None = None) -> tuple[list[str], dict[str, str]]:
     """The workloads this run asks for (options, else the level's list), for this device."""
     from ..repro.workloads import preset_for, select_workloads
 
     p = p or _params(ctx)
-    names = ctx.options_for(ReproOptions).workloads or p[f"workloads_level{_lv(ctx)}"]
+    names = ctx.options_for(ReproOptions).workloads or (p["workloads_level1"] if _lv(ctx) == 1 else p["workloads_level2"])
     return select_workloads(list(names), preset_for(_device(ctx)).name)
 
 
-def _bitflip_spec(inj: Any, workloads: list[str]) -> dict[str, Any]:
+def _bitflip_spec(inj: Any, workloads: list[str]) -> "ReproBitflip":
     """One bitflip injection's worker args; ValueError naming what is wrong."""
     w = str(inj.get("workload", workloads[0]))
     if w not in workloads:
@@ -155,7 +177,7 @@ def _bitflip_spec(inj: Any, workloads: list[str]) -> dict[str, Any]:
             "runs": [1, 2] if str(run) == "both" else [int(run)]}
 
 
-def _bitflip_args(ctx: Context, gpu: int, workloads: list[str]) -> tuple[dict[str, Any] | None, list[str], str | None]:
+def _bitflip_args(ctx: Context, gpu: int, workloads: list[str]) -> "tuple[ReproBitflip | None, list[str], str | None]":
     """Worker args for the bitflip injections that target `gpu`, their texts, and a problem."""
 
     def bitflip(inj: Any, args: dict[str, Any]) -> None:  # the last one for the GPU wins
@@ -163,14 +185,16 @@ def _bitflip_args(ctx: Context, gpu: int, workloads: list[str]) -> tuple[dict[st
         args.update(_bitflip_spec(inj, workloads))
 
     args, texts, problem = injections_for_gpu(ctx.injections, gpu, ("bitflip",), bitflip)
-    return (args or None) if problem is None else None, texts, problem
+    flip = cast("ReproBitflip", args) if args else None  # _bitflip_spec's: the last one for the GPU
+    return flip if problem is None else None, texts, problem
 
 
-def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
+def collect(ctx: Context, p: ReproParams | None = None) -> Collected:
     """Run the workers on the selected GPUs (or CPU workers). WorkloadError for a bad workload
     list (a usage problem)."""
     from ..repro.workloads import preset_for
-    from ..sdk.workers import WorkerJob, guarded_targets, pool, pool_budget, stop_timings  # lazy: level 1 loads no worker plumbing until it computes
+    from ..sdk.workers import (WorkerJob, guarded_targets, job_gpu, pool, pool_budget,  # lazy: level 1 loads
+                               stop_timings)  # no worker plumbing until it computes
 
     p = p or _params(ctx)
     device = _device(ctx)
@@ -185,7 +209,7 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
             return col
     targets, col.results, col.guard = guarded_targets(ctx, device, CHECK_ID, "tested")  # GPUs in use: skipped
     jobs = []
-    driver = (ctx.snapshot or {}).get("driver_version") if device == "cuda" else None
+    driver = ctx.snapshot.get("driver_version") if device == "cuda" and ctx.snapshot else None
     for t in targets:
         g = t["gpu"]
         flip, texts, problem = _bitflip_args(ctx, g, workloads)
@@ -193,10 +217,10 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
         if problem:
             col.results.append(Result(CHECK_ID, Status.ERROR, problem, gpu=g, injected=texts))
             continue
-        args: dict[str, Any] = {"workloads": workloads, "preset": preset.name, "driver": driver}
+        args: ReproArgs = {"workloads": workloads, "preset": preset.name, "driver": driver}
         if flip:
             args["bitflip"] = flip
-        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args=args,
+        jobs.append(WorkerJob(f"gpu{g}", gpu=g, device=device, args={**args},
                               visible_device=t["visible"] if device == "cuda" else None))
     ids = {t["gpu"] for t in targets}
     for inj in ctx.injections:
@@ -208,13 +232,13 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
                                       subject="injection", injected=[str(inj)]))
     if not jobs:
         return col
-    budget = pool_budget(ctx, float(p["startup_timeout_s"]) + float(p[f"work_budget_s_level{_lv(ctx)}"]))
+    budget = pool_budget(ctx, float(p["startup_timeout_s"]) + _work_budget_s(p, _lv(ctx)))
 
-    def on_progress(job: Any, info: dict[str, Any]) -> None:
-        ctx.report(CHECK_ID, f"gpu{job.gpu}", info)
+    def on_progress(job: WorkerJob, info: "WorkerProgress") -> None:  # the repro worker's: ReproProgress
+        ctx.report(CHECK_ID, f"gpu{job.gpu}", dict(info))
 
     t0 = time.monotonic()
-    outcomes = pool.run_workers(
+    outcomes: "dict[str, WorkerOutcome[ReproResult | SetupError, ReproProgress]]" = pool.run_workers(
         "gpucheck.repro.worker:repro_worker",
         jobs,
         budget_s=budget,
@@ -225,11 +249,11 @@ def collect(ctx: Context, p: dict[str, Any] | None = None) -> Collected:
         **stop_timings(ctx),
     )
     col.elapsed_s = time.monotonic() - t0
-    col.outcomes = {j.gpu: outcomes.get(j.worker_id) for j in jobs}
+    col.outcomes = {job_gpu(j): outcomes.get(j.worker_id) for j in jobs}
     return col
 
 
-def reference_path(ctx: Context, p: dict[str, Any] | None = None) -> tuple[str, bool]:
+def reference_path(ctx: Context, p: ReproParams | None = None) -> tuple[str, bool]:
     """(path, explicit): the --reference option, else the check's parameter."""
     explicit = ctx.options_for(ReproOptions).reference
     if explicit:
@@ -303,15 +327,16 @@ def _reference_permissions(path: str, problems: list[str]) -> Result:
 def _cut_short(results: list[Result], col: Collected) -> None:
     """A GPU stopped before every asked workload ran twice was not examined as asked: its pass
     (or warn) becomes an error naming what did not run."""
-    from ..sdk.workers import Promise, cut_short  # lazy: level 1 loads no worker plumbing until it computes
+    from ..sdk.workers import Promise, cut_short, worker_data  # lazy: level 1 loads no worker plumbing until it computes
 
     promise = Promise(0.0, "this run", f"two runs of {', '.join(col.workloads)}")
     for r in results:
         oc = col.outcomes.get(r.gpu) if r.gpu is not None else None
-        data = (oc.result if oc is not None else None) or {}
-        runs = data.get("runs") or [{}, {}]
-        missing = [w for w in data.get("workloads", []) if w not in runs[0] or w not in runs[-1]]
-        if missing:
+        data = worker_data(oc)  # (a setup error is no data)
+        runs = (data.get("runs") if data else None) or [{}, {}]
+        asked = (data.get("workloads") if data else None) or []
+        missing = [w for w in asked if w not in runs[0] or w not in runs[-1]]
+        if missing and oc is not None and data is not None:
             cut_short(r, promise, data.get("seconds"), f"{data.get('stopped') or oc.kind}; not run twice: "
                                                          f"{', '.join(missing)}")
 

@@ -14,7 +14,7 @@ the snapshot's own `kernel_log` is judged instead, or the check is skipped sayin
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..platform.kernlog.cursor import gpu_starts
 from ..platform.kernlog.mapping import GpuInfo, GpuMap, from_announcements, from_snapshot
@@ -25,8 +25,11 @@ from ..platform.pci import short_bus_id
 from ..sdk import Context, Level, Limit, Need, Result, Status, define
 from ..xid import judge as J
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ..platform.telemetry.model import Snapshot
+
 ID = "xid"
-DEFAULTS: dict[str, Any] = dict(J.DEFAULT_PARAMS)
+DEFAULTS: J.XidParams = {**J.DEFAULT_PARAMS}
 LIMITS = {
     "since": Limit("str", parse=validate_since, words="a window: a duration (2h), a timestamp, boot, all or last-pass"),
     "source": Limit("str", choices=SOURCES),
@@ -45,14 +48,14 @@ def _inventory(ctx: Context) -> list[GpuInfo]:
     return out
 
 
-def _snapshot_epoch(snap: dict[str, Any]) -> float | None:
+def _snapshot_epoch(snap: "Snapshot | dict[str, None]") -> float | None:
     v = snap.get("captured_at")
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
     return parse_timestamp(v) if isinstance(v, str) else None
 
 
-def _since(ctx: Context, params: dict[str, Any]) -> tuple[str, str | None]:
+def _since(ctx: Context, params: J.XidParams) -> tuple[str, str | None]:
     """The window of this run and a note: the job start the Slurm epilog passes
     (`ctx.options.xid_since`, from its record in the state directory) wins over the configured
     `since`; one that is no time (a NaN record) is ignored, and the whole boot judged."""
@@ -69,7 +72,7 @@ def _since(ctx: Context, params: dict[str, Any]) -> tuple[str, str | None]:
 def run(ctx: Context) -> list[Result]:
     params = ctx.params(ID, DEFAULTS)
     since, since_note = _since(ctx, params)
-    snapshot = ctx.snapshot or {}
+    snapshot: Snapshot | dict[str, None] = ctx.snapshot or {}
 
     try:
         if ctx.options.snapshot_path:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypedDict
 
 from ..core.result import Result, Status
 
@@ -205,7 +205,15 @@ def guarded_targets(ctx: "Context", device: str, check_id: str, verb: str = "tes
 
 
 # -- `gpucheck nccl run`: which GPU is CUDA device N? -----------------------------------------------
-def cuda_to_nvml(local_ranks: list[int], environ: Mapping[str, str], devices: list[dict[str, Any]]
+class NvmlDevice(TypedDict):
+    """One GPU as NVML numbers it (nvml_devices)."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+
+
+def cuda_to_nvml(local_ranks: list[int], environ: Mapping[str, str], devices: list[NvmlDevice]
                  ) -> tuple[dict[int, int], str | None]:
     """The NVML index of each local rank's CUDA device, and a problem when that cannot be told.
 
@@ -241,19 +249,19 @@ def cuda_to_nvml(local_ranks: list[int], environ: Mapping[str, str], devices: li
     return {lr: visible[lr] for lr in local_ranks if 0 <= lr < len(visible)}, None
 
 
-def nvml_devices(*, timeout_s: float = READ_TIMEOUT_S) -> tuple[list[dict[str, Any]] | None, str | None]:
+def nvml_devices(*, timeout_s: float = READ_TIMEOUT_S) -> tuple[list[NvmlDevice] | None, str | None]:
     """NVML's GPUs as [{"index", "uuid", "name"}], or (None, why)."""
     from ..platform.telemetry.nvml import NvmlSession, text
     from ..platform.telemetry.source import bounded
 
-    def read() -> tuple[list[dict[str, Any]] | None, str | None]:
+    def read() -> tuple[list[NvmlDevice] | None, str | None]:
         with NvmlSession() as s:
             if not s.ok:
                 return None, str(s.error)
             n = s.device_count()
             if n is None:
                 return None, "NVML could not count the GPUs"
-            out = []
+            out: list[NvmlDevice] = []
             for i in range(n):
                 h, failure = s.read("nvmlDeviceGetHandleByIndex", i)
                 uuid, _ = (None, None) if failure else s.read("nvmlDeviceGetUUID", h)
@@ -267,7 +275,7 @@ def nvml_devices(*, timeout_s: float = READ_TIMEOUT_S) -> tuple[list[dict[str, A
 
 
 def guard_ranks(local_ranks: list[int], *, force: bool, environ: Mapping[str, str],
-                devices_fn: Callable[[], tuple[list[dict[str, Any]] | None, str | None]] = nvml_devices,
+                devices_fn: Callable[[], tuple[list[NvmlDevice] | None, str | None]] = nvml_devices,
                 telemetry: "TelemetrySource | None" = None) -> tuple[list[str], list[str]]:
     """For `gpucheck nccl run`: (refusals, notes). A refusal is one line per GPU this invocation's
     ranks would load that is in use or unreadable (none with --force: they become notes)."""

@@ -24,15 +24,18 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, TypedDict, TypeVar, cast
 
 from ..core.check import Context, Slice
 from ..core.options import flag_of
+from ..core.inject import InjectionArgs
 from ..core.result import Action, Basis, Result, Status, settle
+from .results import P, R
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..platform.telemetry.model import TelemetrySummary
     from .pool import WorkerJob, WorkerOutcome
+    from .results import SetupError, WorkerProgress
     from .sampler import Sampler
     from .targets import WorkerTarget
 
@@ -45,10 +48,39 @@ TORCH_IMPORT_CPU_S = 0.9
 DISPLAY_TELEMETRY = ("temperature_c", "sm_clock_mhz", "power_w")
 
 
+class PoolParams(TypedDict):
+    """The parameters of a check's worker pool (run_per_gpu): every check that runs one declares them."""
+
+    sample_interval_s: float  # NVML sampling period
+    heartbeat_timeout_s: float  # a worker silent this long is hung
+    startup_timeout_s: float  # spawn + imports + device init
+
+
+class LevelDurations(TypedDict, total=False):
+    """How long a looping check runs at each level (level_duration): the levels it runs at."""
+
+    duration_s_level2: float
+    duration_s_level3: float
+    duration_s_level4: float
+
+
+class LoadParams(PoolParams, LevelDurations):
+    """A check that loads every GPU for its level's duration (LoadTime)."""
+
+
+LP = TypeVar("LP", bound=LoadParams)  # a LoadTime check's own parameters
+A = TypeVar("A", bound=Mapping[str, object])  # a worker target's arguments
+RD = TypeVar("RD", bound=Mapping[str, Any])  # a worker target's data (its result, but SetupError)
+
+
 @dataclass
-class PerGpuRun:
+class PerGpuRun(Generic[R, P]):
+    """A run of one worker per GPU; R and P are the target's result and progress report types
+    (gpucheck.workers.results), named by the check: `run: PerGpuRun[BurnResult | SetupError,
+    BurnProgress] = run_per_gpu(...)`."""
+
     jobs: "list[WorkerJob]" = field(default_factory=list)
-    outcomes: "dict[str, WorkerOutcome]" = field(default_factory=dict)  # by worker_id
+    outcomes: "dict[str, WorkerOutcome[R, P]]" = field(default_factory=dict)  # by worker_id
     sampler: "Sampler | None" = None
     injected: dict[int, list[str]] = field(default_factory=dict)
     results: list[Result] = field(default_factory=list)  # injection usage errors
@@ -62,20 +94,20 @@ def run_per_gpu(
     targets: "list[WorkerTarget]",
     *,
     device: str,
-    p: dict[str, Any],
+    p: PoolParams,
     budget_s: float,
-    make_args: Callable[[int], dict[str, Any]],
-    injection_args: Callable[[int], tuple[dict[str, Any], list[str], str | None]],
+    make_args: Callable[[int], A],
+    injection_args: Callable[[int], InjectionArgs],
     hide_progress_keys: tuple[str, ...] = (),
-    observe: Callable[[Any, dict[str, Any]], None] | None = None,
-) -> PerGpuRun:
+    observe: "Callable[[WorkerJob, WorkerProgress], None] | None" = None,
+) -> PerGpuRun[Any, Any]:
     """Start one worker per target (see workers.targets.worker_targets), sample NVML meanwhile,
     wait for all of them. `p` supplies sample_interval_s, heartbeat_timeout_s, startup_timeout_s.
     `observe(job, info)` sees (and may amend) every progress report before the display does."""
     from .pool import WorkerJob, run_workers
     from .sampler import Sampler
 
-    run = PerGpuRun()
+    run: PerGpuRun[Any, Any] = PerGpuRun()
     for t in targets:
         g = t["gpu"]
         extra, texts, problem = injection_args(g)
@@ -92,15 +124,15 @@ def run_per_gpu(
         run.sampler = Sampler([j.gpu for j in run.jobs if j.gpu is not None], source=ctx.telemetry,
                               interval_s=float(p["sample_interval_s"]))
 
-    def on_progress(job: Any, info: dict[str, Any]) -> None:
+    def on_progress(job: "WorkerJob", info: "WorkerProgress") -> None:
         if observe is not None:
             observe(job, info)
-        merged = {k: v for k, v in info.items() if k not in hide_progress_keys}
+        merged: dict[str, object] = {k: v for k, v in info.items() if k not in hide_progress_keys}
         latest = run.sampler.latest(job.gpu) if run.sampler is not None and job.gpu is not None else None
-        shown: dict[str, Any] = dict(latest or {})
         for key in DISPLAY_TELEMETRY:
-            if shown.get(key) is not None:
-                merged[key] = shown[key]
+            value = latest.get(key) if latest is not None else None
+            if value is not None:
+                merged[key] = value
         ctx.report(check_id, f"gpu{job.gpu}", merged)
 
     t0 = time.monotonic()
@@ -119,13 +151,18 @@ def run_per_gpu(
     return run
 
 
-def level_duration(ctx: Context, p: dict[str, Any], given: float | None = None, *, lowest: int = 2,
+def level_duration(ctx: Context, p: LevelDurations, given: float | None = None, *, lowest: int = 2,
                    highest: int = 4) -> float:
     """A looping check's length: `given` (its duration option, `--duration`) when given, else the
     check's `duration_s_level<N>` default for the run's level clamped to [lowest, highest]."""
     if given is not None:
         return float(given)
-    return float(p[f"duration_s_level{max(lowest, min(highest, int(ctx.level)))}"])
+    level = max(lowest, min(highest, int(ctx.level)))
+    by_level = {2: p.get("duration_s_level2"), 3: p.get("duration_s_level3"), 4: p.get("duration_s_level4")}
+    seconds = by_level.get(level)
+    if seconds is None:
+        raise KeyError(f"duration_s_level{level}")
+    return float(seconds)
 
 
 def worker_count(ctx: Context) -> int:
@@ -173,7 +210,7 @@ class Promise:
         return f"{self.seconds:g} s of {self.what} ({self.source})" if self.seconds else f"{self.what} ({self.source})"
 
 
-def promised(ctx: Context, p: dict[str, Any], what: str, given: float | None = None, *, flag: str = "--duration",
+def promised(ctx: Context, p: LevelDurations, what: str, given: float | None = None, *, flag: str = "--duration",
              lowest: int = 2, highest: int = 4, extra_s: float = 0.0) -> Promise:
     """The Promise of a looping check: level_duration (plus `extra_s`, a warm-up) and its source:
     `flag`, the option that gave the duration (`given`), or the level's default."""
@@ -227,11 +264,13 @@ def cut_short(r: Result, promise: Promise, ran_s: float | None, why: str) -> Res
     return r
 
 
-def stopped_early(r: Result, oc: Any, promise: Promise) -> Result:
+def stopped_early(r: Result, oc: "WorkerOutcome[Any, Any]", promise: Promise) -> Result:
     """A worker that returned data but was stopped (cancelled, over budget, or it said it
     stopped): the evidence says after how long, and the result is cut short (cut_short)."""
     from .pool import CANCELLED, OVER_BUDGET
 
+    if oc.result is None:  # no data: unfinished_result judged it
+        return r
     if oc.kind in (CANCELLED, OVER_BUDGET) or oc.result.get("stopped"):
         stopped = oc.result.get("stopped") or oc.kind
         r.evidence.append(f"stopped early ({stopped}) after {oc.result.get('seconds', 0):.1f} s "
@@ -240,7 +279,7 @@ def stopped_early(r: Result, oc: Any, promise: Promise) -> Result:
     return r
 
 
-def progress_evidence(progress: dict[str, Any], leave_out: tuple[str, ...] = ()) -> str:
+def progress_evidence(progress: "WorkerProgress", leave_out: tuple[str, ...] = ()) -> str:
     """A worker's last progress report as one evidence line (floats to 4 significant digits)."""
     return "last progress: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                          for k, v in progress.items() if k not in leave_out)
@@ -293,7 +332,31 @@ def finish_result(r: Result, t: "TelemetrySummary", *, device: str, gpu: int, no
     return r
 
 
-def _cuda_crash(err: str) -> tuple[str, Any]:
+def job_gpu(job: "WorkerJob") -> int:
+    """The GPU a job of run_per_gpu stands for (it starts one per GPU: every job names its GPU)."""
+    if job.gpu is None:
+        raise ValueError(f"worker {job.worker_id} names no GPU")
+    return job.gpu
+
+
+def worker_data(oc: "WorkerOutcome[RD | SetupError, Any] | None") -> RD | None:
+    """The data a worker returned (possibly partial, after a stop), or None: no outcome, no
+    result, or a setup error (not data: unfinished_result judges it)."""
+    if oc is None or oc.result is None or oc.result.get("setup_error"):
+        return None
+    return cast(RD, oc.result)
+
+
+def returned_data(oc: "WorkerOutcome[RD | SetupError, Any] | None") -> RD:
+    """The data of an outcome that unfinished_result left to the check's judge (it returned None:
+    the worker returned data); ValueError for one it judges itself."""
+    data = worker_data(oc)
+    if data is None:
+        raise ValueError("no worker data to judge: unfinished_result judges this outcome")
+    return data
+
+
+def _cuda_crash(err: str) -> tuple[str, Action]:
     low = err.lower()
     return "", (Action.RESET_GPU if ("cuda" in low or "cublas" in low) else Action.INVESTIGATE)
 
@@ -301,13 +364,13 @@ def _cuda_crash(err: str) -> tuple[str, Any]:
 def unfinished_result(
     check_id: str,
     gpu: int,
-    oc: Any,
+    oc: "WorkerOutcome[Any, P] | None",
     injected: list[str],
     *,
     worker: str,
     setup_verb: str,
-    partial: Callable[[Result, dict[str, Any]], None] | None = None,
-    crash: Callable[[str], tuple[str, Any]] | None = None,
+    partial: Callable[[Result, P], None] | None = None,
+    crash: Callable[[str], tuple[str, Action]] | None = None,
 ) -> Result | None:
     """The result for a worker outcome with no data to judge, or None when it returned data
     (possibly partial, after a stop). The same rules for every per-GPU check:
@@ -344,19 +407,19 @@ def unfinished_result(
         r = Result(check_id, Status.ERROR, f"not finished: {why}", gpu=gpu, injected=injected)
     else:
         return None
-    if partial is not None:
-        partial(r, oc.progress or {})
+    if partial is not None and oc.progress:  # what the worker reported before it stopped
+        partial(r, oc.progress)
     return r
 
 
 @dataclass(frozen=True)
-class LoadTime:
+class LoadTime(Generic[LP]):
     """The time functions of a check that loads every GPU for its level's duration (`burn.gemm`,
     `poet.ortho`): its parameters, how long it loads, its budget (that plus the workers' start-up
     timeout and 30 s), the Promise it makes, and the least slice of a run's time it needs."""
 
     check_id: str
-    defaults: dict[str, Any]
+    defaults: LP
     what: str  # what is promised, as the Promise names it ("burn", "POET problems")
     options: type  # the check's options dataclass (gpucheck.core.options): its `duration_s` is the duration
 
@@ -368,10 +431,10 @@ class LoadTime:
         given: float | None = getattr(ctx.options_for(self.options), "duration_s")
         return given
 
-    def params(self, ctx: Context) -> dict[str, Any]:
+    def params(self, ctx: Context) -> LP:
         return ctx.params(self.check_id, self.defaults)
 
-    def duration(self, ctx: Context, p: dict[str, Any] | None = None) -> float:
+    def duration(self, ctx: Context, p: LP | None = None) -> float:
         return level_duration(ctx, p or self.params(ctx), self.given_s(ctx))
 
     def budget(self, ctx: Context) -> float:
@@ -379,18 +442,18 @@ class LoadTime:
         return self.pool_budget_s(p, self.duration(ctx, p))
 
     @staticmethod
-    def pool_budget_s(p: dict[str, Any], duration_s: float) -> float:
+    def pool_budget_s(p: PoolParams, duration_s: float) -> float:
         """The workers' budget for a load of `duration_s`: that plus their start-up timeout and 30 s."""
         return duration_s + float(p["startup_timeout_s"]) + 30.0
 
-    def start(self, ctx: Context) -> tuple[dict[str, Any], Promise, Result | None]:
+    def start(self, ctx: Context) -> tuple[LP, Promise, Result | None]:
         """The check's prologue: its parameters, the Promise its run makes, and the error Result
         when what is left of the run's time cannot keep it (deadline_problem), else None."""
         p = self.params(ctx)
         promise = self.promise(ctx, p)
         return p, promise, deadline_problem(ctx, self.check_id, promise)
 
-    def promise(self, ctx: Context, p: dict[str, Any] | None = None) -> Promise:
+    def promise(self, ctx: Context, p: LP | None = None) -> Promise:
         return promised(ctx, p or self.params(ctx), self.what, self.given_s(ctx),
                         flag=flag_of(self.options, "duration_s"))
 

@@ -60,12 +60,13 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait as _wait
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, Generic, cast
 
 from ..platform.processes import die_with_parent
+from .results import P, R
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .results import DeviceInfo, SetupError
+    from .results import DeviceInfo, SetupError, WorkerProgress
 
 OK = "ok"
 CRASHED = "crashed"
@@ -98,16 +99,18 @@ class WorkerJob:
     worker_id: str
     gpu: int | None = None
     device: str = "cpu"
+    # Any target's arguments (the target's TypedDict describes them: gpucheck.compute.gemm.BurnArgs,
+    # ...); the pool only pickles them, and reads "threads" for a CPU worker.
     args: dict[str, Any] = field(default_factory=dict)
     visible_device: str | None = None
 
 
 @dataclass
-class WorkerOutcome:
+class WorkerOutcome(Generic[R, P]):
     job: WorkerJob
     kind: str
-    result: dict[str, Any] | None = None
-    progress: dict[str, Any] | None = None  # the last progress report (partial data)
+    result: R | None = None
+    progress: P | None = None  # the last progress report (partial data)
     error: str | None = None  # one line
     traceback: str | None = None
     exitcode: int | None = None
@@ -125,7 +128,7 @@ class WorkerOutcome:
         return self.kind == OK
 
     @property
-    def data(self) -> dict[str, Any] | None:
+    def data(self) -> R | P | None:
         """The best data there is: the result, else the last progress report."""
         return self.result if self.result is not None else self.progress
 
@@ -172,7 +175,7 @@ class WorkerChannel:
             self._last_beat = now
             self._send(("hb", now))
 
-    def progress(self, info: dict[str, Any]) -> None:
+    def progress(self, info: "WorkerProgress") -> None:
         """A progress report (also a heartbeat). `info` must be plain, picklable data."""
         self._last_beat = time.monotonic()
         self._send(("progress", dict(info)))
@@ -203,7 +206,7 @@ class LocalChannel:
     def __init__(self, job: WorkerJob | None = None, stop: threading.Event | None = None):
         self.job = job or WorkerJob("local", gpu=0, device="cpu")
         self.stop_event = stop or threading.Event()
-        self.progress_reports: list[dict[str, Any]] = []
+        self.progress_reports: list["WorkerProgress"] = []
         self.heartbeats = 0
 
     worker_id = property(lambda self: self.job.worker_id)
@@ -217,8 +220,8 @@ class LocalChannel:
     def heartbeat(self, force: bool = False) -> None:
         self.heartbeats += 1
 
-    def progress(self, info: dict[str, Any]) -> None:
-        self.progress_reports.append(dict(info))
+    def progress(self, info: "WorkerProgress") -> None:
+        self.progress_reports.append(info.copy())
 
     def should_stop(self) -> bool:
         return self.stop_event.is_set()
@@ -242,20 +245,20 @@ def device_info(torch: Any, dev: Any) -> "DeviceInfo":
     and CUDA runtime versions (cuBLAS when torch tells); CPU model and threads for CPU workers."""
     import platform  # noqa: PLC0415
 
-    info: dict[str, Any] = {"device": dev.type, "torch": torch.__version__,
-                            "cuda_runtime": getattr(torch.version, "cuda", None)}
-    if dev.type == "cuda":
-        p = torch.cuda.get_device_properties(dev)
-        info.update(name=p.name, capability=[p.major, p.minor], sms=p.multi_processor_count,
-                    memory_bytes=int(p.total_memory))
-        try:
-            info["cublas"] = int(torch._C._cuda_getCompiledVersion())
-        except Exception:  # noqa: BLE001 - informative only
-            pass
-    else:
-        info.update(name=platform.processor() or platform.machine() or "cpu", capability=None,
-                    threads=torch.get_num_threads())
-    return cast("DeviceInfo", info)
+    runtime = getattr(torch.version, "cuda", None)
+    if dev.type != "cuda":
+        return {"device": dev.type, "torch": torch.__version__, "cuda_runtime": runtime,
+                "name": platform.processor() or platform.machine() or "cpu", "capability": None,
+                "threads": torch.get_num_threads()}
+    p = torch.cuda.get_device_properties(dev)
+    info: DeviceInfo = {"device": dev.type, "torch": torch.__version__, "cuda_runtime": runtime, "name": p.name,
+                        "capability": [p.major, p.minor], "sms": p.multi_processor_count,
+                        "memory_bytes": int(p.total_memory)}
+    try:
+        info["cublas"] = int(torch._C._cuda_getCompiledVersion())
+    except Exception:  # noqa: BLE001 - informative only
+        pass
+    return info
 
 
 def torch_device(chan: WorkerChannel | LocalChannel) -> Any:
@@ -371,9 +374,9 @@ class _Worker:
         self.started = False  # the target sent its first message
         self.conn_open = conn is not None
         self.messages = 0
-        self.result: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None  # whatever the target returned (a dict; else wrapped)
         self.result_at: float | None = None
-        self.progress: dict[str, Any] | None = None
+        self.progress: "WorkerProgress | None" = None
         self.error: str | None = None
         self.tb: str | None = None
         self.stop_kind: str | None = None  # cancelled / over_budget: a stop was requested
@@ -388,7 +391,7 @@ class _Worker:
     def done(self) -> bool:
         return self.outcome is not None
 
-    def drain(self, on_progress: Callable[[WorkerJob, dict[str, Any]], None] | None) -> None:
+    def drain(self, on_progress: "Callable[[WorkerJob, WorkerProgress], None] | None") -> None:
         while self.conn_open:
             try:
                 if not self.conn.poll():
@@ -409,10 +412,11 @@ class _Worker:
                 continue  # the process is up; the target has not spoken yet
             self.started = True
             if kind == "progress" and len(msg) > 1 and isinstance(msg[1], dict):
-                self.progress = msg[1]
+                # what the target sent with WorkerChannel.progress (one of its WorkerProgress types)
+                self.progress = cast("WorkerProgress", msg[1])
                 if on_progress is not None:
                     try:
-                        on_progress(self.job, msg[1])
+                        on_progress(self.job, self.progress)
                     except Exception:  # noqa: BLE001 - a display problem never breaks the pool
                         pass
             elif kind == "result" and len(msg) > 1:
@@ -519,7 +523,7 @@ def run_workers(
     heartbeat_timeout_s: float = 30.0,
     startup_timeout_s: float = 120.0,
     cancel: threading.Event | None = None,
-    on_progress: Callable[[WorkerJob, dict[str, Any]], None] | None = None,
+    on_progress: "Callable[[WorkerJob, WorkerProgress], None] | None" = None,
     sampler: Any = None,
     stop_grace_s: float = 2.0,
     term_grace_s: float = 1.0,
@@ -596,7 +600,7 @@ def _supervise(
     heartbeat_timeout_s: float,
     startup_timeout_s: float,
     cancel: threading.Event | None,
-    on_progress: Callable[[WorkerJob, dict[str, Any]], None] | None,
+    on_progress: "Callable[[WorkerJob, WorkerProgress], None] | None",
     stop_grace_s: float,
     term_grace_s: float,
     kill_wait_s: float,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, TypedDict
 
 from ..core.result import Action, Key, Result, Rule, Status, evaluate, strongest_action
 from ..platform.kernlog.mapping import GpuInfo, GpuMap
@@ -25,7 +25,32 @@ from . import catalog
 
 _SEV_RANK = {"critical": 0, "warning": 1, "app": 2, "info": 3}
 
-DEFAULT_PARAMS: dict[str, Any] = {
+class XidParams(TypedDict):
+    """The xid check's parameters (DEFAULT_PARAMS, merged with the config's [checks.xid])."""
+
+    since: str  # the window (gpucheck.platform.kernlog.timeparse.validate_since)
+    source: str  # where the kernel log is read (gpucheck.platform.kernlog.sources.selection.SOURCES)
+    files: list[str]
+    repeat_limit: int
+    ignore_xids: list[int]
+    unrecognised_warn: bool
+    max_evidence_lines: int
+    read_timeout_s: float
+
+
+class ClassificationDoc(TypedDict):
+    """A Classification as `gpucheck xid` writes it."""
+
+    severity: str
+    action: str
+    name: str
+    description: str
+    bucket: str
+    note: str
+    known: bool
+
+
+DEFAULT_PARAMS: XidParams = {
     "since": "last-pass",
     "source": "auto",
     "files": [],
@@ -47,7 +72,7 @@ class Classification:
     note: str = ""
     known: bool = True
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ClassificationDoc:
         return {"severity": self.severity, "action": self.action, "name": self.name,
                 "description": self.description, "bucket": self.bucket, "note": self.note,
                 "known": self.known}
@@ -68,14 +93,15 @@ def classify(ev: XidEvent, ignore: Iterable[int] = ()) -> Classification:
         link = ev.nvlink.get("link")
         note = f"fatal {ev.nvlink.get('unit') or 'NVLink'} event" + (f" on link {link}" if link is not None else "")
     if ev.xid == 154:
-        rec = ev.recovery or {}
-        label = (rec.get("to_label") or "").strip().lower()
+        rec = ev.recovery
+        to_label, to_code = (rec.get("to_label"), rec.get("to_code")) if rec else (None, None)
+        label = (to_label or "").strip().lower()
         verdict = catalog.RECOVERY_ACTIONS.get(label)
-        if verdict is None and isinstance(rec.get("to_code"), int):
-            verdict = catalog.RECOVERY_ACTIONS.get(catalog.RECOVERY_CODES.get(rec["to_code"], ""))
+        if verdict is None and isinstance(to_code, int):
+            verdict = catalog.RECOVERY_ACTIONS.get(catalog.RECOVERY_CODES.get(to_code, ""))
         if verdict is not None:
             sev, act = verdict
-            note = f"the driver's recovery action is now {rec.get('to_label') or hex(rec.get('to_code', 0))}"
+            note = f"the driver's recovery action is now {to_label or hex(to_code or 0)}"
         else:
             sev, act = "warning", "investigate"
             note = "recovery action not readable from the message"
@@ -157,7 +183,8 @@ def _evidence(lines: list[str], limit: int) -> list[str]:
 def _xid_group_result(check: str, key: tuple[str, Any], evs: list[XidEvent], cls: dict[int, Classification],
                       info: GpuInfo | None, limit: int, max_lines: int) -> Result:
     sev_counts: Counter[str] = Counter(cls[id(e)].severity for e in evs)
-    app_counts: Counter[int] = Counter(e.xid for e in evs if cls[id(e)].severity == "app")
+    # "app" is an Xid's severity (a fault signature without an Xid number is never one)
+    app_counts: Counter[int] = Counter(e.xid for e in evs if e.xid is not None and cls[id(e)].severity == "app")
     app_repeat_max = max(app_counts.values(), default=0)
     repeated = {x: n for x, n in app_counts.items() if n > limit}
     parts = _xid_kinds(evs, cls, limit, repeated)
@@ -276,7 +303,7 @@ def judge(
     sxid_events: list[SXidEvent],
     unrecognised: list[Unrecognised],
     gpu_map: GpuMap,
-    params: dict[str, Any],
+    params: XidParams,
     read_summary: str,
     window_label: str,
     notes: Iterable[str] = (),
@@ -341,7 +368,7 @@ def _group_by_subject(events: list[XidEvent], gpu_map: GpuMap,
 
 
 def _node_result(check: str, groups: dict[tuple[str, Any], list[XidEvent]], sxid_events: list[SXidEvent],
-                 unrecognised: list[Unrecognised], node_ev: list[str], params: dict[str, Any], read_summary: str,
+                 unrecognised: list[Unrecognised], node_ev: list[str], params: XidParams, read_summary: str,
                  window_label: str, max_lines: int) -> Result:
     """The node result: what was read, the window, what could not be recognised."""
     n_sig = sum(1 for v in groups.values() for e in v if e.xid is None)

@@ -25,11 +25,14 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...core.verdict import Verdict
 from .command import tail
 from .session import GroupOutcome, Metrics
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ...nccl.report import Outcome
 
 DEFAULT_OPS = ("all_gather", "all_reduce")
 
@@ -159,7 +162,7 @@ class CollectiveTest:
         return GroupOutcome(True, ", ".join(f"{op} {v:.3g}" for op, v in metrics.items()) + " GB/s busbw", dt,
                             metrics)
 
-    def _judge(self, out: dict[str, Any]) -> tuple[list[str], Metrics]:
+    def _judge(self, out: "Outcome") -> tuple[list[str], Metrics]:
         from ...nccl.pairs_run import real_bandwidth
         from ...nccl.report import largest
 
@@ -172,11 +175,12 @@ class CollectiveTest:
             if row is None:
                 problems.append(f"no {op} measurement")
                 continue
-            if not real_bandwidth(row.get("busbw_gbs")):
-                raise _Impossible(f"{op} busbw {row.get('busbw_gbs')!r} is not a finite, non-negative bandwidth")
-            metrics[op] = row["busbw_gbs"]
-            if self.min_busbw is not None and row["busbw_gbs"] < self.min_busbw:
-                problems.append(f"slow: {op} busbw {row['busbw_gbs']:.3g} GB/s < --min-busbw {self.min_busbw:g}")
+            busbw = row.get("busbw_gbs")
+            if busbw is None or not real_bandwidth(busbw):
+                raise _Impossible(f"{op} busbw {busbw!r} is not a finite, non-negative bandwidth")
+            metrics[op] = busbw
+            if self.min_busbw is not None and busbw < self.min_busbw:
+                problems.append(f"slow: {op} busbw {busbw:.3g} GB/s < --min-busbw {self.min_busbw:g}")
         return problems, metrics
 
 
@@ -184,18 +188,19 @@ class _Impossible(ValueError):
     """A rank reported a bandwidth no measurement gives (NaN, infinite, negative)."""
 
 
-def _blamed(out: dict[str, Any], nodes: list[str]) -> list[str]:
+def _blamed(out: "Outcome", nodes: list[str]) -> list[str]:
     """The hosts a failure names: those that could not take part, or the rank others waited for."""
     launch = [h for h in (out.get("launch_errors") or {}) if h in nodes]
     if launch:
         return launch
     failure = out.get("failure") or {}
-    if failure.get("kind") in ("timeout", "exit") and failure.get("host") in nodes:
-        return [failure["host"]]
+    host = failure.get("host")
+    if failure.get("kind") in ("timeout", "exit") and host is not None and host in nodes:
+        return [host]
     return []
 
 
-def _cannot_judge(out: dict[str, Any]) -> str | None:
+def _cannot_judge(out: "Outcome") -> str | None:
     """Why this group's outcome says nothing about its nodes, or None."""
     failure = out.get("failure") or {}
     kind = failure.get("kind")

@@ -9,10 +9,13 @@ nvidia-smi's index). Bus ids are the short ``dddd:bb:dd`` form of Xid lines.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from ..pci import short_bus_id
 from .parse import GpuAnnouncement
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..telemetry.model import Snapshot
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,10 @@ class GpuMap:
         return GpuMap(out.values(), "+".join(sources) if sources else None)
 
 
-def from_snapshot(snapshot: dict[str, Any] | None) -> GpuMap:
+def from_snapshot(snapshot: "Snapshot | None") -> GpuMap:
     gpus = []
-    for g in (snapshot or {}).get("gpus", []) or []:
+    entries = snapshot.get("gpus") if snapshot else None
+    for g in entries or []:
         bus = short_bus_id(str(g.get("pci_bus_id") or ""))
         if bus is None:
             continue

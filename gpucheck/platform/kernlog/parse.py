@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypedDict, Union
 
 from .timeparse import iso_utc, parse_prefix
 
@@ -104,6 +104,43 @@ _SXID_DATA_RE = re.compile(r"^Data\s*\{(?P<data>[^}]*)\}?")
 _LOOKS_LIKE = re.compile(r"NVRM: Xid|SXid|fallen off the bus")
 
 
+class NvlinkFault(TypedDict):
+    """What an NVLink Xid (74, 144-150) says about the link."""
+
+    unit: str | None  # 144-150: the unit that reported it
+    fatal: bool
+    severity_text: str | None  # 144-150: "Fatal" / "Nonfatal"
+    link: int | None
+    xc: str | None
+    instance: str | None
+    words: list[str]  # the hex words of the message
+
+
+class RecoveryChange(TypedDict):
+    """Xid 154: the GPU's recovery action, from and to (code and label)."""
+
+    from_code: int
+    from_label: str
+    to_code: int
+    to_label: str | None
+
+
+class XidFields(TypedDict):
+    """The fields of one NVRM Xid message (parse_xid_message)."""
+
+    xid: int
+    pci_bus_id: str | None
+    pid: int | None
+    process: str | None
+    text: str
+    gpu_instance: int | None
+    compute_instance: int | None
+    gpu_token: str | None
+    nvlink: NvlinkFault | None
+    recovery: RecoveryChange | None
+    caused_by: int | None
+
+
 @dataclass
 class XidEvent:
     xid: int | None  # None for a fault signature without an Xid number (`signature`)
@@ -116,8 +153,8 @@ class XidEvent:
     implied: bool = False  # a bus-loss line without an Xid number (Xid 79)
     gpu_instance: int | None = None  # MIG
     compute_instance: int | None = None
-    nvlink: dict[str, Any] | None = None  # Xid 74 and 144-150: unit, fatal, link, words
-    recovery: dict[str, Any] | None = None  # Xid 154: from/to code and label
+    nvlink: NvlinkFault | None = None  # Xid 74 and 144-150: unit, fatal, link, words
+    recovery: RecoveryChange | None = None  # Xid 154: from/to code and label
     caused_by: int | None = None  # Xid 45: "caused by previous Xid N"
     related: list[str] = field(default_factory=list)  # other lines of the same event
     time_kind: str | None = None
@@ -236,7 +273,7 @@ def _int_or_none(s: str | None) -> int | None:
         return None
 
 
-def parse_xid_message(msg: str) -> dict[str, Any] | None:
+def parse_xid_message(msg: str) -> XidFields | None:
     """The fields of one ``NVRM: Xid (...)`` message, or None when it is no Xid line. An address
     token that is no PCI address gives `pci_bus_id` None and the token in `gpu_token`."""
     m = XID_RE.search(msg)
@@ -253,8 +290,8 @@ def parse_xid_message(msg: str) -> dict[str, Any] | None:
 
 
 def _xid_fields(xid: int, bus: str | None, rest: str, gi: int | None, ci: int | None,
-                token: str | None) -> dict[str, Any]:
-    out: dict[str, Any] = {
+                token: str | None) -> XidFields:
+    out: XidFields = {
         "xid": xid, "pci_bus_id": bus, "pid": None, "process": None, "text": rest,
         "gpu_instance": gi, "compute_instance": ci, "gpu_token": token,
         "nvlink": None, "recovery": None, "caused_by": None,
@@ -294,7 +331,7 @@ def _xid_fields(xid: int, bus: str | None, rest: str, gi: int | None, ci: int | 
     return out
 
 
-def _nvlink5(text: str) -> dict[str, Any] | None:
+def _nvlink5(text: str) -> NvlinkFault | None:
     """Xid 144-150: "<UNIT> Fatal|Nonfatal XC<n> i<n> Link <n> (words)"."""
     nm = _NVLINK5_RE.match(text)
     if not nm:
@@ -392,7 +429,7 @@ class Parser:
         return [u]
 
     # -- NVRM lines ----------------------------------------------------------------------------
-    def _xid(self, line: str, f: dict[str, Any], stamp: Any, seq: int) -> list[Item]:
+    def _xid(self, line: str, f: XidFields, stamp: Any, seq: int) -> list[Item]:
         """An NVRM Xid line parsed into `f`: a new event (an Xid 79 may merge into the last)."""
         ev = XidEvent(
             xid=f["xid"], pci_bus_id=f["pci_bus_id"], time=stamp.epoch, raw=line, text=f["text"],
