@@ -22,11 +22,14 @@ bitwise parts, typed); `to_json` is what the sweep report holds under "fleet".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from ..core.documents import BITWISE_CHECK, FleetInputs, Key, fleet_inputs
 from ..core.jsonvalue import JsonValue
 from ..core.verdict import Verdict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..repro.majority import FleetGroup
 
 MAD_Z = 3.5  # robust z-score beyond which a value is an outlier
 REL_FLOOR = 0.05  # ... and at least this fraction of the median below it
@@ -140,7 +143,7 @@ class BitwiseComparison:
     compared: bool
     why: str = ""
     nodes: int = 0
-    fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)  # repro.majority.fleet_outliers
+    fingerprints: "dict[str, FleetGroup]" = field(default_factory=dict)  # repro.majority.fleet_outliers
     by_node: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, JsonValue]:
@@ -150,7 +153,7 @@ class BitwiseComparison:
         if not self.compared:
             return {"available": True, "compared": False, "nodes": self.nodes, "by_node": by_node, "why": self.why}
         return {"available": True, "compared": True, "nodes": self.nodes,
-                "fingerprints": {key: fp for key, fp in self.fingerprints.items()}, "by_node": by_node}
+                "fingerprints": {key: cast(JsonValue, fp) for key, fp in self.fingerprints.items()}, "by_node": by_node}
 
 
 @dataclass(frozen=True)
