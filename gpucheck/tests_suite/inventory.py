@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypedDict
 
+from ..data.ecc import ecc_class
 from ..platform.telemetry.fields import judged_view
 from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
                    gpu_state_result, nvml_unjudged, settle, unreadable_fields)
@@ -240,13 +241,19 @@ def _gpu(g: "JudgedGpu", p: InventoryParams) -> Result:
         "ecc_change_pending": None if ecc_cur is None or ecc_pend is None else ecc_cur != ecc_pend,
         "mig_change_pending": None if mig_cur is None or mig_pend is None else mig_cur != mig_pend,
     }
-    off = {"ecc_current": not p["require_ecc"], "persistence_mode": not p["require_persistence_mode"],
-           "mig_current": p["allow_mig"]}
+    sku = ecc_class(g.get("name"))
+    ecc_off_by_default = ecc_cur is False and sku is not None and not sku.ships_with_ecc
+    off = {"ecc_current": not p["require_ecc"] or ecc_off_by_default,
+           "persistence_mode": not p["require_persistence_mode"], "mig_current": p["allow_mig"]}
     onoff = {f"{k}_{w}": "on" if v else "off"
              for k, w, v in (("ecc", "now", ecc_cur), ("ecc", "next", ecc_pend), ("mig", "now", mig_cur),
                              ("mig", "next", mig_pend))}
     r = evaluate(ID, [rule for rule in GPU_RULES if not off.get(rule.metric)], metrics, facts=onoff, gpu=idx,
                  ok_summary=f"GPU {idx} ({g.get('name') or 'unknown model'}, {g.get('pci_bus_id')}): modes ok")
+    if ecc_off_by_default and sku is not None:  # a note, never a fault: that SKU ships with ECC off
+        r.evidence.append(f"ECC disabled: the default of a {sku.name} ({g.get('name')}), not a fault")
+        if r.status == Status.PASS:
+            r.summary += f" (ECC disabled: the default of a {sku.name})"
     return apply_unreadable(r, g, gpu_reads(p))
 
 

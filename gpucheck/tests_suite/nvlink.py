@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, counter_growth, define,
-                   each_gpu, evaluate, previous_interval, snapshot_time, unreadable_fields)
+                   each_gpu, evaluate, format_gaps, previous_interval, snapshot_time, unreadable_fields)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..platform.telemetry.model import JudgedGpu, NvLink, NvLinkLink
@@ -367,7 +367,8 @@ def _gpu(g: "JudgedGpu", p: NvlinkParams, history: dict[str, Reading], now: floa
 
 
 def _link_errors(g: "JudgedGpu") -> bool:
-    return any(k.startswith("nvlink") for k in unreadable_fields(g))
+    """Whether the links could not be read, or the capture's format does not carry them."""
+    return any(k.startswith("nvlink") for k in (*unreadable_fields(g), *format_gaps(g)))
 
 
 @define(
