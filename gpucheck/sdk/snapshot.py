@@ -56,6 +56,8 @@ def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:
     err = nv.get("error") if nv else None
     kind = err.get("kind", "other") if err else "other"
     message = err.get("message", "") if err else ""
+    if kind == NOT_IN_FORMAT:  # captures without GPU telemetry (gpucheck judge): what to add
+        return [Result(check_id, Status.SKIP, message or "the captures hold no GPU telemetry")]
     return [Result(check_id, Status.SKIP, f"NVML unavailable: {kind} (judged by the inventory check)",
                    evidence=[f"NVML: {message}"] if message else [])]
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from ..data.ecc import ecc_class
 from ..platform.telemetry.fields import judged_view
-from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
+from ..sdk import (NOT_IN_FORMAT, Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
                    gpu_state_result, nvml_unjudged, settle, unreadable_fields)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,6 +127,8 @@ def _no_nvml(ctx: Context, snap: "SnapshotOrNone") -> list[Result]:
     if kind == "no_permission":  # nothing could be compared: no threshold is listed
         r = Result(ID, Status.ERROR, "NVML refused access (no permission): cannot judge the GPUs", metrics=metrics,
                    units=units)
+    elif kind == NOT_IN_FORMAT:  # captures without GPU telemetry (gpucheck judge): nothing says the GPUs are gone
+        r = Result(ID, Status.SKIP, msg or "the captures hold no GPU telemetry", metrics=metrics, units=units)
     else:
         r = evaluate(ID, NO_NVML_RULES, metrics, limits={"expected_gpus": expected}, units=units,
                      ok_summary=f"no NVIDIA GPU on this machine (no NVIDIA device on the PCI bus; NVML: {kind})")

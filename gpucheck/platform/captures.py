@@ -1,0 +1,337 @@
+"""The capture kinds `gpucheck judge` reads, and how several captures of one node become the
+snapshot-like documents the level-1 checks judge (docs/judge.md). Reading only: no judgement here.
+
+A capture kind is a row of a table: its name, `detect(head, path) -> bool` (the first
+HEAD_BYTES of the file, b"" for a folder, and its path) and `read(path) -> Fragment` (the
+top-level keys of a snapshot document it gives, docs/snapshot.md; a key no kind here knows
+passes through to the judged document unchanged, so a check that reads it sees it). A reader
+raises CaptureReadError (one line) for a file it detected but cannot read.
+
+The kinds of this module: a gpucheck snapshot (JSON), `nvidia-smi -q` and `nvidia-smi -q -x`,
+DCGM diag JSON (`dcgmi diag -j`), kernel logs (dmesg, kern.log / syslog, journal). Other modules
+add theirs with one line each, `register_all(NET_CAPTURE_KINDS)` (see the end of this module).
+
+Several captures are one node (`steps`): captures of different kinds add up into one document;
+several captures of one `series` kind (t0, t1, t2, ordered by the capture's own time when every
+one has it, else by argument order) become a sequence of documents, the earlier ones judged first
+into a history so that delta and flap rules compare each reading with the one before.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Sequence
+
+HEAD_BYTES = 65536
+
+Fragment = dict[str, object]  # top-level keys of a snapshot document (docs/snapshot.md), JSON values
+
+
+class CaptureReadError(ValueError):
+    """A file of a known kind that cannot be read (the message is one line and names the file)."""
+
+
+@dataclass(frozen=True)
+class CaptureKind:
+    """One row of the capture table."""
+
+    name: str  # shown to users ("nvidia-smi -q", "kernel log (dmesg)")
+    detect: Callable[[bytes, Path], bool]
+    read: Callable[[Path], Fragment]
+    series: bool = True  # several captures of this kind are a time series (else they add up)
+    generic: bool = False  # tried after every specific kind (a kernel log matches much)
+    gpu_telemetry: bool = False  # gives the snapshot's GPU part (nvml, gpus, driver, ...)
+
+
+_KINDS: list[CaptureKind] = []
+
+
+def register(kind: CaptureKind) -> None:
+    """Add a capture kind to the table `gpucheck judge` detects files against. Specific kinds are
+    tried in registration order before generic ones; a name already registered is refused."""
+    if any(k.name == kind.name for k in _KINDS):
+        raise ValueError(f"capture kind {kind.name!r} is registered twice")
+    _KINDS.append(kind)
+
+
+def register_all(kinds: Sequence[CaptureKind]) -> None:
+    """register() each of `kinds` (a module's list, e.g. NET_CAPTURE_KINDS)."""
+    for kind in kinds:
+        register(kind)
+
+
+def kinds() -> list[CaptureKind]:
+    """The table in detection order: specific kinds, then generic ones."""
+    return [k for k in _KINDS if not k.generic] + [k for k in _KINDS if k.generic]
+
+
+# -- files -------------------------------------------------------------------------------------------
+def head_of(path: Path) -> bytes:
+    """The first HEAD_BYTES of a regular file (gzip decompressed), b"" for a folder. Raises
+    CaptureReadError for what cannot be read (a FIFO or a device is refused, never read)."""
+    if path.is_dir():
+        return b""
+    from .kernlog.sources.files import open_log_file
+
+    try:
+        with open_log_file(os.fspath(path)) as f:
+            return f.read(HEAD_BYTES)
+    except (OSError, EOFError, ValueError) as e:
+        raise CaptureReadError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+
+
+def detect_kind(path: Path) -> CaptureKind | None:
+    """The first kind whose detect() accepts `path`, or None. Raises CaptureReadError for a
+    file that cannot be read or is empty."""
+    head = head_of(path)
+    if not path.is_dir() and not head.strip():
+        raise CaptureReadError(f"{path}: empty file: nothing to judge")
+    return next((k for k in kinds() if k.detect(head, path)), None)
+
+
+def _text(head: bytes) -> str:
+    return head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+
+
+# -- gpucheck snapshot and nvidia-smi captures ---------------------------------------------------------
+def _is_snapshot(head: bytes, path: Path) -> bool:
+    return _text(head).startswith("{") and '"gpucheck.snapshot"' in _text(head)
+
+
+def _nvsmi_format(head: bytes) -> str | None:
+    from .telemetry.nvsmi import detect
+
+    return detect(_text(head))
+
+
+def _read_snapshot(path: Path) -> Fragment:
+    """A gpucheck snapshot or an nvidia-smi capture, converted (load_snapshot validates both)."""
+    from .telemetry.snapshot import SnapshotError, load_snapshot
+
+    try:
+        return dict(load_snapshot(path))
+    except SnapshotError as e:
+        raise CaptureReadError(str(e)) from None
+
+
+# -- DCGM diag JSON ----------------------------------------------------------------------------------
+_DCGM_ROOTS = ('"DCGM GPU Diagnostic"', '"DCGM Diagnostic"')
+
+
+def _is_dcgm(head: bytes, path: Path) -> bool:
+    text = _text(head)
+    return "{" in text[:4096] and any(root in text for root in _DCGM_ROOTS)
+
+
+def _read_dcgm(path: Path) -> Fragment:
+    """`dcgmi diag -j` output, kept as its text (the eud.dcgm check parses it as it parses a
+    live run's: gpucheck.eud.dcgm_parse)."""
+    from .safeio import read_input
+
+    try:
+        text = read_input(os.fspath(path), "snapshot").decode("utf-8", errors="replace")
+    except OSError as e:
+        raise CaptureReadError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    return {"dcgm_diag": {"path": str(path), "text": text}}
+
+
+# -- kernel logs -------------------------------------------------------------------------------------
+_DMESG_RE = re.compile(  # [  12.345678], [+0.000844], [Fri Feb 12 11:47:20 2021], dmesg --decode, /dev/kmsg records
+    r"^(<\d+>)?\[\s*[+]?\d+\.\d+\]|^\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]|"
+    r"^kern\s*:\s*\w+\s*:|^\d+,\d+,\d+,[-c+];|^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[,.]\d+[+-]\d\d:?\d\d\s", re.M)
+_SYSLOG_RE = re.compile(  # "Sep 19 16:18:04 host kernel: ...", its ISO form, a journal's banner lines
+    r"^(\S+\s+\d{1,2}\s+\d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.,]+\S*)\s+\S+\s+[\w./@-]+(\[\d+\])?:|"
+    r"^-- (Logs begin|Journal begins|Boot [0-9a-f]+ --|No entries)", re.M)
+
+
+def _is_syslog(head: bytes, path: Path) -> bool:
+    return bool(_SYSLOG_RE.search(_text(head)))
+
+
+def _is_dmesg(head: bytes, path: Path) -> bool:
+    return bool(_DMESG_RE.search(_text(head)))
+
+
+def _has_kernel_lines(head: bytes, path: Path) -> bool:
+    """Lines a kernel log holds, in any other form (a paste of bare "NVRM: Xid ..." lines)."""
+    from .kernlog.sources.linefilter import NEEDLES
+
+    return any(needle in head for needle in (*NEEDLES, b" kernel: ", b"\nkernel: "))
+
+
+def _read_kernel_log(path: Path) -> Fragment:
+    """The kernel log's relevant lines (the line filter of gpucheck.platform.kernlog.sources, as
+    `telemetry dump` records them), as the snapshot's `kernel_log`: no boot time (the file
+    does not say when its machine booted: dmesg's seconds since boot stay relative)."""
+    from .kernlog.sources.files import read_file
+
+    try:
+        lines, size = read_file(os.fspath(path))
+    except OSError as e:
+        raise CaptureReadError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    return {"kernel_log": {"source": f"file:{path}", "lines": lines, "error": None, "boot_time": None,
+                           "captured_at": None, "records": None, "notes": [f"{path}: {size} bytes read"]}}
+
+
+# -- assembling several captures ---------------------------------------------------------------------
+@dataclass
+class Capture:
+    """One file, its kind and what it gave."""
+
+    path: Path
+    kind: CaptureKind
+    fragment: Fragment
+    order: int  # its place on the command line
+
+
+@dataclass
+class Step:
+    """One document to judge: the captures it is made of, and the assembled snapshot."""
+
+    captures: list[Capture]
+    document: Fragment
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return ", ".join(str(c.path) for c in self.captures)
+
+    @property
+    def gpu_capture(self) -> Capture | None:
+        return next((c for c in self.captures if c.kind.gpu_telemetry), None)
+
+
+NO_GPU_TELEMETRY = ("the captures hold no GPU telemetry: add `nvidia-smi -q` (or a `gpucheck telemetry dump` "
+                    "snapshot) of the node")
+
+
+def capture_time(fragment: Fragment) -> float | None:
+    """The capture's own time (its `captured_at`, ISO), seconds since the epoch, or None."""
+    value = fragment.get("captured_at")
+    if not isinstance(value, str) or value in ("", "unknown"):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def order_series(captures: list[Capture]) -> tuple[list[Capture], str | None]:
+    """A series in the captures' own time order when every one has a time, else in argument
+    order (and a note saying so)."""
+    times = [capture_time(c.fragment) for c in captures]
+    if all(t is not None for t in times):
+        return [c for _, c in sorted(zip(times, captures), key=lambda tc: (tc[0], tc[1].order))], None
+    return sorted(captures, key=lambda c: c.order), (
+        f"{captures[0].kind.name} series ordered as given on the command line (not every capture has its own time)")
+
+
+def plan_steps(captures: list[Capture]) -> tuple[list[list[Capture]], list[str]]:
+    """The captures of each document to judge, oldest first. The series kinds' captures are
+    aligned on the last one; every other capture (a kind given once, or one that adds up) goes
+    with the last document."""
+    by_kind: dict[str, list[Capture]] = {}
+    for c in captures:
+        by_kind.setdefault(c.kind.name, []).append(c)
+    notes: list[str] = []
+    series: list[list[Capture]] = []
+    single: list[Capture] = []
+    for group in by_kind.values():
+        if group[0].kind.series and len(group) > 1:
+            ordered, note = order_series(group)
+            series.append(ordered)
+            notes += [note] if note else []
+        else:
+            single += group
+    length = max((len(s) for s in series), default=1)
+    steps: list[list[Capture]] = [[] for _ in range(length)]
+    for s in series:
+        for i, c in enumerate(s):
+            steps[length - len(s) + i].append(c)
+    steps[-1].extend(sorted(single, key=lambda c: c.order))
+    return [sorted(step, key=lambda c: c.order) for step in steps], notes
+
+
+# The keys of a snapshot's GPU part: from the one capture that gives it (gpu_telemetry).
+GPU_KEYS = ("kind", "version", "synthetic", "source", "host", "captured_at", "gpucheck_version", "nvml",
+            "driver_version", "cuda_driver_version", "nvml_version", "pci_nvidia_devices", "gpus", "capture")
+
+
+def no_gpu_telemetry(captured_at: str | None) -> Fragment:
+    """The GPU part of a document whose captures hold no GPU telemetry: NVML not read, of kind
+    not_in_format (the NVML checks skip naming what to add; never a fault, never a pass)."""
+    from .. import __version__
+    from .telemetry.model import KIND, VERSION
+    from .telemetry.nvml import NOT_IN_FORMAT
+
+    return {"kind": KIND, "version": VERSION, "synthetic": False,
+            "source": f"captures judged by gpucheck judge {__version__}: no GPU telemetry among them",
+            "host": "unknown", "captured_at": captured_at or "unknown", "gpucheck_version": __version__,
+            "nvml": {"ok": False, "error": {"kind": NOT_IN_FORMAT, "message": NO_GPU_TELEMETRY}},
+            "driver_version": None, "cuda_driver_version": None, "nvml_version": None,
+            "pci_nvidia_devices": [], "gpus": []}
+
+
+def merge_value(old: object, new: object) -> tuple[object, bool]:
+    """Two captures' values of one key: lists add up, objects merge key by key (recursively),
+    a missing or null value is filled; anything else: the later one, and False (a conflict)."""
+    if old is None:
+        return new, True
+    if new is None:
+        return old, True
+    if isinstance(old, list) and isinstance(new, list):
+        return old + new, True
+    if isinstance(old, dict) and isinstance(new, dict):
+        out, ok = dict(old), True
+        for k, v in new.items():
+            out[k], fine = merge_value(out.get(k), v)
+            ok = ok and fine
+        return out, ok
+    return new, old == new
+
+
+def assemble(step: list[Capture]) -> Step:
+    """One document from the captures of one step: the GPU part from the first capture that has
+    GPU telemetry (a second one is named in a warning and not used for it), every other key of
+    every capture added up (merge_value); keys no kind here knows pass through."""
+    gpu = next((c for c in step if c.kind.gpu_telemetry), None)
+    times = [c.fragment.get("captured_at") for c in step if isinstance(c.fragment.get("captured_at"), str)]
+    doc: Fragment = dict(gpu.fragment) if gpu is not None else no_gpu_telemetry(next(iter(times), None))
+    warnings: list[str] = []
+    for c in step:
+        if c is gpu:
+            continue
+        if c.kind.gpu_telemetry:
+            warnings.append(f"{c.path}: GPU telemetry also in {gpu.path if gpu else '?'}: judged from that one only")
+        for key, value in c.fragment.items():
+            if key in GPU_KEYS:
+                if key == "host" and doc.get("host") in (None, "unknown"):
+                    doc["host"] = value
+                continue
+            doc[key], fine = merge_value(doc.get(key), value)
+            if not fine:
+                warnings.append(f"{c.path}: its {key!r} differs from an earlier capture's: the later one is judged")
+    return Step(captures=list(step), document=doc, warnings=warnings)
+
+
+# -- the table ---------------------------------------------------------------------------------------
+CAPTURE_KINDS: tuple[CaptureKind, ...] = (
+    CaptureKind("gpucheck snapshot", _is_snapshot, _read_snapshot, gpu_telemetry=True),
+    CaptureKind("nvidia-smi -q -x", lambda head, path: _nvsmi_format(head) == "nvidia-smi -q -x", _read_snapshot,
+                gpu_telemetry=True),
+    CaptureKind("DCGM diag JSON", _is_dcgm, _read_dcgm),
+    CaptureKind("nvidia-smi -q", lambda head, path: _nvsmi_format(head) == "nvidia-smi -q", _read_snapshot,
+                gpu_telemetry=True),
+    CaptureKind("kernel log (journal, syslog, kern.log)", _is_syslog, _read_kernel_log, series=False, generic=True),
+    CaptureKind("kernel log (dmesg)", _is_dmesg, _read_kernel_log, series=False, generic=True),
+    CaptureKind("kernel log (lines)", _has_kernel_lines, _read_kernel_log, series=False, generic=True),
+)
+
+register_all(CAPTURE_KINDS)
+# Other modules' kinds, one line each (wired at merge), e.g.:
+#   from .net.captures import NET_CAPTURE_KINDS; register_all(NET_CAPTURE_KINDS)
+#   from .fabric.captures import FABRIC_CAPTURE_KINDS; register_all(FABRIC_CAPTURE_KINDS)
