@@ -82,13 +82,15 @@ def telemetry_of(step: Step) -> CaptureTelemetry | ReplayTelemetry:
 
 def _patterns(req: JudgeRequest, steps: list[Step]) -> list[str]:
     """The checks: the level-1 ones (none named), and eud.dcgm where a DCGM diag capture is
-    among the captures (it judges the recorded document instead of running DCGM)."""
+    among the captures (it judges the recorded document instead of running DCGM). Named, the
+    level-1 compute checks are left out: a check named is one the run must examine, and a
+    capture cannot be computed on."""
     if req.check_patterns:
         return list(req.check_patterns)
     if any("dcgm_diag" in s.document for s in steps):
         from .tests_suite.registry import all_checks
 
-        return [c.id for c in all_checks(max_level=1)] + ["eud.dcgm"]
+        return [c.id for c in all_checks(max_level=1) if not c.spec.is_compute] + ["eud.dcgm"]
     return []
 
 

@@ -299,7 +299,7 @@ def assemble(step: list[Capture]) -> Step:
     GPU telemetry (a second one is named in a warning and not used for it), every other key of
     every capture added up (merge_value); keys no kind here knows pass through."""
     gpu = next((c for c in step if c.kind.gpu_telemetry), None)
-    times = [c.fragment.get("captured_at") for c in step if isinstance(c.fragment.get("captured_at"), str)]
+    times = [t for c in step if isinstance(t := c.fragment.get("captured_at"), str)]
     doc: Fragment = dict(gpu.fragment) if gpu is not None else no_gpu_telemetry(next(iter(times), None))
     warnings: list[str] = []
     for c in step:
