@@ -17,6 +17,10 @@ FIX = Path(__file__).parent / "fixtures"
 NVSMI, DCGM, JUDGE, KERNLOG = FIX / "nvsmi", FIX / "dcgm" / "real", FIX / "judge", FIX / "kernlog" / "real"
 
 
+def kind(name: str) -> C.CaptureKind:
+    return next(k for k in C.kinds() if k.name == name)
+
+
 def judge(capsys, *argv: str) -> tuple[int, dict, str]:
     rc = main(["judge", "--json", *argv])
     out, err = capsys.readouterr()
@@ -116,14 +120,14 @@ def test_a_series_of_nvidia_smi_captures_is_judged_for_changes_in_time_order(cap
 
 
 def test_a_series_without_times_is_ordered_as_given():
-    a = C.Capture(Path("a"), C.CAPTURE_KINDS[1], {"captured_at": "unknown"}, 0)
-    b = C.Capture(Path("b"), C.CAPTURE_KINDS[1], {"captured_at": "2024-11-14T07:00:14"}, 1)
+    a = C.Capture(Path("a"), kind("nvidia-smi -q"), {"captured_at": "unknown"}, 0)
+    b = C.Capture(Path("b"), kind("nvidia-smi -q"), {"captured_at": "2024-11-14T07:00:14"}, 1)
     ordered, note = C.order_series([b, a])
     assert [c.path.name for c in ordered] == ["a", "b"] and "as given on the command line" in (note or "")
 
 
 def test_plan_aligns_series_on_the_last_and_puts_single_captures_last():
-    nv, log = C.CAPTURE_KINDS[3], C.CAPTURE_KINDS[-1]
+    nv, log = kind("nvidia-smi -q"), kind("kernel log (lines)")
     caps = [C.Capture(Path(f"t{i}"), nv, {"captured_at": f"2024-11-14T07:0{i}:00"}, i) for i in range(3)]
     caps.append(C.Capture(Path("dmesg"), log, {"kernel_log": {"lines": ["a"]}}, 3))
     caps.append(C.Capture(Path("dmesg2"), log, {"kernel_log": {"lines": ["b"]}}, 4))
@@ -174,3 +178,44 @@ def test_a_capture_of_a_known_kind_that_does_not_read_exits_2(capsys, tmp_path):
     bad.write_text('{"kind": "gpucheck.snapshot", "version": 99}')
     rc = main(["judge", str(bad)])
     assert rc == 2 and "version" in capsys.readouterr()[1]
+
+
+# -- nvidia-smi nvlink -s: the NVLink state nvidia-smi -q does not carry --------------------------------
+@pytest.mark.parametrize("name,rc_expected,nvlink", [
+    ("azhpc-diagnostics-v100-nvlink-s-inactive-links.txt", 1,
+     {("gpu0", "skip"), ("gpu1", "skip"), ("gpu2", "skip"), ("gpu3", "fail"), ("gpu4", "fail"), ("gpu5", "fail"),
+      ("gpu6", "fail")}),
+    ("azurehpc-nhc-a100-nvlink-all-inactive.txt", 1, {("gpu6", "fail")}),
+    ("azurehpc-nhc-a100-nvlink-status-good.txt", 0, {("gpu7", "skip")}),
+])
+def test_nvlink_status_captures(capsys, name, rc_expected, nvlink):
+    assert C.detect_kind(NVSMI / name).name == "nvidia-smi nvlink -s"
+    rc, v, _ = judge(capsys, str(NVSMI / name))
+    assert rc == rc_expected and {(r["subject"], r["status"]) for r in v["results"] if r["check"] == "nvlink"} == nvlink
+    others = {r["summary"].split(": ", 1)[1] for r in v["results"]
+              if r["check"] in ("ecc", "clocks", "pcie") and r["subject"].startswith("gpu")}
+    assert others == {"capture has no GPU telemetry besides NVLink: add `nvidia-smi -q`"}
+
+
+def test_nvlink_s_beside_nvidia_smi_q_judges_the_links_of_the_same_gpus(capsys, tmp_path):
+    """Synthetic (written here, the real H100 capture's UUIDs with an nvlink -s layout as in the
+    real azhpc-diagnostics capture): GPU 1's link 4 inactive fails it; the others skip naming the
+    counters nvlink -s does not print; nothing else of the healthy capture changes."""
+    snap = C.assemble(read_captures([str(NVSMI / "h100-x8-565-healthy.txt")])).document
+    lines = []
+    for g in snap["gpus"]:
+        lines.append(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})")
+        lines += [f"\t Link {n}: " + ("<inactive>" if (g["index"], n) == (1, 4) else "26.562 GB/s") for n in range(18)]
+    nvl = tmp_path / "nvlink-s.txt"
+    nvl.write_text("\n".join(lines) + "\n")
+    rc, v, _ = judge(capsys, str(NVSMI / "h100-x8-565-healthy.txt"), str(nvl))
+    got = {(r["subject"], r["status"]) for r in v["results"] if r["check"] == "nvlink"}
+    assert rc == 1 and got == {("gpu1", "fail")} | {(f"gpu{i}", "skip") for i in (0, 2, 3, 4, 5, 6, 7)}
+    assert not_pass(v) == {("nvlink", "gpu1", "fail")}
+
+
+def test_an_nvlink_s_line_that_does_not_read_exits_2(capsys, tmp_path):
+    bad = tmp_path / "nvl.txt"
+    bad.write_text("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n\t Link 0: 26.562 GB/s\n\t Link 1: fast\n")
+    rc = main(["judge", str(bad)])
+    assert rc == 2 and "line 3" in capsys.readouterr()[1]

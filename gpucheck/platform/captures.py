@@ -8,7 +8,7 @@ passes through to the judged document unchanged, so a check that reads it sees i
 raises CaptureReadError (one line) for a file it detected but cannot read.
 
 The kinds of this module: a gpucheck snapshot (JSON), `nvidia-smi -q` and `nvidia-smi -q -x`,
-DCGM diag JSON (`dcgmi diag -j`), kernel logs (dmesg, kern.log / syslog, journal). Other modules
+`nvidia-smi nvlink -s` (the NVLink state -q does not print), DCGM diag JSON (`dcgmi diag -j`), kernel logs (dmesg, kern.log / syslog, journal). Other modules
 add theirs with one line each, `register_all(NET_CAPTURE_KINDS)` (see the end of this module).
 
 Several captures are one node (`steps`): captures of different kinds add up into one document;
@@ -177,6 +177,94 @@ def _read_kernel_log(path: Path) -> Fragment:
                            "captured_at": None, "records": None, "notes": [f"{path}: {size} bytes read"]}}
 
 
+# -- nvidia-smi nvlink -s ------------------------------------------------------------------------------
+def _is_nvlink_status(head: bytes, path: Path) -> bool:
+    from .telemetry.nvlinkstatus import detect
+
+    return detect(_text(head))
+
+
+def _read_nvlink_status(path: Path) -> Fragment:
+    """Each GPU's link states, as `nvlink_status` (applied to the GPU entries by assemble)."""
+    from .safeio import read_input
+    from .telemetry.nvlinkstatus import parse
+
+    try:
+        gpus = parse(read_input(os.fspath(path), "snapshot").decode("utf-8", errors="replace"))
+    except (OSError, ValueError) as e:
+        raise CaptureReadError(f"{path}: cannot read as nvidia-smi nvlink -s: {e}") from None
+    return {"nvlink_status": {"path": str(path), "gpus": list(gpus)}}
+
+
+COUNTERS_HINT = ("capture has no NVLink error counters (nvidia-smi nvlink -s prints states only): "
+                 "record `gpucheck telemetry dump` on the node")
+ONLY_NVLINK_HINT = "capture has no GPU telemetry besides NVLink: add `nvidia-smi -q`"
+
+
+def _gap(g: dict[str, object], field_name: str, hint: str) -> None:
+    from .telemetry.nvml import NOT_IN_FORMAT
+
+    errors = g.setdefault("errors", {})
+    capture = g.setdefault("capture", {})
+    if isinstance(errors, dict) and isinstance(capture, dict):
+        errors[field_name] = NOT_IN_FORMAT
+        capture.setdefault("not_carried", {})[field_name] = hint
+
+
+def _gpu_of_status(status: dict[str, object]) -> dict[str, object]:
+    """A GPU entry for a GPU that only an nvlink -s capture shows: its UUID and name; every other
+    field not carried (what to add: nvidia-smi -q)."""
+    from .telemetry.fields import GROUP_FIELDS, TOP_FIELDS
+    from .telemetry.nvsmi import skeleton
+
+    g: dict[str, object] = skeleton(int(str(status["index"])))
+    g["uuid"], g["name"] = status.get("uuid"), status.get("name")
+    for key in TOP_FIELDS:
+        if key not in ("uuid", "name") and not key.endswith("_name") and key != "architecture_id":
+            _gap(g, key, ONLY_NVLINK_HINT)
+    for group in GROUP_FIELDS:
+        _gap(g, group, ONLY_NVLINK_HINT)
+    return g
+
+
+def apply_nvlink_status(doc: Fragment) -> list[str]:
+    """Put an `nvlink_status` fragment's link states into the document's GPU entries (matched by
+    UUID; GPUs only it shows become entries of their own when no capture holds GPU telemetry),
+    the counters it does not carry marked so. Returns warnings."""
+    status = doc.pop("nvlink_status", None)
+    if not isinstance(status, dict):
+        return []
+    listed = status.get("gpus")
+    shown: list[dict[str, object]] = [s for s in listed if isinstance(s, dict)] if isinstance(listed, list) else []
+    gpus = doc.get("gpus")
+    nvml = doc.get("nvml")
+    warnings: list[str] = []
+    if isinstance(nvml, dict) and not nvml.get("ok") and isinstance(gpus, list) and not gpus:
+        doc["nvml"] = {"ok": True, "error": None}
+        gpus.extend(_gpu_of_status(s) for s in shown)
+    by_uuid = {g.get("uuid"): g for g in (gpus if isinstance(gpus, list) else []) if isinstance(g, dict)}
+    for s in shown:
+        g = by_uuid.get(s.get("uuid"))
+        if g is None:
+            warnings.append(f"{status.get('path')}: GPU {s.get('index')} ({s.get('uuid')}) is in no other capture: "
+                            "its NVLinks are not judged")
+            continue
+        raw_links = s.get("links")
+        links = [{"link": lk["link"], "state": lk["state"], "replay_errors": None, "recovery_errors": None,
+                  "crc_flit_errors": None, "crc_data_errors": None}
+                 for lk in (raw_links if isinstance(raw_links, list) else [])]
+        g["nvlink"] = {"supported": True, "links": links, "all_inactive": bool(s.get("all_inactive"))}
+        errors, capture = g.get("errors"), g.get("capture")
+        if isinstance(errors, dict):
+            errors.pop("nvlink", None)
+        if isinstance(capture, dict) and isinstance(capture.get("not_carried"), dict):
+            capture["not_carried"].pop("nvlink", None)
+        for lk in links:
+            for counter in ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"):
+                _gap(g, f"nvlink.links[{lk['link']}].{counter}", COUNTERS_HINT)
+    return warnings
+
+
 # -- assembling several captures ---------------------------------------------------------------------
 @dataclass
 class Capture:
@@ -315,6 +403,7 @@ def assemble(step: list[Capture]) -> Step:
             doc[key], fine = merge_value(doc.get(key), value)
             if not fine:
                 warnings.append(f"{c.path}: its {key!r} differs from an earlier capture's: the later one is judged")
+    warnings += apply_nvlink_status(doc)
     return Step(captures=list(step), document=doc, warnings=warnings)
 
 
@@ -324,6 +413,7 @@ CAPTURE_KINDS: tuple[CaptureKind, ...] = (
     CaptureKind("nvidia-smi -q -x", lambda head, path: _nvsmi_format(head) == "nvidia-smi -q -x", _read_snapshot,
                 gpu_telemetry=True),
     CaptureKind("DCGM diag JSON", _is_dcgm, _read_dcgm),
+    CaptureKind("nvidia-smi nvlink -s", _is_nvlink_status, _read_nvlink_status),
     CaptureKind("nvidia-smi -q", lambda head, path: _nvsmi_format(head) == "nvidia-smi -q", _read_snapshot,
                 gpu_telemetry=True),
     CaptureKind("kernel log (journal, syslog, kern.log)", _is_syslog, _read_kernel_log, series=False, generic=True),
