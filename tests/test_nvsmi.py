@@ -306,3 +306,22 @@ def test_nvlink_is_never_in_an_nvidia_smi_q_capture_whatever_the_driver():
 def test_a_gpu_counted_but_not_in_the_capture_is_not_in_capture_not_a_format_gap():
     snap = load_snapshot(FIX / "a100-mig-535-telegraf-1of4.xml")
     assert snap["gpus"][1]["errors"]["nvlink"] == NOT_IN_CAPTURE
+
+
+def test_a_line_present_but_unreadable_is_an_error_never_a_format_gap():
+    """"Format does not carry" (skip) against "field present but unreadable" (error): R565 prints
+    the GPU Recovery Action; one that reads [Unknown Error] is a failed read."""
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
+    from gpucheck.core.runner import run_checks
+    from gpucheck.tests_suite.registry import all_checks
+
+    text = (FIX / "h100-x8-565-healthy.txt").read_text().replace(
+        "GPU Recovery Action                   : None", "GPU Recovery Action                   : [Unknown Error]", 1)
+    snap = convert(text)
+    assert snap["gpus"][0]["errors"]["recovery_action"] == "other"
+    assert "recovery_action" not in snap["gpus"][0]["capture"].get("not_carried", {})
+    out = run_checks([c for c in all_checks() if c.id == "recovery-action"], Context(level=Level.QUICK, snapshot=snap),
+                     install_signal_handlers=False)
+    assert {(r.subject, r.status.value) for r in out.results if r.subject in ("gpu0", "gpu1")} == {
+        ("gpu0", "error"), ("gpu1", "pass")}
