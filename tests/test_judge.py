@@ -219,3 +219,12 @@ def test_an_nvlink_s_line_that_does_not_read_exits_2(capsys, tmp_path):
     bad.write_text("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)\n\t Link 0: 26.562 GB/s\n\t Link 1: fast\n")
     rc = main(["judge", str(bad)])
     assert rc == 2 and "line 3" in capsys.readouterr()[1]
+
+
+def test_gzipped_captures_are_read_like_plain_ones(capsys, tmp_path):
+    import gzip
+
+    for src in (NVSMI / "h100-x8-565-synthetic-remap-pending-gpu3.txt", JUDGE / "gpu-burn-1-aer-surprise-down-xid79.log"):
+        (tmp_path / (src.name + ".gz")).write_bytes(gzip.compress(src.read_bytes()))
+    rc, v, _ = judge(capsys, *(str(p) for p in sorted(tmp_path.iterdir())))
+    assert rc == 1 and not_pass(v) == {("memory-remap", "gpu3", "fail"), ("xid", "pci:0000:02:00", "fail")}

@@ -108,12 +108,28 @@ def _nvsmi_format(head: bytes) -> str | None:
     return detect(_text(head))
 
 
+def read_text(path: Path) -> str:
+    """A capture's text (.gz decompressed), at most the snapshot size limit (safeio.LIMITS)."""
+    from .kernlog.sources.files import open_log_file
+    from .safeio import LIMITS
+
+    limit = LIMITS["snapshot"]
+    try:
+        with open_log_file(os.fspath(path)) as f:
+            data = f.read(limit + 1)
+    except (OSError, EOFError) as e:
+        raise CaptureReadError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if len(data) > limit:
+        raise CaptureReadError(f"{path}: too big: more than {limit} bytes (the limit for a capture)")
+    return data.decode("utf-8", errors="replace")
+
+
 def _read_snapshot(path: Path) -> Fragment:
-    """A gpucheck snapshot or an nvidia-smi capture, converted (load_snapshot validates both)."""
-    from .telemetry.snapshot import SnapshotError, load_snapshot
+    """A gpucheck snapshot or an nvidia-smi capture, converted (both validated as by load_snapshot)."""
+    from .telemetry.snapshot import SnapshotError, snapshot_from_text
 
     try:
-        return dict(load_snapshot(path))
+        return dict(snapshot_from_text(read_text(path), str(path)))
     except SnapshotError as e:
         raise CaptureReadError(str(e)) from None
 
@@ -130,13 +146,7 @@ def _is_dcgm(head: bytes, path: Path) -> bool:
 def _read_dcgm(path: Path) -> Fragment:
     """`dcgmi diag -j` output, kept as its text (the eud.dcgm check parses it as it parses a
     live run's: gpucheck.eud.dcgm_parse)."""
-    from .safeio import read_input
-
-    try:
-        text = read_input(os.fspath(path), "snapshot").decode("utf-8", errors="replace")
-    except OSError as e:
-        raise CaptureReadError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    return {"dcgm_diag": {"path": str(path), "text": text}}
+    return {"dcgm_diag": {"path": str(path), "text": read_text(path)}}
 
 
 # -- kernel logs -------------------------------------------------------------------------------------
@@ -186,12 +196,12 @@ def _is_nvlink_status(head: bytes, path: Path) -> bool:
 
 def _read_nvlink_status(path: Path) -> Fragment:
     """Each GPU's link states, as `nvlink_status` (applied to the GPU entries by assemble)."""
-    from .safeio import read_input
     from .telemetry.nvlinkstatus import parse
 
+    text = read_text(path)
     try:
-        gpus = parse(read_input(os.fspath(path), "snapshot").decode("utf-8", errors="replace"))
-    except (OSError, ValueError) as e:
+        gpus = parse(text)
+    except ValueError as e:
         raise CaptureReadError(f"{path}: cannot read as nvidia-smi nvlink -s: {e}") from None
     return {"nvlink_status": {"path": str(path), "gpus": list(gpus)}}
 
