@@ -15,6 +15,7 @@ import pytest
 
 from gpucheck.platform.telemetry import nvsmi
 from gpucheck.platform.telemetry.fields import GROUP_FIELDS, TOP_FIELDS
+from gpucheck.platform.telemetry.nvml import NOT_IN_FORMAT
 from gpucheck.platform.telemetry.nvsmi import NOT_IN_CAPTURE, TEXT, XML, CaptureError, convert, detect
 from gpucheck.platform.telemetry.snapshot import SnapshotError, load_snapshot, validate_snapshot
 from gpucheck.platform.telemetry.throttle import reason_names
@@ -64,7 +65,7 @@ def test_h100_capture_maps_every_field_like_the_live_reader():
     assert g["power"] == {"usage_w": 85.27, "limit_w": 700.0}
     assert (g["recovery_action"], g["recovery_action_name"]) == (0, "none")
     # Only NVLink is missing: nvidia-smi -q prints no link state.
-    assert g["errors"] == {"nvlink": NOT_IN_CAPTURE} and g["state"] == "ok"
+    assert g["errors"] == {"nvlink": NOT_IN_FORMAT} and g["state"] == "ok"
     assert set(TOP_FIELDS) <= set(g) and all(set(GROUP_FIELDS[k]) <= set(g[k]) for k in GROUP_FIELDS)
     json.dumps(snap)
 
@@ -92,8 +93,9 @@ def test_xml_spellings_and_mig_not_supported_remapped_rows():
     assert not any(k.startswith("remapped_rows") for k in g["errors"])
     assert g["clocks"]["throttle_reasons"] == 0 and g["power"]["limit_w"] == 500.0
     # 535 prints no SRAM threshold flag and no recovery action: not in this capture, never "fine"
-    assert g["errors"]["ecc_errors.sram_threshold_exceeded"] == NOT_IN_CAPTURE
-    assert g["errors"]["recovery_action"] == NOT_IN_CAPTURE
+    # (the driver predates both lines: not carried by its format, judged a skip naming it)
+    assert g["errors"]["ecc_errors.sram_threshold_exceeded"] == NOT_IN_FORMAT
+    assert g["errors"]["recovery_action"] == NOT_IN_FORMAT
 
 
 def test_older_xml_spellings_throttle_reasons_and_power_readings():
@@ -101,7 +103,7 @@ def test_older_xml_spellings_throttle_reasons_and_power_readings():
     assert g["clocks"]["throttle_reasons"] == 0  # <clocks_throttle_reasons>, a value wrapped over two lines
     assert g["power"] == {"usage_w": 66.92, "limit_w": 400.0}  # <power_readings><enforced_power_limit>
     assert g["ecc_errors"]["volatile_uncorrected"] is None and g["ecc_errors"]["aggregate_uncorrected"] == 0
-    assert g["errors"]["pcie.link_gen_gpu_max"] == NOT_IN_CAPTURE  # 510 prints no device max
+    assert g["errors"]["pcie.link_gen_gpu_max"] == NOT_IN_FORMAT  # 510 prints no device max
 
 
 # -- spellings of one value ----------------------------------------------------------------------------
@@ -195,7 +197,7 @@ def test_a_text_capture_cut_inside_a_gpu_section():
     g1 = snap["gpus"][1]
     assert g1["uuid"] == "GPU-7c3cadbd-17e5-0913-f69b-c618122ea0cd" and g1["pcie"]["link_width"] == 16
     assert g1["errors"]["temperature.gpu_c"] == NOT_IN_CAPTURE and g1["errors"]["remapped_rows.pending"] == NOT_IN_CAPTURE
-    assert snap["gpus"][0]["errors"] == {"nvlink": NOT_IN_CAPTURE}  # the whole first GPU is judged
+    assert snap["gpus"][0]["errors"] == {"nvlink": NOT_IN_FORMAT}  # the whole first GPU is judged
     w = " | ".join(snap["capture"]["warnings"])
     assert "GPU 1 (0000:2a:00.0):" in w and "holds 2 of the 8 attached GPUs" in w
 
@@ -275,3 +277,51 @@ def test_load_snapshot_converts_a_capture_and_refuses_a_fifo(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(SnapshotError, match="not a regular file"):
         load_snapshot(fifo)
+
+
+# -- what the format does not carry (formatgaps) ------------------------------------------------------
+def _h200_text() -> str:
+    return (FIX / "h200-550-healthy.txt").read_text()
+
+
+def test_a_line_the_driver_predates_is_not_in_format_a_cut_one_of_a_newer_driver_is_not_in_capture():
+    g = convert(_h200_text())["gpus"][0]  # R550: no GPU Recovery Action line (printed from R565)
+    assert g["errors"]["recovery_action"] == NOT_IN_FORMAT
+    assert "driver 550.90.12 predates it" in g["capture"]["not_carried"]["recovery_action"]
+    newer = convert(_h200_text().replace("Driver Version                            : 550.90.12",
+                                         "Driver Version                            : 570.86.15"))["gpus"][0]
+    assert newer["errors"]["recovery_action"] == NOT_IN_CAPTURE and "recovery_action" not in newer.get(
+        "capture", {}).get("not_carried", {})
+    unknown = convert("\n".join(line for line in _h200_text().splitlines() if "Driver Version" not in line))
+    assert unknown["gpus"][0]["errors"]["recovery_action"] == NOT_IN_CAPTURE  # no version: never "predates"
+
+
+def test_nvlink_is_never_in_an_nvidia_smi_q_capture_whatever_the_driver():
+    for text in (_h200_text(), (FIX / "remap-pending-excerpt-gpud80.txt").read_text()):
+        g = convert(text)["gpus"][0]
+        assert g["errors"]["nvlink"] == NOT_IN_FORMAT
+        assert g["capture"]["not_carried"]["nvlink"] == "capture has no NVLink state: add `nvidia-smi nvlink -s`"
+
+
+def test_a_gpu_counted_but_not_in_the_capture_is_not_in_capture_not_a_format_gap():
+    snap = load_snapshot(FIX / "a100-mig-535-telegraf-1of4.xml")
+    assert snap["gpus"][1]["errors"]["nvlink"] == NOT_IN_CAPTURE
+
+
+def test_a_line_present_but_unreadable_is_an_error_never_a_format_gap():
+    """"Format does not carry" (skip) against "field present but unreadable" (error): R565 prints
+    the GPU Recovery Action; one that reads [Unknown Error] is a failed read."""
+    from gpucheck.core.check import Context
+    from gpucheck.core.levels import Level
+    from gpucheck.core.runner import run_checks
+    from gpucheck.tests_suite.registry import all_checks
+
+    text = (FIX / "h100-x8-565-healthy.txt").read_text().replace(
+        "GPU Recovery Action                   : None", "GPU Recovery Action                   : [Unknown Error]", 1)
+    snap = convert(text)
+    assert snap["gpus"][0]["errors"]["recovery_action"] == "other"
+    assert "recovery_action" not in snap["gpus"][0]["capture"].get("not_carried", {})
+    out = run_checks([c for c in all_checks() if c.id == "recovery-action"], Context(level=Level.QUICK, snapshot=snap),
+                     install_signal_handlers=False)
+    assert {(r.subject, r.status.value) for r in out.results if r.subject in ("gpu0", "gpu1")} == {
+        ("gpu0", "error"), ("gpu1", "pass")}

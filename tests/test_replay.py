@@ -164,7 +164,14 @@ def test_a_group_the_recording_lacks_fails_every_read_of_it():
     assert res[("clocks", "gpu1")][0] == Status.WARN
 
 
-@pytest.mark.parametrize("kind", [k for k in N.KINDS if k not in ("not_supported", "gpu_lost", "reset_required")])
+def test_a_replayed_not_in_format_reads_back_as_not_in_capture():
+    """not_in_format belongs to converted captures (judged as converted, never replayed); a
+    replay that meets one answers it as not in this capture: a failed read, never a value."""
+    assert N.classify(recorded_failure(N.NOT_IN_FORMAT, None, "field")).kind == N.NOT_IN_CAPTURE
+
+
+@pytest.mark.parametrize("kind", [k for k in N.KINDS
+                                  if k not in ("not_supported", "gpu_lost", "reset_required", "not_in_format")])
 def test_a_recorded_failure_is_raised_as_nvml_raises_it_and_reads_back(kind):
     failure = N.classify(recorded_failure(kind, None, "field"))
     assert failure.kind == kind

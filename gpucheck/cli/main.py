@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "schema": "gpucheck.cli.run:schema_command",
     "telemetry": "gpucheck.cli.telemetry:telemetry_group",
     "xid": "gpucheck.cli.xid:xid_command",
+    "judge": "gpucheck.cli.judge:judge_command",
     "burn": "gpucheck.cli.burn:burn_command",
     "poet": "gpucheck.cli.poet:poet_command",
     "eud": "gpucheck.cli.eud:eud_command",

@@ -28,7 +28,8 @@ from ..core.inject import InjectionArgs, choice, fraction, injections_for_gpu
 from ..core.levels import Level
 from ..core.options import Option, flag_of, option
 from ..core.result import Action, Basis, Key, Result, Rule, Status, Threshold, evaluate, settle
-from .snapshot import (NOT_IN_CAPTURE, apply_unreadable, counter_growth, each_gpu, get, gpu_state_result,
+from ..platform.telemetry.nvml import NOT_IN_FORMAT
+from .snapshot import (NOT_IN_CAPTURE, apply_unreadable, counter_growth, each_gpu, format_gaps, get, gpu_state_result,
                        latest_metrics_by, nvml_unavailable, nvml_unjudged, previous_interval, selected_gpus_or_skip,
                        snapshot_time, status_if_unreadable, unreadable_fields)
 
@@ -38,7 +39,7 @@ __all__ = [
     "Option", "flag_of", "option",
     "InjectionArgs", "choice", "fraction", "injections_for_gpu",
     "Action", "Basis", "Key", "Result", "Rule", "Status", "Threshold", "evaluate", "settle",
-    "NOT_IN_CAPTURE", "apply_unreadable", "counter_growth", "each_gpu", "get", "gpu_state_result",
+    "NOT_IN_CAPTURE", "NOT_IN_FORMAT", "apply_unreadable", "counter_growth", "each_gpu", "format_gaps", "get", "gpu_state_result",
     "latest_metrics_by", "nvml_unavailable", "nvml_unjudged", "previous_interval", "selected_gpus_or_skip",
     "snapshot_time", "status_if_unreadable", "unreadable_fields",
 ]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 from ..core.check import Context
 from ..core.result import Action, Basis, Result, Status, settle
 from ..platform.telemetry.fields import judged_view
-from ..platform.telemetry.nvml import UNJUDGED_KINDS
+from ..platform.telemetry.nvml import NOT_IN_FORMAT, UNJUDGED_KINDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..platform.telemetry.model import GpuEntry, JudgedGpu
@@ -56,6 +56,8 @@ def nvml_unavailable(check_id: str, ctx: Context) -> list[Result] | None:
     err = nv.get("error") if nv else None
     kind = err.get("kind", "other") if err else "other"
     message = err.get("message", "") if err else ""
+    if kind == NOT_IN_FORMAT:  # captures without GPU telemetry (gpucheck judge): what to add
+        return [Result(check_id, Status.SKIP, message or "the captures hold no GPU telemetry")]
     return [Result(check_id, Status.SKIP, f"NVML unavailable: {kind} (judged by the inventory check)",
                    evidence=[f"NVML: {message}"] if message else [])]
 
@@ -126,10 +128,22 @@ def unreadable_fields(g: "JudgedGpu") -> dict[str, str]:
     field -> why, in words that name the field."""
     errors = g.get("errors") if isinstance(g.get("errors"), dict) else {}
     out = {str(f): (f"{f} not in this capture" if kind == NOT_IN_CAPTURE else f"could not read {f} ({kind})")
-           for f, kind in sorted(errors.items())}
+           for f, kind in sorted(errors.items()) if kind != NOT_IN_FORMAT}
     for f, value in sorted((g.get("invalid") or {}).items()):
         out[f] = f"invalid value in {f} ({value})"
     return out
+
+
+def format_gaps(g: "JudgedGpu") -> dict[str, str]:
+    """Every field of GPU entry `g` that the capture's format does not carry (kind
+    `not_in_format`: gpucheck.platform.telemetry.formatgaps), field -> the hint that names what
+    to add ("capture has no NVLink state: add `nvidia-smi nvlink -s` ...")."""
+    errors = g.get("errors") if isinstance(g.get("errors"), dict) else {}
+    capture = g.get("capture")
+    hints = capture.get("not_carried") if isinstance(capture, dict) else None
+    hints = hints if isinstance(hints, dict) else {}
+    return {str(f): str(hints.get(f) or f"capture's format does not carry {f}")
+            for f, kind in sorted(errors.items()) if kind == NOT_IN_FORMAT}
 
 
 def status_if_unreadable(field: str, reads: Mapping[str, Status]) -> Status | None:
@@ -150,12 +164,21 @@ def apply_unreadable(r: Result, g: "JudgedGpu", reads: Mapping[str, Status]) -> 
     it, WARN where only an advisory rule or the report does) that could not be read or holds an
     invalid value. A pass or skip becomes the worst of those statuses, and the summary names the
     fields; a warn becomes error when a field of an ERROR rule is among them; a fail found from
-    the fields that were read stands (the fields are evidence). Never a silent pass."""
+    the fields that were read stands (the fields are evidence). Never a silent pass.
+
+    A field the capture's format does not carry (`not_in_format`) makes a pass or skip a plain
+    skip naming what to add (_apply_format_gaps) when a fail rule needs it; an unreadable field
+    of an advisory rule is then only evidence (nothing was judged for it to advise on), one of a
+    fail rule still makes it error."""
     hit: dict[str, tuple[str, Status]] = {}
     for f, why in unreadable_fields(g).items():
         st = status_if_unreadable(f, reads)
         if st is not None:
             hit[f] = (why, st)
+    r = _apply_format_gaps(r, g, reads)
+    if r.status == Status.SKIP and format_gaps(g) and all(st == Status.WARN for _, st in hit.values()):
+        r.evidence.extend(why for why, _ in hit.values())
+        return r
     if not hit:
         return r
     r.evidence.extend(why for why, _ in hit.values())
@@ -172,6 +195,23 @@ def apply_unreadable(r: Result, g: "JudgedGpu", reads: Mapping[str, Status]) -> 
         r.summary = f"{words}; {old_summary}"
     else:
         r.summary = f"{old_summary}; {words}"
+    return r
+
+
+def _apply_format_gaps(r: Result, g: "JudgedGpu", reads: Mapping[str, Status]) -> Result:
+    """Note on `r` the fields it reads that the capture's format does not carry (format_gaps).
+    A pass that a fail rule's field is missing from becomes a plain skip naming what to add
+    (never error: nothing is wrong with the node or the capture, and never a pass: it was not
+    judged); a field only advice needs is a note in the evidence. Any other status stands."""
+    gaps = {f: hint for f, hint in format_gaps(g).items() if status_if_unreadable(f, reads) is not None}
+    if not gaps:
+        return r
+    r.evidence.extend(dict.fromkeys(gaps.values()))
+    needed = list(dict.fromkeys(hint for f, hint in gaps.items() if status_if_unreadable(f, reads) == Status.ERROR))
+    if needed and r.status in (Status.PASS, Status.SKIP):
+        prefix = f"GPU {g.get('index')}: " if g.get("index") is not None else ""
+        r.status, r.action = Status.SKIP, Action.NONE
+        r.summary = prefix + "; ".join(needed)
     return r
 
 

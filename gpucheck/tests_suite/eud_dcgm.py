@@ -19,6 +19,9 @@
   (enforced power limit, persistence mode, ECC and MIG modes) are read again afterwards and any
   change is a warn (subject "node/settings").
 
+A recorded `dcgmi diag -j` document among captures judged by `gpucheck judge` (the snapshot's
+`dcgm_diag`) is judged instead of running DCGM, by the same mapping (gpucheck.eud.dcgm_parse).
+
 Options: DcgmOptions.diag_level (`gpucheck eud --dcgm-level`: 1-4; default by gpucheck level); the
 run's snapshot_path (a replayed snapshot: skip). The after-run settings come from the run's telemetry source
 (ctx.telemetry.snapshot()).
@@ -148,8 +151,17 @@ def _min_slice(ctx: Context) -> Slice:
     return Slice(DOCUMENTED_S[lv], f"dcgmi diag -r {lv} normally runs {DOCUMENTED_S[lv]:g} s or more")
 
 
+def recorded_diag(ctx: Context) -> dict[str, Any] | None:
+    """A recorded `dcgmi diag -j` document among the judged captures (`gpucheck judge`: the
+    snapshot's `dcgm_diag`, {"path", "text"}), or None."""
+    rec = ctx.snapshot.get("dcgm_diag") if ctx.snapshot and ctx.options.snapshot_path else None  # type: ignore[misc]
+    return rec if isinstance(rec, dict) and isinstance(rec.get("text"), str) else None
+
+
 def not_here(ctx: Context) -> str | None:
     """Why DCGM diagnostics do not run on this run at all (a replay, CPU stand-ins), or None."""
+    if recorded_diag(ctx) is not None:  # judged from the recorded document (gpucheck judge)
+        return None
     if ctx.options.snapshot_path:
         return "judging a recorded snapshot (--snapshot): DCGM diagnostics run on this node's live GPUs"
     if ctx.device == "cpu":
@@ -275,6 +287,9 @@ def dcgm_check(ctx: Context) -> list[Result]:
     why = not_here(ctx)
     if why:
         return [Result(CHECK_ID, Status.SKIP, why)]
+    recorded = recorded_diag(ctx)
+    if recorded is not None:
+        return _recorded_results(ctx, recorded)
     try:
         level = dcgm_level(ctx, p)
     except ValueError as e:
@@ -323,6 +338,31 @@ def _gpus_not_in_use(ctx: Context) -> tuple[list[int] | None, Any]:
     if not guard.skipped:
         return ctx.gpus, guard
     return list(guard.loaded), guard
+
+
+def _recorded_results(ctx: Context, recorded: dict[str, Any]) -> list[Result]:
+    """Results from a recorded `dcgmi diag -j` document (judged as a live run's output is; no
+    dcgmi exit code and no settings comparison: neither is in the capture)."""
+    head = [f"recorded DCGM diagnostic: {recorded.get('path')}"]
+    try:
+        doc = parse_diag(str(recorded["text"]))
+    except DcgmParseError as e:
+        return [Result(CHECK_ID, Status.ERROR, f"could not read the recorded DCGM diagnostic: {e}", evidence=head)]
+    about = (f"DCGM {doc.version or '(version not given)'} ({doc.format} JSON)"
+             + (f", driver {doc.driver}" if doc.driver else ""))
+    if doc.runtime_error:
+        return [Result(CHECK_ID, Status.ERROR, f"DCGM could not run the diagnostic: {doc.runtime_error}",
+                       action=Action.INVESTIGATE, evidence=head + [about])]
+    if not doc.tests:
+        return [Result(CHECK_ID, Status.ERROR, "the recorded DCGM diagnostic holds no test result",
+                       evidence=head + [about])]
+    serial_to_index = {str(g.get("serial")): int(g["index"]) for g in _snapshot_gpus(ctx)
+                       if g.get("serial") and isinstance(g.get("index"), int)}
+    gpu_map = {dcgm_id: serial_to_index[s] for dcgm_id, s in doc.serials.items() if s in serial_to_index}
+    results = map_results(doc, gpu_map=gpu_map)
+    for r in results:
+        r.evidence[:0] = head + [about]
+    return results
 
 
 def _diag_results(ctx: Context, p: DcgmParams, level: int, dcgmi: str, res: Any, notes: list[str],

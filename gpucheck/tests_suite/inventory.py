@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypedDict
 
+from ..data.ecc import ecc_class
 from ..platform.telemetry.fields import judged_view
-from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
+from ..sdk import (NOT_IN_FORMAT, Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, define, evaluate, get,
                    gpu_state_result, nvml_unjudged, settle, unreadable_fields)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,6 +127,8 @@ def _no_nvml(ctx: Context, snap: "SnapshotOrNone") -> list[Result]:
     if kind == "no_permission":  # nothing could be compared: no threshold is listed
         r = Result(ID, Status.ERROR, "NVML refused access (no permission): cannot judge the GPUs", metrics=metrics,
                    units=units)
+    elif kind == NOT_IN_FORMAT:  # captures without GPU telemetry (gpucheck judge): nothing says the GPUs are gone
+        r = Result(ID, Status.SKIP, msg or "the captures hold no GPU telemetry", metrics=metrics, units=units)
     else:
         r = evaluate(ID, NO_NVML_RULES, metrics, limits={"expected_gpus": expected}, units=units,
                      ok_summary=f"no NVIDIA GPU on this machine (no NVIDIA device on the PCI bus; NVML: {kind})")
@@ -240,13 +243,19 @@ def _gpu(g: "JudgedGpu", p: InventoryParams) -> Result:
         "ecc_change_pending": None if ecc_cur is None or ecc_pend is None else ecc_cur != ecc_pend,
         "mig_change_pending": None if mig_cur is None or mig_pend is None else mig_cur != mig_pend,
     }
-    off = {"ecc_current": not p["require_ecc"], "persistence_mode": not p["require_persistence_mode"],
-           "mig_current": p["allow_mig"]}
+    sku = ecc_class(g.get("name"))
+    ecc_off_by_default = ecc_cur is False and sku is not None and not sku.ships_with_ecc
+    off = {"ecc_current": not p["require_ecc"] or ecc_off_by_default,
+           "persistence_mode": not p["require_persistence_mode"], "mig_current": p["allow_mig"]}
     onoff = {f"{k}_{w}": "on" if v else "off"
              for k, w, v in (("ecc", "now", ecc_cur), ("ecc", "next", ecc_pend), ("mig", "now", mig_cur),
                              ("mig", "next", mig_pend))}
     r = evaluate(ID, [rule for rule in GPU_RULES if not off.get(rule.metric)], metrics, facts=onoff, gpu=idx,
                  ok_summary=f"GPU {idx} ({g.get('name') or 'unknown model'}, {g.get('pci_bus_id')}): modes ok")
+    if ecc_off_by_default and sku is not None:  # a note, never a fault: that SKU ships with ECC off
+        r.evidence.append(f"ECC disabled: the default of a {sku.name} ({g.get('name')}), not a fault")
+        if r.status == Status.PASS:
+            r.summary += f" (ECC disabled: the default of a {sku.name})"
     return apply_unreadable(r, g, gpu_reads(p))
 
 

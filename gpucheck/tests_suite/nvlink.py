@@ -22,7 +22,8 @@ threshold is violated exactly when some link breaks that rule. The history is re
 of the check. Results of gpucheck versions that wrote one result per link ("gpu<i>/nvlink<n>",
 metric `link_key`) are still read as previous readings.
 
-A GPU without NvLink (not supported) gets one skip saying so.
+A GPU without NvLink (not supported) gets one skip saying so. A capture (`nvidia-smi nvlink -s`)
+that says every link of a GPU is inactive, listing none, fails it like a link down.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..sdk import (Action, Context, Key, Level, Need, Result, Rule, Status, apply_unreadable, counter_growth, define,
-                   each_gpu, evaluate, previous_interval, snapshot_time, unreadable_fields)
+                   each_gpu, evaluate, format_gaps, previous_interval, snapshot_time, unreadable_fields)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..platform.telemetry.model import JudgedGpu, NvLink, NvLinkLink
@@ -74,7 +75,11 @@ DEFAULTS: NvlinkParams = {
 # rules (error when one could not be read or is invalid); the link count only sizes the read (the
 # reader probes the links without it) and the UUID keys the history (warn).
 READS = {"nvlink": Status.ERROR, "nvlink.link_count": Status.WARN, "uuid": Status.WARN}
-UP_STATES = ("active", "sleep")  # sleep: a trained link in its low-power state
+UP_STATES = ("active", "sleep")
+# A capture (nvidia-smi nvlink -s) that says every link of a GPU is inactive and lists none.
+ALL_INACTIVE_RULE = Rule("all_links_inactive", "==", True, Status.FAIL, Action.REBOOT,
+                         "every NvLink inactive (nvidia-smi: unable to retrieve NVLink information as all links are "
+                         "inactive)")  # sleep: a trained link in its low-power state
 COUNTERS = ("replay", "recovery", "crc")  # keys of a link in the `links` metric
 
 UNITS = {
@@ -348,6 +353,10 @@ def _gpu(g: "JudgedGpu", p: NvlinkParams, history: dict[str, Reading], now: floa
     nv: NvLink | dict[str, None] = g.get("nvlink") or {}
     supported = nv.get("supported")
     links = sorted(nv.get("links") or [], key=lambda x: x.get("link", 0))
+    if nv.get("all_inactive") and not links:  # nvidia-smi nvlink -s: "... as all links are inactive"
+        r = evaluate(ID, [ALL_INACTIVE_RULE], {"uuid": g.get("uuid"), "all_links_inactive": True}, gpu=idx,
+                     prefix=f"GPU {idx}: ", ok_summary=f"GPU {idx}: NvLinks active")
+        return apply_unreadable(r, g, READS)
     if supported is False or (supported is None and not links and not _link_errors(g)):
         r = Result(ID, Status.SKIP, f"GPU {idx}: no NvLink on this GPU (not supported)", gpu=idx)
         r.metric("uuid", g.get("uuid"))
@@ -367,7 +376,8 @@ def _gpu(g: "JudgedGpu", p: NvlinkParams, history: dict[str, Reading], now: floa
 
 
 def _link_errors(g: "JudgedGpu") -> bool:
-    return any(k.startswith("nvlink") for k in unreadable_fields(g))
+    """Whether the links could not be read, or the capture's format does not carry them."""
+    return any(k.startswith("nvlink") for k in (*unreadable_fields(g), *format_gaps(g)))
 
 
 @define(

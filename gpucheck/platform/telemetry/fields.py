@@ -160,6 +160,9 @@ def _check_nvlink(view: dict[str, Any], invalid: dict[str, str]) -> None:
     if nv.get("supported") is not None and BOOL.problem(nv["supported"]):
         invalid["nvlink.supported"] = repr(nv["supported"])
         nv["supported"] = None
+    if nv.get("all_inactive") is not None and BOOL.problem(nv["all_inactive"]):
+        invalid["nvlink.all_inactive"] = repr(nv["all_inactive"])
+        nv["all_inactive"] = None
     links = nv.get("links")
     if links is None:
         nv["links"] = []

@@ -7,7 +7,7 @@ field in the entry's `errors` map, "could not read"); see docs/snapshot.md for e
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 # -- a snapshot (docs/snapshot.md) ------------------------------------------------------------------
 
@@ -101,6 +101,9 @@ class NvLinkLink(TypedDict):
 class NvLink(TypedDict):
     supported: bool | None
     links: list[NvLinkLink]
+    # An `nvidia-smi nvlink -s` capture whose NVML line says every link is inactive (and lists
+    # none): gpucheck.platform.telemetry.nvlinkstatus. Absent from NVML readings.
+    all_inactive: NotRequired[bool]
 
 
 class GpuEntry(TypedDict):

@@ -25,6 +25,10 @@ Everything here returns plain data and never lets an NVML exception escape:
                       message keeps NVML's own text
   not_in_capture      (replays only) the recording does not hold what the call asks for: a
                       failed read, never "not supported"
+  not_in_format       (converted captures only) the capture's format cannot carry the field
+                      (nvidia-smi -q prints no NVLink state; a driver older than the line):
+                      a plain skip naming what to add (formatgaps); a replay answers it as
+                      not_in_capture
   timeout             no NVML code: the driver did not answer within the time the run could
                       give it, shorter than the hang limit (could not judge: a slow start of
                       the driver is no fault; a hung call; the thread that made it is a daemon thread, left
@@ -64,6 +68,7 @@ DRIVER_NOT_LOADED = "driver_not_loaded"
 LIBRARY_NOT_FOUND = "library_not_found"
 OTHER = "other"
 NOT_IN_CAPTURE = "not_in_capture"
+NOT_IN_FORMAT = "not_in_format"  # gpucheck.platform.telemetry.formatgaps
 TIMEOUT = "timeout"
 HUNG = "hung"
 INTERNAL_ERROR = "internal_error"
@@ -77,6 +82,7 @@ KINDS: tuple[str, ...] = (
     LIBRARY_NOT_FOUND,
     OTHER,
     NOT_IN_CAPTURE,
+    NOT_IN_FORMAT,
     TIMEOUT,
     HUNG,
     INTERNAL_ERROR,

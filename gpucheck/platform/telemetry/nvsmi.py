@@ -43,6 +43,8 @@ from ... import __version__
 from ..pci import normalize_bus_id
 from . import enums
 from .fields import GROUP_FIELDS, TOP_FIELDS
+from .formatgaps import gap_for
+from .nvml import NOT_IN_FORMAT
 from .model import KIND, VERSION
 from .throttle import reason_names
 
@@ -504,11 +506,13 @@ def _put(g: dict[str, Any], field: str, value: Any) -> None:
 class GpuReader:
     """Reads one GPU block of a capture into a snapshot GPU entry (docs/snapshot.md)."""
 
-    def __init__(self, index: int, block: Block, fmt: str):
+    def __init__(self, index: int, block: Block, fmt: str, driver: str | None = None):
         self.g = skeleton(index)
+        self.driver = driver
         self.tree, self.fmt, self.block = block.tree, fmt, block
         self.gone: list[tuple[str, str]] = []  # (state, what was read)
         self.notes: list[str] = []
+        self.not_carried: dict[str, str] = {}  # field -> what to add (formatgaps)
 
     def find(self, text_paths: Iterable[Path], xml_paths: Iterable[Path]) -> Found:
         return lookup(self.tree, text_paths if self.fmt == TEXT else xml_paths)
@@ -543,6 +547,7 @@ class GpuReader:
         self._recovery()
         self._reset_status()
         self.g["errors"]["nvlink"] = NOT_IN_CAPTURE  # nvidia-smi -q prints no NVLink state
+        self._format_gaps()
         self._extras()
         if self.gone:
             state = "lost" if any(s == "lost" for s, _ in self.gone) else "reset_required"
@@ -668,6 +673,17 @@ class GpuReader:
             elif found.kind == "value" and _word(found.text or "") in _TRUE:
                 self.gone.append(("reset_required", f"GPU Reset Status: {label}: {found.text}"))
 
+    def _format_gaps(self) -> None:
+        """Fields this capture's format cannot carry (formatgaps): `not_in_format`, with the
+        hint that names what to add kept in the GPU's `capture.not_carried`."""
+        base = _ECC_BASE[self.fmt]
+        old_layout = any(p[:len(base)] == base and ("single bit" in p or "single_bit" in p) for p in self.tree)
+        for field, kind in sorted(self.g["errors"].items()):
+            hint = gap_for(field, self.fmt, self.driver, old_layout) if kind == NOT_IN_CAPTURE else None
+            if hint is not None:
+                self.g["errors"][field] = NOT_IN_FORMAT
+                self.not_carried[field] = hint
+
     def _extras(self) -> None:
         """What the capture shows that no check judges: kept under the GPU's "capture" key."""
         extra: dict[str, Any] = {}
@@ -683,6 +699,8 @@ class GpuReader:
             extra["processes"] = [] if _word(proc.text) in ("none", "") else proc.text
         if self.notes:
             extra["notes"] = list(self.notes)
+        if self.not_carried:
+            extra["not_carried"] = dict(self.not_carried)
         if extra:
             self.g["capture"] = extra
 
@@ -755,7 +773,8 @@ def convert(text: str, where: str = "capture") -> dict[str, Any]:
             warnings.append(f"{unparsed} line(s) of the GPU sections could not be read (wrapped or cut lines?)")
     if not blocks:
         raise CaptureError(f"{where}: an nvidia-smi capture without any GPU section: nothing to judge")
-    gpus = [GpuReader(i, b, fmt).read() for i, b in enumerate(blocks)]
+    driver = _none_if_na(top.get("driver version"))
+    gpus = [GpuReader(i, b, fmt, driver).read() for i, b in enumerate(blocks)]
     for g in gpus:
         warnings += _gpu_warnings(g)
     warnings += _count_warnings(top, gpus)

@@ -108,7 +108,7 @@ class NVMLError_Replayed(Exception):  # noqa: N801 - classified like pynvml's NV
 
 def recorded_failure(kind: str, message: str | None, what: str) -> Exception:
     """The exception a replay raises for a recorded failure (see the module)."""
-    if kind == N.NOT_IN_CAPTURE:
+    if kind in (N.NOT_IN_CAPTURE, N.NOT_IN_FORMAT):
         return N.NotInCapture(message or f"{what}: not in this capture")
     if kind in N.NO_CODE_KINDS and not message:  # no NVML return code: the kind itself
         return N.ReplayedFailure(kind, f"{what}: {kind}")

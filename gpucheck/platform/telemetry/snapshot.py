@@ -173,6 +173,15 @@ def load_snapshot(path: str | os.PathLike[str]) -> Snapshot:
         raise SnapshotError(f"{p}: cannot read: {safeio.describe_error(e, p)}") from None
     except UnicodeDecodeError as e:
         raise SnapshotError(f"{p}: cannot read: {e}") from None
+    return snapshot_from_text(raw, p)
+
+
+def snapshot_from_text(raw: str, p: str) -> Snapshot:
+    """The snapshot a file's text (named `p` in messages) holds: snapshot JSON, validated, or an
+    nvidia-smi capture, converted. SnapshotError (one line) when it is neither."""
+    from .. import safeio
+    from . import nvsmi
+
     doc: Any
     if nvsmi.detect(raw) is not None:  # nvidia-smi -q or -q -x: converted (docs/snapshot.md)
         try:
