@@ -7,7 +7,11 @@ field in the entry's `errors` map, "could not read"); see docs/snapshot.md for e
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..fabric.aer import PcieAerRecord
+    from ..fabric.fabricmanager import FabricManagerRecord
 
 # -- a snapshot (docs/snapshot.md) ------------------------------------------------------------------
 
@@ -142,6 +146,8 @@ class JudgedGpu(GpuEntry):
 class _SnapshotExtras(TypedDict, total=False):
     gpucheck_version: str
     kernel_log: dict[str, Any] | None  # the kernel-log excerpt `gpucheck telemetry dump` records
+    pcie_aer: PcieAerRecord | None  # AER files of GPUs, NICs, NVSwitches and their ports (platform.fabric.aer)
+    fabric_manager: FabricManagerRecord | None  # Fabric Manager service state and log (platform.fabric.fabricmanager)
 
 
 class Snapshot(_SnapshotExtras):
