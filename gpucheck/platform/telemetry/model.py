@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..fabric.aer import PcieAerRecord
+    from ..fabric.nvmlfabric import GpuFabric
     from ..fabric.fabricmanager import FabricManagerRecord
 
 # -- a snapshot (docs/snapshot.md) ------------------------------------------------------------------
@@ -133,6 +134,7 @@ class GpuEntry(TypedDict):
     nvlink: NvLink
     recovery_action: int | None
     recovery_action_name: str | None
+    fabric: GpuFabric | None  # NVML's GPU fabric info (platform.fabric.nvmlfabric); None: not supported
     errors: dict[str, str]  # field path -> failure kind, for each field that could not be read
 
 
