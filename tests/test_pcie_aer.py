@@ -278,3 +278,15 @@ def test_a_report_without_a_readable_time_is_in_the_window_never_old():
                            "severity=Uncorrected (Fatal), type=Transaction Layer, (Requester ID)"])
     r = part(replay(base_snapshot(kernel_log=old)), "kernel log")
     assert r.status == P and "1 AER report(s) before the window" in " ".join(r.evidence)
+
+
+def test_lspci_of_a_real_gb200_tray_has_no_nvswitch_and_no_aer_status():
+    """gpud's GB200 `lspci` (one line per device): NVIDIA "PCI bridge" root ports are not
+    NVSwitches ("Bridge: NVIDIA", class 0x0680); no -vvv: the AER part is a skip saying why."""
+    text = (FIX / "lspci" / "gpud-gb200-lspci-nn.txt").read_text()
+    devices = parse_lspci_vvv(text)
+    assert not [d for d in devices if d["role"] == "nvswitch"]
+    assert [d["bus_id"] for d in devices if d["role"] == "gpu"] and all(d["uncorrectable_set"] is None for d in devices)
+    record = {"source": "lspci", "error": None, "devices": [], "lspci": text.splitlines()}
+    r = part(replay(base_snapshot(pcie_aer=record)), "lspci")
+    assert r.status == S and "no AER status" in r.summary

@@ -179,7 +179,7 @@ def _lspci_role(desc: str) -> str | None:
     d = desc.lower()
     if "nvidia" in d and ("3d controller" in d or "vga compatible" in d):
         return "gpu"
-    if "nvidia" in d and "bridge" in d:
+    if d.startswith("bridge:") and "nvidia" in d:  # class 0x0680 "Bridge" (NVSwitch), never a "PCI bridge"
         return "nvswitch"
     if d.startswith(("ethernet controller", "infiniband controller", "network controller")):
         return "nic"
