@@ -231,3 +231,42 @@ def test_snapshot_fixtures_record_fabric():
     for p in sorted((FIX / "snapshots").glob("*.json")):
         for g in json.loads(p.read_text())["gpus"]:
             assert "fabric" in g, p.name
+
+
+# -- the capture kinds for `gpucheck judge` ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, kind, check, status", [
+    (FM / "gpud-h100-535-nvswitch-nonfatal-12028-and-restarts.log", "fabric manager log", "fabric.nvswitch", W),
+    (FM / "nvtrust-128-h20-journal-fm-started-then-stopped.log", "fabric manager log", "fabric.nvswitch", F),
+    (FM / "cube-studio-29-rtx4090-pre-nvl5-nothing-to-do.log", "fabric manager log", "fabric.nvswitch", S),
+    (FIX / "nvsmi_fabric" / "dra-driver-626-fabric-health-unhealthy-grep.txt", "nvidia-smi fabric", "fabric.nvswitch", F),
+    (FIX / "lspci" / "gpud-h100-hgx-lspci-vvv-gpus-nics-nvswitch.txt", "lspci", "pcie.aer", P),
+])
+def test_capture_kinds_detect_read_and_judge_real_captures(path, kind, check, status):
+    from gpucheck.platform.fabric.captures import FABRIC_CAPTURE_KINDS
+
+    head = path.read_bytes()[:65536]
+    found = [(name, read) for name, detect, read in FABRIC_CAPTURE_KINDS if detect(head, path)]
+    assert [name for name, _ in found] == [kind]
+    fragment = found[0][1](path)
+    snap = doc(**fragment)
+    if "gpus" in fragment:  # the judge's assembly fills the GPU entries; here: the fabric group on a real entry
+        snap["gpus"] = [gpu_entry(g["fabric"]) for g in fragment["gpus"]]
+        snap["nvml"] = {"ok": True, "error": None}
+    checks = [c for c in all_checks() if c.id == check]
+    out = run_checks(checks, Context(level=Level.QUICK, snapshot=snap, options=RunOptions(snapshot_path=str(path))),
+                     install_signal_handlers=False)
+    judged = [r for r in out.results if r.status != S] or out.results
+    assert {r.status for r in judged} == {status}, [(r.subject, r.status, r.summary) for r in out.results]
+
+
+def test_capture_kinds_do_not_claim_other_captures():
+    from gpucheck.platform.fabric.captures import FABRIC_CAPTURE_KINDS
+
+    others = [*sorted((FIX / "nvsmi").glob("*.txt")), *sorted((FIX / "kernlog").rglob("*.log")),
+              *sorted((FIX / "snapshots").glob("*.json"))]
+    for p in others:
+        assert not [n for n, detect, _ in FABRIC_CAPTURE_KINDS if detect(p.read_bytes()[:65536], p)], p.name
+    service = b"ActiveState=failed\nSubState=failed\nResult=exit-code\nLoadState=loaded\n"
+    assert [n for n, detect, _ in FABRIC_CAPTURE_KINDS if detect(service, "x")] == ["systemctl show nvidia-fabricmanager"]

@@ -290,3 +290,29 @@ def test_lspci_of_a_real_gb200_tray_has_no_nvswitch_and_no_aer_status():
     record = {"source": "lspci", "error": None, "devices": [], "lspci": text.splitlines()}
     r = part(replay(base_snapshot(pcie_aer=record)), "lspci")
     assert r.status == S and "no AER status" in r.summary
+
+
+def test_a_recording_replays_through_run_snapshot(tmp_path, capsys):
+    """`gpucheck telemetry dump` records pcie_aer (sysfs texts) and the AER kernel-log lines;
+    `gpucheck run --snapshot` judges them with the same parsers (the synthetic tree's fatal count,
+    gpu-burn #1's real log)."""
+    import json
+
+    from gpucheck import app
+    from gpucheck.platform.telemetry.snapshot import SnapshotError, load_snapshot, validate_snapshot
+
+    doc = base_snapshot(pcie_aer=read_pcie_aer(sysfs_tree(tmp_path / "sys", fatal=1)),
+                        kernel_log=kernel_log(AER_LOGS / "gpu-burn-1-aer-surprise-down-xid79.log"))
+    path = tmp_path / "node.json"
+    path.write_text(json.dumps(doc))
+    assert load_snapshot(path)["pcie_aer"] == doc["pcie_aer"]
+    seen: list = []
+    rc = app.execute(app.RunRequest(snapshot_path=str(path), check_patterns=["pcie.aer"], history=False, json=True),
+                     on_verdict=seen.append)
+    results = {r["subject"]: r for r in seen[-1].to_json()["results"]}
+    assert rc == 1 and results["kernel log"]["status"] == "fail" and results["sysfs counters"]["status"] == "warn"
+    for bad in ({"devices": "x"}, {"devices": [{"bus_id": 1, "aer": {}}]}, "x"):
+        with pytest.raises(SnapshotError, match="pcie_aer"):
+            validate_snapshot(base_snapshot(pcie_aer=bad))
+    with pytest.raises(SnapshotError, match="fabric_manager"):
+        validate_snapshot(base_snapshot(fabric_manager={"service": None, "log": {"lines": [1]}, "nvswitch_devices": None}))
