@@ -215,6 +215,8 @@ def run(ctx: Context) -> list[Result]:
     if not_in_capture and not gpu_results:
         out.append(Result(ID, Status.SKIP, f"NVLink fabric info of GPU(s) {', '.join(not_in_capture)} not in this "
                                            "capture (add nvidia-smi -q of R535+, or a gpucheck telemetry dump)"))
+    if rec is None and not out:
+        return [Result(ID, Status.SKIP, "not in this capture (record with gpucheck telemetry dump)")]
     if rec is None:
         out.append(Result(ID, Status.SKIP, "Fabric Manager state not in this capture (add a gpucheck telemetry dump, "
                                            "or /var/log/fabricmanager.log)", subject=SERVICE))

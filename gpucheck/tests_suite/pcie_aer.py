@@ -454,6 +454,8 @@ def run(ctx: Context) -> list[Result]:
         read, start, label = _kernel_read(ctx, p)
     except ValueError as e:
         return out + [Result(ID, Status.ERROR, f"bad pcie.aer setting: {e}", subject=KERNEL_LOG)]
+    if read is None and record is None:  # an older recording, an nvidia-smi capture: one skip, named
+        return [Result(ID, Status.SKIP, "not in this capture (record with gpucheck telemetry dump)")]
     if read is None:
         out.append(_not_in_capture("the kernel log", "dmesg or journalctl -k", KERNEL_LOG))
     else:
