@@ -270,3 +270,31 @@ def test_capture_kinds_do_not_claim_other_captures():
         assert not [n for n, detect, _ in FABRIC_CAPTURE_KINDS if detect(p.read_bytes()[:65536], p)], p.name
     service = b"ActiveState=failed\nSubState=failed\nResult=exit-code\nLoadState=loaded\n"
     assert [n for n, detect, _ in FABRIC_CAPTURE_KINDS if detect(service, "x")] == ["systemctl show nvidia-fabricmanager"]
+
+
+def _pci(root: Path, name: str, vendor: str, cls: str) -> None:
+    d = root / "bus" / "pci" / "devices" / name
+    d.mkdir(parents=True)
+    (d / "vendor").write_text(vendor + "\n")
+    (d / "class").write_text(cls + "\n")
+
+
+def test_live_a_node_without_nvswitch_skips_and_one_with_them_reads_the_service(tmp_path, monkeypatch):
+    """Synthetic sysfs trees: a GPU only (skip, systemctl never run); 4 NVSwitches (class 0x068000)
+    whose Fabric Manager cannot be asked (no systemd here): error, never a pass."""
+    from gpucheck.core.config import Config
+    from gpucheck.platform.fabric import fabricmanager
+
+    calls: list[Any] = []
+    monkeypatch.setattr(fabricmanager, "read_service", lambda *a: calls.append(a) or {"text": None,
+                                                                                     "error": "systemctl not found"})
+    _pci(tmp_path / "a", "0000:18:00.0", "0x10de", "0x030200")
+    cfg = Config(checks={"fabric.nvswitch": {"sysfs_root": str(tmp_path / "a"), "log_path": str(tmp_path / "none")}})
+    snap = doc(nvml={"ok": True, "error": None})
+    (r,) = run_checks(CHECK, Context(level=Level.QUICK, snapshot=snap, config=cfg), install_signal_handlers=False).results
+    assert r.status == S and "no NVSwitch on this system" in r.summary and not calls
+    for i in range(4):
+        _pci(tmp_path / "b", f"0000:8{3 + i}:00.0", "0x10de", "0x068000")
+    cfg = Config(checks={"fabric.nvswitch": {"sysfs_root": str(tmp_path / "b"), "log_path": str(tmp_path / "none")}})
+    out = run_checks(CHECK, Context(level=Level.QUICK, snapshot=snap, config=cfg), install_signal_handlers=False)
+    assert only(out, "fabric manager service").status == E and only(out, "fabric manager log").status == S and calls

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from ..platform.fabric.fabricmanager import (LOG_PATH, FabricManagerRecord, FmEvent, parse_fm_log, parse_service_state,
-                                             read_fabric_manager)
+from ..platform.fabric.fabricmanager import (LOG_PATH, FabricManagerRecord, FmEvent, nvswitch_devices, parse_fm_log,
+                                             parse_service_state, read_fabric_manager)
 from ..sdk import (NOT_IN_CAPTURE, Action, Context, Level, Limit, Result, Rule, Status, apply_unreadable, define,
                    evaluate, selected_gpus_or_skip, snapshot_time)
 
@@ -172,7 +172,10 @@ def _record(ctx: Context, p: FabricParams) -> FabricManagerRecord | None:
     if ctx.options.snapshot_path:
         rec = ctx.snapshot.get("fabric_manager") if ctx.snapshot else None
         return rec if isinstance(rec, dict) else None
-    return read_fabric_manager(Path(str(p["sysfs_root"])), str(p["log_path"]))
+    root = Path(str(p["sysfs_root"]))
+    if nvswitch_devices(root) == []:  # no NVSwitch on the bus: no systemctl, no log read
+        return {"service": None, "log": None, "nvswitch_devices": []}
+    return read_fabric_manager(root, str(p["log_path"]))
 
 
 def _no_nvswitch(rec: FabricManagerRecord | None, has_fabric_gpu: bool) -> str | None:
