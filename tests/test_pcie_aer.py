@@ -317,3 +317,22 @@ def test_a_recording_replays_through_run_snapshot(tmp_path, capsys):
             validate_snapshot(base_snapshot(pcie_aer=bad))
     with pytest.raises(SnapshotError, match="fabric_manager"):
         validate_snapshot(base_snapshot(fabric_manager={"service": None, "log": {"lines": [1]}, "nvswitch_devices": None}))
+
+
+def test_telemetry_dump_records_pcie_aer_and_fabric_manager(tmp_path):
+    """`gpucheck telemetry dump --sysfs-root TREE` records the AER texts of the synthetic tree and
+    the Fabric Manager record (no NVSwitch on it)."""
+    import json
+
+    from gpucheck.cli.main import main
+
+    tree = sysfs_tree(tmp_path / "sys", cor=7)
+    out = tmp_path / "dump.json"
+    try:
+        main(["telemetry", "dump", "--sysfs-root", str(tree), "--no-kernel-log", "-o", str(out), "--timeout", "5"])
+    except SystemExit as e:
+        assert e.code in (0, None)
+    doc = json.loads(out.read_text())
+    gpu = [d for d in doc["pcie_aer"]["devices"] if d["role"] == "gpu"][0]
+    assert gpu["bus_id"] == "0000:01:00.0" and "TOTAL_ERR_COR 7" in gpu["aer"]["correctable"]
+    assert doc["fabric_manager"]["nvswitch_devices"] == []
