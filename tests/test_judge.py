@@ -55,10 +55,12 @@ def test_a_pending_remap_or_an_active_power_brake_exits_1(capsys, name, failing,
     (NVSMI / "gpud-rtx4090-x8-535.154.05-ecc-disabled.txt", "nvidia-smi -q", 0,
      {("pcie", f"gpu{i}", "warn") for i in range(8)}),  # ECC off on a GeForce: a note, no inventory fail
     (NVSMI / "a100-mig-510-netdata.xml", "nvidia-smi -q -x", 0, {("inventory", "gpu0", "warn")}),
-    (JUDGE / "gpu-burn-1-aer-surprise-down-xid79.log", "kernel log (dmesg)", 1, {("xid", "pci:0000:02:00", "fail")}),
+    (JUDGE / "gpu-burn-1-aer-surprise-down-xid79.log", "kernel log (dmesg)", 1,
+     {("xid", "pci:0000:02:00", "fail"), ("pcie.aer", "kernel log", "fail")}),  # Surprise Down (fatal) above the GPU
     (JUDGE / "gpud-h100-peermem-invalid-context-xid48-63-94.log", "kernel log (journal, syslog, kern.log)", 1,
      {("xid", "pci:0000:19:00", "fail")}),
-    (JUDGE / "pop-os-3363-journal-aer-correctable-gpu.log", "kernel log (journal, syslog, kern.log)", 0, set()),
+    (JUDGE / "pop-os-3363-journal-aer-correctable-gpu.log", "kernel log (journal, syslog, kern.log)", 0,
+     {("pcie.aer", "kernel log", "warn")}),  # 2 correctable AER reports on the GPU within 60 s
     (KERNLOG / "ogkm-688-gpu-lost-assert-dgx-a100.log", "kernel log (journal, syslog, kern.log)", 1,
      {("xid", "gpu:unknown", "fail")}),
     (KERNLOG / "gpud-1174-nvlink5-kmsg-inputs.log", "kernel log (lines)", 1, None),
@@ -227,4 +229,38 @@ def test_gzipped_captures_are_read_like_plain_ones(capsys, tmp_path):
     for src in (NVSMI / "h100-x8-565-synthetic-remap-pending-gpu3.txt", JUDGE / "gpu-burn-1-aer-surprise-down-xid79.log"):
         (tmp_path / (src.name + ".gz")).write_bytes(gzip.compress(src.read_bytes()))
     rc, v, _ = judge(capsys, *(str(p) for p in sorted(tmp_path.iterdir())))
-    assert rc == 1 and not_pass(v) == {("memory-remap", "gpu3", "fail"), ("xid", "pci:0000:02:00", "fail")}
+    assert rc == 1 and not_pass(v) == {("memory-remap", "gpu3", "fail"), ("xid", "pci:0000:02:00", "fail"),
+                                       ("pcie.aer", "kernel log", "fail")}
+
+
+# -- the fabric kinds (gpucheck.platform.fabric.captures), wired into the table ----------------------
+FABRIC = FIX
+
+
+def test_a_fabric_grep_alone_judges_the_fabric_and_names_what_to_add_for_the_rest(capsys):
+    """nvidia-smi's Fabric sections alone (a grep): their GPUs become entries; inventory and the
+    NVML checks skip naming `nvidia-smi -q`, never a warn about a driver version it cannot show."""
+    path = FABRIC / "nvsmi_fabric" / "azhpc-images-506-fabric-insufficient-resources.txt"
+    assert C.detect_kind(path).name == "nvidia-smi fabric"
+    rc, v, _ = judge(capsys, str(path))
+    assert rc == 1 and not_pass(v) == {("fabric.nvswitch", "gpu0", "fail")}
+    inv = [r for r in v["results"] if r["check"] == "inventory" and r["subject"] == "node"]
+    assert inv[0]["status"] == "skip" and "add `nvidia-smi -q`" in inv[0]["summary"]
+
+
+def test_a_fabric_grep_fills_the_gpus_of_a_full_capture(capsys, tmp_path):
+    """With a full nvidia-smi -q of the node, the grep's fabric groups go into its GPU entries by
+    index (the full capture's own Fabric section is replaced, no GPU is added)."""
+    grep = FABRIC / "nvsmi_fabric" / "dra-driver-626-fabric-health-unhealthy-grep.txt"
+    rc, v, _ = judge(capsys, str(NVSMI / "h100-x8-565-healthy.txt"), str(grep))
+    fabric = {(r["subject"], r["status"]) for r in v["results"] if r["check"] == "fabric.nvswitch"}
+    assert rc == 1 and ("gpu0", "fail") in fabric and len(v["gpus"]) == 8
+
+
+def test_a_fabric_manager_log_and_its_service_state_add_up(capsys, tmp_path):
+    service = tmp_path / "fm-service.txt"
+    service.write_text("ActiveState=active\nSubState=running\nResult=success\nLoadState=loaded\n")
+    log = FABRIC / "fabricmanager" / "nvtrust-128-h20-journal-fm-started-then-stopped.log"
+    rc, v, _ = judge(capsys, str(service), str(log))
+    got = {r["subject"]: r["status"] for r in v["results"] if r["check"] == "fabric.nvswitch"}
+    assert got == {"fabric manager service": "pass", "fabric manager log": "fail"} and rc == 1

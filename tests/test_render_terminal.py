@@ -54,34 +54,38 @@ def with_path(verdict: dict, path: str) -> dict:
     return v
 
 
-def test_healthy_8_gpu_node_fits_15_lines_at_80_columns(monkeypatch):
-    """The issue's node: 174 lines at 80 columns before, one row per check now."""
+def test_healthy_8_gpu_node_fits_18_lines_at_80_columns(monkeypatch):
+    """The issue's node: 174 lines at 80 columns before, one row per check now (issue 24 added the
+    rows of pcie.aer and fabric.nvswitch and their skip: 15 lines became 18)."""
     v = with_path(verdict_of("h100-healthy.json"), "tests/fixtures/snapshots/h100-healthy.json")
     lines = rendered(v, 80, monkeypatch)
-    assert len(lines) <= 15, "\n".join(lines)
+    assert len(lines) <= 18, "\n".join(lines)
     assert all(len(ln) <= 80 for ln in lines)
     assert lines == [
         "gpu-h100-017  8 x NVIDIA H100 80GB HBM3  driver 550.90.07",
         "check           node gpu0 gpu1 gpu2 gpu3 gpu4 gpu5 gpu6 gpu7",
         "clocks          .    ok   ok   ok   ok   ok   ok   ok   ok",
         "ecc             .    ok   ok   ok   ok   ok   ok   ok   ok",
+        "fabric.nvswitch skip .    .    .    .    .    .    .    .",
         "inventory       ok   ok   ok   ok   ok   ok   ok   ok   ok",
         "memory-remap    .    ok   ok   ok   ok   ok   ok   ok   ok",
         "nvlink          .    ok   ok   ok   ok   ok   ok   ok   ok",
         "pcie            .    ok   ok   ok   ok   ok   ok   ok   ok",
+        "pcie.aer        skip .    .    .    .    .    .    .    .",
         "recovery-action .    ok   ok   ok   ok   ok   ok   ok   ok",
         "repro.bitwise   skip .    .    .    .    .    .    .    .",
         "xid             skip .    .    .    .    .    .    .    .",
-        "skipped: repro.bitwise (judging a recorded snapshot (--snapshot): compute checks",
-        "  need this node's live GPUs); xid (snapshot has no kernel log)",
-        "gpu-h100-017: PASS (level 1 quick, 0.2 s; 57 pass, 2 skip)  exit code 0",
+        "skipped: fabric.nvswitch,pcie.aer (not in this capture (record with gpucheck",
+        "  telemetry dump)); repro.bitwise (judging a recorded snapshot (--snapshot):",
+        "  compute checks need this node's live GPUs); xid (snapshot has no kernel log)",
+        "gpu-h100-017: PASS (level 1 quick, 0.2 s; 57 pass, 4 skip)  exit code 0",
         "  from snapshot tests/fixtures/snapshots/h100-healthy.json (synthetic)",
     ]
 
 
 def test_lost_gpu_grid_pinned_at_80_and_160_columns(monkeypatch):
     """Seven identical FAIL rows before; one column of FAIL and one cause line naming the checks now."""
-    v = with_path(verdict_of("h100-gpu-lost.json"), "lost.json")
+    v = with_path(verdict_of("h100-gpu-lost.json", "--skip", "pcie.aer", "--skip", "fabric.nvswitch"), "lost.json")
     grid = [
         "check           node gpu0 gpu1 gpu2 gpu3 gpu4 gpu5 gpu6 gpu7",
         "clocks          .    ok   ok   ok   ok   ok   FAIL ok   ok",
@@ -209,12 +213,13 @@ def test_sweep_grid_for_a_few_nodes():
     buf = io.StringIO()
     print_sweep(outcomes, report, False, buf, width=160, color=False)
     lines = buf.getvalue().splitlines()
-    assert lines[0].split() == ["node", "status", "clocks", "ecc", "inventory", "memory-remap", "nvlink", "pcie",
-                                "recovery-action", "repro.bitwise", "xid", "burn.gemm"]
-    assert lines[1].split() == ["gpu0001", "PASS", *["ok"] * 7, "skip", "skip", "ok"]
-    assert lines[3].split() == ["gpu0003", "FAIL", *["ok"] * 7, "skip", "skip", "WARN"]  # a fleet outlier
+    assert lines[0].split() == ["node", "status", "clocks", "ecc", "fabric.nvswitch", "inventory", "memory-remap",
+                                "nvlink", "pcie", "pcie.aer", "recovery-action", "repro.bitwise", "xid", "burn.gemm"]
+    ok = ["ok", "ok", "skip", "ok", "ok", "ok", "ok", "skip", "ok"]  # fabric.nvswitch, pcie.aer: nothing to judge
+    assert lines[1].split() == ["gpu0001", "PASS", *ok, "skip", "skip", "ok"]
+    assert lines[3].split() == ["gpu0003", "FAIL", *ok, "skip", "skip", "WARN"]  # a fleet outlier
     assert lines[4].split()[:4] == ["gpu0004", "FAIL", "ok", "FAIL"]  # the ECC node
-    assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 10]
+    assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 12]
     text = buf.getvalue()
     assert "FAIL        gpu0004 ecc[gpu3]: ecc gpu3: uncorrectable" in text and "-> reset-gpu" in text
     assert "FAIL        gpu0003 fleet: burn.gemm gpu3: slow GPU" in text
@@ -224,9 +229,10 @@ def test_sweep_grid_for_a_few_nodes():
     narrow = io.StringIO()
     print_sweep(outcomes, report, False, narrow, width=80, color=False)
     head = narrow.getvalue().splitlines()
-    assert head[0].split() == ["node", "status", *"ABCDEFGHIJ"] and all(len(x) <= 80 for x in head[:9])
-    assert head[7:9] == ["checks: A clocks  B ecc  C inventory  D memory-remap  E nvlink  F pcie",
-                         "  G recovery-action  H repro.bitwise  I xid  J burn.gemm"]
+    assert head[0].split() == ["node", "status", *"ABCDEFGHIJKL"] and all(len(x) <= 80 for x in head[:10])
+    assert head[7:10] == ["checks: A clocks  B ecc  C fabric.nvswitch  D inventory  E memory-remap",
+                          "  F nvlink  G pcie  H pcie.aer  I recovery-action  J repro.bitwise  K xid",
+                          "  L burn.gemm"]
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ def telemetry_group() -> None:
 @click.option("--timeout", "timeout_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
               help="Give up on a driver that does not answer within this many seconds.")
 @click.option("--kernel-log/--no-kernel-log", "kernel_log", default=True, show_default=True,
-              help="Record this boot's NVRM/NVSwitch kernel-log lines (judged by the xid check on replay).")
+              help="Record this boot's NVRM/NVSwitch/PCIe AER kernel-log lines (judged by xid and pcie.aer on replay).")
 def dump_command(output: str | None, sysfs_root: Path, timeout_s: float, kernel_log: bool) -> int:
     """Capture a telemetry snapshot (JSON) of this node."""
     from ..platform.telemetry.snapshot import collect_snapshot, dump_snapshot
@@ -41,6 +41,11 @@ def dump_command(output: str | None, sysfs_root: Path, timeout_s: float, kernel_
     if output_refused("gpucheck telemetry dump", output):  # before anything is collected
         return 2
     snap = collect_snapshot(sysfs_root=sysfs_root, timeout_s=timeout_s)
+    from ..platform.fabric.aer import read_pcie_aer
+    from ..platform.fabric.fabricmanager import read_fabric_manager
+
+    snap["pcie_aer"] = read_pcie_aer(sysfs_root)  # judged by pcie.aer on replay
+    snap["fabric_manager"] = read_fabric_manager(sysfs_root)  # judged by fabric.nvswitch on replay
     if kernel_log:
         from ..platform.kernlog import capture_for_snapshot
 

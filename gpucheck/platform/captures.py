@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 HEAD_BYTES = 65536
 
@@ -221,9 +221,11 @@ def _gap(g: dict[str, object], field_name: str, hint: str) -> None:
         capture.setdefault("not_carried", {})[field_name] = hint
 
 
-def _gpu_of_status(status: dict[str, object]) -> dict[str, object]:
-    """A GPU entry for a GPU that only an nvlink -s capture shows: its UUID and name; every other
-    field not carried (what to add: nvidia-smi -q)."""
+def _gpu_of_status(status: dict[str, object], hint: str = ONLY_NVLINK_HINT,
+                   given: tuple[str, ...] = ()) -> dict[str, object]:
+    """A GPU entry for a GPU that only a partial capture shows (nvlink -s, nvidia-smi's Fabric
+    sections): its index, UUID and name where given; every other field not carried (`hint`: what to
+    add), except the groups in `given` that the capture fills in."""
     from .telemetry.fields import GROUP_FIELDS, TOP_FIELDS
     from .telemetry.nvsmi import skeleton
 
@@ -231,10 +233,53 @@ def _gpu_of_status(status: dict[str, object]) -> dict[str, object]:
     g["uuid"], g["name"] = status.get("uuid"), status.get("name")
     for key in TOP_FIELDS:
         if key not in ("uuid", "name") and not key.endswith("_name") and key != "architecture_id":
-            _gap(g, key, ONLY_NVLINK_HINT)
+            _gap(g, key, hint)
     for group in GROUP_FIELDS:
-        _gap(g, group, ONLY_NVLINK_HINT)
+        if group not in given:
+            _gap(g, group, hint)
     return g
+
+
+def mark_partial_gpus(doc: Fragment, hint: str) -> None:
+    """Say, in the document's `capture.not_carried`, that its GPU list comes from a partial capture
+    (the GPUs it names, not what NVML lists): the inventory skips naming what to add."""
+    capture = doc.setdefault("capture", {})
+    if isinstance(capture, dict):
+        capture.setdefault("not_carried", {})["gpus"] = hint
+
+
+ONLY_FABRIC_HINT = "capture has no GPU telemetry besides the NVLink fabric: add `nvidia-smi -q`"
+
+
+def apply_gpu_groups(doc: Fragment, shown: list[object], path: Path) -> list[str]:
+    """Put the GPU groups a capture without GPU telemetry gives (nvidia-smi's Fabric sections:
+    `{"index", "fabric"}` each) into the document's GPU entries, matched by index; GPUs only it
+    shows become entries of their own when no capture holds GPU telemetry. Returns warnings."""
+    parts = [s for s in shown if isinstance(s, dict) and isinstance(s.get("index"), int)]
+    gpus, nvml = doc.get("gpus"), doc.get("nvml")
+    if not isinstance(gpus, list):
+        return [f"{path}: its GPU groups have no GPU entries to go into: not judged"]
+    if isinstance(nvml, dict) and not nvml.get("ok") and not gpus:
+        doc["nvml"] = {"ok": True, "error": None}
+        mark_partial_gpus(doc, ONLY_FABRIC_HINT)
+        gpus.extend(_gpu_of_status(s, ONLY_FABRIC_HINT, tuple(k for k in s if k != "index")) for s in parts)
+    by_index = {g.get("index"): g for g in gpus if isinstance(g, dict)}
+    warnings: list[str] = []
+    for part in parts:
+        g = by_index.get(part["index"])
+        if g is None:
+            warnings.append(f"{path}: GPU {part['index']} is in no other capture: its groups are not judged")
+            continue
+        for key, value in part.items():
+            if key == "index":
+                continue
+            g[key] = value
+            errors, capture = g.get("errors"), g.get("capture")
+            if isinstance(errors, dict):
+                errors.pop(key, None)
+            if isinstance(capture, dict) and isinstance(capture.get("not_carried"), dict):
+                capture["not_carried"].pop(key, None)
+    return warnings
 
 
 def apply_nvlink_status(doc: Fragment) -> list[str]:
@@ -251,6 +296,7 @@ def apply_nvlink_status(doc: Fragment) -> list[str]:
     warnings: list[str] = []
     if isinstance(nvml, dict) and not nvml.get("ok") and isinstance(gpus, list) and not gpus:
         doc["nvml"] = {"ok": True, "error": None}
+        mark_partial_gpus(doc, ONLY_NVLINK_HINT)
         gpus.extend(_gpu_of_status(s) for s in shown)
     by_uuid = {g.get("uuid"): g for g in (gpus if isinstance(gpus, list) else []) if isinstance(g, dict)}
     for s in shown:
@@ -392,6 +438,12 @@ def merge_value(old: object, new: object) -> tuple[object, bool]:
     return new, old == new
 
 
+def _fabric_kinds() -> list[tuple[Any, ...]]:
+    from .fabric.captures import FABRIC_CAPTURE_KINDS
+
+    return list(FABRIC_CAPTURE_KINDS)
+
+
 def assemble(step: list[Capture]) -> Step:
     """One document from the captures of one step: the GPU part from the first capture that has
     GPU telemetry (a second one is named in a warning and not used for it), every other key of
@@ -406,6 +458,9 @@ def assemble(step: list[Capture]) -> Step:
         if c.kind.gpu_telemetry:
             warnings.append(f"{c.path}: GPU telemetry also in {gpu.path if gpu else '?'}: judged from that one only")
         for key, value in c.fragment.items():
+            if key == "gpus" and isinstance(value, list) and not c.kind.gpu_telemetry:
+                warnings += apply_gpu_groups(doc, value, c.path)
+                continue
             if key in GPU_KEYS:
                 if key == "host" and doc.get("host") in (None, "unknown"):
                     doc["host"] = value
@@ -432,6 +487,5 @@ CAPTURE_KINDS: tuple[CaptureKind, ...] = (
 )
 
 register_all(CAPTURE_KINDS)
-# Other modules' kinds, one line each (wired at merge), e.g.:
-#   from .net.captures import NET_CAPTURE_KINDS; register_all(NET_CAPTURE_KINDS)
-#   from .fabric.captures import FABRIC_CAPTURE_KINDS; register_all(FABRIC_CAPTURE_KINDS)
+# Other modules' kinds, one line each: (name, detect, read) rows, specific kinds, a time series each.
+register_all([CaptureKind(*row) for row in _fabric_kinds()])

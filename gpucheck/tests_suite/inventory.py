@@ -273,6 +273,9 @@ def inventory(ctx: Context) -> list[Result]:
     p = ctx.params(ID, DEFAULTS)
     if not get(snap, "nvml", "ok"):
         return _no_nvml(ctx, snap)
+    partial = get(snap, "capture", "not_carried", "gpus")  # gpucheck judge: GPUs named by a partial capture
+    if partial:
+        return [Result(ID, Status.SKIP, str(partial))]
     gpus = snap.get("gpus") or []
     pci = snap.get("pci_nvidia_devices") or []
     expected = ctx.config.expected_gpus if ctx.config is not None else None

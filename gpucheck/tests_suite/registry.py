@@ -20,6 +20,8 @@ TABLE: dict[str, int] = {
     "memory_remap": 1,
     "clocks": 1,
     "pcie": 1,
+    "pcie_aer": 1,
+    "fabric_nvswitch": 1,
     "nvlink": 1,
     "recovery_action": 1,
     "xid": 1,

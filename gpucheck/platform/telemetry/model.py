@@ -7,7 +7,12 @@ field in the entry's `errors` map, "could not read"); see docs/snapshot.md for e
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..fabric.aer import PcieAerRecord
+    from ..fabric.nvmlfabric import GpuFabric
+    from ..fabric.fabricmanager import FabricManagerRecord
 
 # -- a snapshot (docs/snapshot.md) ------------------------------------------------------------------
 
@@ -132,6 +137,7 @@ class GpuEntry(TypedDict):
     nvlink: NvLink
     recovery_action: int | None
     recovery_action_name: str | None
+    fabric: GpuFabric | None  # NVML's GPU fabric info (platform.fabric.nvmlfabric); None: not supported
     errors: dict[str, str]  # field path -> failure kind, for each field that could not be read
 
 
@@ -145,6 +151,8 @@ class JudgedGpu(GpuEntry):
 class _SnapshotExtras(TypedDict, total=False):
     gpucheck_version: str
     kernel_log: dict[str, Any] | None  # the kernel-log excerpt `gpucheck telemetry dump` records
+    pcie_aer: PcieAerRecord | None  # AER files of GPUs, NICs, NVSwitches and their ports (platform.fabric.aer)
+    fabric_manager: FabricManagerRecord | None  # Fabric Manager service state and log (platform.fabric.fabricmanager)
 
 
 class Snapshot(_SnapshotExtras):

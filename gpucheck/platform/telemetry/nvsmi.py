@@ -546,6 +546,7 @@ class GpuReader:
         self._throttle()
         self._recovery()
         self._reset_status()
+        self._fabric()
         self.g["errors"]["nvlink"] = NOT_IN_CAPTURE  # nvidia-smi -q prints no NVLink state
         self._format_gaps()
         self._extras()
@@ -683,6 +684,34 @@ class GpuReader:
             if hint is not None:
                 self.g["errors"][field] = NOT_IN_FORMAT
                 self.not_carried[field] = hint
+
+    def _fabric(self) -> None:
+        """The Fabric section (R535+: State, Status; R550+: CliqueId, ClusterUUID; R570+: Health):
+        the `fabric` group of platform.fabric.nvmlfabric in its words; "N/A": not supported."""
+        state = self.find([_p("Fabric", "State")], [_p("fabric", "state")])
+        if state.kind == "missing":
+            self.g["errors"]["fabric"] = NOT_IN_CAPTURE
+            return
+        if state.kind != "value":
+            self.take("fabric", state, str)  # N/A: not supported; a failed read: its kind
+            return
+
+        def words(*keys: str) -> str | None:
+            found = self.find([_p("Fabric", *keys)], [_p("fabric", *(k.lower().replace(" ", "_") for k in keys))])
+            return _word(found.text or "").replace(" ", "_") if found.kind == "value" else None
+
+        clique = words("CliqueId")
+        health = {k: v for k, v in (("degraded_bw", {"full": "false", "degraded": "true"}.get(words("Health", "Bandwidth")
+                                                                                          or "")),
+                                    ("route_recovery", words("Health", "Route Recovery in progress")),
+                                    ("route_unhealthy", words("Health", "Route Unhealthy")),
+                                    ("access_timeout_recovery", words("Health", "Access Timeout Recovery")))
+                  if v is not None}
+        uuid = self.find([_p("Fabric", "ClusterUUID")], [_p("fabric", "clusteruuid")])
+        self.g["fabric"] = {"state": _word(state.text or "").replace(" ", "_"), "status": words("Status"),
+                            "clique_id": int(clique) if clique is not None and clique.isdigit() else None,
+                            "cluster_uuid": (uuid.text or "").strip() if uuid.kind == "value" else None,
+                            "health_summary": words("Health", "Summary"), "health": health}
 
     def _extras(self) -> None:
         """What the capture shows that no check judges: kept under the GPU's "capture" key."""

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from ..pci import normalize_bus_id
 from . import enums
 from . import nvml as N
+from ..fabric import nvmlfabric
 from .model import GpuEntry, NvLinkLink
 from .throttle import reason_names
 
@@ -70,6 +71,7 @@ def empty_gpu(index: int) -> GpuEntry:
         "nvlink": {"supported": None, "links": []},
         "recovery_action": None,
         "recovery_action_name": None,
+        "fabric": None,
         "errors": {},
     }
 
@@ -99,6 +101,7 @@ def read_gpu(s: N.NvmlSession, index: int) -> GpuEntry:
         (r.memory, ("ecc_errors", "remapped_rows", "retired_pages")),
         (r.thermal_clocks, ("temperature", "clocks", "power")),
         (r.pcie, ("pcie",)),
+        (r.fabric, ("fabric",)),
         (r.fields_and_nvlink, ("recovery_action", "nvlink")),
     )
     try:
@@ -288,6 +291,34 @@ class _Reader:
         p["link_width"] = _int(rd("pcie.link_width", "nvmlDeviceGetCurrPcieLinkWidth"))
         p["link_width_max"] = _int(rd("pcie.link_width_max", "nvmlDeviceGetMaxPcieLinkWidth"))
         p["replay_counter"] = _int(rd("pcie.replay_counter", "nvmlDeviceGetPcieReplayCounter"))
+
+    def fabric(self) -> None:
+        """NVML's GPU fabric info (platform.fabric.nvmlfabric): the v3 struct through
+        nvmlDeviceGetGpuFabricInfoV (health included), else the first struct through
+        nvmlDeviceGetGpuFabricInfo (a driver before the V call); not supported by either: None."""
+        v3, version = self.s.constant("c_nvmlGpuFabricInfo_v3_t", None), self.s.const("nvmlGpuFabricInfo_v3")
+        v1 = self.s.constant("c_nvmlGpuFabricInfo_t", None)
+        tries = ([(v3, "nvmlDeviceGetGpuFabricInfoV")] if v3 is not None and version is not None else []) + (
+            [(v1, "nvmlDeviceGetGpuFabricInfo")] if v1 is not None else [])
+        failure: N.NvmlFailure | None = None
+        for cls, call in tries:
+            st = cls()
+            if cls is v3:
+                st.version = version
+            try:
+                self.s.call(call, self.h, ctypes.byref(st))
+            except N.NvmlCallError as e:
+                if e.failure.kind in _STATE_OF_KIND:
+                    raise _Gone(e.failure) from None
+                failure = e.failure
+                older = e.failure.code is not None and e.failure.code == self.s.const("NVML_ERROR_ARGUMENT_VERSION_MISMATCH")
+                if e.failure.kind == N.NOT_SUPPORTED or older:  # older: a driver without the v3 struct
+                    continue
+                break
+            self.g["fabric"] = nvmlfabric.decode(self.s.nvml, st)
+            return
+        if failure is not None and failure.kind != N.NOT_SUPPORTED:
+            self.errors["fabric"] = failure.kind
 
     def fields_and_nvlink(self) -> None:
         """The NvLink link count and the GPU Recovery Action (field values), then the links."""

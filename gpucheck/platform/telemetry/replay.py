@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any, Callable
 
+from ..fabric import nvmlfabric
 from . import enums
 from . import nvml as N
 from .model import Snapshot
@@ -160,6 +161,7 @@ class ReplayNvml:
             "nvmlDeviceGetTemperatureThreshold": self._threshold, "nvmlDeviceGetClockInfo": self._clock,
             "nvmlDeviceGetMaxClockInfo": self._max_clock, "nvmlDeviceGetFieldValues": self._field_values,
             "nvmlDeviceGetNvLinkState": self._link_state, "nvmlDeviceGetNvLinkErrorCounter": self._link_counter,
+            "nvmlDeviceGetGpuFabricInfoV": self._fabric, "nvmlDeviceGetGpuFabricInfo": self._fabric,
         }
 
     # -- the module surface ---------------------------------------------------------------------------
@@ -354,6 +356,17 @@ class ReplayNvml:
         st.bThresholdExceeded = int(exceeded)
         st.volatileUncParity, st.volatileUncSecDed = 0, counts[0]
         st.aggregateUncParity, st.aggregateUncSecDed = 0, counts[1]
+        return self._const("NVML_SUCCESS") or 0
+
+    def _fabric(self, h: ReplayHandle, ref: Any) -> int:
+        """The fabric-info struct from the recorded `fabric` group (platform.fabric.nvmlfabric)."""
+        fabric = self._value(h, "fabric")
+        if not isinstance(fabric, dict):
+            raise recorded_failure(N.OTHER, None, "fabric")
+        try:
+            nvmlfabric.encode(self._pynvml, fabric, ref._obj)  # type: ignore[arg-type]
+        except (ValueError, TypeError, AttributeError):  # names no NVML value has: unreadable, never a value
+            raise recorded_failure(N.OTHER, None, "fabric") from None
         return self._const("NVML_SUCCESS") or 0
 
     def _remapped(self, h: ReplayHandle) -> tuple[int, int, int, int]:

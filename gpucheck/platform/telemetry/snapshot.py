@@ -222,6 +222,7 @@ def validate_snapshot(doc: Any, where: str = "snapshot") -> None:
         raise SnapshotError(f"{where}: nvml.ok is false but nvml.error says nothing")
     if "kernel_log" in doc and not isinstance(doc["kernel_log"], (dict, type(None))):
         raise SnapshotError(f"{where}: kernel_log must be an object or null")
+    _validate_fabric_keys(doc, where)
     for i, d in enumerate(doc["pci_nvidia_devices"]):
         if not isinstance(d, dict) or not isinstance(d.get("bus_id"), str):
             raise SnapshotError(f"{where}: pci_nvidia_devices[{i}] needs a bus_id")
@@ -239,6 +240,30 @@ def validate_snapshot(doc: Any, where: str = "snapshot") -> None:
             raise SnapshotError(f"{where}: gpus[{i}].state must be one of {', '.join(GPU_STATES)}")
         if not isinstance(g.get("errors", {}), dict):
             raise SnapshotError(f"{where}: gpus[{i}].errors must be an object")
+
+
+def _list_of(value: Any, typ: type) -> bool:
+    return isinstance(value, list) and all(isinstance(x, typ) for x in value)
+
+
+def _validate_fabric_keys(doc: dict[str, Any], where: str) -> None:
+    """The optional `pcie_aer` and `fabric_manager` keys (platform.fabric): their types when present."""
+    aer = doc.get("pcie_aer")
+    if aer is not None:
+        if not isinstance(aer, dict) or not isinstance(aer.get("devices"), list) \
+                or not all(isinstance(d, dict) and isinstance(d.get("bus_id"), str) and isinstance(d.get("aer"), dict)
+                           for d in aer["devices"]) \
+                or not (aer.get("lspci") is None or _list_of(aer.get("lspci"), str)):
+            raise SnapshotError(f"{where}: pcie_aer must be null or {{source, error, devices: [{{bus_id, aer, ...}}], "
+                                "lspci: [lines] | null}")
+    fm = doc.get("fabric_manager")
+    if fm is not None:
+        svc, log, switches = (fm.get(k) if isinstance(fm, dict) else None for k in ("service", "log", "nvswitch_devices"))
+        if not isinstance(fm, dict) or not (svc is None or isinstance(svc, dict)) \
+                or not (log is None or (isinstance(log, dict) and _list_of(log.get("lines"), str))) \
+                or not (switches is None or _list_of(switches, str)):
+            raise SnapshotError(f"{where}: fabric_manager must be null or {{service: {{text, error}} | null, "
+                                "log: {path, lines: [str], error, missing} | null, nvswitch_devices: [str] | null}")
 
 
 def snapshot_epoch(snap: Snapshot | dict[str, Any]) -> float | None:

@@ -1,13 +1,17 @@
-"""The fast line filter: only lines holding ``NVRM`` (every GPU driver line) or ``SXid`` (every
-NVSwitch error line) are kept, found with bytes.find over big buffers before any decoding."""
+"""The fast line filter: only lines holding ``NVRM`` (every GPU driver line), ``SXid`` (every
+NVSwitch error line) or a needle of another kernel-log parser (PCIe AER: platform/kernlog/aer.py)
+are kept, found with bytes.find over big buffers before any decoding."""
 
 from __future__ import annotations
 
 from typing import IO, Any, Iterator
 
+from ..aer import AER_NEEDLES
+
 # A relevant line holds one of these (bytes test before any decoding or regex): every GPU
-# driver line says NVRM, every NVSwitch error line SXid.
-NEEDLES: tuple[bytes, ...] = (b"NVRM", b"SXid")
+# driver line says NVRM, every NVSwitch error line SXid; each other parser's list is kept in the
+# module that owns it (PCIe AER lines: kernlog.aer.AER_NEEDLES).
+NEEDLES: tuple[bytes, ...] = (b"NVRM", b"SXid") + AER_NEEDLES
 # In big buffers a needle is found through its rarest byte (bytes.find of one byte is memchr),
 # each hit then checked in place. The rarest byte is picked per buffer from a sample of it.
 ANCHOR_SAMPLE = 1 << 16
