@@ -32,7 +32,6 @@ runner, syslog through an injectable logger (gpucheck.fleet.slurm).
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 import syslog
 import time
@@ -276,21 +275,27 @@ def _run_gpucheck(req, execute, plan: HookPlan, log: Logger | None = None) -> tu
 
 
 def _job_start(env: JobEnv, state, scontrol: str, runner: Runner) -> tuple[float | None, dict[str, Any] | None, str]:
-    """When the job started (the prolog's record, else scontrol's StartTime) and the prolog's ECC reading."""
+    """When the job started (the prolog's record, else scontrol's StartTime) and the prolog's ECC
+    reading; the third value says where the start came from, or why it is unknown (then the epilog
+    judges the default window, which is wider)."""
     if env.job_id and state is not None:
         jobs = state.read_cursor(JOBS_CURSOR) or {}
         rec = jobs.get(env.job_id) if isinstance(jobs, dict) else None
         if isinstance(rec, dict) and isinstance(rec.get("start"), (int, float)):
             return float(rec["start"]), rec.get("ecc") or {}, "prolog record"
     if env.job_id:
-        rc, out, _ = runner([scontrol, "-o", "show", "job", env.job_id])
-        m = re.search(r"\bStartTime=(\S+)", out) if rc == 0 else None
-        if m:
-            from ..platform.kernlog.timeparse import parse_timestamp
+        from ..platform.kernlog.timeparse import parse_timestamp
+        from ..platform.slurmjob import ShowJobError, parse_show_job
 
-            start = parse_timestamp(m.group(1))
-            if start is not None:
-                return start, None, "scontrol StartTime"
+        rc, out, err = runner([scontrol, "-o", "show", "job", env.job_id])
+        if rc != 0:
+            return None, None, f"unknown (scontrol show job exit {rc}: {' '.join((err or out).split())[:160]})"
+        try:  # a job's name or paths cannot move StartTime (gpucheck.platform.slurmjob)
+            start = parse_timestamp(parse_show_job(out, env.job_id).start_time)
+        except ShowJobError as e:
+            return None, None, f"unknown ({e})"
+        if start is not None:
+            return start, None, "scontrol StartTime"
     return None, None, "unknown"
 
 
