@@ -309,6 +309,22 @@ def test_job_env():
     assert slurm.job_env({"SLURMD_NODENAME": "x"}).failed is None
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "0,\u00b2", "\u0663", "1\uff11", "99999999999999999999"])
+def test_a_gpu_list_that_is_no_ascii_numbers_tests_every_gpu_and_never_crashes_the_hook(tmp_path, capsys,
+                                                                                         monkeypatch, value):
+    """SLURM_JOB_GPUS='²': str.isdigit() took it and int() raised, the hook exited 3 (gpucheck's own
+    failure; a drain where on-error is fail); '٣' was read as GPU 3. Now an item that is no ASCII
+    number makes the list no list of GPU indices: every GPU is tested, with a note, exit 0 when healthy."""
+    e = slurm.job_env({**ENV, "SLURM_JOB_GPUS": value, "SLURM_JOB_EXIT_CODE": "\u00b2"})
+    assert e.gpus is None and "is not a list of GPU indices: testing all GPUs" in e.gpus_note and e.exit_code is None
+    for k, v in {**ENV, "SLURM_JOB_GPUS": value}.items():
+        monkeypatch.setenv(k, v)
+    rc = main(["slurm", "prolog", "--snapshot", str(SNAPS / "h100-healthy.json"), "--state-dir", str(tmp_path),
+               "--scontrol", "/bin/false"])
+    err = capsys.readouterr().err
+    assert rc == 0 and ": healthy level 1" in err, err
+
+
 def test_prolog_unhealthy_drains_with_gpucheck_reason(tmp_path, capsys):
     bad = verdict_of(capsys, "--snapshot", str(SNAPS / "h100-ecc-dbe.json"))
     sl, logs, seen = FakeSlurm(), [], []

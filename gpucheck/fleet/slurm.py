@@ -91,9 +91,13 @@ class JobEnv:
         return " ".join(parts)
 
 
+_ASCII_NUMBER = re.compile(r"[0-9]{1,9}")  # str.isdigit() takes '²' (int() refuses it) and '٣' (int() reads 3)
+
+
 def _gpu_indices(text: str) -> list[int] | None:
+    """'0,2,3' -> [0, 2, 3]; None when an item is no plain ASCII number."""
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() for t in items):
+    if not items or not all(_ASCII_NUMBER.fullmatch(t) for t in items):
         return None
     return sorted({int(t) for t in items})
 
@@ -115,11 +119,12 @@ def job_env(environ: Mapping[str, str], *, hostname: str | None = None) -> JobEn
         env.gpus, env.gpus_from, env.gpus_note = idx, var, None
         break
     ec2 = environ.get("SLURM_JOB_EXIT_CODE2")
-    m = re.fullmatch(r"\s*(\d+):(\d+)\s*", ec2 or "")
+    m = re.fullmatch(r"\s*([0-9]{1,9}):([0-9]{1,9})\s*", ec2 or "")
+    raw_status = (environ.get("SLURM_JOB_EXIT_CODE") or "").strip()
     if m:
         env.exit_code, env.signal = int(m.group(1)), int(m.group(2))
-    elif (environ.get("SLURM_JOB_EXIT_CODE") or "").strip().isdigit():
-        status = int(environ["SLURM_JOB_EXIT_CODE"])  # a wait() status
+    elif _ASCII_NUMBER.fullmatch(raw_status):
+        status = int(raw_status)  # a wait() status
         env.exit_code, env.signal = (status >> 8) & 0xFF, status & 0x7F
     return env
 
