@@ -62,6 +62,28 @@ def find_scontrol(explicit: str | None = None) -> str:
     return found or "/usr/bin/scontrol"
 
 
+# -- Slurm's PrologEpilogTimeout ------------------------------------------------------------
+
+_TIMEOUT_RE = re.compile(r"^PrologEpilogTimeout\s*=\s*(\S+)\s*$", re.M)
+NO_TIMEOUT = 65534  # and above: Slurm's "not set" (NO_VAL16) and "unlimited"
+
+
+def prolog_epilog_timeout(scontrol: str, runner: Runner) -> tuple[float | None, str]:
+    """Slurm's PrologEpilogTimeout in seconds, from `scontrol show config` (None: none is set, or
+    it cannot be read; the second value says which). Past it Slurm 22.05 ends a hook with SIGKILL
+    ("prolog killed by signal 9") and drains the node, whatever the hook would have decided."""
+    rc, out, err = runner([scontrol, "show", "config"])
+    if rc != 0:
+        return None, f"unknown (scontrol show config exit {rc}: {' '.join((err or out).split())[:160]})"
+    m = _TIMEOUT_RE.search(out)
+    if m is None:
+        return None, "unknown (no PrologEpilogTimeout in scontrol show config)"
+    value = m.group(1)
+    if not re.fullmatch(r"[0-9]{1,5}", value) or int(value) >= NO_TIMEOUT or int(value) == 0:
+        return None, f"none (PrologEpilogTimeout = {value})"
+    return float(value), f"PrologEpilogTimeout = {value} (scontrol show config)"
+
+
 # -- the job's environment ------------------------------------------------------------------
 
 @dataclass
@@ -174,6 +196,8 @@ def drain(node: str, cause: str, *, scontrol: str, runner: Runner) -> tuple[bool
         return False, f"refusing to drain {node!r}: not a single node name"
     reason = drain_reason(cause)
     rc, out, err = runner([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    if rc == 127:
+        return False, f"scontrol not found ({scontrol}: {(err or out).strip()})"
     if rc != 0:
         return False, f"scontrol update failed (exit {rc}): {(err or out).strip()}"
     return True, reason
