@@ -166,10 +166,10 @@ def hook_clock(environ: Mapping[str, str], started: float, scontrol: str, runner
     return HookClock(started + timeout_s - wrapper_margin_s(timeout_s), timeout_s, source)
 
 
-def fit_budget(budget_s: float, clock: HookClock, now: float) -> tuple[float | None, str]:
+def fit_budget(budget_s: float | None, clock: HookClock, now: float) -> tuple[float | None, str]:
     """The budget the run may use so that the hook ends before `clock.deadline`, keeping a fifth of
     what is left (1 to 10 s) for the history, the cursors, a drain and the log; and what was
-    changed ("" when the budget fits). None: no time to judge anything."""
+    changed ("" when the budget fits). A budget of None is none. None: no time to judge anything."""
     if clock.deadline is None:
         return budget_s, ""
     left = clock.deadline - now
@@ -178,9 +178,10 @@ def fit_budget(budget_s: float, clock: HookClock, now: float) -> tuple[float | N
              "SIGKILL and drains the node")
     if fit < MIN_RUN_S:
         return None, f"no time to judge: {left:.1f} s left before the hook must end ({slurm})"
-    if budget_s <= fit:
+    if budget_s is not None and budget_s <= fit:
         return budget_s, ""
-    return fit, f"budget {budget_s:g} s shrunk to {fit:.1f} s ({slurm})"
+    was = f"budget {budget_s:g} s" if budget_s is not None else "no budget"
+    return fit, f"{was} shrunk to {fit:.1f} s ({slurm})"
 
 
 def split_ids(values: Iterable[str]) -> list[str]:
@@ -507,7 +508,7 @@ class _NoTime(Exception):
     """Slurm's PrologEpilogTimeout leaves the hook no time to judge anything."""
 
 
-def _fit_to_slurm(hook: _Hook, budget: float) -> float:
+def _fit_to_slurm(hook: _Hook, budget: float | None) -> float | None:
     """The budget, shrunk (and said so) to end before Slurm's PrologEpilogTimeout; _NoTime when
     nothing can be judged in the time left."""
     hook.clock = hook_clock(hook.environ, hook.started, hook.scontrol, hook.runner)
