@@ -293,7 +293,23 @@ def test_the_real_gpucheck_fits_its_budget_into_the_wrappers_deadline(tmp_path):
 
 # -- signals in the wrapper's first milliseconds -------------------------------------------------
 
-DELAYS_MS = [3, 6, 10, 15, 20, 30, 40, 50, 60, 80, 100, 120, 150, 180, 220, 260, 300, 350, 400, 500]
+DELAYS_MS = [0, 1, 2, 4, 7, 10, 15, 20, 30, 45, 60, 80, 100, 130, 160, 200, 250, 300, 380, 450]
+
+
+def _loaded(pid: int, sig: signal.Signals, cap_s: float = 0.1) -> None:
+    """Wait until the shell catches `sig` (SigCgt in /proc/PID/status: it ran its first command),
+    at most `cap_s`: before its first command a shell is still being loaded, and no script can
+    hold a signal then; the old wrapper caught none for its first 0.14-0.42 s."""
+    deadline = time.monotonic() + cap_s
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        m = re.search(r"^SigCgt:\s*([0-9a-f]+)", status, re.M)
+        if m and int(m.group(1), 16) & (1 << (sig - 1)):
+            return
+        time.sleep(0.0002)
 
 
 @pytest.mark.slow
@@ -301,14 +317,15 @@ DELAYS_MS = [3, 6, 10, 15, 20, 30, 40, 50, 60, 80, 100, 120, 150, 180, 220, 260,
 def test_a_signal_in_the_wrappers_first_milliseconds_never_kills_it(tmp_path, sig):
     """The reproduced bug: the wrapper set its trap only after reading its settings (0.14-0.42 s
     here), and a SIGTERM meanwhile killed it (72 of 72 trials): Slurm drains a node whose prolog a
-    signal killed. Now the trap is its first command: whenever the signal comes, the wrapper
-    exits by on-error (pass: 0), with the cause in its log line."""
+    signal killed. Now the trap is its first command: whenever the signal comes after it, the
+    wrapper exits by on-error (pass: 0), with the cause in its log line."""
     w = Wrapper(tmp_path, "", "")
     fine = w.gpucheck("g", "sleep 0.3\nexit 0\n")
     w.use(fine)
     outcomes = []
     for delay in DELAYS_MS:
         p = w.start()
+        _loaded(p.pid, sig)
         time.sleep(delay / 1000)
         p.send_signal(sig)
         _, err = _finish(p)
