@@ -72,3 +72,9 @@ def test_array_and_het_ids_answer_for_their_job():
     text = show_job("6").replace("JobId=6 ", "JobId=6 ArrayJobId=5 ArrayTaskId=1 ", 1)
     assert parse_show_job(text, "5_1").job_id == "5_1" and parse_show_job(text, "6").nodelist == "n[1-2]"
     assert parse_show_job(show_job("9", nodelist="gpu[001-002]"), "9").nodelist == "gpu[001-002]"
+
+
+def test_only_the_first_record_of_an_array_is_read():
+    one = show_job("6", nodelist="n1").replace("JobId=6 ", "JobId=6 ArrayJobId=5 ArrayTaskId=1 ", 1)
+    two = show_job("7", nodelist="n2").replace("JobId=7 ", "JobId=7 ArrayJobId=5 ArrayTaskId=2 ", 1)
+    assert parse_show_job(one + two, "5_1").nodelist == "n1"

@@ -82,6 +82,7 @@ def parse_show_job(text: str, job_id: str) -> ShowJob:
         raise ShowJobError(f"not the output of scontrol show job: {text.strip()[:120]!r}")
     if job_id not in _ids_of(head.group(1), head.group(2)):
         raise ShowJobError(f"scontrol answered for job {head.group(1)!r}, not {job_id!r}")
+    text = text.split("\nJobId=", 1)[0]  # the first record (a job array prints one per task)
     start = head.end() - 1  # the chain may start right after an empty name
     chains = [(m.start(), c) for m in _CHAIN_START_RE.finditer(text, start)
               if (c := _chain_at(text, m.start())) is not None]
