@@ -160,6 +160,8 @@ def hook_clock(environ: Mapping[str, str], started: float, scontrol: str, runner
         return HookClock(None, None, f"none (the wrapper: {TIMEOUT_ENV}={timeout!r})")
     if environ.get("SLURM_SCRIPT_CONTEXT") not in ("prolog_slurmd", "epilog_slurmd"):
         return HookClock(None, None, "none (not started by slurmd: no SLURM_SCRIPT_CONTEXT)")
+    if runner is default_runner:  # slurmctld not answering must not eat the hook's time
+        runner = functools.partial(default_runner, timeout_s=5.0)
     timeout_s, source = prolog_epilog_timeout(scontrol, runner)
     if timeout_s is None:
         return HookClock(None, None, source)
