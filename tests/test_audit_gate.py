@@ -214,7 +214,8 @@ def test_wrapper_fails_closed_for_every_toml_spelling_of_run_on_error(tmp_path, 
     (tmp_path / "config.toml").write_bytes(text.encode())
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{tmp_path}/scontrol.calls"\n')
+    (bin_dir / "scontrol").write_text(  # `show config` (the wrapper's PrologEpilogTimeout): nothing set
+        f'#!/bin/sh\ncase "$1" in show) exit 0 ;; esac\nprintf "%s\\n" "$*" >> "{tmp_path}/scontrol.calls"\n')
     (bin_dir / "logger").write_text("#!/bin/sh\n")
     for tool in ("scontrol", "logger"):
         (bin_dir / tool).chmod(0o755)

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import shlex
+import sys
 import syslog
 from pathlib import Path
 
 import pytest
 
-from gpucheck.cli.main import main
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_captures import capture, show_job  # noqa: E402
+
+from gpucheck.cli.main import main  # noqa: E402
 from gpucheck.core.levels import Level
 from gpucheck.core.result import Result, Status
 from gpucheck.core.verdict import InventoryEntry, RunFacts, Verdict, build_verdict
@@ -271,6 +276,8 @@ class FakeSlurm:
         self.rc = 0
 
     def __call__(self, argv):
+        if argv[1:3] == ["show", "config"]:  # the hooks' PrologEpilogTimeout: none here
+            return 0, "", ""
         self.calls.append(list(argv))
         if argv[1:4] == ["-o", "show", "node"]:
             return 0, self.show_node, ""
@@ -302,6 +309,22 @@ def test_job_env():
     e = slurm.job_env({"SLURMD_NODENAME": "x", "CUDA_VISIBLE_DEVICES": "GPU-aaaa", "SLURM_JOB_EXIT_CODE": "256"})
     assert e.gpus is None and "not a list of GPU indices" in e.gpus_note and e.exit_code == 1 and e.failed
     assert slurm.job_env({"SLURMD_NODENAME": "x"}).failed is None
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "0,\u00b2", "\u0663", "1\uff11", "99999999999999999999"])
+def test_a_gpu_list_that_is_no_ascii_numbers_tests_every_gpu_and_never_crashes_the_hook(tmp_path, capsys,
+                                                                                         monkeypatch, value):
+    """SLURM_JOB_GPUS='²': str.isdigit() took it and int() raised, the hook exited 3 (gpucheck's own
+    failure; a drain where on-error is fail); '٣' was read as GPU 3. Now an item that is no ASCII
+    number makes the list no list of GPU indices: every GPU is tested, with a note, exit 0 when healthy."""
+    e = slurm.job_env({**ENV, "SLURM_JOB_GPUS": value, "SLURM_JOB_EXIT_CODE": "\u00b2"})
+    assert e.gpus is None and "is not a list of GPU indices: testing all GPUs" in e.gpus_note and e.exit_code is None
+    for k, v in {**ENV, "SLURM_JOB_GPUS": value}.items():
+        monkeypatch.setenv(k, v)
+    rc = main(["slurm", "prolog", "--snapshot", str(SNAPS / "h100-healthy.json"), "--state-dir", str(tmp_path),
+               "--scontrol", "/bin/false"])
+    err = capsys.readouterr().err
+    assert rc == 0 and ": healthy level 1" in err, err
 
 
 def test_prolog_unhealthy_drains_with_gpucheck_reason(tmp_path, capsys):
@@ -389,12 +412,40 @@ def test_epilog_after_failed_job_goes_deeper_and_names_ecc_growth(tmp_path, caps
     # a job that ended well: only the Xid/ECC checks, the start time from scontrol when the
     # prolog left no record
     seen.clear()
-    sl.show_job = "JobId=77 JobState=COMPLETING StartTime=2026-01-02T03:04:05 EndTime=Unknown"
+    sl.show_job = show_job("77", state="COMPLETING", start="2026-01-02T03:04:05")
     env = {**env, "SLURM_JOB_ID": "77", "SLURM_JOB_EXIT_CODE2": "0:0"}
     out = hook.run_hook(hook.HookOptions("epilog", state_dir=str(tmp_path)), env, runner=sl,
                         log=lambda p, m: None, execute=fake_execute(0, good, seen))
     assert seen[0].check_patterns == ["xid", "ecc", "memory-remap"] and seen[0].timeout_s == 60.0
     assert seen[0].options["xid_since"].startswith("@17673") and out.plan["job_start_from"] == "scontrol StartTime"
+
+
+@pytest.mark.parametrize("capture_name, job_id, start_from", [
+    ("name-starttime", "5", "scontrol StartTime"),  # -J 'train StartTime=2030-01-01T00:00:00 ...'
+    ("completed", "12", "scontrol StartTime"),  # -J 'c NodeList=n4 StartTime=2030-01-01T00:00:00'
+    ("name-forged-chain", "7", "unknown (job 7: its own text"),  # a whole chain in the name: refused
+])
+def test_an_epilog_only_site_takes_the_job_start_from_slurm_not_from_the_job_name(tmp_path, capsys, capture_name,
+                                                                                  job_id, start_from):
+    """Real answers of Slurm 22.05 for jobs whose names hold `StartTime=2030-...`: the epilog's Xid
+    window starts at Slurm's StartTime (a later start would hide an Xid logged during the job),
+    or, where it cannot be told from the job's text, is the default window (wider), never the
+    name's."""
+    from gpucheck.platform.kernlog.timeparse import parse_timestamp
+
+    good = verdict_of(capsys, "--snapshot", str(SNAPS / "h100-healthy.json"))
+    text = capture(capture_name)
+    sl, seen = FakeSlurm(show_job=text), []
+    env = {**ENV, "SLURM_JOB_ID": job_id, "SLURM_SCRIPT_CONTEXT": "epilog_slurmd", "SLURM_JOB_EXIT_CODE2": "0:0"}
+    out = hook.run_hook(hook.HookOptions("epilog", state_dir=str(tmp_path)), env, runner=sl, log=lambda p, m: None,
+                        execute=fake_execute(0, good, seen))
+    assert out.plan["job_start_from"].startswith(start_from)
+    since = seen[0].options.get("xid_since")
+    if start_from == "scontrol StartTime":
+        real = re.findall(r"\sStartTime=(\S+)", text)[-1]
+        assert since == f"@{parse_timestamp(real):.3f}" and not real.startswith("2030")
+    else:
+        assert since is None  # the default window: last-pass
 
 
 SHOW = """NodeName=n1 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 Partitions=debug Reason=admin: broken fan [root@2026-11-21T10:09:12]

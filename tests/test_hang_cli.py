@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hang_synth import FIXTURES  # noqa: E402
+from slurm_captures import show_job  # noqa: E402
 
 from gpucheck.cli.main import main  # noqa: E402
 from gpucheck.platform.fanout import NodeRun  # noqa: E402
@@ -111,7 +112,7 @@ def fake_cluster(monkeypatch):
 
     def scontrol(argv, timeout_s=30.0):
         calls["scontrol"].append(argv)
-        return 0, "JobId=77 UserId=alice(1000) JobState=RUNNING NodeList=gpu[001-002] NumNodes=2\n", ""
+        return 0, show_job("77", nodelist="gpu[001-002]", user="alice(1000)"), ""
 
     def run_nodes(commands, *, on_done=None, **kw):
         calls["commands"], calls["kw"] = dict(commands), kw
@@ -147,7 +148,7 @@ def test_job_resolves_nodes_and_selects_by_job(capsys, fake_cluster, tmp_path):
 
 def test_job_that_is_not_running_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.setattr("gpucheck.fleet.slurm.default_runner",
-                        lambda argv, timeout_s=30.0: (0, "JobId=9 JobState=COMPLETED NodeList=gpu1\n", ""))
+                        lambda argv, timeout_s=30.0: (0, show_job("9", state="COMPLETED", nodelist="gpu1"), ""))
     rc, out, err = hang(capsys, "--job", "9")
     assert rc == 2 and "job 9 is COMPLETED, not RUNNING" in err
 

@@ -19,6 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hang_synth import FIXTURES  # noqa: E402
+from slurm_captures import capture, show_job  # noqa: E402
 
 from gpucheck.platform.fanout import NodeRun  # noqa: E402
 from gpucheck.hang import collect as C  # noqa: E402
@@ -333,8 +334,7 @@ def test_recorded_documents_load_in_every_form(tmp_path):
 
 # -- Slurm ------------------------------------------------------------------------------------------
 
-SHOW_JOB = ("JobId=77 JobName=train UserId=alice(1000) GroupId=alice(1000) JobState=RUNNING Reason=None "
-            "NodeList=gpu[001-003,007] BatchHost=gpu001 NumNodes=4\n")
+SHOW_JOB = show_job("77", nodelist="gpu[001-003,007]", user="alice(1000)")
 
 
 def test_job_nodes_from_scontrol():
@@ -350,8 +350,7 @@ def test_job_nodes_from_scontrol():
 
 
 @pytest.mark.parametrize("rc,out,err,exc,why", [
-    (0, SHOW_JOB.replace("RUNNING", "PENDING").replace("gpu[001-003,007]", "(null)"), "", J.JobUsageError,
-     "job 77 is PENDING, not RUNNING"),
+    (0, show_job("77", state="PENDING", nodelist=""), "", J.JobUsageError, "job 77 is PENDING, not RUNNING"),
     (1, "", "slurm_load_jobs error: Invalid job id specified", J.JobUsageError, "job 77: slurm_load_jobs error"),
     (1, "", "slurm_load_jobs error: Unable to contact slurm controller", J.JobLookupError,
      "scontrol show job 77 failed (exit 1)"),
@@ -360,6 +359,15 @@ def test_job_nodes_from_scontrol():
 def test_job_lookup_failures(rc, out, err, exc, why):
     with pytest.raises(exc, match=re.escape(why)):
         J.job_info("77", runner=lambda argv: (rc, out, err), scontrol="scontrol")
+
+
+def test_a_job_name_cannot_choose_the_nodes_examined():
+    """`sbatch -J 'train NodeList=n4'` (a real answer of Slurm 22.05): the job's nodes are n1, not
+    n4; a name that holds a whole second chain of fields is could not judge, never a guess."""
+    info = J.job_info("10", runner=lambda argv: (0, capture("name-nodelist"), ""), scontrol="scontrol")
+    assert info.nodes == ["n1"] and info.nodelist == "n1"
+    with pytest.raises(J.JobLookupError, match="cannot tell Slurm's from the job's"):
+        J.job_info("7", runner=lambda argv: (0, capture("name-forged-chain"), ""), scontrol="scontrol")
 
 
 @pytest.mark.parametrize("text", ["", "77;id", "-1", "12 13", "$(id)"])

@@ -136,7 +136,7 @@ def test_fail_closed_config_with_another_error_drains(tmp_path):
     assert call[4].startswith("Reason=gpucheck: could not judge: usage or configuration error: ")
     assert "run.no_such_key: unknown key" in call[4]
     (priority, line), = logs
-    assert priority == syslog.LOG_ERR and line.endswith("-> drained (on-error fail), exit 42")
+    assert priority == syslog.LOG_ERR and line.endswith("-> drained (on-error fail), exit 42 (the wrapper exits 1)")
     (v,) = history(tmp_path / "state")  # no verdict came out of the pipeline: the hook records one
     assert v["status"] == "error" and v["results"][0]["check"] == "slurm.prolog"
     assert "no_such_key" in v["results"][0]["summary"]

@@ -33,8 +33,9 @@ class Hooks:
         self.root = root
         self.bin = root / "bin"
         self.bin.mkdir()
-        for tool in ("logger", "scontrol"):
-            self.fake(self.bin / tool, f'printf "%s\\n" "$*" >> "{root}/{tool}.calls"\n')
+        for tool in ("logger", "scontrol"):  # scontrol's `show config` (PrologEpilogTimeout): nothing set
+            self.fake(self.bin / tool, ('case "$1" in show) exit 0 ;; esac\n' if tool == "scontrol" else "")
+                      + f'printf "%s\\n" "$*" >> "{root}/{tool}.calls"\n')
         for name in ("gpucheck-prolog.sh", "gpucheck-epilog.sh", "gpucheck-hook.sh"):
             shutil.copy(SCRIPT, root / name)
         self.settings(gpucheck=self.gpucheck_exiting(0))
@@ -391,7 +392,8 @@ def test_sigterm_while_the_real_gpucheck_drains_still_fails_the_job(hooks, tmp_p
     waits for `scontrol update ... State=DRAIN`: the wrapper forwards it, gpucheck holds it until
     the drain is done and logged, exits 42, and the wrapper exits 1 (the job does not run on a
     node that was just drained). It used to die of the signal: on-error pass, exit 0."""
-    hooks.fake(hooks.bin / "scontrol", f'printf "%s\\n" "$*" >> "{hooks.root}/scontrol.calls"\nsleep 3\n')
+    hooks.fake(hooks.bin / "scontrol",
+               f'case "$1" in show) exit 0 ;; esac\nprintf "%s\\n" "$*" >> "{hooks.root}/scontrol.calls"\nsleep 3\n')
     hooks.settings(gpucheck=REAL, args=f"--state-dir {tmp_path}/state --snapshot {DBE}")
     p = subprocess.Popen(["/bin/sh", str(hooks.root / "gpucheck-prolog.sh")],
                          env={"SLURMD_NODENAME": "n1", "SLURM_JOB_ID": "42"},

@@ -174,3 +174,105 @@ def test_the_xid_check_judges_the_whole_boot_under_a_cursor_from_the_future(tmp_
         assert res["gpu0"].status == Status.FAIL, (cursor, res["gpu0"].summary)
         assert any("ignored the last-pass cursor" in e for e in res["node"].evidence)
         assert not any("before the window" in e for e in res["node"].evidence)
+
+
+# -- times that name no time are unknown, never old; a window compares at the line's resolution --
+
+def _xid_check(tmp_path, lines: list[str], cursor: dict | None):
+    """The xid check on a kernel-log file, with a last-pass cursor (None: judge everything)."""
+    from gpucheck.core.check import Context
+    from gpucheck.core.config import Config
+    from gpucheck.tests_suite import xid as xid_mod
+
+    log = tmp_path / "kern.log"
+    log.write_text("".join(line + "\n" for line in lines))
+    st = State(tmp_path / "state")
+    if cursor is not None:
+        st.write_cursor("last-pass", cursor)
+    snap = {"nvml": {"ok": True}, "gpus": [{"index": 0, "pci_bus_id": "0000:3b:00.0", "state": "ok"}]}
+    ctx = Context(config=Config(checks={"xid": {"files": [str(log)], "since": "last-pass" if cursor else "all"}}),
+                  snapshot=snap, state=st)
+    return {r.subject: r for r in xid_mod.run(ctx)}
+
+
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize("prefix", [
+    "{day}T{hms}+99:00",  # no zone is 99 hours from UTC: it was dated four days early
+    "{day}T{hms}+05:75",  # a minute 75
+    "{day}T{hms}-15:00",  # beyond the farthest zone
+    "2026-13-40T{hms}+00:00",  # month 13, day 40: timegm rolled it into the next year
+    "{day}T25:61:00Z",
+])
+def test_an_impossible_time_is_unknown_and_judged_inside_the_window(tmp_path, prefix):
+    """The reproduced bug: `+99:00` dated the Xid 79 days before the last-pass cursor, so the
+    window left it out and the check passed (`xid --since all` failed it)."""
+    import time
+
+    from gpucheck.core.result import Status
+    from gpucheck.platform.kernlog.timeparse import parse_prefix
+
+    now = time.time()
+    day, hms = time.strftime("%Y-%m-%d", time.gmtime(now)), time.strftime("%H:%M:%S", time.gmtime(now - 30))
+    line = f"{prefix.format(day=day, hms=hms)} n kernel: {XID79}"
+    stamp = parse_prefix(line)
+    assert stamp.epoch is None and stamp.message == XID79
+    res = _xid_check(tmp_path, [line], {"epoch": now - 600})
+    assert res["gpu0"].status == Status.FAIL, res["gpu0"].summary
+    assert any("1 event(s) have no time and were judged as inside the window" in e for e in res["node"].evidence)
+
+
+def test_a_possible_offset_still_dates_the_line():
+    from gpucheck.platform.kernlog.timeparse import parse_prefix
+
+    t = calendar.timegm((2026, 11, 27, 1, 2, 3, 0, 0, 0))
+    for line in (f"2026-11-27T15:02:03+14:00 n kernel: {XID79}", f"2026-11-26T13:32:03-11:30 n kernel: {XID79}",
+                 f"2026-11-27T01:02:03Z n kernel: {XID79}", f"2026-12-31T23:59:60Z n kernel: {XID79}"):
+        stamp = parse_prefix(line)
+        assert stamp.epoch is not None and stamp.resolution == 1.0, line
+    assert parse_prefix(f"2026-11-27T15:02:03+14:00 n kernel: {XID79}").epoch == t
+
+
+@pytest.mark.parametrize("fmt, resolution", [
+    ("%Y-%m-%dT%H:%M:%S+00:00 n kernel: ", 1.0),  # rsyslog / journal without fractions
+    ("%b %d %H:%M:%S n kernel: ", 1.0),  # BSD syslog (local time)
+    ("[%a %b %d %H:%M:%S %Y] ", 1.0),  # dmesg -T (local time)
+])
+def test_an_xid_in_the_second_of_the_last_pass_is_inside_the_window(tmp_path, fmt, resolution):
+    """The reproduced bug: a log that says only the second, and a last passing run that started
+    at 12:00:00.6: an Xid 79 written at 12:00:00.8 reads as 12:00:00, before the cursor, and was
+    hidden. Compared at the line's resolution, the second the cursor falls in is inside; the
+    second before it is not."""
+    import time
+
+    from gpucheck.core.result import Status
+    from gpucheck.platform.kernlog.timeparse import parse_prefix
+
+    second = float(int(time.time()) - 120)
+    cursor = second + 0.6
+    local = fmt.startswith("%b") or fmt.startswith("[")
+    stamp_of = (lambda t: time.strftime(fmt, time.localtime(t))) if local else (
+        lambda t: time.strftime(fmt, time.gmtime(t)))
+    same = stamp_of(second) + XID79
+    assert parse_prefix(same).epoch == second and parse_prefix(same).resolution == resolution
+    res = _xid_check(tmp_path, [same], {"epoch": cursor})
+    assert res["gpu0"].status == Status.FAIL, res["gpu0"].summary
+    before = stamp_of(second - 1) + XID79
+    res = _xid_check(tmp_path, [before], {"epoch": cursor})
+    assert res["gpu0"].status == Status.PASS, res["gpu0"].summary
+
+
+def test_a_line_with_microseconds_is_compared_to_the_microsecond():
+    from gpucheck.platform.kernlog.timeparse import in_window, parse_prefix
+
+    second = calendar.timegm((2027, 1, 15, 12, 0, 0, 0, 0, 0))
+    early = parse_prefix(f"2027-01-15T12:00:00.400000+00:00 n kernel: {XID79}")
+    late = parse_prefix(f"2027-01-15T12:00:00.700000+00:00 n kernel: {XID79}")
+    assert early.resolution == 1e-6 and not in_window(early.epoch, early.resolution, second + 0.6)
+    assert in_window(late.epoch, late.resolution, second + 0.6)
+    # a boot-clock line: boot time (/proc/stat btime) is a whole second cut down, so the line may
+    # be up to a second later than it reads
+    kmsg = parse_prefix("3,100,400000,-;" + XID79, boot_time=second)
+    assert kmsg.epoch == second + 0.4 and in_window(kmsg.epoch, kmsg.resolution, second + 0.6)
+    assert not in_window(kmsg.epoch, kmsg.resolution, second + 1.5)

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import click
 
+from ..fleet.hook import EXIT_HOOK_UNHEALTHY
 from .run import WORKER_COUNT
 from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
 
@@ -38,9 +39,12 @@ def hook_options(kind: str):
                          help="Checks to run" + (" (default: xid, ecc, memory-remap)." if kind == "epilog" else ".")),
             click.option("--skip", "skips", multiple=True, metavar="ID", help="Skip these checks."),
             click.option("--budget", "budget_text", default=budget_default, show_default=True, metavar="DURATION",
-                         help="Time budget of the run; past it the verdict is partial (could not judge)."),
+                         help="Time budget of the run; past it the verdict is partial (could not judge). Shrunk "
+                              "(and said so) to end before Slurm's PrologEpilogTimeout, past which Slurm kills "
+                              "the hook with SIGKILL and drains the node."),
             click.option("--on-error", type=click.Choice(["pass", "fail"]), default=None,
-                         help="Could not judge: pass (log, do not drain) or fail (drain, exit 42). Default: "
+                         help=f"Could not judge: pass (log, do not drain, exit 0) or fail (drain, exit "
+                              f"{EXIT_HOOK_UNHEALTHY}). Default: "
                               "$GPUCHECK_ON_ERROR, else the config's run.on_error, else pass."),
             click.option("--strict", is_flag=True, default=None, help="Treat warn as unhealthy."),
             click.option("--snapshot", metavar="FILE",
@@ -50,7 +54,9 @@ def hook_options(kind: str):
             click.option("--config", "config_path", metavar="FILE", help="TOML config."),
             click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True),
             click.option("--workers", type=WORKER_COUNT, default=2, show_default=True),
-            click.option("--no-drain", is_flag=True, help="Judge and exit 1 when unhealthy, but do not drain."),
+            click.option("--no-drain", is_flag=True,
+                         help=f"Judge and exit {EXIT_HOOK_UNHEALTHY} when unhealthy (the wrapper exits 1), but do "
+                              "not drain."),
             click.option("--all-gpus", is_flag=True, help="Test all GPUs even when the job has only some."),
             click.option("--force", is_flag=True,
                          help="Load GPUs that processes are using (default: skipped, could not judge)."),

@@ -32,6 +32,7 @@ runner, syslog through an injectable logger (gpucheck.fleet.slurm).
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 import syslog
@@ -55,6 +56,11 @@ JOBS_KEPT = 64
 # tell a verdict from gpucheck's own failure. It turns it into exit 1 for Slurm.
 EXIT_HOOK_UNHEALTHY = 42
 ON_ERROR_ENV = "GPUCHECK_ON_ERROR"
+# Set by the wrapper from Slurm's PrologEpilogTimeout: the epoch by which gpucheck must have ended
+# (it sends SIGTERM then, SIGKILL a little later, before Slurm's own SIGKILL), and the timeout.
+DEADLINE_ENV = "GPUCHECK_HOOK_DEADLINE"
+TIMEOUT_ENV = "GPUCHECK_PROLOG_EPILOG_TIMEOUT"
+MIN_RUN_S = 1.0  # a budget shorter than this judges nothing
 
 
 @dataclass
@@ -112,6 +118,8 @@ class HookPlan(TypedDict, total=False):
     level: str | None
     checks: list[str]
     budget_s: float | None
+    budget_note: str  # the budget was shrunk to end before Slurm's PrologEpilogTimeout
+    slurm_timeout: str  # Slurm's PrologEpilogTimeout and where it was read (or why it is unknown)
     gpus: list[int] | None  # None: every GPU
     gpus_from: str | None
     gpus_note: str | None
@@ -120,6 +128,62 @@ class HookPlan(TypedDict, total=False):
     cursor_error: str  # the jobs cursor could not be read or written
     traceback: str  # gpucheck's own bug
     signal: str  # SIGTERM/SIGINT that came while the hook ran
+
+
+@dataclass(frozen=True)
+class HookClock:
+    """When the hook must have ended: before Slurm's PrologEpilogTimeout, which Slurm enforces with
+    SIGKILL and a drain ("Prolog error") that no --on-error can undo."""
+
+    deadline: float | None  # epoch; None: no timeout is known
+    timeout_s: float | None  # Slurm's PrologEpilogTimeout
+    source: str  # where they came from, or why they are unknown
+
+
+def wrapper_margin_s(timeout_s: float) -> float:
+    """What the wrapper keeps between its SIGTERM to gpucheck and Slurm's SIGKILL: a tenth of the
+    timeout, 2 to 30 s, and a second of slack (scripts/slurm/gpucheck-hook.sh does the same)."""
+    return min(30.0, max(2.0, float(int(timeout_s) // 10))) + 1.0
+
+
+def hook_clock(environ: Mapping[str, str], started: float, scontrol: str, runner: Runner) -> HookClock:
+    """The wrapper's GPUCHECK_HOOK_DEADLINE; without the wrapper (gpucheck itself as Prolog=),
+    Slurm's PrologEpilogTimeout from `scontrol show config`, less the wrapper's margin, from the
+    hook's start. A hook that slurmd did not start (SLURM_SCRIPT_CONTEXT, which slurmd sets for
+    its Prolog and Epilog, is not there: run by hand) has no Slurm timeout."""
+    from .slurm import prolog_epilog_timeout
+
+    if TIMEOUT_ENV in environ:  # the wrapper asked Slurm (or the site told it): never ask again
+        deadline, timeout = environ.get(DEADLINE_ENV, ""), environ.get(TIMEOUT_ENV, "")
+        if re.fullmatch(r"[0-9]{1,12}", deadline) and re.fullmatch(r"[0-9]{1,5}", timeout):
+            return HookClock(float(deadline), float(timeout), f"PrologEpilogTimeout = {timeout} (the wrapper)")
+        return HookClock(None, None, f"none (the wrapper: {TIMEOUT_ENV}={timeout!r})")
+    if environ.get("SLURM_SCRIPT_CONTEXT") not in ("prolog_slurmd", "epilog_slurmd"):
+        return HookClock(None, None, "none (not started by slurmd: no SLURM_SCRIPT_CONTEXT)")
+    if runner is default_runner:  # slurmctld not answering must not eat the hook's time
+        runner = functools.partial(default_runner, timeout_s=5.0)
+    timeout_s, source = prolog_epilog_timeout(scontrol, runner)
+    if timeout_s is None:
+        return HookClock(None, None, source)
+    return HookClock(started + timeout_s - wrapper_margin_s(timeout_s), timeout_s, source)
+
+
+def fit_budget(budget_s: float | None, clock: HookClock, now: float) -> tuple[float | None, str]:
+    """The budget the run may use so that the hook ends before `clock.deadline`, keeping a fifth of
+    what is left (1 to 10 s) for the history, the cursors, a drain and the log; and what was
+    changed ("" when the budget fits). A budget of None is none. None: no time to judge anything."""
+    if clock.deadline is None:
+        return budget_s, ""
+    left = clock.deadline - now
+    fit = left - min(10.0, max(1.0, 0.2 * left))
+    slurm = (f"Slurm's PrologEpilogTimeout is {clock.timeout_s:g} s, and past it Slurm kills the hook with "
+             "SIGKILL and drains the node")
+    if fit < MIN_RUN_S:
+        return None, f"no time to judge: {left:.1f} s left before the hook must end ({slurm})"
+    if budget_s is not None and budget_s <= fit:
+        return budget_s, ""
+    was = f"budget {budget_s:g} s" if budget_s is not None else "no budget"
+    return fit, f"{was} shrunk to {fit:.1f} s ({slurm})"
 
 
 def split_ids(values: Iterable[str]) -> list[str]:
@@ -276,21 +340,27 @@ def _run_gpucheck(req, execute, plan: HookPlan, log: Logger | None = None) -> tu
 
 
 def _job_start(env: JobEnv, state, scontrol: str, runner: Runner) -> tuple[float | None, dict[str, Any] | None, str]:
-    """When the job started (the prolog's record, else scontrol's StartTime) and the prolog's ECC reading."""
+    """When the job started (the prolog's record, else scontrol's StartTime) and the prolog's ECC
+    reading; the third value says where the start came from, or why it is unknown (then the epilog
+    judges the default window, which is wider)."""
     if env.job_id and state is not None:
         jobs = state.read_cursor(JOBS_CURSOR) or {}
         rec = jobs.get(env.job_id) if isinstance(jobs, dict) else None
         if isinstance(rec, dict) and isinstance(rec.get("start"), (int, float)):
             return float(rec["start"]), rec.get("ecc") or {}, "prolog record"
     if env.job_id:
-        rc, out, _ = runner([scontrol, "-o", "show", "job", env.job_id])
-        m = re.search(r"\bStartTime=(\S+)", out) if rc == 0 else None
-        if m:
-            from ..platform.kernlog.timeparse import parse_timestamp
+        from ..platform.kernlog.timeparse import parse_timestamp
+        from ..platform.slurmjob import ShowJobError, parse_show_job
 
-            start = parse_timestamp(m.group(1))
-            if start is not None:
-                return start, None, "scontrol StartTime"
+        rc, out, err = runner([scontrol, "-o", "show", "job", env.job_id])
+        if rc != 0:
+            return None, None, f"unknown (scontrol show job exit {rc}: {' '.join((err or out).split())[:160]})"
+        try:  # a job's name or paths cannot move StartTime (gpucheck.platform.slurmjob)
+            start = parse_timestamp(parse_show_job(out, env.job_id).start_time)
+        except ShowJobError as e:
+            return None, None, f"unknown ({e})"
+        if start is not None:
+            return start, None, "scontrol StartTime"
     return None, None, "unknown"
 
 
@@ -346,6 +416,8 @@ class _Hook:
     on_error: str
     state: Any  # gpucheck.core.state.State
     plan: HookPlan
+    environ: Mapping[str, str] = field(default_factory=dict)
+    clock: HookClock | None = None  # read when the run is planned (hook_clock)
 
     @property
     def what(self) -> str:
@@ -396,7 +468,8 @@ def _setup(opts: HookOptions, environ: Mapping[str, str], runner: Runner, log: L
     plan = HookPlan(node=env.node, job=env.job_id, on_error=on_error, on_error_from=on_error_from,
                     state_dir=state_root)
     return _Hook(opts=opts, env=env, runner=runner, log=log, now=now, started=started,
-                 scontrol=find_scontrol(opts.scontrol), on_error=on_error, state=State(state_root), plan=plan)
+                 scontrol=find_scontrol(opts.scontrol), on_error=on_error, state=State(state_root), plan=plan,
+                 environ=environ)
 
 
 def _plan_request(hook: _Hook):
@@ -419,6 +492,7 @@ def _plan_request(hook: _Hook):
             level = opts.failed_level or defaults.failed_level
             checks = list(opts.failed_checks)
             budget = opts.failed_budget_s if opts.failed_budget_s is not None else defaults.failed_budget_s
+    budget = _fit_to_slurm(hook, budget)
     gpus = None if opts.all_gpus else env.gpus
     plan.update(HookPlan(level=level, checks=checks, budget_s=budget, gpus=gpus, gpus_from=env.gpus_from,
                          gpus_note=env.gpus_note))
@@ -430,6 +504,24 @@ def _plan_request(hook: _Hook):
                      snapshot_path=_expand(opts.snapshot, env.node), state_dir=str(hook.state.root),
                      timeout_s=budget, history=True, force=opts.force)
     return req, prior_ecc
+
+
+class _NoTime(Exception):
+    """Slurm's PrologEpilogTimeout leaves the hook no time to judge anything."""
+
+
+def _fit_to_slurm(hook: _Hook, budget: float | None) -> float | None:
+    """The budget, shrunk (and said so) to end before Slurm's PrologEpilogTimeout; _NoTime when
+    nothing can be judged in the time left."""
+    hook.clock = hook_clock(hook.environ, hook.started, hook.scontrol, hook.runner)
+    hook.plan["slurm_timeout"] = hook.clock.source
+    fitted, note = fit_budget(budget, hook.clock, hook.now())
+    if note:
+        hook.plan["budget_note"] = note
+        hook.say(syslog.LOG_WARNING, f"{hook.what} {hook.env.label()}: warning: {note}")
+    if fitted is None:
+        raise _NoTime(note)
+    return fitted
 
 
 def _bookkeeping(hook: _Hook, verdict: Verdict | None, prior_ecc: dict[str, Any] | None) -> list[str]:
@@ -463,7 +555,10 @@ def _usage_problem(hook: _Hook, error_line: str) -> str:
 def _judge_node(hook: _Hook, execute) -> _Judged:
     from .sweep import verdict_cause
 
-    req, prior_ecc = _plan_request(hook)
+    try:
+        req, prior_ecc = _plan_request(hook)
+    except _NoTime as e:
+        return _Judged("could-not-judge", str(e))
     code, verdict, error_line = _run_gpucheck(req, execute, hook.plan, hook.log)
     changes = _bookkeeping(hook, verdict, prior_ecc)
     if code == 0:
@@ -557,17 +652,36 @@ def _record_unjudged(hook: _Hook, cause: str) -> str:
     return ""
 
 
-def _drain_node(hook: _Hook, cause: str) -> tuple[bool, str | None]:
+def _drain_node(hook: _Hook, cause: str) -> tuple[bool, str]:
+    """Drain the node: (True, the reason set), or (False, why not: --no-drain, scontrol not
+    found, the scontrol error), which the hook's log line says."""
     if not hook.opts.drain:
-        return False, None
+        return False, "--no-drain"
     try:
-        drained, reason = drain(hook.env.node, cause, scontrol=hook.scontrol, runner=hook.runner)
+        drained, reason = drain(hook.env.node, cause, scontrol=hook.scontrol, runner=_drain_runner(hook))
     except Exception as e:
         drained, reason = False, f"{type(e).__name__}: {e}"
     if not drained:
         hook.say(syslog.LOG_ERR, f"{hook.what} {hook.env.label()}: cannot drain: {reason}")
-        return False, None
-    return True, reason
+    return drained, reason
+
+
+def _drain_runner(hook: _Hook) -> Runner:
+    """scontrol for the drain, within what is left before Slurm's PrologEpilogTimeout (the
+    wrapper's SIGKILL comes a margin after its deadline; an injected runner is used as it is)."""
+    clock = hook.clock
+    if hook.runner is not default_runner or clock is None or clock.deadline is None or clock.timeout_s is None:
+        return hook.runner
+    limit = clock.deadline + wrapper_margin_s(clock.timeout_s) - 2.0 - hook.now()
+    return functools.partial(default_runner, timeout_s=min(30.0, max(1.0, limit)))
+
+
+def hook_exit_code(judgement: str, on_error: str) -> int:
+    """The hook's exit code, decided here only: EXIT_HOOK_UNHEALTHY for a node judged unhealthy,
+    or not judged with on-error fail (drained or not: --no-drain, no scontrol); else 0."""
+    if judgement == "unhealthy" or (judgement == "could-not-judge" and on_error == "fail"):
+        return EXIT_HOOK_UNHEALTHY
+    return 0
 
 
 def _conclude(hook: _Hook, judged: _Judged, interrupts: Any = None) -> HookOutcome:
@@ -577,26 +691,30 @@ def _conclude(hook: _Hook, judged: _Judged, interrupts: Any = None) -> HookOutco
     if judgement == "unhealthy" and changes:  # the most specific news first: the reason is cut at REASON_MAX
         cause = f"during job {hook.env.job_id}: {', '.join(changes)}; {cause}"
     closed = judgement == "could-not-judge" and hook.on_error == "fail"
-    drained, reason = False, None
+    drained, reason, not_drained = False, None, ""
     if judgement == "unhealthy" or closed:
-        drained, reason = _drain_node(hook, f"could not judge: {cause}" if closed else cause)
-    exit_code = EXIT_HOOK_UNHEALTHY if judgement == "unhealthy" or closed else 0
+        drained, outcome = _drain_node(hook, f"could not judge: {cause}" if closed else cause)
+        reason, not_drained = (outcome, "") if drained else (None, outcome)
+    exit_code = hook_exit_code(judgement, hook.on_error)
     note = _record_unjudged(hook, cause) if judgement == "could-not-judge" and judged.verdict is None else ""
 
     elapsed = hook.now() - hook.started
     head = f"{hook.what} {hook.env.label()}"
     level_txt = f" level {hook.plan.get('level')}" if hook.plan.get("level") else ""
-    action = "drained" if drained else ("not drained (--no-drain)" if not hook.opts.drain and exit_code
-                                        else "not drained")
+    action = "drained" if drained else f"not drained ({not_drained})" if not_drained else "not drained"
+    exit_txt = f"exit {exit_code}" + (" (the wrapper exits 1)" if exit_code else "")
     if judgement == "healthy":
         line = f"{head}: healthy{level_txt} in {elapsed:.1f} s" + (f" ({cause})" if cause else "")
         priority = syslog.LOG_INFO
     elif judgement == "unhealthy":
-        line = f"{head}: UNHEALTHY{level_txt}: {cause} -> {action}, exit {exit_code}"
+        line = f"{head}: UNHEALTHY{level_txt}: {cause} -> {action}, {exit_txt}"
         priority = syslog.LOG_ERR
     else:
-        line = f"{head}: could not judge{level_txt}: {cause} -> {action} (on-error {hook.on_error}), exit {exit_code}"
+        line = f"{head}: could not judge{level_txt}: {cause} -> {action} (on-error {hook.on_error}), {exit_txt}"
         priority = syslog.LOG_ERR if closed else syslog.LOG_WARNING
+    budget_note = hook.plan.get("budget_note")
+    if budget_note and budget_note not in cause:
+        line += f"; {budget_note}"
     if changes and judgement != "unhealthy":
         line += f"; ECC during the job: {', '.join(changes)}"
     if note:

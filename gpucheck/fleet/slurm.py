@@ -62,6 +62,28 @@ def find_scontrol(explicit: str | None = None) -> str:
     return found or "/usr/bin/scontrol"
 
 
+# -- Slurm's PrologEpilogTimeout ------------------------------------------------------------
+
+_TIMEOUT_RE = re.compile(r"^PrologEpilogTimeout\s*=\s*(\S+)\s*$", re.M)
+NO_TIMEOUT = 65534  # and above: Slurm's "not set" (NO_VAL16) and "unlimited"
+
+
+def prolog_epilog_timeout(scontrol: str, runner: Runner) -> tuple[float | None, str]:
+    """Slurm's PrologEpilogTimeout in seconds, from `scontrol show config` (None: none is set, or
+    it cannot be read; the second value says which). Past it Slurm 22.05 ends a hook with SIGKILL
+    ("prolog killed by signal 9") and drains the node, whatever the hook would have decided."""
+    rc, out, err = runner([scontrol, "show", "config"])
+    if rc != 0:
+        return None, f"unknown (scontrol show config exit {rc}: {' '.join((err or out).split())[:160]})"
+    m = _TIMEOUT_RE.search(out)
+    if m is None:
+        return None, "unknown (no PrologEpilogTimeout in scontrol show config)"
+    value = m.group(1)
+    if not re.fullmatch(r"[0-9]{1,5}", value) or int(value) >= NO_TIMEOUT or int(value) == 0:
+        return None, f"none (PrologEpilogTimeout = {value})"
+    return float(value), f"PrologEpilogTimeout = {value} (scontrol show config)"
+
+
 # -- the job's environment ------------------------------------------------------------------
 
 @dataclass
@@ -91,9 +113,13 @@ class JobEnv:
         return " ".join(parts)
 
 
+_ASCII_NUMBER = re.compile(r"[0-9]{1,9}")  # str.isdigit() takes '²' (int() refuses it) and '٣' (int() reads 3)
+
+
 def _gpu_indices(text: str) -> list[int] | None:
+    """'0,2,3' -> [0, 2, 3]; None when an item is no plain ASCII number."""
     items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() for t in items):
+    if not items or not all(_ASCII_NUMBER.fullmatch(t) for t in items):
         return None
     return sorted({int(t) for t in items})
 
@@ -115,11 +141,12 @@ def job_env(environ: Mapping[str, str], *, hostname: str | None = None) -> JobEn
         env.gpus, env.gpus_from, env.gpus_note = idx, var, None
         break
     ec2 = environ.get("SLURM_JOB_EXIT_CODE2")
-    m = re.fullmatch(r"\s*(\d+):(\d+)\s*", ec2 or "")
+    m = re.fullmatch(r"\s*([0-9]{1,9}):([0-9]{1,9})\s*", ec2 or "")
+    raw_status = (environ.get("SLURM_JOB_EXIT_CODE") or "").strip()
     if m:
         env.exit_code, env.signal = int(m.group(1)), int(m.group(2))
-    elif (environ.get("SLURM_JOB_EXIT_CODE") or "").strip().isdigit():
-        status = int(environ["SLURM_JOB_EXIT_CODE"])  # a wait() status
+    elif _ASCII_NUMBER.fullmatch(raw_status):
+        status = int(raw_status)  # a wait() status
         env.exit_code, env.signal = (status >> 8) & 0xFF, status & 0x7F
     return env
 
@@ -169,6 +196,8 @@ def drain(node: str, cause: str, *, scontrol: str, runner: Runner) -> tuple[bool
         return False, f"refusing to drain {node!r}: not a single node name"
     reason = drain_reason(cause)
     rc, out, err = runner([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    if rc == 127:
+        return False, f"scontrol not found ({scontrol}: {(err or out).strip()})"
     if rc != 0:
         return False, f"scontrol update failed (exit {rc}): {(err or out).strip()}"
     return True, reason

@@ -1,5 +1,6 @@
 """A Slurm job's nodes, from `scontrol -o show job JOBID` (through an injectable runner:
-argv -> (rc, stdout, stderr), so this is tested without a cluster)."""
+argv -> (rc, stdout, stderr), so this is tested without a cluster), read by
+gpucheck.platform.slurmjob: a job name or path cannot move a field."""
 
 from __future__ import annotations
 
@@ -35,18 +36,9 @@ def valid_job_id(text: str) -> str:
     return s
 
 
-def parse_show_job(text: str) -> dict[str, str]:
-    """`scontrol -o show job` output (one line of KEY=VALUE) -> the fields used here."""
-    fields = {}
-    for key in ("JobId", "JobState", "NodeList", "UserId"):
-        m = re.search(rf"(?:^|\s){key}=(\S*)", text)
-        if m:
-            fields[key] = m.group(1)
-    return fields
-
-
 def job_info(job_id: str, *, runner: Runner, scontrol: str) -> JobInfo:
     from ..platform.nodeset import NodeSetError, parse_nodeset
+    from ..platform.slurmjob import ShowJobError, parse_show_job
 
     job_id = valid_job_id(job_id)
     rc, out, err = runner([scontrol, "-o", "show", "job", job_id])
@@ -58,14 +50,17 @@ def job_info(job_id: str, *, runner: Runner, scontrol: str) -> JobInfo:
         if "Invalid job id" in (err or "") or "Invalid job id" in (out or ""):
             raise JobUsageError(f"job {job_id}: {last}")
         raise JobLookupError(f"scontrol show job {job_id} failed (exit {rc}): {last}")
-    fields = parse_show_job(out)
-    state = fields.get("JobState", "?")
+    try:
+        job = parse_show_job(out, job_id)
+    except ShowJobError as e:
+        raise JobLookupError(str(e)) from None
+    state = job.state
     if state != "RUNNING":
         raise JobUsageError(f"job {job_id} is {state}, not RUNNING: it has no process to dump")
-    nodelist = fields.get("NodeList", "")
+    nodelist = job.nodelist
     try:
         nodes = parse_nodeset(nodelist, what=f"job {job_id}'s NodeList")
     except NodeSetError as e:
         raise JobLookupError(str(e)) from None
     return JobInfo(job_id=job_id, state=state, nodes=nodes, nodelist=nodelist,
-                   user=fields.get("UserId"))
+                   user=job.user)

@@ -1,4 +1,5 @@
 #!/bin/sh
+trap 'hook_signal=${hook_signal:-TERM}' TERM; trap 'hook_signal=${hook_signal:-INT}' INT  # first: see Signals below
 # Slurm Prolog and Epilog wrapper for gpucheck (see docs/fleet.md). Install this one file twice:
 #   install -m 755 scripts/slurm/gpucheck-hook.sh /etc/slurm/gpucheck-prolog.sh
 #   install -m 755 scripts/slurm/gpucheck-hook.sh /etc/slurm/gpucheck-epilog.sh
@@ -21,6 +22,8 @@
 #   GPUCHECK_PROLOG_ARGS arguments for the prolog only (e.g. --budget 20s)
 #   GPUCHECK_EPILOG_ARGS arguments for the epilog only (e.g. --failed-level 2)
 #   GPUCHECK_ON_ERROR    pass or fail: what to do when gpucheck cannot judge the node
+#   GPUCHECK_PROLOG_EPILOG_TIMEOUT  Slurm's PrologEpilogTimeout in seconds, so that this script
+#                        need not ask `scontrol show config` at every job (empty: ask)
 # Arguments are split on white space; none of them may contain spaces.
 #
 # Exit status (what Slurm acts on):
@@ -37,13 +40,23 @@
 # run table in the config file (--config in the arguments, else /etc/gpucheck/config.toml;
 # spellings below, config_on_error), pass.
 #
-# gpucheck runs as a child of this script (never exec'd): SIGTERM and SIGINT (Slurm's
-# PrologEpilogTimeout) are forwarded to it as SIGTERM, and this script waits for it to stop.
+# Signals: the trap above is this script's first command, so that no SIGTERM or SIGINT (scancel,
+# slurmd stopping) kills it (Slurm drains a node whose prolog a signal killed): one that comes
+# before gpucheck started means gpucheck is not started (could not judge: on-error); later ones
+# are forwarded to gpucheck (a child, never exec'd) as SIGTERM, and this script waits for it.
 # gpucheck holds them from its start until it has decided, drained and logged: a node it judged
 # unhealthy and drained still makes this script exit 1.
+#
+# Slurm's PrologEpilogTimeout (`scontrol show config`, or GPUCHECK_PROLOG_EPILOG_TIMEOUT) is not
+# a signal that can be held: past it Slurm 22.05 sends SIGKILL ("prolog killed by signal 9") and
+# drains the node ("Prolog error") whatever on-error says. So this script ends first: gpucheck is
+# told the time it has (GPUCHECK_HOOK_DEADLINE, an epoch: it fits its budget into it, and says
+# so), gets SIGTERM at that time (a verdict cut short is could not judge: on-error) and SIGKILL a
+# second before the timeout, and this script then exits by on-error.
 
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin
 export PATH
+hook_started=$(date +%s 2>/dev/null)
 HOOK_UNHEALTHY=42  # `gpucheck slurm prolog|epilog`: judged unhealthy (gpucheck.fleet.hook)
 
 case "${0##*/}" in
@@ -123,7 +136,7 @@ drain_node() {  # $1: the cause; prints what was done
   esac
   scontrol=${opt_scontrol:-$(command -v scontrol 2>/dev/null)}
   if [ -z "$scontrol" ]; then
-    printf 'not drained (no scontrol)'; return
+    printf 'not drained (scontrol not found on PATH=%s)' "$PATH"; return
   fi
   reason=$(one_line "gpucheck: $1" 200)
   if command -v timeout >/dev/null 2>&1; then
@@ -170,6 +183,38 @@ exit_meaning() {
          printf 'not an outcome of a gpucheck hook'
        fi ;;
   esac
+}
+
+# -- Slurm's PrologEpilogTimeout ------------------------------------------------------------
+prolog_epilog_timeout() {  # prints Slurm's PrologEpilogTimeout in seconds, or nothing (none, unknown)
+  value=${GPUCHECK_PROLOG_EPILOG_TIMEOUT:-}
+  if [ -z "$value" ]; then
+    scontrol=${opt_scontrol:-$(command -v scontrol 2>/dev/null)}
+    [ -n "$scontrol" ] || return 0
+    if command -v timeout >/dev/null 2>&1; then
+      config=$(timeout 5 "$scontrol" show config 2>/dev/null)
+    else
+      config=$("$scontrol" show config 2>/dev/null)
+    fi
+    value=$(printf '%s\n' "$config" | awk '$1 == "PrologEpilogTimeout" && $2 == "=" { print $3; exit }')
+  fi
+  # 65534 and above: Slurm's "not set" (NO_VAL16) and "unlimited"
+  case "$value" in ''|*[!0-9]*) return 0 ;; esac
+  if [ "${#value}" -le 5 ] && [ "$value" -gt 0 ] && [ "$value" -lt 65534 ]; then printf '%s' "$value"; fi
+}
+
+# shellcheck disable=SC2317  # run in the background below
+watchdog() {  # $1: gpucheck's pid; SIGTERM at $stop_at, SIGKILL at $kill_at (epochs)
+  nap=
+  trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+  for when_sig in "$stop_at TERM" "$kill_at KILL"; do
+    left=$(( ${when_sig% *} - $(date +%s) ))
+    if [ "$left" -gt 0 ]; then
+      sleep "$left" & nap=$!
+      wait "$nap"
+    fi
+    kill "-${when_sig#* }" "$1" 2>/dev/null || exit 0
+  done
 }
 
 # -- settings ------------------------------------------------------------------------------
@@ -290,6 +335,25 @@ if [ -z "$hook" ]; then
   could_not_judge "cannot tell prolog from epilog (install this script as gpucheck-prolog.sh / gpucheck-epilog.sh)"
 fi
 
+# The time gpucheck has: a second of slack for this script's start (the clock is read in whole
+# seconds) and end, a margin (a tenth of the timeout, 2 to 30 s) for gpucheck to stop and log.
+timeout_s=$(prolog_epilog_timeout)
+stop_at='' kill_at=''
+if [ -n "$timeout_s" ] && [ -n "$hook_started" ]; then
+  margin=$(( timeout_s / 10 ))
+  if [ "$margin" -lt 2 ]; then margin=2; elif [ "$margin" -gt 30 ]; then margin=30; fi
+  stop_at=$(( hook_started + timeout_s - 1 - margin ))
+  kill_at=$(( hook_started + timeout_s - 1 ))
+  GPUCHECK_HOOK_DEADLINE=$stop_at GPUCHECK_PROLOG_EPILOG_TIMEOUT=$timeout_s
+  export GPUCHECK_HOOK_DEADLINE GPUCHECK_PROLOG_EPILOG_TIMEOUT
+  if [ "$stop_at" -le "$(date +%s)" ]; then
+    could_not_judge "Slurm's PrologEpilogTimeout=${timeout_s}s leaves gpucheck no time (it must end by $margin s before it, as Slurm kills a hook past it with SIGKILL and drains the node)"
+  fi
+fi
+if [ -n "$hook_signal" ]; then
+  could_not_judge "SIG$hook_signal before gpucheck started: not started"
+fi
+
 # -- run gpucheck as a child -----------------------------------------------------------------
 # Its stderr is kept (a file in memory-backed /dev/shm where there is one, so that a full disk
 # does not take it) to name the cause in the log when gpucheck itself fails.
@@ -301,25 +365,39 @@ for d in /dev/shm "${TMPDIR:-/tmp}"; do
   fi
 done
 
-child='' pending=''
+child=''
 # shellcheck disable=SC2317  # run by the trap below
 forward() {  # an asynchronous child of a non-interactive shell ignores SIGINT: send SIGTERM
-  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; else pending=1; fi
+  hook_signal=${hook_signal:-$1}
+  if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi
 }
-trap forward TERM INT
+trap 'forward TERM' TERM
+trap 'forward INT' INT
 if [ -n "$errfile" ]; then
   "$@" 2>"$errfile" &
 else
   "$@" &
 fi
 child=$!
-if [ -n "$pending" ]; then kill -TERM "$child" 2>/dev/null; fi
+if [ -n "$hook_signal" ]; then kill -TERM "$child" 2>/dev/null; fi  # came while it was being started
+watcher=
+if [ -n "$stop_at" ]; then
+  watchdog "$child" </dev/null >/dev/null 2>&1 &
+  watcher=$!
+fi
 while :; do
   wait "$child"
   rc=$?
   kill -0 "$child" 2>/dev/null || break  # still there: the wait was cut short by a signal
 done
 trap '' TERM INT  # gpucheck has stopped: finish the log line (Slurm's SIGKILL still ends this)
+late=
+if [ -n "$watcher" ]; then
+  kill "$watcher" 2>/dev/null
+  if [ "$(date +%s)" -ge "$stop_at" ]; then
+    late=" at Slurm's PrologEpilogTimeout=${timeout_s}s less $margin s (stopped by this script: past it Slurm kills with SIGKILL and drains)"
+  fi
+fi
 
 tail=
 if [ -n "$errfile" ]; then
@@ -332,4 +410,4 @@ case "$rc" in
   0) exit 0 ;;
   "$HOOK_UNHEALTHY") exit 1 ;;
 esac
-could_not_judge "gpucheck exited $rc ($(exit_meaning "$rc"))${tail:+: $tail}"
+could_not_judge "gpucheck exited $rc ($(exit_meaning "$rc"))$late${tail:+: $tail}"

@@ -158,6 +158,7 @@ class XidEvent:
     caused_by: int | None = None  # Xid 45: "caused by previous Xid N"
     related: list[str] = field(default_factory=list)  # other lines of the same event
     time_kind: str | None = None
+    time_resolution: float = 0.0  # what the line's time tells apart (timeparse.Stamp.resolution)
     seq: int = 0  # order of the line among the relevant lines
     signature: str | None = None  # a fault without an Xid number: a key of catalog.SIGNATURES
     gpu_token: str | None = None  # how the line names a GPU it gives no PCI address for ("PCI:...", "GPU6")
@@ -203,6 +204,7 @@ class SXidEvent:
     severity: int | None = None  # the number of the "Severity N" line
     data: list[str] = field(default_factory=list)
     time_kind: str | None = None
+    time_resolution: float = 0.0
     seq: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,6 +228,7 @@ class SXidEvent:
 class Unrecognised:
     raw: str
     time: float | None
+    time_resolution: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"time": iso_utc(self.time), "raw": self.raw}
@@ -394,7 +397,7 @@ class Parser:
                 prev.raw, prev.text, prev.implied = ev.raw, ev.text, False
                 prev.pid, prev.process = ev.pid, ev.process
                 if ev.time is not None and (prev.time is None or ev.time < prev.time):
-                    prev.time, prev.time_kind = ev.time, ev.time_kind
+                    prev.time, prev.time_kind, prev.time_resolution = ev.time, ev.time_kind, ev.time_resolution
             else:
                 prev.related.append(ev.raw)
             return None
@@ -417,14 +420,14 @@ class Parser:
             return None
         name, bus, token = found
         ev = XidEvent(None, bus, stamp.epoch, line, text=msg.split("NVRM:", 1)[-1].strip(), time_kind=stamp.kind,
-                      seq=seq, signature=name, gpu_token=token)
+                      time_resolution=stamp.resolution, seq=seq, signature=name, gpu_token=token)
         if name == "init_failed":
             self._last_init = ev
         self.result.events.append(ev)
         return [ev]
 
     def _unrecognised(self, line: str, stamp: Any) -> list[Item]:
-        u = Unrecognised(line, stamp.epoch)
+        u = Unrecognised(line, stamp.epoch, stamp.resolution)
         self.result.unrecognised.append(u)
         return [u]
 
@@ -435,7 +438,8 @@ class Parser:
             xid=f["xid"], pci_bus_id=f["pci_bus_id"], time=stamp.epoch, raw=line, text=f["text"],
             pid=f["pid"], process=f["process"], gpu_instance=f["gpu_instance"],
             compute_instance=f["compute_instance"], nvlink=f["nvlink"], recovery=f["recovery"],
-            caused_by=f["caused_by"], time_kind=stamp.kind, seq=seq, gpu_token=f["gpu_token"],
+            caused_by=f["caused_by"], time_kind=stamp.kind, time_resolution=stamp.resolution, seq=seq,
+            gpu_token=f["gpu_token"],
         )
         if ev.xid == 79:
             added = self._add_79(ev)
@@ -458,14 +462,16 @@ class Parser:
                 bus = pbus
                 stamp_time = stamp.epoch if stamp.epoch is not None else ptime
                 ev = XidEvent(79, bus, stamp_time, line, text="GPU has fallen off the bus",
-                              implied=True, related=[praw], time_kind=stamp.kind, seq=seq)
+                              implied=True, related=[praw], time_kind=stamp.kind, seq=seq,
+                              time_resolution=stamp.resolution if stamp.epoch is not None else 1.0)
                 self._pending_the_gpu = None
                 added = self._add_79(ev)
                 return [added] if added is not None else []
         # Without an address the bus loss still counts: on "GPU unknown" (or the ordinal).
         om = _ORDINAL_RE.search(msg) if bus is None else None
         ev = XidEvent(79, bus, stamp.epoch, line, text="GPU has fallen off the bus",
-                      implied=True, time_kind=stamp.kind, seq=seq, gpu_token=om.group("ord") if om else None)
+                      implied=True, time_kind=stamp.kind, time_resolution=stamp.resolution, seq=seq,
+                      gpu_token=om.group("ord") if om else None)
         added = self._add_79(ev)
         return [added] if added is not None else []
 
@@ -533,7 +539,7 @@ class Parser:
             switch=_int_or_none(sm2.group("sw")), fatal=None, text=rest,
             severity=int(sev.group("sev")) if sev else None,
             data=_HEX_RE.findall(dat.group("data")) if dat else [],
-            time_kind=stamp.kind, seq=seq,
+            time_kind=stamp.kind, time_resolution=stamp.resolution, seq=seq,
         )
         return self._open_sxid_event(key, ev)
 
@@ -552,7 +558,8 @@ class Parser:
             ev = SXidEvent(
                 sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
                 switch=_int_or_none(sm2.group("sw")), fatal=hm.group("fatal") == "Fatal",
-                link=int(lm.group("link")) if lm else None, text=text, time_kind=stamp.kind, seq=seq,
+                link=int(lm.group("link")) if lm else None, text=text, time_kind=stamp.kind,
+                time_resolution=stamp.resolution, seq=seq,
             )
             return self._open_sxid_event(key, ev)
         sev = _SXID_SEVERITY_RE.match(rest)
@@ -564,7 +571,7 @@ class Parser:
         ev = SXidEvent(sxid=sxid, pci_bus_id=bus, time=stamp.epoch, raw=[line],
                        switch=_int_or_none(sm2.group("sw")), fatal=None,
                        link=int(lm.group("link")) if lm else None, text=rest,
-                       time_kind=stamp.kind, seq=seq)
+                       time_kind=stamp.kind, time_resolution=stamp.resolution, seq=seq)
         return self._open_sxid_event(key, ev)
 
     # -- the one entry point -------------------------------------------------------------------

@@ -12,7 +12,7 @@ from .cursor import LAST_PASS_CURSOR, gpu_marks, has_node_mark, mark_epoch
 from .parse import ParseResult, Parser, SXidEvent, Unrecognised, XidEvent
 from .sources.base import Attempt, Chunk, DEFAULT_PATHS, LogPaths, ReadResult, read_boot_time
 from .sources.selection import read_kernel_log
-from .timeparse import iso_utc, parse_duration, parse_timestamp, usable_start, validate_since
+from .timeparse import in_window, iso_utc, parse_duration, parse_timestamp, usable_start, validate_since
 
 
 @dataclass
@@ -102,10 +102,6 @@ class Scan:
         return self.read.ok
 
 
-def _in(t: float | None, start: float | None) -> bool:
-    return start is None or t is None or t >= start
-
-
 def parse_read(read: ReadResult) -> ParseResult:
     p = Parser()
     for chunk in read.chunks:
@@ -125,24 +121,25 @@ def scan_read(read: ReadResult, window: Window) -> Scan:
     start = window.start
     for found, kept in ((sc.parsed.events, sc.events), (sc.parsed.sxid_events, sc.sxid_events)):
         for ev in found:
-            if _in(ev.time, start):
+            if in_window(ev.time, ev.time_resolution, start):
                 kept.append(ev)
                 if ev.time is None:
                     sc.untimed += 1
             else:
                 sc.before_window += 1
-    sc.unrecognised = [u for u in sc.parsed.unrecognised if _in(u.time, start)]
+    sc.unrecognised = [u for u in sc.parsed.unrecognised if in_window(u.time, u.time_resolution, start)]
     return sc
 
 
 def keep_from(sc: Scan, start_of: Callable[[XidEvent], float | None]) -> int:
     """Drop the Xid events older than their own start (`start_of(event)`: a GPU's last-pass mark,
-    later than the window's start); they count as before the window. Untimed events stay (they
-    cannot be placed before anything). Returns how many were dropped."""
+    later than the window's start), compared at the line's resolution (timeparse.in_window);
+    they count as before the window. Untimed events stay (they cannot be placed before
+    anything). Returns how many were dropped."""
     kept: list[XidEvent] = []
     for ev in sc.events:
         start = start_of(ev)
-        if ev.time is not None and start is not None and ev.time < start:
+        if not in_window(ev.time, ev.time_resolution, start):
             sc.before_window += 1
         else:
             kept.append(ev)

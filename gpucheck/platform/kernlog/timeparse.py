@@ -17,6 +17,14 @@ bare message           ``NVRM: Xid (PCI:0000:3b:00): 79, ...``                  
 
 A syslog line that also carries a ``[ secs]`` monotonic stamp is timed by its wall-clock date:
 after a reboot the monotonic clock starts again, the date does not.
+
+A prefix that names no possible time (a month 13, a 25th hour, a UTC offset of +99:00: no zone
+is more than 14 hours from UTC) gives no time: such a line is undated, which a window keeps
+(it cannot be placed before the window), never dated days off and left out.
+
+Each time carries its resolution (`Stamp.resolution`): a syslog or `dmesg -T` line, or an
+ISO time without a fraction, says only the second. A window compares at the line's resolution
+(`in_window`): a line written in the second a window starts in may be inside it, so it is kept.
 """
 
 from __future__ import annotations
@@ -51,17 +59,42 @@ _UNIX_RE = re.compile(r"^(\d{9,11})\.(\d{1,9})\s+")
 _TAG_RE = re.compile(r"^(?:(\S+) )?kernel: ")
 
 
+MAX_UTC_OFFSET_S = 14 * 3600  # the farthest zone from UTC (Line Islands, +14:00)
+
+
 @dataclass(frozen=True)
 class Stamp:
-    """The time of one line. `kind` says where it came from: kmsg, monotonic, wallclock or None."""
+    """The time of one line. `kind` says where it came from: kmsg, monotonic, wallclock or None;
+    `resolution` what the line can tell apart (1.0: only the second; 1e-6: microseconds)."""
 
     epoch: float | None
     kind: str | None
     message: str
+    resolution: float = 0.0
+
+
+def in_window(t: float | None, resolution: float, start: float | None) -> bool:
+    """Whether a line timed `t` (to `resolution` seconds: the true time is in [t, t + resolution))
+    may lie at or after `start`: the start is compared at the line's own resolution, so that a
+    line of the second the start falls in is inside. A line without a time is inside (it cannot
+    be placed before anything)."""
+    return start is None or t is None or t >= start or t + resolution > start
+
+
+def _possible(year: int, month: int, day: int, hh: int, mm: int, ss: int) -> bool:
+    """Whether the fields name a time that exists (a leap second, :60, does)."""
+    try:
+        datetime(year, month, day, hh, mm, min(ss, 59))
+    except (ValueError, OverflowError):
+        return False
+    return ss <= 60
 
 
 def _local(year: int, month: int, day: int, hh: int, mm: int, ss: int) -> float | None:
-    """Local time -> epoch. Cached (consecutive log lines share their second), per time zone."""
+    """Local time -> epoch (None for a time that does not exist: mktime would roll Feb 31 into
+    March). Cached (consecutive log lines share their second), per time zone."""
+    if not _possible(year, month, day, hh, mm, ss):
+        return None
     return _local_cached(time.tzname, time.timezone, year, month, day, hh, mm, ss)
 
 
@@ -76,6 +109,19 @@ def _local_cached(_tzname: tuple[str, str], _tz: int, year: int, month: int, day
 
 def _frac(digits: str | None) -> float:
     return int(digits) / (10 ** len(digits)) if digits else 0.0
+
+
+def _resolution(digits: str | None) -> float:
+    """What a time with these fraction digits can tell apart: 1 s without any."""
+    return 10.0 ** -len(digits) if digits else 1.0
+
+
+def _boot_resolution(boot_time: float | None, line_resolution: float) -> float:
+    """A boot-clock line is boot time + its seconds: the kernel's boot time (/proc/stat btime) is
+    a whole second, cut down, so such a time may be up to a second early."""
+    if boot_time is not None and float(boot_time).is_integer():
+        return 1.0 + line_resolution
+    return line_resolution
 
 
 def _strip_tag(rest: str) -> str:
@@ -103,25 +149,29 @@ def parse_prefix(line: str, *, boot_time: float | None = None, ref_time: float |
         if m:
             usec = int(m.group(3))
             t = boot_time + usec / 1e6 if boot_time is not None else None
-            return Stamp(t, "kmsg" if t is not None else None, line[m.end():])
+            return Stamp(t, "kmsg" if t is not None else None, line[m.end():], _boot_resolution(boot_time, 1e-6))
         m = _ISO_RE.match(line)
         if m:
-            return Stamp(_iso_epoch(m), "wallclock", _strip_tag(line[m.end():]))
+            t = _iso_epoch(m)
+            return Stamp(t, "wallclock" if t is not None else None, _strip_tag(line[m.end():]),
+                         _resolution(m.group(7)))
         m = _UNIX_RE.match(line)
         if m:
-            return Stamp(int(m.group(1)) + _frac(m.group(2)), "wallclock", _strip_tag(line[m.end():]))
+            return Stamp(int(m.group(1)) + _frac(m.group(2)), "wallclock", _strip_tag(line[m.end():]),
+                         _resolution(m.group(2)))
         return Stamp(None, None, line)
     if c == "[":
         m = _MONO_RE.match(line)
         if m:
             secs = int(m.group(1)) + _frac(m.group(2))
             t = boot_time + secs if boot_time is not None else None
-            return Stamp(t, "monotonic" if t is not None else None, line[m.end():])
+            return Stamp(t, "monotonic" if t is not None else None, line[m.end():],
+                         _boot_resolution(boot_time, _resolution(m.group(2))))
         m = _CTIME_RE.match(line)
         if m:
             t = _local(int(m.group(6)), _MONTHS[m.group(1)], int(m.group(2)),
                        int(m.group(3)), int(m.group(4)), int(m.group(5)))
-            return Stamp(t, "wallclock" if t is not None else None, line[m.end():])
+            return Stamp(t, "wallclock" if t is not None else None, line[m.end():], 1.0)
         return Stamp(None, None, line)
     if c in "JFMASOND":
         m = _BSD_RE.match(line)
@@ -140,26 +190,29 @@ def parse_prefix(line: str, *, boot_time: float | None = None, ref_time: float |
             m2 = _MONO_RE.match(rest)
             if m2:
                 rest = rest[m2.end():]
-            return Stamp(t, "wallclock" if t is not None else None, rest)
+            return Stamp(t, "wallclock" if t is not None else None, rest, 1.0)
     return Stamp(None, None, line)
 
 
 def _iso_epoch(m: re.Match[str]) -> float | None:
+    """The epoch of an ISO prefix; None when it names no possible time (a month 13, an hour 25,
+    a UTC offset beyond +-14:00 or with a minute past 59): unknown, never dated elsewhere."""
     y, mo, d, hh, mi, ss = (int(m.group(i)) for i in range(1, 7))
     frac = _frac(m.group(7))
     tz = m.group(8)
     if tz is None:
         t = _local(y, mo, d, hh, mi, ss)
         return None if t is None else t + frac
-    try:
-        base = calendar.timegm((y, mo, d, hh, mi, ss, 0, 0, 0))
-    except (OverflowError, ValueError):
+    if not _possible(y, mo, d, hh, mi, ss):
         return None
+    base = calendar.timegm((y, mo, d, hh, mi, ss, 0, 0, 0))
     if tz != "Z":
-        sign = 1 if tz[0] == "+" else -1
         digits = tz[1:].replace(":", "")
-        offset = int(digits[:2]) * 3600 + int(digits[2:4]) * 60
-        base -= sign * offset
+        hours, minutes = int(digits[:2]), int(digits[2:4])
+        offset = hours * 3600 + minutes * 60
+        if minutes > 59 or offset > MAX_UTC_OFFSET_S:
+            return None
+        base -= (1 if tz[0] == "+" else -1) * offset
     return base + frac
 
 
