@@ -279,7 +279,7 @@ def _judge(ctx: Context, p: BurnParams, device: str, promise: "Promise", jobs: "
 
 def _partial_metrics(r: Result, progress: "BurnProgress") -> None:
     if progress.get("dtype") and progress.get("tflops") is not None:
-        r.metric(f"tflops_{progress['dtype']}", round(float(progress["tflops"]), 4), "TFLOP/s")
+        r.metric(f"tflops_{progress['dtype']}", float(progress["tflops"]), "TFLOP/s")
     if progress.get("iterations") is not None:
         r.metric("iterations", int(progress["iterations"]), "count")
     if progress:
@@ -315,7 +315,7 @@ def _dtype_inputs(p: BurnParams, dt: str, r: "BurnDtype", size: int, sku: Sku | 
     """One dtype's metrics, units, limits and facts (into the dicts given); its part of the ok
     summary (None: nothing measured) and evidence."""
     tf = r.get("tflops")
-    metrics[f"tflops_{dt}"] = None if tf is None else round(float(tf), 4)
+    metrics[f"tflops_{dt}"] = None if tf is None else float(tf)
     metrics[f"iterations_{dt}"] = int(r.get("iterations", 0))
     metrics[f"repeat_checks_{dt}"] = int(r.get("repeat_checks", 0))
     metrics[f"reference_checks_{dt}"] = int(r.get("reference_checks", 0))
