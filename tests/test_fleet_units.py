@@ -257,7 +257,7 @@ def test_bitwise_majority_names_the_odd_node_and_fail_it():
     apply_fleet(outcomes, compare.findings_by_node(cmp))
     assert [(o.node, o.status) for o in outcomes] == [("n1", "pass"), ("n2", "pass"), ("n3", "pass"),
                                                        ("n4", "fail")]
-    assert outcomes[3].reason.startswith("fleet: bitwise") and outcomes[3].action == "investigate"
+    assert outcomes[3].reason.startswith("fleet: bitwise") and outcomes[3].action == "drain"  # corruption
     assert compare.bitwise_comparison({"a": _typed([])}).compared is False
 
 
