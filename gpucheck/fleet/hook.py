@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from ..core.levels import Level
+from ..core.reason import hook_reason
 from ..core.result import Status
 from ..core.verdict import Verdict, unjudged_verdict
 from ..platform.argv import option_value
@@ -579,7 +580,7 @@ def _conclude(hook: _Hook, judged: _Judged, interrupts: Any = None) -> HookOutco
     closed = judgement == "could-not-judge" and hook.on_error == "fail"
     drained, reason = False, None
     if judgement == "unhealthy" or closed:
-        drained, reason = _drain_node(hook, f"could not judge: {cause}" if closed else cause)
+        drained, reason = _drain_node(hook, hook_reason(judged.verdict, cause, judged=not closed, job_ecc=changes))
     exit_code = EXIT_HOOK_UNHEALTHY if judgement == "unhealthy" or closed else 0
     note = _record_unjudged(hook, cause) if judgement == "could-not-judge" and judged.verdict is None else ""
 
