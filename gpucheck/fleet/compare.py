@@ -171,7 +171,7 @@ class BitwiseComparison:
     compared: bool
     why: str = ""
     nodes: int = 0
-    fingerprints: dict[str, dict[str, Any]] = field(default_factory=dict)  # repro.majority.fleet_outliers
+    fingerprints: Mapping[str, Any] = field(default_factory=dict)  # repro.majority.fleet_outliers
     findings: dict[str, list[FleetFinding]] = field(default_factory=dict)
 
     @property
