@@ -55,11 +55,20 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 class State:
-    def __init__(self, root: str | os.PathLike[str], history_max_bytes: int = HISTORY_MAX_BYTES):
+    """A state directory. With `host` (the node a run judges: gpucheck.core.verdict.node_host),
+    the history is read as that host's alone: a directory shared by several hosts (a default
+    state directory on NFS, replays of other nodes' snapshots with --state-dir) holds every
+    host's verdicts, each naming its host, and a node's deltas, baselines and reports read only
+    its own. A line without a host (no verdict lacks one) is kept: old files stay readable."""
+
+    def __init__(self, root: str | os.PathLike[str], history_max_bytes: int = HISTORY_MAX_BYTES,
+                 host: str | None = None):
         self.root = Path(root)
         self.history_max_bytes = history_max_bytes
+        self.host = host
         self.skipped_lines = 0  # torn or unreadable history lines skipped by the last full read
         self.skipped_notes: list[str] = []
+        self.other_hosts = 0  # verdicts of other hosts passed over by the last full read
 
     def check(self) -> None:
         """RefusedPath (an OSError) when the state directory, or the part of its path that exists,
@@ -123,12 +132,14 @@ class State:
             self.skipped_notes.append(note)
 
     def iter_history(self) -> Iterator[dict[str, Any]]:
-        """Verdicts in the history (the rotated generation first), oldest first. Torn, oversized
+        """Verdicts in the history (the rotated generation first), oldest first; with `host`, that
+        host's only (other hosts' are counted in other_hosts). Torn, oversized
         or foreign lines are skipped and counted in skipped_lines / skipped_notes (reset at each
         read); a good line glued to a torn one (written by an older gpucheck) is recovered.
         RefusedPath (an OSError) when, as root, the directory breaks the rules (State.check)."""
         self.skipped_lines = 0
         self.skipped_notes = []
+        self.other_hosts = 0
         if os.geteuid() == 0:
             self.check()
         for path in (self.rotated_path, self.history_path):
@@ -140,7 +151,11 @@ class State:
                 self._skip(f"{path}: not read: {safeio.describe_error(e, str(path))}")
                 continue
             with os.fdopen(fd, "rb") as f:
-                yield from self._read_lines(f, path)
+                for doc in self._read_lines(f, path):
+                    if self.host is None or not isinstance(doc.get("host"), str) or doc["host"] == self.host:
+                        yield doc
+                    else:
+                        self.other_hosts += 1
 
     def _read_lines(self, f, path: Path) -> Iterator[dict[str, Any]]:
         number = 0
