@@ -50,3 +50,17 @@ def test_a_history_of_several_hosts_is_one_report_section_per_host(tmp_path, cap
     html = page.read_text()
     assert "History of gpu-v100-003: 1 run(s)" in html and "History of gpu-h100-017: 2 run(s)" in html
     assert "History of gpu-h100-017, gpu-v100-003" not in html and html.count("History of ") == 2
+
+
+def test_cursors_are_per_host_and_an_old_shared_cursor_is_still_read(tmp_path):
+    """The Xid last-pass mark of one node must never hide another node's Xids in a shared state
+    directory: with a host, a cursor is that host's file (cursor-NAME@HOST.json)."""
+    State(tmp_path).write_cursor("last-pass", {"epoch": 1.0})  # written before cursors were per host
+    n1, n2 = State(tmp_path, host="n1"), State(tmp_path, host="n2\n/../x")
+    assert n1.read_cursor("last-pass") == {"epoch": 1.0}  # the old file stays readable
+    n1.update_cursor("last-pass", lambda _old: {"epoch": 5.0})
+    assert n1.read_cursor("last-pass") == {"epoch": 5.0} and n2.read_cursor("last-pass") == {"epoch": 1.0}
+    n2.write_cursor("last-pass", {"epoch": 7.0})
+    assert (n1.read_cursor("last-pass"), n2.read_cursor("last-pass")) == ({"epoch": 5.0}, {"epoch": 7.0})
+    assert sorted(p.name for p in tmp_path.glob("cursor-last-pass*.json")) == [
+        "cursor-last-pass.json", "cursor-last-pass@n1.json", "cursor-last-pass@n2__.._x.json"]

@@ -64,9 +64,11 @@ def xid_command(source: str, files: tuple[str, ...], boot: int, since: str | Non
 
     Exit codes as for a check: 0 healthy, 1 unhealthy, 2 usage error, 3 the log could not be read.
     """
+    import socket
+
     from ..core.state import State, default_state_dir
 
-    state = State(state_dir or default_state_dir())
+    state = State(state_dir or default_state_dir(), host=socket.gethostname())  # this node's cursor (as a run's)
     if ack:
         if follow or files:
             raise click.UsageError("--ack cannot be combined with --follow or --file")

@@ -221,20 +221,30 @@ class State:
         return self.latest_metrics_by(check_id, key).get(value)
 
     # -- cursors -------------------------------------------------------------------------------
-    def _cursor_path(self, name: str) -> Path:
+    def _cursor_path(self, name: str, *, legacy: bool = False) -> Path:
+        """cursor-NAME.json, or with `host` cursor-NAME@HOST.json: a cursor is a node's (the
+        Xid last-pass mark of one node must never hide another's Xids in a shared directory)."""
         if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ValueError(f"bad cursor name {name!r}")
-        return self.root / f"cursor-{name}.json"
+        if self.host is None or legacy:
+            return self.root / f"cursor-{name}.json"
+        host = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in self.host)
+        return self.root / f"cursor-{name}@{host.lstrip('.') or '_'}.json"
 
     def read_cursor(self, name: str) -> Any:
-        """The cursor's value; None when it is missing or not JSON. OSError (RefusedPath: a
-        symlink, not a regular file, an unsafe directory as root) when it cannot be read."""
-        path = self._cursor_path(name)
+        """The cursor's value; None when it is missing or not JSON. With `host`, that host's
+        cursor, else (a directory written before cursors were kept per host) the shared one. OSError
+        (RefusedPath: a symlink, not a regular file, an unsafe directory as root) when it cannot be read."""
         if os.geteuid() == 0:
             self.check()
-        try:
-            raw = safeio.read_private(path, "cursor")
-        except FileNotFoundError:
+        paths = [self._cursor_path(name)] + ([self._cursor_path(name, legacy=True)] if self.host is not None else [])
+        for path in paths:
+            try:
+                raw = safeio.read_private(path, "cursor")
+                break
+            except FileNotFoundError:
+                continue
+        else:
             return None
         try:
             return safeio.loads_json(raw)
