@@ -96,3 +96,31 @@ def test_a_size_gpucheck_cannot_allocate_is_error_exit_3_never_a_fail(command, t
     (r,) = verdict["results"]
     assert (rc, verdict["status"], r["status"]) == (3, "error", "error"), r["summary"]
     assert "allocate" in r["summary"] and ("10000000000x10000000000" in r["summary"] or "m=100000000" in r["summary"])
+
+
+def test_a_burn_with_one_dtype_not_allocated_is_never_a_pass():
+    """bf16 burned, fp64's operands did not fit: the GPU was not examined in fp64 (it used to pass
+    on bf16 alone); a fault found in what did burn still fails."""
+    from gpucheck.core.check import Context
+    from gpucheck.core.result import Status
+    from gpucheck.tests_suite import burn_gemm as burn_mod
+    from gpucheck.workers.pool import OK, WorkerOutcome
+
+    def data(sdc: int = 0) -> dict:
+        return {"device": {"name": "cpu"}, "config": {"size": 256}, "sdc": [], "sdc_count": sdc,
+                "skipped": {"fp64": "could not allocate the 256x256 operands (...): MemoryError"},
+                "allocation_errors": ["fp64"],
+                "dtypes": {"bf16": {"tflops": 0.0003, "iterations": 100, "repeat_checks": 6, "reference_checks": 2,
+                                    "reference_max_error": 0.0, "reference_tolerance": 0.008, "sets": 6,
+                                    "repeats": 16, "seconds": 10.0, "reference_elements": 100}}}
+
+    def judge(d: dict):
+        job = WorkerJob("gpu0", gpu=0, device="cpu")
+        (r,) = burn_mod._judge(Context(), burn_mod._params(Context()), "cpu", 10.0, [job],
+                               {"gpu0": WorkerOutcome(job=job, kind=OK, result=d)}, None, {0: None}, {}, [], 10.0)
+        return r
+
+    r = judge(data())
+    assert r.status is Status.ERROR and r.summary.startswith("not every dtype burned: fp64: could not allocate")
+    assert any(e.startswith("pass for the dtypes burned: ") for e in r.evidence)
+    assert judge(data(sdc=2)).status is Status.FAIL  # a fault seen stands
