@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from ..core.reason import REASON_MAX, REASON_PREFIX, reason_text  # noqa: F401 - REASON_MAX: re-exported
+
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
