@@ -173,6 +173,17 @@ def test_an_empty_log_is_nothing_examined_an_error_never_a_pass(tmp_path, capsys
     assert read_kernel_log(files=[str(quiet)]).ok
     assert main(["xid", "--file", str(empty)]) == 2
     assert f"{empty}: empty: nothing to examine" in capsys.readouterr().err
+    # a live source that gives nothing at all: an error too (dmesg printing nothing, an empty
+    # rotation set of syslog files), never a pass
+    from gpucheck.platform.kernlog.sources.base import LogPaths
+
+    silent = LogPaths(kmsg=str(tmp_path / "no-kmsg"), dmesg=("true",), journalctl=(str(tmp_path / "no-journalctl"),),
+                      log_files=(str(empty),))
+    for source in ("dmesg", "files", "auto"):
+        res = read_kernel_log(source, paths=silent)
+        assert not res.ok, source
+    assert "printed nothing" in (read_kernel_log("dmesg", paths=silent).error or "")
+    assert "empty: nothing to examine" in (read_kernel_log("files", paths=silent).error or "")
 
 
 def test_bad_setting_is_an_error(tmp_path):
