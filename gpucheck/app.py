@@ -317,7 +317,7 @@ def prepare(req: RunRequest, *, started: float | None = None, interrupts: Interr
     if req.history and (explicit_state or not req.snapshot_path):
         # A replayed snapshot is another node's past: keep it out of this node's history unless
         # a state directory was named on purpose.
-        state = State(explicit_state or default_state_dir())
+        state = State(explicit_state or default_state_dir(), host=node_host(snapshot, source_kind))
         try:
             state.check()
         except OSError as e:

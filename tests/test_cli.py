@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpucheck.cli.main import main
+from gpucheck.core.state import State
 from gpucheck.core.verdict import SCHEMA
 
 import golden as golden_files
@@ -216,7 +217,7 @@ def test_outputs_history_and_prom(capsys, tmp_path):
     lines = (state / "history.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["status"] == "fail"
     # a replayed snapshot never moves the last-pass cursor of this node
-    assert not (state / "cursor-last-pass.json").exists()
+    assert not list(state.glob("cursor-last-pass*.json"))
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files left
 
 
@@ -264,7 +265,7 @@ def test_live_run_on_this_machine(capsys, tmp_path):
     nvml_checks = [r for r in v["results"] if r["check"] in ("ecc", "pcie", "nvlink")]
     assert all(r["status"] != "pass" for r in nvml_checks)
     if rc == 0 and any(c["id"] == "xid" and c["status"] == "pass" for c in v["checks"]):
-        assert json.loads((tmp_path / "cursor-last-pass.json").read_text())["time"] == v["time"]
+        assert State(tmp_path, host=v["host"]).read_cursor("last-pass")["time"] == v["time"]
 
 
 @pytest.mark.slow

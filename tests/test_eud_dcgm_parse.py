@@ -180,7 +180,28 @@ def test_nvvs_style_status_words_and_warn():
     assert res["gpu0/SM Stress"].status == Status.WARN and res["gpu1/SM Stress"].status == Status.WARN
     assert res["gpu0/SM Stress"].summary == "DCGM SM Stress (Stress): warn: clocks throttled"
     assert res["gpu2/SM Stress"].status == Status.SKIP and "DCGM gave no reason" in res["gpu2/SM Stress"].summary
-    assert res["gpu3/SM Stress"].status == Status.SKIP and "not run by DCGM" in res["gpu3/SM Stress"].summary
+    # an empty status with nothing else: nothing examined, an error (it was a skip, and the node passed)
+    assert res["gpu3/SM Stress"].status == Status.ERROR and "DCGM gave no status" in res["gpu3/SM Stress"].summary
+
+
+@pytest.mark.parametrize("status", [None, "", "  "])
+def test_a_result_without_a_status_is_judged_from_its_error_text_and_severity(status):
+    """dcgmi's v3/v4 result shape (tests/fixtures/dcgm/real) with the status null or empty: DCGM
+    still says "Found 4 faulty memory elements", severity isolate. It used to be a plain skip, so
+    the run passed."""
+    faulty = {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 2, "status": status,
+              "warnings": [{"warning": "Found 4 faulty memory elements on GPU 2", "error_category": 10,
+                            "error_severity": 2}]}
+    silent = {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 3, "status": status}
+    text = json.dumps({"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [
+        {"name": "memory", "results": [faulty, silent]}]}]}})
+    res = by_subject(map_results(parse_diag(text)))
+    r = res["gpu2/memory"]
+    assert r.status == Status.FAIL and r.action == Action.DRAIN
+    assert "Found 4 faulty memory elements" in r.summary and "severity isolate" in r.summary
+    assert "DCGM wrote no status (null or empty): judged from its error text and severity" in r.evidence
+    r = res["gpu3/memory"]
+    assert r.status == Status.ERROR and r.summary.startswith("DCGM memory (Hardware): DCGM gave no status")
 
 
 def test_fail_reading_prefers_the_strongest_error():

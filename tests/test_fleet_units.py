@@ -262,7 +262,7 @@ def test_bitwise_majority_names_the_odd_node_and_fail_it():
     apply_fleet(outcomes, compare.findings_by_node(cmp))
     assert [(o.node, o.status) for o in outcomes] == [("n1", "pass"), ("n2", "pass"), ("n3", "pass"),
                                                        ("n4", "fail")]
-    assert outcomes[3].reason.startswith("fleet: bitwise") and outcomes[3].action == "investigate"
+    assert outcomes[3].reason.startswith("fleet: bitwise") and outcomes[3].action == "drain"  # corruption
     assert compare.bitwise_comparison({"a": _typed([])}).compared is False
 
 
@@ -338,7 +338,7 @@ def test_prolog_unhealthy_drains_with_gpucheck_reason(tmp_path, capsys):
     assert req.state_dir == str(tmp_path / "gpu7") and req.history
     (call,) = sl.calls
     assert call[:4] == ["/x/scontrol", "update", "NodeName=gpu7", "State=DRAIN"]
-    assert call[4].startswith("Reason=gpucheck: ecc gpu3: uncorrectable") and len(call[4]) <= 7 + slurm.REASON_MAX
+    assert call[4] == "Reason=gpucheck: gpu3 ecc-dbe -> reset-gpu" and len(call[4]) <= 7 + slurm.REASON_MAX
     (p, line), = logs
     assert p == syslog.LOG_ERR and line.startswith("slurm prolog job=4242 node=gpu7 user=alice: UNHEALTHY")
     assert "drained, exit 42" in line
@@ -406,8 +406,7 @@ def test_epilog_after_failed_job_goes_deeper_and_names_ecc_growth(tmp_path, caps
     assert req.options["xid_since"] == "@1000.000"
     assert out.ecc_changes == ["gpu3 aggregate_uncorrected +2", "gpu3 volatile_uncorrected +2",
                                "gpu3 aggregate_corrected +5", "gpu3 volatile_corrected +5"]
-    assert out.drained and sl.calls[-1][4].startswith(
-        "Reason=gpucheck: during job 4242: gpu3 aggregate_uncorrected +2, gpu3 volatile_uncorrected +2")
+    assert out.drained and sl.calls[-1][4] == "Reason=gpucheck: gpu3 ecc-in-job, gpu3 ecc-dbe -> reset-gpu"
     assert json.loads((tmp_path / "cursor-slurm-jobs.json").read_text()) == {}  # the job is forgotten
     # a job that ended well: only the Xid/ECC checks, the start time from scontrol when the
     # prolog left no record

@@ -196,11 +196,10 @@ def sweep_parts(n: int):
     """Outcomes and the report of a sweep of n nodes (gpucheck.fleet.sweep, NodeRuns fed in)."""
     report = json.loads(report_inputs.sweep_report(n))
     from gpucheck.fleet.sweep import NodeOutcome
-    from gpucheck.render.grid import check_marks
 
     outcomes = [NodeOutcome(node=e["node"], status=e["status"], reason=e["reason"], action=e["action"],
                             failing=e["failing"], fleet=e["fleet"],
-                            checks=check_marks(Verdict.from_json(e["verdict"])) if e["verdict"] else ())
+                            checks=tuple(e["checks"].items()))  # the node's grid row, the fleet's findings merged
                 for e in report["nodes"]]
     return outcomes, report
 
@@ -217,12 +216,12 @@ def test_sweep_grid_for_a_few_nodes():
                                 "nvlink", "pcie", "pcie.aer", "recovery-action", "repro.bitwise", "xid", "burn.gemm"]
     ok = ["ok", "ok", "skip", "ok", "ok", "ok", "ok", "skip", "ok"]  # fabric.nvswitch, pcie.aer: nothing to judge
     assert lines[1].split() == ["gpu0001", "PASS", *ok, "skip", "skip", "ok"]
-    assert lines[3].split() == ["gpu0003", "FAIL", *ok, "skip", "skip", "WARN"]  # a fleet outlier
+    assert lines[3].split() == ["gpu0003", "FAIL", *ok, "skip", "skip", "FAIL"]  # a fleet outlier (was WARN)
     assert lines[4].split()[:4] == ["gpu0004", "FAIL", "ok", "FAIL"]  # the ECC node
     assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 12]
     text = buf.getvalue()
     assert "FAIL        gpu0004 ecc[gpu3]: ecc gpu3: uncorrectable" in text and "-> reset-gpu" in text
-    assert "FAIL        gpu0003 fleet: burn.gemm gpu3: slow GPU" in text
+    assert "FAIL        gpu0003 burn.gemm[gpu3]: fleet: slow burn.gemm.tflops_bf16 gpu3: 600 TFLOP/s" in text
     assert "UNREACHABLE gpu0006: ssh: connect to host gpu0006 port 22: Connection refused  -> investigate" in text
     assert HOSTILE in text and not EMOJI.search(text)
     assert "\nbad nodes: gpu[0003-0004,0006]\n" in text and "\n  fail: gpu[0003-0004]\n" in text

@@ -45,7 +45,7 @@ def write_inputs(tmp_path: Path) -> dict[str, Path]:
 NAMED = {
     "verdict": ["FAIL gpu6 burn.gemm: slow GPU: bf16 40% below the node median", "Needs attention"],
     "history": ["FAIL gpu3 ecc: uncorrectable (double-bit) ECC errors", "FAIL gpu6 burn.gemm"],
-    "sweep": ["bad nodes: gpu[0005,0007,0012]", "FAIL gpu0005: burn.gemm gpu3: slow GPU", "FAIL gpu0007: ecc gpu3",
+    "sweep": ["bad nodes: gpu[0005,0007,0012]", "FAIL gpu0005: fleet: slow burn.gemm.tflops_bf16 gpu3", "FAIL gpu0007: ecc gpu3",
               "UNREACHABLE gpu0012: ssh: connect to host gpu0012 port 22: Connection refused"],
     "pairs": ["bad node node05: round 1 with node04: data corruption in all_reduce"],
     "bisect": ["bad node n037 (confirmed)"],

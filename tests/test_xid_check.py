@@ -152,6 +152,40 @@ def test_unreadable_log_is_an_error_never_a_pass(tmp_path):
     assert any("not a healthy log" in e for e in r.evidence)
 
 
+def test_an_empty_log_is_nothing_examined_an_error_never_a_pass(tmp_path, capsys):
+    """An empty kernel-log file used to pass: nothing was examined (issue 26). In a run it is an
+    error naming the file; `xid --file` refuses it up front like any empty input (exit 2, as
+    `report` does); an empty standard input is read, found empty: an error, exit 3."""
+    import io
+
+    from gpucheck.cli.main import main
+    from gpucheck.platform.kernlog.sources.selection import read_kernel_log
+
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    ctx = Context(config=Config(checks={"xid": {"files": [str(empty)], "since": "all"}}), snapshot=SNAP)
+    (r,) = xid_mod.run(ctx)
+    assert r.status == Status.ERROR and f"{empty}: empty: nothing to examine" in r.summary
+    res = read_kernel_log(files=["-"], stdin=io.BytesIO(b""))
+    assert not res.ok and "stdin: empty: nothing to examine" in (res.error or "")
+    quiet = tmp_path / "quiet.log"  # no Xid, but something examined: a pass
+    quiet.write_text("Nov 27 10:00:00 node kernel: eth0: link up\n")
+    assert read_kernel_log(files=[str(quiet)]).ok
+    assert main(["xid", "--file", str(empty)]) == 2
+    assert f"{empty}: empty: nothing to examine" in capsys.readouterr().err
+    # a live source that gives nothing at all: an error too (dmesg printing nothing, an empty
+    # rotation set of syslog files), never a pass
+    from gpucheck.platform.kernlog.sources.base import LogPaths
+
+    silent = LogPaths(kmsg=str(tmp_path / "no-kmsg"), dmesg=("true",), journalctl=(str(tmp_path / "no-journalctl"),),
+                      log_files=(str(empty),))
+    for source in ("dmesg", "files", "auto"):
+        res = read_kernel_log(source, paths=silent)
+        assert not res.ok, source
+    assert "printed nothing" in (read_kernel_log("dmesg", paths=silent).error or "")
+    assert "empty: nothing to examine" in (read_kernel_log("files", paths=silent).error or "")
+
+
 def test_bad_setting_is_an_error(tmp_path):
     (r,) = xid_mod.run(ctx_for(tmp_path, [], since="whenever"))
     assert r.status == Status.ERROR and "bad xid setting" in r.summary

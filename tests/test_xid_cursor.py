@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import socket
 import os
 import threading
 import time
@@ -52,7 +53,8 @@ class LiveNode:
         self.snap.pop("kernel_log", None)
         monkeypatch.setattr(app, "_collect_live", lambda *a, **k: json.loads(json.dumps(self.snap)))
         self.log = tmp_path / "kern.log"
-        self.log.write_text(log_text)
+        # synthetic: a log without an Xid (an empty one is nothing examined: an error)
+        self.log.write_text(log_text or "2024-01-01T00:00:00+00:00 node kernel: eth0: link up\n")
         self.state = tmp_path / "state"
         self.verdicts: list = []  # the typed verdicts of the runs
 
@@ -74,7 +76,7 @@ class LiveNode:
                            on_verdict=self.verdicts.append)
 
     def cursor(self):
-        return State(self.state).read_cursor(LAST_PASS_CURSOR)
+        return State(self.state, host=socket.gethostname()).read_cursor(LAST_PASS_CURSOR)  # the run's host
 
 
 # -- what a run examined is what moves ------------------------------------------------------------------

@@ -64,9 +64,11 @@ def xid_command(source: str, files: tuple[str, ...], boot: int, since: str | Non
 
     Exit codes as for a check: 0 healthy, 1 unhealthy, 2 usage error, 3 the log could not be read.
     """
+    import socket
+
     from ..core.state import State, default_state_dir
 
-    state = State(state_dir or default_state_dir())
+    state = State(state_dir or default_state_dir(), host=socket.gethostname())  # this node's cursor (as a run's)
     if ack:
         if follow or files:
             raise click.UsageError("--ack cannot be combined with --follow or --file")
@@ -89,7 +91,9 @@ def xid_command(source: str, files: tuple[str, ...], boot: int, since: str | Non
 
 def _check_files(files: tuple[str, ...]) -> None:
     """--file takes regular files (or - for stdin): a FIFO or a device such as /dev/zero would
-    never end. A usage error (exit 2) up front; a missing file is reported as unread (exit 3)."""
+    never end; an empty file has nothing to examine. A usage error (exit 2) up front; a missing
+    file is reported as unread (exit 3), and so is an empty standard input (the reader: no bytes
+    is no kernel log, never a pass)."""
     import os
     import stat
 
@@ -104,6 +108,8 @@ def _check_files(files: tuple[str, ...]) -> None:
             kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
             raise click.BadParameter(f"{f}: {kind}: --file reads regular files (a FIFO: --file - < {f})",
                                      param_hint="--file")
+        if st.st_size == 0:  # an empty input the user names is a usage error, as `report` has it
+            raise click.BadParameter(f"{f}: empty: nothing to examine", param_hint="--file")
 
 
 # -- --ack ----------------------------------------------------------------------------------------

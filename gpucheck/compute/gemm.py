@@ -52,6 +52,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence, TypedDict
 
+from ..workers.alloc import allocation_failure
+
 if TYPE_CHECKING:  # pragma: no cover
     from ..workers.results import BurnDtype, BurnResult, BurnRun, DeviceInfo, SdcEvent, SetupError
 
@@ -431,11 +433,12 @@ class Burner:
             C0 = torch.empty((n, n), dtype=out_dtype, device=dev)
             C1 = torch.empty((n, n), dtype=out_dtype, device=dev)
             one = torch.ones((), dtype=torch.float32, device=dev) if fp8 else None
-        except RuntimeError as e:
-            if "out of memory" not in str(e).lower():
+        except Exception as e:  # noqa: BLE001 - only allocation failures are caught; the rest re-raised
+            why = allocation_failure(e)
+            if why is None:
                 raise  # a CUDA error while allocating is a finding, not a sizing problem
-            raise _AllocationError(f"{dtype}: could not allocate the {n}x{n} operands "
-                                   f"(GPU memory in use by another process? a smaller size?): {e}") from None
+            raise _AllocationError(f"could not allocate the {n}x{n} operands "
+                                   f"(memory in use by another process? a smaller --size?): {why}") from None
         if fp8:
             B = Bt.t()  # column-major, as torch._scaled_mm wants its second operand
 

@@ -35,6 +35,9 @@ class FleetInputs:
 
     throughput: tuple[tuple[Key, str, float], ...] = ()  # (key, subject, value) per "/s" metric
     digests: dict[str, dict[str, str]] | None = None  # digest_sets(verdict)
+    # (fingerprint prefix, subject, workload, digest prefix) per GPU of the bitwise check:
+    # where the node's own GPUs disagree, the fleet's majority tells which one is wrong
+    gpu_digests: tuple[tuple[str, str, str, str], ...] = ()
 
 
 def fleet_inputs(verdict: Verdict) -> FleetInputs:
@@ -50,7 +53,23 @@ def fleet_inputs(verdict: Verdict) -> FleetInputs:
                 continue
             model = models.get(r.gpu, "node") if r.gpu is not None else "node"
             values.append(((r.check, name, m.unit, model), r.subject or "node", value))
-    return FleetInputs(tuple(values), digest_sets(verdict))
+    return FleetInputs(tuple(values), digest_sets(verdict), gpu_digests(verdict))
+
+
+DIGEST_METRIC = "digest_"  # a repro.bitwise GPU result's metric per workload: "digest_gemm.fp32"
+
+
+def gpu_digests(verdict: Verdict) -> tuple[tuple[str, str, str, str], ...]:
+    """(fingerprint prefix, subject, workload, digest prefix) of every GPU result of the bitwise check."""
+    out: list[tuple[str, str, str, str]] = []
+    for r in verdict.results:
+        fingerprint = r.metric_value("fingerprint") if r.check == BITWISE_CHECK and r.gpu is not None else None
+        if not isinstance(fingerprint, str) or not fingerprint:
+            continue
+        for name, m in r.metrics.items():
+            if name.startswith(DIGEST_METRIC) and isinstance(m.value, str) and m.value:
+                out.append((fingerprint, r.subject, name[len(DIGEST_METRIC):], m.value))
+    return tuple(out)
 
 
 BITWISE_CHECK = "repro.bitwise"  # its node result carries the node's digest sets
@@ -75,6 +94,7 @@ class NodeEntry(TypedDict):
     action: str
     failing: list[str]
     fleet: list[str]
+    checks: dict[str, str]  # check -> its folded status on the node, the fleet's findings merged (the grid row)
     rc: int | None
     duration_s: float
     stderr_tail: str

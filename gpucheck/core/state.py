@@ -55,11 +55,20 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
 
 
 class State:
-    def __init__(self, root: str | os.PathLike[str], history_max_bytes: int = HISTORY_MAX_BYTES):
+    """A state directory. With `host` (the node a run judges: gpucheck.core.verdict.node_host),
+    the history is read as that host's alone: a directory shared by several hosts (a default
+    state directory on NFS, replays of other nodes' snapshots with --state-dir) holds every
+    host's verdicts, each naming its host, and a node's deltas, baselines and reports read only
+    its own. A line without a host (no verdict lacks one) is kept: old files stay readable."""
+
+    def __init__(self, root: str | os.PathLike[str], history_max_bytes: int = HISTORY_MAX_BYTES,
+                 host: str | None = None):
         self.root = Path(root)
         self.history_max_bytes = history_max_bytes
+        self.host = host
         self.skipped_lines = 0  # torn or unreadable history lines skipped by the last full read
         self.skipped_notes: list[str] = []
+        self.other_hosts = 0  # verdicts of other hosts passed over by the last full read
 
     def check(self) -> None:
         """RefusedPath (an OSError) when the state directory, or the part of its path that exists,
@@ -123,12 +132,14 @@ class State:
             self.skipped_notes.append(note)
 
     def iter_history(self) -> Iterator[dict[str, Any]]:
-        """Verdicts in the history (the rotated generation first), oldest first. Torn, oversized
+        """Verdicts in the history (the rotated generation first), oldest first; with `host`, that
+        host's only (other hosts' are counted in other_hosts). Torn, oversized
         or foreign lines are skipped and counted in skipped_lines / skipped_notes (reset at each
         read); a good line glued to a torn one (written by an older gpucheck) is recovered.
         RefusedPath (an OSError) when, as root, the directory breaks the rules (State.check)."""
         self.skipped_lines = 0
         self.skipped_notes = []
+        self.other_hosts = 0
         if os.geteuid() == 0:
             self.check()
         for path in (self.rotated_path, self.history_path):
@@ -140,7 +151,11 @@ class State:
                 self._skip(f"{path}: not read: {safeio.describe_error(e, str(path))}")
                 continue
             with os.fdopen(fd, "rb") as f:
-                yield from self._read_lines(f, path)
+                for doc in self._read_lines(f, path):
+                    if self.host is None or not isinstance(doc.get("host"), str) or doc["host"] == self.host:
+                        yield doc
+                    else:
+                        self.other_hosts += 1
 
     def _read_lines(self, f, path: Path) -> Iterator[dict[str, Any]]:
         number = 0
@@ -206,20 +221,30 @@ class State:
         return self.latest_metrics_by(check_id, key).get(value)
 
     # -- cursors -------------------------------------------------------------------------------
-    def _cursor_path(self, name: str) -> Path:
+    def _cursor_path(self, name: str, *, legacy: bool = False) -> Path:
+        """cursor-NAME.json, or with `host` cursor-NAME@HOST.json: a cursor is a node's (the
+        Xid last-pass mark of one node must never hide another's Xids in a shared directory)."""
         if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
             raise ValueError(f"bad cursor name {name!r}")
-        return self.root / f"cursor-{name}.json"
+        if self.host is None or legacy:
+            return self.root / f"cursor-{name}.json"
+        host = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in self.host)
+        return self.root / f"cursor-{name}@{host.lstrip('.') or '_'}.json"
 
     def read_cursor(self, name: str) -> Any:
-        """The cursor's value; None when it is missing or not JSON. OSError (RefusedPath: a
-        symlink, not a regular file, an unsafe directory as root) when it cannot be read."""
-        path = self._cursor_path(name)
+        """The cursor's value; None when it is missing or not JSON. With `host`, that host's
+        cursor, else (a directory written before cursors were kept per host) the shared one. OSError
+        (RefusedPath: a symlink, not a regular file, an unsafe directory as root) when it cannot be read."""
         if os.geteuid() == 0:
             self.check()
-        try:
-            raw = safeio.read_private(path, "cursor")
-        except FileNotFoundError:
+        paths = [self._cursor_path(name)] + ([self._cursor_path(name, legacy=True)] if self.host is not None else [])
+        for path in paths:
+            try:
+                raw = safeio.read_private(path, "cursor")
+                break
+            except FileNotFoundError:
+                continue
+        else:
             return None
         try:
             return safeio.loads_json(raw)

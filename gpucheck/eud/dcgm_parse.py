@@ -25,8 +25,10 @@ and info). Sources (NVIDIA/DCGM on GitHub, Apache-2.0):
 
 Status words: dcgmi writes "Pass", "Skip" and "Fail" (`HelperDisplayDiagResult`: a DCGM *warn*
 result is printed as "Fail" in JSON by 3.x and 4.x); NVVS-style documents use PASS/FAIL/WARN/SKIPPED.
-A not-run test has no result entry (or an empty status), except in the Deployment category, where
-dcgmi 3.x writes a not-run test as "Fail" without any error (HelperJsonAddBasicTests). Text before the JSON object (dcgmi can
+A not-run test has no result entry, except in the Deployment category, where dcgmi 3.x writes a
+not-run test as "Fail" without any error (HelperJsonAddBasicTests). A result whose status is null or
+empty is judged from what it says (_status_of): an error text, id, category or severity makes it a
+Fail read like any other, nothing at all makes it `unknown`, an error (never a skip that passes). Text before the JSON object (dcgmi can
 print a warning line first) is cut off the way DCGM's own tests do (first "{" to last "}").
 
 Error ids, categories and severities are those of dcgmlib/dcgm_errors.h (dcgmError_t,
@@ -170,12 +172,13 @@ class DcgmTest:
 
     category: str
     name: str
-    status: str  # pass | fail | warn | skip | not_run
+    status: str  # pass | fail | warn | skip | not_run | unknown (null or empty, and nothing else said)
     status_text: str
     gpu: int | None = None
     entity: str | None = None  # "GPU 3", "CPU 0"; None: no entity (deployment tests, test summary)
     warnings: list[DcgmWarning] = field(default_factory=list)
     info: list[str] = field(default_factory=list)
+    no_status: bool = False  # DCGM wrote a null or empty status (status: judged from its errors, else unknown)
 
 
 @dataclass
@@ -202,6 +205,18 @@ def _norm_status(text: Any) -> str:
     if s in ("", "not run", "not_run", "notrun"):
         return "not_run"
     raise DcgmParseError(f"unknown DCGM status {text!r}")
+
+
+def _status_of(raw: Any, warns: list["DcgmWarning"]) -> tuple[str, str, bool]:
+    """(status, status text, no status) of a result: DCGM's word, or for a null or empty one, a
+    fail when DCGM still wrote an error (its text, id, category or severity: "Found 4 faulty memory
+    elements", severity isolate, judged by _fail_verdict like any Fail), else `unknown`: nothing
+    examined that gpucheck can tell, an error, never a skip that lets the node pass."""
+    if raw is not None and str(raw).strip():
+        return _norm_status(raw), str(raw), False
+    said = any(w.text.strip() or w.error_id is not None or w.category is not None or w.severity is not None
+               for w in warns)
+    return ("fail" if said else "unknown"), "" if raw is None else str(raw), True
 
 
 def _int(v: Any) -> int | None:
@@ -360,8 +375,8 @@ def _parse_test(out: DiagDoc, cname: str, t: dict[str, Any]) -> None:  # t: a te
             continue
         if not isinstance(r, dict) or "status" not in r:
             raise DcgmParseError(f"test {name!r}: a result without a status")
-        status = _norm_status(r["status"])
         warns = _warnings(r.get("warnings"))
+        status, status_text, no_status = _status_of(r["status"], warns)
         info = _info(r.get("info"))
         gpus: list[int | None]
         entity = None
@@ -381,19 +396,19 @@ def _parse_test(out: DiagDoc, cname: str, t: dict[str, Any]) -> None:  # t: a te
             gpus = [None]
         for g in gpus:
             n_entity += 1
-            out.tests.append(DcgmTest(cname, name, status, str(r["status"]), gpu=g,
+            out.tests.append(DcgmTest(cname, name, status, status_text, gpu=g,
                                       entity=entity if entity else (f"GPU {g}" if g is not None else None),
-                                      warnings=list(warns), info=list(info)))
+                                      warnings=list(warns), info=list(info), no_status=no_status))
     summ = t.get("test_summary")
     if isinstance(summ, dict) and "status" in summ:
-        status = _norm_status(summ["status"])
         warns = _warnings(summ.get("warnings"))
+        status, status_text, no_status = _status_of(summ["status"], warns)
         info = _info(summ.get("info"))
         # The summary is its own result when it carries what the entity results do not: errors or
         # info not tied to an entity, or the only verdict of a test without entity results.
         if n_entity == 0 or warns:
-            out.tests.append(DcgmTest(cname, name, status, str(summ["status"]), gpu=None, entity=None,
-                                      warnings=warns, info=info))
+            out.tests.append(DcgmTest(cname, name, status, status_text, gpu=None, entity=None,
+                                      warnings=warns, info=info, no_status=no_status))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,6 +486,8 @@ RULES = (
     Rule("dcgm_status", "==", Key("fail_as_error"), Status.ERROR, Key("fail_action"),
          "{label}: could not run properly (not a hardware verdict){first_or_none} [{why}]"),
     Rule("dcgm_status", "==", Key("warn_text"), Status.WARN, Action.INVESTIGATE, "{label}: warn{first}"),
+    Rule("dcgm_status", "==", Key("unknown_text"), Status.ERROR, Action.INVESTIGATE,
+         "{label}: DCGM gave no status (null or empty) and no error: nothing examined that gpucheck can judge"),
 )
 _FAIL_RULE_KEY = {Status.FAIL: "fail_as_fail", Status.WARN: "fail_as_warn", Status.ERROR: "fail_as_error"}
 
@@ -480,7 +497,8 @@ def _test_result(t: DcgmTest, gpu: int | None, subject: str, injected: list[str]
     first = t.warnings[0].text.strip() if t.warnings else ""
     limits: dict[str, str | Action | None] = {
         "fail_as_fail": "Fail", "fail_as_warn": None, "fail_as_error": None, "fail_action": Action.DRAIN,
-        "warn_text": t.status_text if t.status == "warn" else "Warn"}
+        "warn_text": t.status_text if t.status == "warn" else "Warn",
+        "unknown_text": t.status_text if t.status == "unknown" else None}
     facts = {"label": label, "first": f": {first}" if first else "",
              "first_or_none": f": {first}" if first else ": DCGM gave no detail", "why": ""}
     if t.status == "fail":
@@ -514,6 +532,9 @@ def map_results(doc: DiagDoc, *, gpu_map: dict[int, int] | None = None,
         r = _test_result(t, gpu, f"{where}/{t.name}", list(injected or []))
         r.evidence.extend(w.describe() for w in t.warnings)
         r.evidence.extend(f"DCGM info: {i}" for i in t.info)
+        if t.no_status:
+            r.evidence.append("DCGM wrote no status (null or empty)"
+                              + (": judged from its error text and severity" if t.status == "fail" else ""))
         if t.entity and t.gpu is not None and gpu != t.gpu:
             r.evidence.append(f"DCGM {t.entity} is gpucheck GPU {gpu} (matched by serial)")
         elif t.entity and t.gpu is None:

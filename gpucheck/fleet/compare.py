@@ -78,6 +78,33 @@ def low_outliers(values: Mapping[str, float], *, mad_z: float = MAD_Z, rel_floor
     return LowOutliers(med, m, limit, out)
 
 
+# What a fleet finding asks for: bits that differ from the fleet's majority are silent data
+# corruption (the burn's corruption verdict is drain too); a slow GPU is for a person to look at.
+CORRUPTION_ACTION = "drain"
+SLOW_ACTION = "investigate"
+
+
+@dataclass(frozen=True)
+class FleetFinding:
+    """One thing the fleet comparison found about a node: the check and the subject it is about
+    (a GPU, or "node"), one line that names them, and the action it asks for. The sweep merges
+    a node's findings into its own verdict once (gpucheck.fleet.sweep.apply_fleet)."""
+
+    check: str
+    subject: str
+    text: str
+    action: str  # an Action value
+
+    @property
+    def label(self) -> str:
+        """"check:subject" ("check" for the node), as a node's failing checks are named."""
+        return self.check if self.subject == "node" else f"{self.check}:{self.subject}"
+
+
+def _texts(findings: Mapping[str, list[FleetFinding]]) -> dict[str, list[str]]:
+    return {node: [f.text for f in items] for node, items in findings.items()}
+
+
 @dataclass(frozen=True)
 class Outlier:
     node: str
@@ -125,7 +152,11 @@ class PerformanceComparison:
     rel_floor: float
     min_nodes: int
     metrics: tuple[MetricComparison, ...]
-    by_node: dict[str, list[str]]  # node -> its findings ("slow burn.gemm.tflops_bf16 gpu1: ...")
+    findings: dict[str, list[FleetFinding]]  # node -> its findings ("slow burn.gemm.tflops_bf16 gpu1: ...")
+
+    @property
+    def by_node(self) -> dict[str, list[str]]:
+        return _texts(self.findings)
 
     def to_json(self) -> dict[str, JsonValue]:
         return {"thresholds": {"mad_z": self.mad_z, "rel_floor": self.rel_floor, "min_nodes": self.min_nodes,
@@ -143,8 +174,12 @@ class BitwiseComparison:
     compared: bool
     why: str = ""
     nodes: int = 0
-    fingerprints: "dict[str, FleetGroup]" = field(default_factory=dict)  # repro.majority.fleet_outliers
-    by_node: dict[str, list[str]] = field(default_factory=dict)
+    fingerprints: "Mapping[str, FleetGroup]" = field(default_factory=dict)  # repro.majority.fleet_outliers
+    findings: dict[str, list[FleetFinding]] = field(default_factory=dict)
+
+    @property
+    def by_node(self) -> dict[str, list[str]]:
+        return _texts(self.findings)
 
     def to_json(self) -> dict[str, JsonValue]:
         by_node: dict[str, JsonValue] = {node: list(items) for node, items in self.by_node.items()}
@@ -190,7 +225,7 @@ def performance_outliers(verdicts: Mapping[str, Verdict], **thresholds: Any) -> 
 
 
 def _compared(key: Key, values: dict[tuple[str, str], float], mad_z: float, rel_floor: float,
-              by_node: dict[str, list[str]]) -> MetricComparison:
+              by_node: dict[str, list[FleetFinding]]) -> MetricComparison:
     """One metric compared across the nodes; each outlier's finding added to `by_node`."""
     check, metric, unit, model = key
     res = low_outliers({f"{n}\t{s}": v for (n, s), v in values.items()}, mad_z=mad_z, rel_floor=rel_floor)
@@ -202,9 +237,9 @@ def _compared(key: Key, values: dict[tuple[str, str], float], mad_z: float, rel_
         outliers.append(Outlier(node, subject, value, z, None if rel is None else round(rel, 4)))
         where = f" {subject}" if subject != "node" else ""
         pct = f"{rel * 100:+.0f}%" if rel is not None else "low"
-        by_node.setdefault(node, []).append(
-            f"slow {check}.{metric}{where}: {value:g} {unit} < {res.limit:.4g} "
-            f"(fleet median {res.median:.4g}, {pct})")
+        by_node.setdefault(node, []).append(FleetFinding(
+            check, subject, f"slow {check}.{metric}{where}: {value:g} {unit} < {res.limit:.4g} "
+                            f"(fleet median {res.median:.4g}, {pct})", SLOW_ACTION))
     return MetricComparison(check, metric, unit, model, nodes=len({n for n, _ in values}), values=len(values),
                             compared=True, median=round(res.median, 4), mad=round(res.mad, 4),
                             limit=round(res.limit, 4), outliers=tuple(outliers))
@@ -214,7 +249,7 @@ def performance_of(inputs: Mapping[str, FleetInputs], *, mad_z: float = MAD_Z, r
                    min_nodes: int = MIN_NODES) -> PerformanceComparison:
     """performance_outliers over the nodes' FleetInputs."""
     metrics = []
-    by_node: dict[str, list[str]] = {}
+    by_node: dict[str, list[FleetFinding]] = {}
     for key, values in sorted(_throughput_groups(inputs).items()):
         nodes = len({n for n, _ in values})
         if nodes < min_nodes:
@@ -242,15 +277,41 @@ def bitwise_of(inputs: Mapping[str, FleetInputs]) -> BitwiseComparison:
         return BitwiseComparison(available=True, compared=False, nodes=0,
                                  why=f"no node reported digests (the {BITWISE_CHECK} check did not run)")
     report = fleet_outliers(sets)
-    by_node: dict[str, list[str]] = {}
+    by_node: dict[str, list[FleetFinding]] = {}
     for key, fp in report.items():
         for node, workloads in fp["outliers"].items():
             agree = min(fp["workloads"][w]["agree"] for w in workloads)
             of = max(fp["workloads"][w]["of"] for w in workloads)
-            by_node.setdefault(node, []).append(
-                f"bitwise: digests differ from the fleet majority ({agree} of {of} nodes, fingerprint "
-                f"{key[:12]}) in {', '.join(workloads)}")
-    return BitwiseComparison(available=True, compared=True, nodes=len(sets), fingerprints=report, by_node=by_node)
+            by_node.setdefault(node, []).append(FleetFinding(
+                BITWISE_CHECK, "node", f"bitwise: digests differ from the fleet majority ({agree} of {of} nodes, "
+                                       f"fingerprint {key[:12]}) in {', '.join(workloads)}", CORRUPTION_ACTION))
+        for node, finding in _split_nodes(key, fp, inputs):
+            by_node.setdefault(node, []).append(finding)
+    return BitwiseComparison(available=True, compared=True, nodes=len(sets), fingerprints=report, findings=by_node)
+
+
+def _split_nodes(key: str, fp: Mapping[str, Any],
+                 inputs: Mapping[str, FleetInputs]) -> list[tuple[str, FleetFinding]]:
+    """The GPUs of the nodes whose own GPUs disagreed on a workload (no majority on the node, so
+    its digest set leaves the workload out: the vote lists the node as missing) that differ
+    from the fleet's majority for it, held by at least two nodes: the fleet tells which GPU of
+    the node is wrong where the node alone could not."""
+    from ..repro.majority import AGREE, MAJORITY
+
+    out: list[tuple[str, FleetFinding]] = []
+    for workload, v in fp["workloads"].items():
+        majority = v.get("majority")
+        if v.get("status") not in (AGREE, MAJORITY) or not majority or v.get("agree", 0) < 2:
+            continue
+        for node in v.get("missing") or ():
+            got = inputs.get(node)
+            for fingerprint, subject, name, digest in (got.gpu_digests if got is not None else ()):
+                if name == workload and key.startswith(fingerprint) and not majority.startswith(digest):
+                    out.append((node, FleetFinding(
+                        BITWISE_CHECK, subject, f"bitwise {subject}: {workload} differs from the fleet majority "
+                                                f"({v['agree']} of {v['of']} nodes, fingerprint {key[:12]}); the "
+                                                f"node's own GPUs disagree", CORRUPTION_ACTION)))
+    return out
 
 
 def compare_fleet(verdicts: Mapping[str, Verdict], **thresholds: Any) -> FleetComparison:
@@ -265,10 +326,10 @@ def compare_inputs(inputs: Mapping[str, FleetInputs], *, mad_z: float = MAD_Z, r
                            bitwise_of(inputs))
 
 
-def findings_by_node(comparison: FleetComparison) -> dict[str, list[str]]:
+def findings_by_node(comparison: FleetComparison) -> dict[str, list[FleetFinding]]:
     """Each node's findings: the bitwise ones first, then the performance ones."""
-    out: dict[str, list[str]] = {}
-    for part in (comparison.bitwise.by_node, comparison.performance.by_node):
+    out: dict[str, list[FleetFinding]] = {}
+    for part in (comparison.bitwise.findings, comparison.performance.findings):
         for node, items in part.items():
             out.setdefault(node, []).extend(items)
     return out

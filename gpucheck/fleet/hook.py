@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, TypedDict
 
 from ..core.levels import Level
+from ..core.reason import hook_reason
 from ..core.result import Status
 from ..core.verdict import Verdict, unjudged_verdict
 from ..platform.argv import option_value
@@ -693,7 +694,7 @@ def _conclude(hook: _Hook, judged: _Judged, interrupts: Any = None) -> HookOutco
     closed = judgement == "could-not-judge" and hook.on_error == "fail"
     drained, reason, not_drained = False, None, ""
     if judgement == "unhealthy" or closed:
-        drained, outcome = _drain_node(hook, f"could not judge: {cause}" if closed else cause)
+        drained, outcome = _drain_node(hook, hook_reason(judged.verdict, cause, judged=not closed, job_ecc=changes))
         reason, not_drained = (outcome, "") if drained else (None, outcome)
     exit_code = hook_exit_code(judgement, hook.on_error)
     note = _record_unjudged(hook, cause) if judgement == "could-not-judge" and judged.verdict is None else ""

@@ -23,8 +23,8 @@ import syslog
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-REASON_PREFIX = "gpucheck:"
-REASON_MAX = 200
+from ..core.reason import REASON_MAX, REASON_PREFIX, reason_text  # noqa: F401 - REASON_MAX: re-exported
+
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/slurm/bin"
 _NODE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -186,9 +186,10 @@ def parse_show_node(text: str) -> dict[str, NodeState]:
 
 
 def drain_reason(cause: str) -> str:
-    cause = " ".join(cause.split())
-    text = f"{REASON_PREFIX} {cause}" if cause else REASON_PREFIX
-    return text if len(text) <= REASON_MAX else text[: REASON_MAX - 3] + "..."
+    """The reason text scontrol gets (gpucheck.core.reason.reason_text: printable ASCII,
+    "gpucheck:" first, at most 60 characters; a reason the hook built with hook_reason passes
+    through unchanged)."""
+    return reason_text(cause)
 
 
 def drain(node: str, cause: str, *, scontrol: str, runner: Runner) -> tuple[bool, str]:

@@ -34,14 +34,14 @@ from ..platform.nodeset import fold
 from ..platform.processes import Interrupted
 from ..platform.snippets import last_line, snippet
 from . import compare
-from .compare import FleetComparison
+from .compare import FleetComparison, FleetFinding
 
 GOOD = ("pass", "warn", "skip")
 BAD = ("fail", "error", "unreachable", "timeout")
 NODE_STATUSES = (*GOOD, *BAD)
 _RANK = {"skip": 0, "pass": 1, "warn": 2, "error": 3, "timeout": 4, "unreachable": 5, "fail": 6}
 REPORT_SCHEMA = "gpucheck.sweep"
-REPORT_SCHEMA_VERSION = "1.0"
+REPORT_SCHEMA_VERSION = "1.1"  # 1.1: each node entry's "checks" (its grid row)
 
 
 @dataclass
@@ -71,6 +71,7 @@ class NodeOutcome:
             "action": self.action,
             "failing": list(self.failing),
             "fleet": list(self.fleet),
+            "checks": dict(self.checks),
             "rc": self.rc,
             "duration_s": self.duration_s,
             "stderr_tail": self.stderr_tail,
@@ -343,19 +344,35 @@ def run_sweep(
     return outcomes, time.monotonic() - t0
 
 
-def apply_fleet(outcomes: list[NodeOutcome], findings: Mapping[str, list[str]]) -> None:
-    """Attach the fleet comparison's findings; a node that passed on its own but is an outlier
-    among its peers (slow, or bits that differ from the majority) becomes `fail`."""
+def apply_fleet(outcomes: list[NodeOutcome], findings: Mapping[str, list[FleetFinding]]) -> None:
+    """Merge the fleet comparison's findings into each node's own judgement, once: what the
+    grid, the node lines, the summary, the JSON and HTML reports and the exit code all read."""
     for o in outcomes:
         items = list(findings.get(o.node, []))
-        if not items:
-            continue
-        o.fleet = items
-        if o.status in GOOD:
-            o.status = "fail"
-            o.reason = o.reason or f"fleet: {items[0]}"
-            if o.action == "none":
-                o.action = "investigate"
+        if items:
+            merge_findings(o, items)
+
+
+def merge_findings(o: NodeOutcome, items: list[FleetFinding]) -> None:
+    """A node that is an outlier among its peers (slow, or bits that differ from the majority)
+    is `fail` (its own worse status stays), the checks the findings are about are failing (and
+    `fail` in its grid row), its action is the strongest of its own and the findings' (drain
+    for corruption), and its reason tells one story: the fleet's first finding, then the node's
+    own cause (its own first when the node was bad on its own)."""
+    from ..core.result import Action, strongest_action
+    from ..render.grid import fold as fold_marks
+
+    own_bad = o.status not in GOOD
+    o.fleet = [f.text for f in items]
+    o.status = worst([o.status, "fail"])
+    o.failing = list(dict.fromkeys([*o.failing, *(f.label for f in items)]))
+    marks = dict(o.checks)
+    for f in items:
+        marks[f.check] = fold_marks([marks.get(f.check, "fail"), "fail"])
+    o.checks = tuple(marks.items())
+    o.action = strongest_action(Action(a) for a in (o.action, *(f.action for f in items))).value
+    story = f"fleet: {items[0].text}" + (f" (+{len(items) - 1} more)" if len(items) > 1 else "")
+    o.reason = "; ".join(x for x in ((o.reason, story) if own_bad else (story, o.reason)) if x)
 
 
 def build_report(

@@ -206,7 +206,7 @@ def _judge_op(op: str, row: SizeRow, outcome: Outcome, *, params: JudgeParams, r
         return []
     rank_min = row.get("rank_min_s") or row["rank_time_s"]
     metrics: dict[str, Metric] = {
-        "busbw_gbs": round(busbw, 4), "algbw_gbs": round(algbw, 4), "time_s": row["time_s"],
+        "busbw_gbs": busbw, "algbw_gbs": algbw, "time_s": row["time_s"],
         "bytes": row["bytes"], "ranks": ranks, "backend": backend, "rank_time_s": row["rank_time_s"],
         "rank_min_s": rank_min,
         "sweep": [_sweep_point(s) for s in outcome["results"] if s["op"] == op],
@@ -286,7 +286,7 @@ def _bandwidth_limits(op: str, busbw: float, metrics: dict[str, Metric], units: 
         sku_key = f"{backend}/{gpu_name or ('cpu' if backend == 'gloo' else 'unknown GPU')}"
         notes.append(f"no expected-bandwidth table for {sku_key}; judged by data integrity and rank balance")
     if baseline:
-        metrics["baseline_busbw_gbs"] = round(baseline, 4)
+        metrics["baseline_busbw_gbs"] = baseline
         units["baseline_busbw_gbs"] = "GB/s"
         limits["baseline_warn_fraction"] = float(params["baseline_warn_fraction"])
         metrics["baseline_ratio"] = round(busbw / baseline, 3)

@@ -186,6 +186,7 @@ def select_backend(torch: Any, dev: Any, want: str) -> tuple[Any, str | None]:
 
 def poet_worker(args: PoetArgs, chan: Any) -> "PoetResult | SetupError":
     """Worker target: select the device and backend, run the loop; plain data out."""
+    from ..workers.alloc import allocating
     from ..workers.pool import torch_and_device
 
     try:
@@ -214,7 +215,9 @@ def poet_worker(args: PoetArgs, chan: Any) -> "PoetResult | SetupError":
         if n * cfg.dense_acc_roundoff >= 1.0:
             return {"setup_error": f"bad option: dense_acc_roundoff {cfg.dense_acc_roundoff} times n = {n} is >= 1"}
     chan.heartbeat(force=True)
-    return PoetRunner(torch, dev, chan, cfg, ops, note).run()
+    rows, sizes = cfg.m_for(dev.type), sorted({cfg.n_for(b, dev.type) for b in cfg.blocks})
+    with allocating(f"the POET problems ({rows} rows x n = {', '.join(map(str, sizes))} on {dev})"):
+        return PoetRunner(torch, dev, chan, cfg, ops, note).run()
 
 
 class PoetRunner:
@@ -368,12 +371,13 @@ class PoetRunner:
             "invariants": checked,  # core_agreement only where a second unit exists (tensor cores)
         }
 
-    def _out_of_memory(self, e: BaseException) -> bool:
-        torch = self.torch
-        oom = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
-                                getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None))
-                    if isinstance(t, type))
-        return bool(oom) and isinstance(e, oom)
+    @staticmethod
+    def _out_of_memory(e: BaseException) -> bool:
+        """An allocation failure (CUDA out of memory, the CPU allocator's refusal, a size whose
+        byte count overflows): gpucheck.workers.alloc's one classifier."""
+        from ..workers.alloc import allocation_failure
+
+        return allocation_failure(e) is not None
 
     @staticmethod
     def _hang() -> None:

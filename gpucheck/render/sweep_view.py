@@ -91,9 +91,7 @@ def node_lines(outcomes: Iterable[Any], strict: bool, width: int) -> list[Any]:
         if o.status in ("pass", "skip"):
             continue
         failing = failing_text(o.failing)
-        if o.fleet:
-            failing = ", ".join(x for x in (failing, "fleet") if x)
-        cause = "; ".join(x for x in (o.reason, *o.fleet) if x) or "-"
+        cause = o.reason or "-"  # the one story (gpucheck.fleet.sweep.merge_findings holds the fleet's)
         text = line(styled(f"{o.status.upper():<{STATUS_W}}", STYLES.get(o.status)), " ", styled(o.node, "bold"),
                     f" {failing}: " if failing else ": ", cause)
         parts = [text] + ([line("-> ", styled(o.action, "bold"))] if o.action and o.action != "none" else [])
@@ -109,7 +107,7 @@ def worst_causes(outcomes: Iterable[Any], strict: bool) -> list[tuple[str, str, 
     for o in outcomes:
         if o.status in ("pass", "skip"):
             continue
-        cause = "; ".join(x for x in (o.reason, *o.fleet) if x) or o.status
+        cause = o.reason or o.status
         groups.setdefault((o.status, cause.replace(o.node, "<node>")), []).append(o.node)
     return [(s, c, nodes) for (s, c), nodes in
             sorted(groups.items(), key=lambda kv: (-RANK.get(kv[0][0], 0), -len(kv[1]), kv[0][1]))]
@@ -146,8 +144,18 @@ def summary_lines(outcomes: list[Any], report: SweepReport, strict: bool) -> lis
             if status not in ("pass", "skip") and (status != "warn" or strict):
                 out.append(f"  {status}: {ns}")
     elif not report.get("interrupted"):
-        out.append("all nodes healthy")
+        out.append(healthy_line(report))
     if report.get("interrupted"):
         out.append(f"interrupted by {report['interrupted']}: {len(outcomes)} of {report['planned']} node(s) "
                    f"answered; not answered: {report['unanswered'] or 'none'}")
     return out
+
+
+def healthy_line(report: SweepReport) -> str:
+    """The summary of a sweep without a bad node: "all nodes healthy" only when every node
+    passed; else which nodes did not (a warn, such as bits that differ between a node's GPUs
+    with no majority to tell which one is wrong, is never healthy)."""
+    others = {s: ns for s, ns in report["by_status"].items() if s != "pass"}
+    if not others:
+        return "all nodes healthy"
+    return "no bad node, but not all passed: " + "; ".join(f"{s}: {ns}" for s, ns in others.items())

@@ -18,13 +18,13 @@ def build_report(paths: list[str], *, generated: str | None = None) -> str:
     """The HTML page for the input files, in the order given (ReportError for an input that
     cannot be used, or a missing plotly)."""
     from ..core.verdict import iso_utc
-    from .inputs import display_name, load_input
+    from .inputs import by_host, display_name, load_input
     from .page import render_page
 
     import time
 
     inputs = [load_input(p) for p in paths]
-    sections = [section_for(i) for i in inputs]
+    sections = [section_for(part) for i in inputs for part in by_host(i)]  # a history: one section per host
     return render_page(sections, generated=generated or iso_utc(time.time()),
                        inputs=[display_name(i.path) for i in inputs])
 

@@ -29,6 +29,8 @@ def sweep_section(inp: Input) -> Section:
         sec.attention.append(f"bad nodes: {doc.get('bad')}")
     sec.attention += [f"{str(n.get('status')).upper()} {n.get('node')}: {n.get('reason')}" for n in bad[:20]]
     counts: Mapping[str, Any] = doc["counts"] if isinstance(doc.get("counts"), Mapping) else {}
+    sec.counts = {str(s): c for s, c in counts.items() if isinstance(c, int) and not isinstance(c, bool)}
+    sec.counted = "node(s)"
     facts = [["nodes", " ".join(badge(str(s), f"{c} {s}") for s, c in counts.items() if c)],
              ["bad", h(doc.get("bad") or "none")],
              ["time", h(f"{doc.get('time')} ({doc.get('duration_s')} s over {doc.get('mode')}"
@@ -39,7 +41,7 @@ def sweep_section(inp: Input) -> Section:
     sec.blocks.append(legend(["pass", "warn", "fail", "error", "unexamined", "skip", "unreachable", "timeout"]))
     sec.blocks.append(_sweep_heatmap(nodes, inp.node_verdicts))
     sec.blocks += _sweep_distributions(doc, nodes, inp.node_verdicts)
-    sec.blocks.append(_bad_node_table(bad))
+    sec.blocks.append(_bad_node_table(bad, nodes))
     return sec
 
 
@@ -54,9 +56,10 @@ def _sweep_heatmap(nodes: list[Mapping[str, Any]], verdicts: Mapping[str, NodeVe
         reason = f"<br>{pt(str(n.get('reason'))[:200])}" if n.get("reason") else ""
         hover[("node status", x)] = pt(f"{x}: {status.upper()}") + reason
         verdict = verdicts.get(x)
-        if verdict is None:
-            continue
-        for check, st in verdict.checks:
+        row = n.get("checks")  # the node's grid row, the fleet's findings merged (sweep report 1.1)
+        marks = list(row.items()) if isinstance(row, Mapping) else list(verdict.checks) if verdict is not None else []
+        for check, st in marks:
+            check, st = str(check), str(st)
             if check not in checks:
                 checks.append(check)
             cells[(check, x)] = st
@@ -88,12 +91,16 @@ def _sweep_distributions(doc: Mapping[str, Any], nodes: list[Mapping[str, Any]],
     return (["<h3>Throughput and bandwidth per node (outliers in red)</h3>"] + blocks) if blocks else []
 
 
-def _bad_node_table(bad: list[Mapping[str, Any]]) -> str:
+def _bad_node_table(bad: list[Mapping[str, Any]], nodes: list[Mapping[str, Any]]) -> str:
     if not bad:
-        return "<p>Every node passed.</p>"
+        others = [n for n in nodes if n.get("status") != "pass"]
+        if not others:
+            return "<p>Every node passed.</p>"
+        return "<p>No bad node, but not every node passed: " + h("; ".join(
+            f"{str(n.get('status')).upper()} {n.get('node')}: {n.get('reason') or '-'}" for n in others[:MAX_ROWS])) + "</p>"
+    # the reason is the node's one story (the fleet's findings merged into it by the sweep)
     rows = [[badge(str(n.get("status"))), h(n.get("node")), h(", ".join(map(str, n.get("failing") or [])) or "-"),
-             h("; ".join(x for x in [str(n.get("reason") or ""), *map(str, n.get("fleet") or [])] if x) or "-"),
-             h(n.get("action") or "")] for n in bad[:MAX_ROWS]]
+             h(str(n.get("reason") or "-")), h(n.get("action") or "")] for n in bad[:MAX_ROWS]]
     more = f'<p class="note">{len(bad) - MAX_ROWS} more bad node(s) not listed</p>' if len(bad) > MAX_ROWS else ""
     return "<h3>Bad nodes</h3>" + table(["status", "node", "failing", "cause", "action"], rows) + more
 

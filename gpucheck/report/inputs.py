@@ -74,6 +74,19 @@ def load_input(path: str) -> Input:
     raise ReportError(f"{path}: not a gpucheck document ({why})")
 
 
+def by_host(inp: Input) -> list[Input]:
+    """A history as one Input per host, in the order the hosts first appear: a state directory
+    shared by several hosts holds them all, and a node's history reads its own host's verdicts
+    only (a page once titled "History of n1, vm"). Any other input as it is."""
+    if inp.kind != "history":
+        return [inp]
+    hosts = list(dict.fromkeys(v.host for v in inp.verdicts))
+    if len(hosts) < 2:
+        return [inp]
+    return [Input(inp.path, "history", verdicts=tuple(v for v in inp.verdicts if v.host == host),
+                  skipped_lines=inp.skipped_lines) for host in hosts]
+
+
 def _one_document(text: str) -> tuple[JsonValue, str | None]:
     from ..platform.safeio import loads_json
 

@@ -22,6 +22,7 @@ def verdict_section(inp: Input) -> Section:
     sec = Section(f"Node {v.host}: {v.status.value.upper()}", inp.path, "verdict")
     found = causes(v)
     sec.attention = [f"{c.status.upper()} {c.where()}: {c.summary}" for c in found if c.status in CAUSE_ORDER[:4]]
+    sec.counts = {s.value: n for s, n in v.counts.items()}
     sec.blocks.append(_verdict_facts(v))
     sec.blocks.append("<h3>Checks x GPUs</h3>" + legend(["pass", "warn", "fail", "error", "unexamined", "skip"]))
     sec.blocks.append(grid_table(v))
@@ -154,6 +155,7 @@ def history_section(inp: Input) -> Section:
     counts: dict[str, int] = {}
     for v in runs:
         counts[v.status.value] = counts.get(v.status.value, 0) + 1
+    sec.counts, sec.counted = dict(sorted(counts.items())), "run(s)"
     facts = [["runs", h(f"{len(runs)} from {runs[0].time} to {last.time}")],
              ["statuses", " ".join(badge(s, f"{n} {s}") for s, n in sorted(counts.items()))]]
     if inp.skipped_lines:

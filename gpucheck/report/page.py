@@ -95,6 +95,24 @@ class Section:
     kind: str
     blocks: list[Any] = field(default_factory=list)  # HTML strings (already escaped) and Figures
     attention: list[str] = field(default_factory=list)  # plain text: the bad GPUs / nodes, named
+    # the statuses the section shows with how many of each (results, runs or nodes, in `counted`):
+    # the headline comes from them, so it never says "nothing failed" beside a fail it counts
+    counts: dict[str, int] = field(default_factory=dict)
+    counted: str = "result(s)"
+
+
+NOT_BAD = ("pass", "skip")
+
+
+def headline(sec: Section) -> str:
+    """The section's first line, from the counts it shows and its attention items: "Nothing
+    failed" only when it counts nothing but pass and skip and names nothing to look at."""
+    bad = {s: n for s, n in sec.counts.items() if n and s not in NOT_BAD}
+    if not sec.attention and not bad:
+        return '<div class="ok">Nothing failed in this input.</div>'
+    shown = ", ".join(f"{n} {s}" for s, n in sec.counts.items() if n)
+    items = ([f"{shown} {sec.counted}"] if bad else []) + sec.attention
+    return '<div class="attention"><b>Needs attention:</b> ' + h("; ".join(items)) + "</div>"
 
 
 def badge(status: str, text: str | None = None) -> str:
@@ -177,10 +195,7 @@ def render_page(sections: list[Section], *, generated: str, inputs: list[str]) -
 
 def _section_html(sec: Section, n: int, figures: list[dict[str, JsonValue]]) -> str:
     out = [f'<section id="s{n}"><h2>{h(sec.title)} <span class="src">{h(sec.kind)} from {h(sec.source)}</span></h2>']
-    if sec.attention:
-        out.append('<div class="attention"><b>Needs attention:</b> ' + h("; ".join(sec.attention)) + "</div>")
-    else:
-        out.append('<div class="ok">Nothing failed in this input.</div>')
+    out.append(headline(sec))
     for i, block in enumerate(sec.blocks):
         if isinstance(block, Figure):
             fid = f"fig-{n}-{i}"

@@ -31,7 +31,7 @@ from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..platform.durations import parse_duration
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
-                   fraction, injections_for_gpu, option)
+                   fraction, injections_for_gpu, option, settle)
 from ..sdk.workers import (LoadParams, LoadTime, finish_result, guarded_targets, job_gpu, progress_evidence,
                            returned_data, run_per_gpu, stopped_early, telemetry_summary, unfinished_result, worker_data)
 
@@ -279,7 +279,7 @@ def _judge(ctx: Context, p: BurnParams, device: str, promise: "Promise", jobs: "
 
 def _partial_metrics(r: Result, progress: "BurnProgress") -> None:
     if progress.get("dtype") and progress.get("tflops") is not None:
-        r.metric(f"tflops_{progress['dtype']}", round(float(progress["tflops"]), 4), "TFLOP/s")
+        r.metric(f"tflops_{progress['dtype']}", float(progress["tflops"]), "TFLOP/s")
     if progress.get("iterations") is not None:
         r.metric("iterations", int(progress["iterations"]), "count")
     if progress:
@@ -315,7 +315,7 @@ def _dtype_inputs(p: BurnParams, dt: str, r: "BurnDtype", size: int, sku: Sku | 
     """One dtype's metrics, units, limits and facts (into the dicts given); its part of the ok
     summary (None: nothing measured) and evidence."""
     tf = r.get("tflops")
-    metrics[f"tflops_{dt}"] = None if tf is None else round(float(tf), 4)
+    metrics[f"tflops_{dt}"] = None if tf is None else float(tf)
     metrics[f"iterations_{dt}"] = int(r.get("iterations", 0))
     metrics[f"repeat_checks_{dt}"] = int(r.get("repeat_checks", 0))
     metrics[f"reference_checks_{dt}"] = int(r.get("reference_checks", 0))
@@ -387,6 +387,24 @@ def _judge_data(p: BurnParams, device: str, g: int, d: "BurnResult", snap_name: 
                    ok_summary=_ok_summary(d, ok_parts, n_workers, medians, device, sku, name))
     res.evidence = _evidence(d, evidence, device, name, sku, inj)
     res.injected = list(inj)
+    return _unallocated(res, d)
+
+
+def _unallocated(res: Result, d: "BurnResult") -> Result:
+    """A dtype whose operands could not be allocated (gpucheck's own limit) was not examined: the
+    result is an error unless a fail was found (result.outcome), the earlier summary kept as evidence."""
+    missing = [dt for dt in d.get("allocation_errors", [])]
+    if not missing:
+        return res
+    for dt in missing:
+        res.unjudged[f"{dt} (operands not allocated)"] = Status.ERROR
+    before = res.status
+    settle(res)
+    if res.status is Status.ERROR and before is not Status.ERROR:
+        res.evidence.insert(0, f"{before.value} for the dtypes burned: {res.summary}")
+        skipped = d.get("skipped", {})
+        res.summary = "not every dtype burned: " + "; ".join(f"{dt}: {skipped.get(dt, 'not allocated')}"
+                                                             for dt in missing)
     return res
 
 

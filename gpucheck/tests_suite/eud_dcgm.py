@@ -12,7 +12,8 @@
   test becomes one result per GPU (subject "gpu<N>/<test>"), keeping DCGM's own words (warning
   text, DCGM_FR_* error id, category, severity) as evidence: Pass -> pass, Skip / not run -> skip
   with DCGM's reason, Warn -> warn, Fail -> fail with an action by DCGM's error category (or error
-  if DCGM's error says its test could not run: software, CUDA, configuration). Output that is not
+  if DCGM's error says its test could not run: software, CUDA, configuration); a null or empty
+  status is judged from DCGM's error text and severity, and with none it is an error. Output that is not
   a diag document is an error with the reason and the tail of dcgmi's output, never a crash.
 - Settings: gpucheck passes no option that changes what DCGM does (no --parameters, no
   --configfile). With a live telemetry snapshot from before the run, the settings a site sets

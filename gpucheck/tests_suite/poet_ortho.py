@@ -354,7 +354,7 @@ def _metrics(d: "PoetResult", problems: int, n_viol: int
     units: dict[str, str] = {"problems": "count", "violations": "count", "launches": "count", "cuda_kernels": "bool"}
     tflops = d.get("tflops")
     if tflops is not None:
-        metrics["tflops_effective"] = round(float(tflops), 4)
+        metrics["tflops_effective"] = float(tflops)
         units["tflops_effective"] = "TFLOP/s"
     worst: dict[str, float] = {}
     for c in combos.values():
@@ -362,7 +362,7 @@ def _metrics(d: "PoetResult", problems: int, n_viol: int
             r = float("inf") if r is None else float(r)
             worst[name] = max(worst.get(name, 0.0), r)
     for name, r in sorted(worst.items()):
-        metrics[f"max_ratio_{name}"] = round(r, 4) if r != float("inf") else None
+        metrics[f"max_ratio_{name}"] = float(r) if r != float("inf") else None
         units[f"max_ratio_{name}"] = "of bound"
     return metrics, units, worst
 

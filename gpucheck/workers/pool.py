@@ -25,7 +25,10 @@ picklable data. It calls `chan.heartbeat()` / `chan.progress({...})` from its co
 from a helper thread: a kernel that hangs must stop the heartbeat) and polls `chan.should_stop()`
 to return partial results early. `torch_device(chan)` imports torch in the worker and selects the
 job's GPU (or one CPU thread). An exception in the target is a `crashed` outcome with the error
-text and traceback; so is a worker killed by a signal (the OOM killer's SIGKILL).
+text and traceback; so is a worker killed by a signal (the OOM killer's SIGKILL). Except
+gpucheck's own limits: a `WorkerSetupError` or an allocation failure (gpucheck.workers.alloc: a
+size that does not fit, memory held by another process) is an `ok` outcome whose result is the
+target's `{"setup_error": why}`, which the checks judge `error`, never `fail`.
 
 Outcome kinds
 -------------
@@ -63,6 +66,7 @@ from multiprocessing.connection import wait as _wait
 from typing import TYPE_CHECKING, Any, Callable, Generic, cast
 
 from ..platform.processes import die_with_parent
+from .alloc import WorkerSetupError, allocation_failure
 from .results import P, R
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,11 +81,6 @@ KINDS = (OK, CRASHED, HUNG, OVER_BUDGET, CANCELLED)
 
 # Heartbeats are rate-limited on the worker side to this interval.
 HEARTBEAT_MIN_INTERVAL_S = 0.25
-
-
-class WorkerSetupError(RuntimeError):
-    """The worker could not set up its device (torch without CUDA, no such GPU): not a hardware
-    verdict. Targets may catch it and return it as data."""
 
 
 @dataclass
@@ -297,6 +296,16 @@ def resolve_target(ref: str) -> Callable[..., Any]:
     return obj
 
 
+def setup_error_of(exc: BaseException) -> "SetupError | None":
+    """The SetupError a target's exception stands for: a WorkerSetupError (the device could not be
+    used, an allocation that did not fit: gpucheck.workers.alloc.allocating) or an allocation
+    failure the target left uncaught; None for anything else (a crash, which the check judges)."""
+    if isinstance(exc, WorkerSetupError):
+        return {"setup_error": str(exc)}
+    why = allocation_failure(exc)
+    return {"setup_error": f"could not allocate memory: {why}"} if why is not None else None
+
+
 def _child_main(target: str, job: WorkerJob, conn: Any, parent_pid: int) -> None:
     """Entry point of a worker process (spawned)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -321,8 +330,12 @@ def _child_main(target: str, job: WorkerJob, conn: Any, parent_pid: int) -> None
             raise TypeError(f"worker target returned {type(result).__name__}, not a dict")
         chan._send(("result", result))
     except BaseException as e:  # noqa: BLE001 - everything the target throws is reported
-        code = 1
-        chan._send(("error", f"{type(e).__name__}: {e}".strip(), traceback.format_exc()))
+        setup_error = setup_error_of(e)
+        if setup_error is not None:  # gpucheck's own limit: the target's SetupError, not a crash
+            chan._send(("result", setup_error))
+        else:
+            code = 1
+            chan._send(("error", f"{type(e).__name__}: {e}".strip(), traceback.format_exc()))
     finally:
         try:
             conn.close()

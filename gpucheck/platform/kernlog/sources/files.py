@@ -156,6 +156,11 @@ def rotated_files(base: str, since: float | None) -> list[str]:
 
 # -- the files source -----------------------------------------------------------------------------
 
+def nothing_to_examine(files: list[str]) -> str:
+    """Why a log of no bytes is no kernel log: the files (or stdin) named, "empty: nothing to examine"."""
+    return f"{', '.join(files) or 'the log'}: empty: nothing to examine"
+
+
 def read_files(res: ReadResult, files: list[str], paths: LogPaths, boot_time: float | None,
                 source: str) -> bool:
     chunks: list[Chunk] = []
@@ -170,6 +175,9 @@ def read_files(res: ReadResult, files: list[str], paths: LogPaths, boot_time: fl
             return False
         chunks.append(Chunk(p, lines, boot_time=boot_for(res, p, lines, paths, boot_time), ref_time=mtime))
         nbytes += n
+    if nbytes == 0:  # nothing examined: never a pass
+        res.attempts.append(Attempt(source, ", ".join(files), False, nothing_to_examine(files)))
+        return False
     res.attempts.append(Attempt(source, ", ".join(files), True))
     res.source = source if source != "file" else "file:" + ",".join(files)
     res.chunks.extend(chunks)

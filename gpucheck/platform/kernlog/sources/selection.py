@@ -11,7 +11,7 @@ from typing import IO
 from .base import DEFAULT_PATHS, DEFAULT_TIMEOUT_S, Attempt, Chunk, LogPaths, ReadResult, read_boot_time
 from .dating import boot_for
 from .dmesg import source_dmesg
-from .files import read_files, read_stream, source_logfiles
+from .files import nothing_to_examine, read_files, read_stream, source_logfiles
 from .journal import source_journal
 from .kmsg import source_kmsg
 
@@ -41,6 +41,9 @@ def read_kernel_log(
         if list(files) == ["-"]:
             f = stdin if stdin is not None else sys.stdin.buffer
             lines, n = read_stream(f)
+            if n == 0:  # nothing examined: never a pass
+                res.attempts.append(Attempt("stdin", "-", False, nothing_to_examine(["stdin"])))
+                return res
             res.attempts.append(Attempt("stdin", "-", True))
             res.source = "stdin"
             res.chunks.append(Chunk("stdin", lines, boot_time=boot_for(res, "stdin", lines, paths, boot_time),
