@@ -248,7 +248,7 @@ def test_local_without_py_spy_reports_every_rank_undumped(local_ranks, tmp_path)
     doc = json.loads(r.stdout)
     assert r.returncode == 3 and doc["status"] == "error"
     assert doc["reason"].startswith("no rank process could be dumped: rank 0 (pid")
-    assert {p["error"] for p in doc["processes"]} == {"py-spy not found (pip install 'gpucheck[hang]', or --py-spy PATH)"}
+    assert {p["error"] for p in doc["processes"]} == {"py-spy not found (pip install 'gpucheck-cluster[hang]', or --py-spy PATH)"}
 
 
 def test_sigterm_on_a_node_stops_py_spy_and_prints_what_it_has(local_ranks, tmp_path):

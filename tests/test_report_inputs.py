@@ -75,7 +75,7 @@ def test_missing_plotly_is_named(tmp_path, capsys, monkeypatch):
     f = tmp_path / "v.json"
     f.write_text(json.dumps(ri.slow_gpu_verdict()))
     assert main(["report", str(f), "-o", str(tmp_path / "o.html")]) == 2
-    assert capsys.readouterr().err == "gpucheck report: the report needs plotly: pip install 'gpucheck[report]'\n"
+    assert capsys.readouterr().err == "gpucheck report: the report needs plotly: pip install 'gpucheck-cluster[report]'\n"
 
 
 def test_the_page_is_self_contained_and_written_atomically(tmp_path, capsys):

@@ -11,7 +11,7 @@ import click
               help="The HTML page to write (atomically; - is standard output).")
 def report_command(inputs: tuple[str, ...], output: str) -> int:
     """Turn verdicts, a history file, a sweep report, an `nccl pairs` result or a bisect result
-    into one HTML page that opens offline (plotly.js embedded: pip install 'gpucheck[report]').
+    into one HTML page that opens offline (plotly.js embedded: pip install 'gpucheck-cluster[report]').
 
     Exit 0 written; 2 an input that cannot be used, an output that cannot be written, or plotly
     missing (one line naming it). The page reports the inputs; it never changes their verdicts.
