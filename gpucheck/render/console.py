@@ -14,6 +14,7 @@ directly, and the console itself for everything it prints (strings, Texts, table
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
@@ -65,15 +66,35 @@ class _Visible:
             yield seg if seg.control else Segment(plain(seg.text), seg.style, seg.control)
 
 
+# The width of output that is not a terminal: wide enough that no line is ever wrapped (a table
+# row, a word, a TOML key stay whole in a cron mail, an ssh capture or a Slurm log).
+UNWRAPPED_WIDTH = 1_000_000
+
+
+def output_width(file: TextIO, width: int | None = None) -> int | None:
+    """The width to lay `file`'s text out in: `width` when given; else COLUMNS when set; else the
+    terminal's (None: rich asks it); else, not a terminal, UNWRAPPED_WIDTH: never wrapped."""
+    if width is not None:
+        return width
+    if os.environ.get("COLUMNS", "").strip().isdecimal() and int(os.environ["COLUMNS"]) > 0:
+        return int(os.environ["COLUMNS"])
+    try:
+        return None if file.isatty() else UNWRAPPED_WIDTH
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed file: not a terminal
+        return UNWRAPPED_WIDTH
+
+
 def make_console(file: TextIO | None = None, *, width: int | None = None, color: bool | None = None,
                  record: bool = False) -> Any:
     """A rich Console that never interprets data: no markup, no emoji, no highlighting, no soft
     wrap of long lines into the next. `color`: None decides by the terminal (NO_COLOR,
-    FORCE_COLOR, TERM honoured), False never, True always. `width`: the terminal's otherwise
-    (COLUMNS, else 80 when not a terminal)."""
+    FORCE_COLOR, TERM honoured), False never, True always. `width`: COLUMNS when set, else the
+    terminal's; output that is not a terminal is never wrapped (`output_width`)."""
     from rich.console import Console
 
+    file = file if file is not None else sys.stdout
     kw: dict[str, Any] = {}
+    width = output_width(file, width)
     if width is not None:
         kw["width"] = width
     if color is False:
@@ -85,7 +106,7 @@ def make_console(file: TextIO | None = None, *, width: int | None = None, color:
         def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
             super().print(*(_safe(o) for o in objects), **kwargs)
 
-    return DataConsole(file=file if file is not None else sys.stdout, markup=False, emoji=False, highlight=False,
+    return DataConsole(file=file, markup=False, emoji=False, highlight=False,
                        soft_wrap=False, record=record, **kw)
 
 
