@@ -336,12 +336,27 @@ def _print_table(doc: dict[str, Any]) -> None:
     if not groups and not doc["sxid_events"] and read["ok"]:
         out(f"No Xid or SXid events {window['label']}.")
     out("")
-    for r in doc["results"]:
-        if r["status"] == "pass" and r["subject"] != "node" and not doc["events"]:
+    for text in _finding_lines(doc["results"]):
+        out(text)
+    out(_verdict_line(doc))
+
+
+def _finding_lines(results: list[dict[str, Any]]) -> list[str]:
+    """What is not a pass, one line each; its action once (an Xid's summary names it already)."""
+    lines = []
+    for r in results:
+        if r["status"] == "pass":
             continue
-        act = f" -> {r['action']}" if r["action"] != "none" else ""
-        out(f"{r['status'].upper():5}  {r['subject']}: {r['summary']}{act}")
-    out(f"\nVerdict: {doc['status'].upper()} (exit {doc['exit_code']})")
+        act = f" -> {r['action']}" if r["action"] != "none" and r["action"] not in r["summary"] else ""
+        lines.append(f"{r['status'].upper():5}  {r['subject']}: {r['summary']}{act}")
+    return lines
+
+
+def _verdict_line(doc: dict[str, Any]) -> str:
+    """One summary after the findings: 'Verdict: FAIL (exit 1): 1 Xid event(s), ...; action: reboot'."""
+    what = "; ".join(r["summary"] for r in doc["results"] if r["status"] == "pass" and r["subject"] == "node")
+    action = f"; action: {doc['action']}" if doc["action"] != "none" else ""
+    return f"\nVerdict: {doc['status'].upper()} (exit {doc['exit_code']})" + (f": {what}" if what else "") + action
 
 
 # -- --follow -------------------------------------------------------------------------------------

@@ -18,11 +18,17 @@ import os
 import sys
 from typing import Any, TextIO
 
-# Short marks of the grids, as dcgmi diag prints one test x GPU grid. A plain skip is lower
-# case; a skip of something the run was asked to examine (unexamined: exit 3) is upper case.
-MARKS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "error": "ERR", "skip": "skip", "unexamined": "SKIP",
+# Short marks of the grids, as dcgmi diag prints one test x GPU grid. Each says a different
+# thing, not the same word in another case: `skip` a check that does not apply here (or was left
+# out), `MISS` something the run was asked to examine and did not (could not judge: exit 3).
+MARKS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "error": "ERR", "skip": "skip", "unexamined": "MISS",
          "unreachable": "UNRCH", "timeout": "TIME"}
 NO_RESULT = "."
+# What the marks that do not say it themselves mean (ok, WARN and FAIL do): the legend under a grid.
+MEANINGS = {"error": "could not judge", "unexamined": "not examined (exit 3)",
+            "unreachable": "node not reached", "timeout": "node out of time",
+            "skip": "does not apply here (why below)", NO_RESULT: "no result here"}
+_LEGEND_ORDER = ("error", "unexamined", "unreachable", "timeout", "skip", NO_RESULT)
 STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "error": "magenta", "skip": "dim",
           "unexamined": "bold magenta", "unreachable": "bold magenta", "timeout": "bold magenta",
           "ok": "green", "slow": "yellow", "bad": "bold red", "suspect": "yellow"}
@@ -120,6 +126,22 @@ def styled(text: str, style: str | None = None) -> Any:
 def mark(status: str) -> Any:
     """The grid mark of a status (pass, warn, fail, error, skip, unexamined, ...), styled."""
     return styled(MARKS.get(status, status), STYLES.get(status))
+
+
+def legend(shown: set[str]) -> Any | None:
+    """One line under a grid: what each mark in it that is not a plain word means ('marks: skip
+    does not apply here (why below) · . no result here'); None when there is none.
+    `shown`: the statuses in its cells, and NO_RESULT when a cell is empty."""
+    explained = [s for s in _LEGEND_ORDER if s in shown]
+    if not explained:
+        return None
+    out = line(styled("marks: ", "dim"))
+    for i, status in enumerate(explained):
+        if i:
+            out.append(" · ", style="dim")
+        out.append(mark(status) if status != NO_RESULT else styled(NO_RESULT, "dim"))
+        out.append(f" {MEANINGS[status]}")
+    return out
 
 
 def line(*parts: Any) -> Any:
