@@ -296,4 +296,4 @@ def test_an_internal_error_is_could_not_judge_never_a_suspect(capsys, monkeypatc
 
     monkeypatch.setattr("gpucheck.platform.fanout.run_nodes", broken)
     rc, out, err = hang(capsys, "n[1-2]", "--match", "x")
-    assert rc == 3 and err == "gpucheck hang: could not judge: internal error: OSError: [Errno 24] Too many open files\n"
+    assert rc == 3 and err == "gpucheck hang: error: could not judge: internal error: OSError: [Errno 24] Too many open files\n"

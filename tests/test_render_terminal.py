@@ -341,7 +341,7 @@ def test_telemetry_show_hostile_values_and_bad_files(capsys, tmp_path):
     assert main(["telemetry", "show", str(tmp_path / "bad.json")]) == 2
     assert main(["telemetry", "show", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "gpucheck telemetry show: " in err
+    assert "gpucheck telemetry show: error: " in err
 
 
 # -- every rich call site -------------------------------------------------------------------------

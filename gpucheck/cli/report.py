@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..platform.messages import say_error
+
 
 @click.command("report")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
@@ -25,7 +27,7 @@ def report_command(inputs: tuple[str, ...], output: str) -> int:
     try:
         page = build_report(list(inputs))
     except ReportError as e:
-        click.echo(f"gpucheck report: {e}", err=True)
+        say_error(str(e), "gpucheck report")
         return 2
     rc = emit("gpucheck report", output, page)
     if rc is not None:

@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from ..platform.messages import command, say_error
+
 SCHEMA_ID = "gpucheck.xid"
 SCHEMA_VERSION = "1.0"
 
@@ -119,8 +121,7 @@ def _ack(state: Any) -> int:
     except OSError as e:
         from ..platform.safeio import describe_error
 
-        click.echo(f"gpucheck: error: cannot write the last-pass cursor in {state.root}: "
-                   f"{describe_error(e, str(state.root))}", err=True)
+        say_error(f"cannot write the last-pass cursor in {state.root}: {describe_error(e, str(state.root))}")
         return 2
     click.echo(f"last-pass cursor set to {iso_utc(now)} in {state.root}: "
                "the xid check now judges only errors logged after this moment")
@@ -396,7 +397,7 @@ def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -
 
     def note(msg: str) -> None:
         with lock:
-            click.echo(f"gpucheck: note: {msg}", err=True)
+            click.echo(f"{command()}: note: {msg}", err=True)
 
     stop = threading.Event()
     if not as_json:
@@ -411,6 +412,6 @@ def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -
         from ..platform.kernlog.sources.base import DEFAULT_PATHS, oserror_text
 
         msg = oserror_text(e, what, DEFAULT_PATHS) if isinstance(e, OSError) else str(e)
-        click.echo(f"gpucheck: error: cannot follow {msg}", err=True)
+        say_error(f"cannot follow {msg}")
         return 3
     return 0
