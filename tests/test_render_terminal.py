@@ -73,7 +73,7 @@ def test_healthy_8_gpu_node_fits_16_lines_at_80_columns(monkeypatch):
         "recovery-action .    ok   ok   ok   ok   ok   ok   ok   ok",
         "repro.bitwise   skip .    .    .    .    .    .    .    .",
         "xid             skip .    .    .    .    .    .    .    .",
-        "marks: skip does not apply here (why below) · . no result here",
+        "marks: skip does not apply here (why below); . no result here",
         "skipped: repro.bitwise (judging a recorded snapshot (--snapshot): compute checks",
         "  need this node's live GPUs); xid (snapshot has no kernel log)",
         "gpu-h100-017: PASS (level 1 quick, 0.2 s; 57 pass, 2 skip)  exit code 0",
@@ -95,7 +95,7 @@ def test_lost_gpu_grid_pinned_at_80_and_160_columns(monkeypatch):
         "recovery-action .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "repro.bitwise   skip .    .    .    .    .    .    .    .",
         "xid             skip .    .    .    .    .    .    .    .",
-        "marks: skip does not apply here (why below) · . no result here",
+        "marks: skip does not apply here (why below); . no result here",
     ]
     at80 = rendered(v, 80, monkeypatch)
     assert at80 == ["gpu-h100-017  7 x NVIDIA H100 80GB HBM3  1 x GPU (lost)  driver 550.90.07", *grid,
@@ -148,8 +148,8 @@ def test_unexamined_skip_and_error_are_marked_and_explained(monkeypatch):
     assert "ERR" in next(ln for ln in text.splitlines() if ln.startswith("pcie "))
     lines = text.splitlines()
     # the legend says what each mark that is no plain word means; `skip` and `MISS` differ in meaning
-    assert ("marks: ERR could not judge · MISS not examined (exit 3) · skip does not apply here (why below)"
-            " · . no result here") in lines
+    assert ("marks: ERR could not judge; MISS not examined (exit 3); skip does not apply here (why below)"
+            "; . no result here") in lines
     err = next(i for i, ln in enumerate(lines) if ln.startswith("ERR "))
     skip = next(i for i, ln in enumerate(lines) if ln.startswith("MISS "))
     assert err < skip  # errors before unexamined skips

@@ -130,7 +130,7 @@ def mark(status: str) -> Any:
 
 def legend(shown: set[str]) -> Any | None:
     """One line under a grid: what each mark in it that is not a plain word means ('marks: skip
-    does not apply here (why below) · . no result here'); None when there is none.
+    does not apply here (why below); . no result here'); None when there is none.
     `shown`: the statuses in its cells, and NO_RESULT when a cell is empty."""
     explained = [s for s in _LEGEND_ORDER if s in shown]
     if not explained:
@@ -138,7 +138,7 @@ def legend(shown: set[str]) -> Any | None:
     out = line(styled("marks: ", "dim"))
     for i, status in enumerate(explained):
         if i:
-            out.append(" · ", style="dim")
+            out.append("; ", style="dim")
         out.append(mark(status) if status != NO_RESULT else styled(NO_RESULT, "dim"))
         out.append(f" {MEANINGS[status]}")
     return out
