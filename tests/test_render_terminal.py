@@ -221,6 +221,7 @@ def test_sweep_grid_for_a_few_nodes():
     assert lines[3].split() == ["gpu0003", "FAIL", *["ok"] * 7, "skip", "skip", "WARN"]  # a fleet outlier
     assert lines[4].split()[:4] == ["gpu0004", "FAIL", "ok", "FAIL"]  # the ECC node
     assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 10]
+    assert lines[7] == "marks: skip does not apply here (why below); . no result here"  # issue 26: a legend
     text = buf.getvalue()
     assert "FAIL        gpu0004 ecc[gpu3]: ecc gpu3: uncorrectable" in text and "-> reset-gpu" in text
     assert "FAIL        gpu0003 fleet: burn.gemm gpu3: slow GPU" in text
@@ -233,6 +234,7 @@ def test_sweep_grid_for_a_few_nodes():
     assert head[0].split() == ["node", "status", *"ABCDEFGHIJ"] and all(len(x) <= 80 for x in head[:9])
     assert head[7:9] == ["checks: A clocks  B ecc  C inventory  D memory-remap  E nvlink  F pcie",
                          "  G recovery-action  H repro.bitwise  I xid  J burn.gemm"]
+    assert head[9] == "marks: skip does not apply here (why below); . no result here"
 
 
 @pytest.mark.slow
