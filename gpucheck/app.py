@@ -39,6 +39,7 @@ from .core.state import State, default_state_dir
 from .core.verdict import (EXIT_USAGE, CheckEntry, RunFacts, Verdict, VerdictSource, build_verdict, gpu_inventory,
                            node_host, verdict_level)
 from .platform.interrupts import INTERRUPTS, Interrupts
+from .platform.messages import say_error
 from .platform.safeio import check_output, describe_error, output_problem
 from .tests_suite.registry import all_checks
 
@@ -560,7 +561,7 @@ def _execute(req: RunRequest, progress: Callable[[str, str, dict[str, Any]], Non
     try:
         prep = prepare(req, started=INTERRUPTS.armed_at, interrupts=INTERRUPTS)
     except UsageError as e:
-        print(f"gpucheck: error: {e}", file=sys.stderr)
+        say_error(str(e))
         return EXIT_USAGE
 
     outcome = _run(prep, req, progress, display_factory)

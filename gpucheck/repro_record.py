@@ -29,6 +29,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from .platform.messages import error_line
+
 if TYPE_CHECKING:  # pragma: no cover
     from .tests_suite.repro_bitwise import ReproParams
 
@@ -183,7 +185,7 @@ def _write(path: str, records: list[Any], not_run: dict[str, str], summary: dict
     except store.RefFileError as e:
         raise RecordUsageError("--out", str(e)) from None
     except OSError as e:
-        say("error", f"gpucheck repro record: error: {path}: {describe_error(e, path)}")
+        say("error", error_line(f"{path}: {describe_error(e, path)}", "gpucheck repro record"))
         return RecordOutcome(2)
     summary.update(written=res.written, added=res.added, unchanged=res.unchanged)
     if res.written:

@@ -43,7 +43,9 @@ def grid_page(folder: Path) -> Path:
     console = make_console(io.StringIO(), width=80, color=True, record=True)
     console.print("$ gpucheck run --snapshot h100-gpu-lost.json")
     buf = io.StringIO()  # the run's output with its colours, as a terminal gets it
-    print_verdict(verdict, buf, width=80, color=True)
+    from gpucheck.core.verdict import Verdict
+
+    print_verdict(Verdict.from_json(verdict), buf, width=80, color=True)  # the typed verdict (issue 25)
     from rich.text import Text
 
     for ln in buf.getvalue().splitlines():

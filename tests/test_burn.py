@@ -108,18 +108,16 @@ def torch_cpu():
 @pytest.mark.slow
 def test_healthy_gemms_pass_verification_in_every_dtype_and_distribution(torch_cpu):
     torch, dev, chan = torch_cpu
-    cfg = BurnConfig(duration_s=3.0, dtypes=list(DTYPES), size=48, repeats=2, window_s=0.05, ref_every_s=0.0,
-                     ref_rows=64)
-    # Every distribution must come round in every dtype's 0.5 s. On a cold process the first set of
-    # a dtype pays torch's one-time kernel set-up and took the whole slice (CI saw bf16 with one set):
-    # a short warm-up run pays it first, so the timed run measures the loop.
-    warm = LocalChannel(WorkerJob("warm-up", gpu=0, device="cpu"))
-    Burner(torch, dev, warm, BurnConfig(**{**cfg.__dict__, "duration_s": 0.6})).run()
+    # Every distribution must come round in every dtype: a fixed amount of work (two rounds of the
+    # four distributions per dtype), not a time slice, which a loaded machine filled with one set
+    # (CI saw bf16 with one); the duration is only a bound no healthy run comes near.
+    cfg = BurnConfig(duration_s=600.0, dtypes=list(DTYPES), size=48, repeats=2, window_s=0.05, ref_every_s=0.0,
+                     ref_rows=64, sets=8)
     out = Burner(torch, dev, chan, cfg).run()
     assert out["sdc_count"] == 0 and out["skipped"] == {}
     for dt in DTYPES:
         r = out["dtypes"][dt]
-        assert all(r["distributions"][d] >= 1 for d in ("normal", "wide", "small", "mixed")), (dt, r["distributions"])
+        assert r["sets"] == 8 and r["distributions"] == {"normal": 2, "wide": 2, "small": 2, "mixed": 2}, (dt, r)
         assert r["repeat_checks"] == r["sets"] and r["reference_checks"] == r["sets"]
         assert 0.0 <= r["reference_max_error"] <= r["reference_tolerance"], dt
         assert r["tflops"] > 0
@@ -158,15 +156,13 @@ def test_fp8_operands_are_made_in_fp8_without_a_bf16_temporary(torch_cpu):
                     self.ops.append((func.overloadpacket.__name__, o.dtype, tuple(o.shape)))
             return out
 
-    cfg = BurnConfig(duration_s=2.0, dtypes=["fp8"], size=n, repeats=2, ref_every_s=0.0)
-    Burner(torch, dev, chan, BurnConfig(**{**cfg.__dict__, "duration_s": 0.3})).run()  # torch's one-time set-up
-    for duration in (2.0, 4.0, 8.0, 16.0, 32.0):  # the work counted is two sets, however long a loaded box takes
-        with Record() as rec:
-            out = Burner(torch, dev, chan, BurnConfig(**{**cfg.__dict__, "duration_s": duration})).run()
-        r = out["dtypes"]["fp8"]
-        if r["sets"] >= 2:
-            break
-    assert out["sdc_count"] == 0 and r["sets"] >= 2 and r["reference_checks"] == r["sets"]
+    # Two sets of work, however long a loaded machine takes (a 2 s window once held none: issue 26);
+    # the duration is only a bound no healthy run comes near.
+    cfg = BurnConfig(duration_s=600.0, dtypes=["fp8"], size=n, repeats=2, ref_every_s=0.0, sets=2)
+    with Record() as rec:
+        out = Burner(torch, dev, chan, cfg).run()
+    r = out["dtypes"]["fp8"]
+    assert out["sdc_count"] == 0 and r["sets"] == 2 and r["reference_checks"] == r["sets"]
     square_bf16 = [name for name, dt, shape in rec.ops if dt == torch.bfloat16 and shape == (n, n)]
     assert sorted(set(square_bf16)) == ["_scaled_mm", "empty"] and square_bf16.count("empty") == 2  # C0, C1 only
     on_codes = [name for name, dt, shape in rec.ops
@@ -197,8 +193,8 @@ def test_fp8_distributions_cover_their_documented_values_and_never_nan(torch_cpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "fp64", "fp8"])
 def test_bitflip_is_caught_by_the_repeat_check(torch_cpu, dtype):
     torch, dev, chan = torch_cpu
-    cfg = BurnConfig(duration_s=0.25, dtypes=[dtype], size=48, repeats=3, ref_every_s=60.0,
-                     bitflip={"set": 2, "bit": None, "row": 5, "col": 7})
+    cfg = BurnConfig(duration_s=600.0, dtypes=[dtype], size=48, repeats=3, ref_every_s=60.0, sets=3,
+                     bitflip={"set": 2, "bit": None, "row": 5, "col": 7})  # set 2 runs, however loaded the box
     out = Burner(torch, dev, chan, cfg).run()
     assert out["sdc_count"] == 1
     ev = out["sdc"][0]

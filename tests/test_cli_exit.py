@@ -47,7 +47,7 @@ def test_an_uncaught_exception_in_a_judging_command_is_exit_3_in_one_line(monkey
     rc = main(["run", "--snapshot", str(HEALTHY), "--no-history"])
     err = capsys.readouterr().err
     assert rc == 3
-    assert err.startswith("gpucheck run: could not judge: internal error: RuntimeError: boom (at gpucheck/app.py:")
+    assert err.startswith("gpucheck run: error: could not judge: internal error: RuntimeError: boom (at gpucheck/app.py:")
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
@@ -85,7 +85,7 @@ def test_a_full_stdout_in_a_command_that_prints_its_own_report_is_exit_3(tmp_pat
                            env=gpucheck_env(), stdout=sink, stderr=subprocess.PIPE, text=True, timeout=120)
     assert r.returncode == 3, r.stderr[-600:]
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1
-    assert r.stderr.startswith("gpucheck xid: could not judge: ") and "No space left on device" in r.stderr
+    assert r.stderr.startswith("gpucheck xid: error: could not judge: ") and "No space left on device" in r.stderr
 
 
 # -- app.execute: the verdict stands when only printing it failed ---------------------------------

@@ -249,7 +249,7 @@ def test_local_without_py_spy_reports_every_rank_undumped(local_ranks, tmp_path)
     doc = json.loads(r.stdout)
     assert r.returncode == 3 and doc["status"] == "error"
     assert doc["reason"].startswith("no rank process could be dumped: rank 0 (pid")
-    assert {p["error"] for p in doc["processes"]} == {"py-spy not found (pip install 'gpucheck[hang]', or --py-spy PATH)"}
+    assert {p["error"] for p in doc["processes"]} == {"py-spy not found (pip install 'gpucheck-cluster[hang]', or --py-spy PATH)"}
 
 
 def test_sigterm_on_a_node_stops_py_spy_and_prints_what_it_has(local_ranks, tmp_path):
@@ -297,4 +297,4 @@ def test_an_internal_error_is_could_not_judge_never_a_suspect(capsys, monkeypatc
 
     monkeypatch.setattr("gpucheck.platform.fanout.run_nodes", broken)
     rc, out, err = hang(capsys, "n[1-2]", "--match", "x")
-    assert rc == 3 and err == "gpucheck hang: could not judge: internal error: OSError: [Errno 24] Too many open files\n"
+    assert rc == 3 and err == "gpucheck hang: error: could not judge: internal error: OSError: [Errno 24] Too many open files\n"

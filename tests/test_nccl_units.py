@@ -628,3 +628,49 @@ def test_the_interface_is_the_one_that_routes_to_the_other_hosts(monkeypatch):
     # the name of the rendezvous host resolves to 127.0.0.1 here: loopback is never picked
     assert T.pick_interface("n1-self", [], 1)[0] is None
     assert T.pick_interface("n1-self", [], 0) == (None, "no peer address given")
+
+
+def test_one_node_without_launcher_or_ranks_runs_a_rank_per_local_gpu():
+    """nccl-tests' `-g N`: `gpucheck nccl run` alone refused to start ("no rank given"); on one
+    node it now takes every local GPU, or --nproc-per-node ranks (issue 26)."""
+    from gpucheck.nccl.topology import TopologyError, resolve_topology
+
+    asked: list[int] = []
+
+    def eight() -> tuple[int, str]:
+        asked.append(1)
+        return 8, "8 GPU(s) on this node"
+
+    t = resolve_topology({"nproc_per_node": 1, "local_gpus": eight, "nproc_given": False}, {})
+    assert (t.ranks, t.local_ranks, t.world, t.master_addr, t.source) == \
+        (list(range(8)), list(range(8)), 8, "127.0.0.1", "one node")
+    t = resolve_topology({"nproc_per_node": 3, "local_gpus": eight, "nproc_given": True}, {})
+    assert (t.ranks, t.world) == ([0, 1, 2], 3) and len(asked) == 1  # given: no GPU count asked for
+    # a launcher or rank options win, and the GPUs are not counted
+    t = resolve_topology({"rank": 0, "world_size": 2, "local_gpus": eight}, {})
+    assert t.source == "options"
+    t = resolve_topology({"local_gpus": eight}, {"RANK": "0", "WORLD_SIZE": "2"})
+    assert t.source == "torchrun" and len(asked) == 1
+    for count in (0, 1):
+        with pytest.raises(TopologyError, match=rf"^{count} GPU\(s\) on this node: a test on this node alone needs 2"):
+            resolve_topology({"local_gpus": lambda: (count, f"{count} GPU(s) on this node")}, {})
+
+
+@pytest.mark.slow
+def test_nccl_run_on_one_node_with_only_nproc_per_node(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE"))}
+    env["PYTHONPATH"] = str(root)
+    r = subprocess.run([sys.executable, "-m", "gpucheck", "nccl", "run", "--backend", "gloo", "--nproc-per-node", "2",
+                        "--sizes", "64K", "--iters", "1", "--warmup", "0"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=180)
+    events = [__import__("json").loads(ln) for ln in r.stdout.splitlines() if ln.strip()]
+    assert r.returncode == 0, r.stderr
+    assert sorted(e["rank"] for e in events if e["event"] == "result") == [0, 1]
+    r = subprocess.run([sys.executable, "-m", "gpucheck", "nccl", "run", "--backend", "gloo"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("gpucheck nccl run: error: --backend gloo runs on CPUs")

@@ -54,12 +54,12 @@ def with_path(verdict: dict, path: str) -> dict:
     return v
 
 
-def test_healthy_8_gpu_node_fits_18_lines_at_80_columns(monkeypatch):
+def test_healthy_8_gpu_node_fits_19_lines_at_80_columns(monkeypatch):
     """The issue's node: 174 lines at 80 columns before, one row per check now (issue 24 added the
-    rows of pcie.aer and fabric.nvswitch and their skip: 15 lines became 18)."""
+    rows of pcie.aer and fabric.nvswitch and their skip), and the marks' legend (issue 26)."""
     v = with_path(verdict_of("h100-healthy.json"), "tests/fixtures/snapshots/h100-healthy.json")
     lines = rendered(v, 80, monkeypatch)
-    assert len(lines) <= 18, "\n".join(lines)
+    assert len(lines) <= 19, "\n".join(lines)
     assert all(len(ln) <= 80 for ln in lines)
     assert lines == [
         "gpu-h100-017  8 x NVIDIA H100 80GB HBM3  driver 550.90.07",
@@ -75,6 +75,7 @@ def test_healthy_8_gpu_node_fits_18_lines_at_80_columns(monkeypatch):
         "recovery-action .    ok   ok   ok   ok   ok   ok   ok   ok",
         "repro.bitwise   skip .    .    .    .    .    .    .    .",
         "xid             skip .    .    .    .    .    .    .    .",
+        "marks: skip does not apply here (why below); . no result here",
         "skipped: fabric.nvswitch,pcie.aer (not in this capture (record with gpucheck",
         "  telemetry dump)); repro.bitwise (judging a recorded snapshot (--snapshot):",
         "  compute checks need this node's live GPUs); xid (snapshot has no kernel log)",
@@ -97,6 +98,7 @@ def test_lost_gpu_grid_pinned_at_80_and_160_columns(monkeypatch):
         "recovery-action .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "repro.bitwise   skip .    .    .    .    .    .    .    .",
         "xid             skip .    .    .    .    .    .    .    .",
+        "marks: skip does not apply here (why below); . no result here",
     ]
     at80 = rendered(v, 80, monkeypatch)
     assert at80 == ["gpu-h100-017  7 x NVIDIA H100 80GB HBM3  1 x GPU (lost)  driver 550.90.07", *grid,
@@ -145,11 +147,14 @@ def test_unexamined_skip_and_error_are_marked_and_explained(monkeypatch):
     v.update(status="error", exit_code=3)  # what such results make the verdict
     text = "\n".join(rendered(v, 120, monkeypatch))
     row = next(ln for ln in text.splitlines() if ln.startswith("ecc "))
-    assert row.split()[1:] == [".", "ok", "ok", "SKIP", "ok", "ok", "ok", "ok", "ok"]
+    assert row.split()[1:] == [".", "ok", "ok", "MISS", "ok", "ok", "ok", "ok", "ok"]
     assert "ERR" in next(ln for ln in text.splitlines() if ln.startswith("pcie "))
     lines = text.splitlines()
+    # the legend says what each mark that is no plain word means; `skip` and `MISS` differ in meaning
+    assert ("marks: ERR could not judge; MISS not examined (exit 3); skip does not apply here (why below)"
+            "; . no result here") in lines
     err = next(i for i, ln in enumerate(lines) if ln.startswith("ERR "))
-    skip = next(i for i, ln in enumerate(lines) if ln.startswith("SKIP "))
+    skip = next(i for i, ln in enumerate(lines) if ln.startswith("MISS "))
     assert err < skip  # errors before unexamined skips
     assert "gpu2 ecc: GPU 2 is in use by PID 4711" in lines[skip]
 
@@ -219,6 +224,7 @@ def test_sweep_grid_for_a_few_nodes():
     assert lines[3].split() == ["gpu0003", "FAIL", *ok, "skip", "skip", "FAIL"]  # a fleet outlier (was WARN)
     assert lines[4].split()[:4] == ["gpu0004", "FAIL", "ok", "FAIL"]  # the ECC node
     assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 12]
+    assert lines[7] == "marks: skip does not apply here (why below); . no result here"  # issue 26: a legend
     text = buf.getvalue()
     assert "FAIL        gpu0004 ecc[gpu3]: ecc gpu3: uncorrectable" in text and "-> reset-gpu" in text
     assert "FAIL        gpu0003 burn.gemm[gpu3]: fleet: slow burn.gemm.tflops_bf16 gpu3: 600 TFLOP/s" in text
@@ -232,6 +238,7 @@ def test_sweep_grid_for_a_few_nodes():
     assert head[7:10] == ["checks: A clocks  B ecc  C fabric.nvswitch  D inventory  E memory-remap",
                           "  F nvlink  G pcie  H pcie.aer  I recovery-action  J repro.bitwise  K xid",
                           "  L burn.gemm"]
+    assert head[10] == "marks: skip does not apply here (why below); . no result here"
 
 
 @pytest.mark.slow
@@ -340,7 +347,7 @@ def test_telemetry_show_hostile_values_and_bad_files(capsys, tmp_path):
     assert main(["telemetry", "show", str(tmp_path / "bad.json")]) == 2
     assert main(["telemetry", "show", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "gpucheck telemetry show: " in err
+    assert "gpucheck telemetry show: error: " in err
 
 
 # -- every rich call site -------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def test_unusable_inputs_are_exit_2_with_one_line(tmp_path, capsys, text, messag
     out = tmp_path / "out.html"
     assert main(["report", str(f), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"gpucheck report: {f}: ") and message in err and err.count("\n") == 1
+    assert err.startswith(f"gpucheck report: error: {f}: ") and message in err and err.count("\n") == 1
     assert not out.exists()
 
 
@@ -65,7 +65,7 @@ def test_special_files_and_bad_outputs_are_refused(tmp_path, capsys):
     assert "not a regular file (it is a FIFO)" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "missing.json"), "-o", str(tmp_path / "o.html")]) == 2
     assert main(["report", str(good), "-o", str(tmp_path)]) == 2  # a directory is never replaced
-    assert "gpucheck report: cannot write" in capsys.readouterr().err
+    assert "gpucheck report: error: cannot write" in capsys.readouterr().err
     assert main(["report", str(good), "-o", str(tmp_path / "no" / "such" / "dir.html")]) == 2
     assert main(["report", "-o", str(tmp_path / "o.html")]) == 2  # no input: usage error
 
@@ -75,7 +75,7 @@ def test_missing_plotly_is_named(tmp_path, capsys, monkeypatch):
     f = tmp_path / "v.json"
     f.write_text(json.dumps(ri.slow_gpu_verdict()))
     assert main(["report", str(f), "-o", str(tmp_path / "o.html")]) == 2
-    assert capsys.readouterr().err == "gpucheck report: the report needs plotly: pip install 'gpucheck[report]'\n"
+    assert capsys.readouterr().err == "gpucheck report: error: the report needs plotly: pip install 'gpucheck-cluster[report]'\n"
 
 
 def test_the_page_is_self_contained_and_written_atomically(tmp_path, capsys):

@@ -23,6 +23,7 @@ import click
 
 from ..app import UsageError, _check_writable
 from ..core.state import atomic_write_text
+from ..platform.messages import say_error
 from ..platform.safeio import describe_error, read_input
 from .run import parse_duration
 
@@ -136,7 +137,7 @@ def hang_command(**kw) -> int:
     except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
         raise
     except Exception as e:  # gpucheck's own failure is "could not judge", never a suspect (exit 1)
-        click.echo(f"gpucheck hang: could not judge: internal error: {type(e).__name__}: {e}", err=True)
+        say_error(f"could not judge: internal error: {type(e).__name__}: {e}", "gpucheck hang")
         return 3
 
 
@@ -203,7 +204,7 @@ def _nodes(nodeset: str | None, job: str | None, scontrol: str | None) -> tuple[
     except JobUsageError as e:
         raise click.BadParameter(str(e), param_hint="--job") from None
     except JobLookupError as e:
-        click.echo(f"gpucheck hang: could not judge: {e}", err=True)
+        say_error(f"could not judge: {e}", "gpucheck hang")
         raise click.exceptions.Exit(3) from None
     return info.nodes, {"nodeset": fold(info.nodes), "job": job}
 
@@ -302,7 +303,7 @@ def _record(path: str, results) -> None:
     try:
         atomic_write_text(path, json.dumps(docs, separators=(",", ":")) + "\n")
     except OSError as e:
-        click.echo(f"gpucheck hang: --record {path}: {e.strerror or e}", err=True)
+        say_error(f"--record {path}: {e.strerror or e}", "gpucheck hang")
 
 
 def _finish(results, interrupted, make_topology, source, as_json, scope, started) -> int:

@@ -10,6 +10,7 @@ import sys
 import click
 
 from .. import __version__
+from ..platform import messages
 from ..platform.argv import option_value
 
 # name -> "module:attribute" of a click command. One line per subcommand.
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "_GPUCHECK_COMPLETE" in os.environ:  # click's shell completion (exits when it is asked for)
         cli._main_shell_completion({}, "gpucheck")
+    messages.set_command(_command_name(args))  # every error line: `gpucheck <command>: error: ...`
     try:
         # Not cli.main(): click turns EPIPE into SystemExit(1), "unhealthy".
         with cli.make_context("gpucheck", args) as ctx:
@@ -76,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.exit_code or 0)
     except click.ClickException as e:
         # One line, like every other usage error (DESIGN.md exit code 2).
-        cmd = getattr(getattr(e, "ctx", None), "command_path", None) or "gpucheck"
-        _say(f"{cmd}: error: {e.format_message()}")
+        cmd = getattr(getattr(e, "ctx", None), "command_path", None)
+        _say(messages.error_line(e.format_message(), cmd))
         return 2
     except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
-        _say("aborted")
+        _say(messages.error_line("aborted"))
         return 3
     except Exception as e:  # gpucheck's own failure is "could not judge", never "unhealthy" (exit 1)
         return _could_not_judge(args, e)
@@ -103,7 +105,8 @@ def _could_not_judge(args: list[str], e: Exception) -> int:
     else:
         why = f"internal error: {type(e).__name__}: {e}{_where(e)}"
     fail_closed = option_value(args, "--on-error") == "fail"
-    _say(f"{_command_name(args)}: could not judge: {why}" + (" (--on-error fail: exit 1)" if fail_closed else ""))
+    _say(messages.error_line(f"could not judge: {why}" + (" (--on-error fail: exit 1)" if fail_closed else ""),
+                             _command_name(args)))
     return 1 if fail_closed else 3
 
 
@@ -114,8 +117,18 @@ def _command_word(args: list[str]) -> str | None:
 
 
 def _command_name(args: list[str]) -> str:
+    """'gpucheck run', 'gpucheck nccl run' (a group's subcommand too), or 'gpucheck'."""
     word = _command_word(args)
-    return f"gpucheck {word}" if word else "gpucheck"
+    if word is None:
+        return "gpucheck"
+    try:
+        group = cli.get_command(click.Context(cli), word)
+    except Exception:  # a subcommand that cannot even be imported: its error names the word
+        return f"gpucheck {word}"
+    words = [a for a in args if not a.startswith("-")]
+    if isinstance(group, click.Group) and len(words) > 1 and words[1] in group.commands:
+        return f"gpucheck {word} {words[1]}"
+    return f"gpucheck {word}"
 
 
 def _where(e: BaseException) -> str:

@@ -165,16 +165,20 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
     --force. With --session-stdin, an end-of-file on standard input (the launcher's session
     ended) stops every rank: each reports an error, "the session that started these ranks
     ended". Exit 0 verified, 1 fail, 2 usage, 3 could not judge.
+
+    Without --rank/--world-size, --node-rank/--nnodes, torchrun or srun: this node alone, one
+    rank per local GPU (nccl-tests' -g N with all of them), or --nproc-per-node ranks.
     """
     from ..nccl import node as N
     from ..nccl.topology import TopologyError, resolve_topology
 
     opts = dict(rank=rank, world_size=world_size, local_rank=local_rank, node_rank=node_rank, nnodes=nnodes,
-                master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node)
+                master_addr=master_addr, master_port=master_port, nproc_per_node=nproc_per_node,
+                local_gpus=lambda: _local_gpus(backend), nproc_given=_given("nproc_per_node"))
     try:
         topo = resolve_topology(opts, os.environ)
     except TopologyError as e:
-        raise _usage(str(e), e.hint) from None
+        raise (_usage(str(e), e.hint) if e.hint else click.UsageError(str(e))) from None
     op_list, sizes = _sweep(ops, sizes_text)
     sizes = sizes or _default_sizes(backend)
     times = _durations(timeout=timeout_text, deadline=deadline_text)
@@ -207,6 +211,26 @@ def run_command(rank, world_size, local_rank, node_rank, nnodes, master_addr, ma
                       port_source=stdin.port if stdin.want_port else None,
                       on_finish=None if view is None else view.finish,
                       session_ended=stdin.ended if session_stdin else None)
+
+
+def _given(param: str) -> bool:
+    """Whether the command line gave `param` (not its default)."""
+    from click.core import ParameterSource
+
+    return click.get_current_context().get_parameter_source(param) is ParameterSource.COMMANDLINE
+
+
+def _local_gpus(backend: str) -> tuple[int, str]:
+    """How many GPUs this node has for a test on it alone (NVML's count), and how that reads."""
+    if backend == "gloo":
+        return 0, "--backend gloo runs on CPUs: no GPU count to go by"
+    from ..platform.telemetry.nvml import NvmlSession
+
+    with NvmlSession() as nvml:
+        count = nvml.device_count() if nvml.ok else None
+        if count is None:
+            return 0, f"no GPU count (NVML: {nvml.error.kind if nvml.error else 'nvmlDeviceGetCount failed'})"
+    return count, f"{count} GPU(s) on this node"
 
 
 def _default_sizes(backend: str) -> list[int]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import click
 
+from ..platform.messages import say_error
+
 
 def _to_stdout(output: str | None) -> bool:
     return output is None or output == "-"
@@ -21,7 +23,7 @@ def output_refused(prog: str, output: str | None) -> bool:
     try:
         check_output(output)
     except OSError as e:
-        click.echo(f"{prog}: cannot write {output}: {output_problem(e, output)}", err=True)
+        say_error(f"cannot write {output}: {output_problem(e, output)}", prog)
         return True
     return False
 
@@ -37,6 +39,6 @@ def emit(prog: str, output: str | None, text: str) -> int | None:
     try:
         write_output(output, text)
     except OSError as e:
-        click.echo(f"{prog}: cannot write {output}: {output_problem(e, output)}", err=True)
+        say_error(f"cannot write {output}: {output_problem(e, output)}", prog)
         return 2
     return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..platform.messages import say_error
+
 
 @click.command("report")
 @click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
@@ -11,7 +13,7 @@ import click
               help="The HTML page to write (atomically; - is standard output).")
 def report_command(inputs: tuple[str, ...], output: str) -> int:
     """Turn verdicts, a history file, a sweep report, an `nccl pairs` result or a bisect result
-    into one HTML page that opens offline (plotly.js embedded: pip install 'gpucheck[report]').
+    into one HTML page that opens offline (plotly.js embedded: pip install 'gpucheck-cluster[report]').
 
     Exit 0 written; 2 an input that cannot be used, an output that cannot be written, or plotly
     missing (one line naming it). The page reports the inputs; it never changes their verdicts.
@@ -25,7 +27,7 @@ def report_command(inputs: tuple[str, ...], output: str) -> int:
     try:
         page = build_report(list(inputs))
     except ReportError as e:
-        click.echo(f"gpucheck report: {e}", err=True)
+        say_error(str(e), "gpucheck report")
         return 2
     rc = emit("gpucheck report", output, page)
     if rc is not None:

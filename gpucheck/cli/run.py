@@ -138,7 +138,8 @@ def _listed_budget(check) -> float:
 @click.command("list")
 @click.option("--level", "-l", metavar="LEVEL", help="Only checks that run at this level.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
-@click.option("--defaults", is_flag=True, help="Also show each check's thresholds and their defaults.")
+@click.option("--defaults", is_flag=True,
+              help="Every check's thresholds and parameters at their defaults, as TOML that --config accepts.")
 def list_command(level, as_json, defaults) -> int:
     """Show every check: id, level, needs, time budget, what it detects."""
     from ..tests_suite.registry import all_checks
@@ -169,23 +170,14 @@ def list_command(level, as_json, defaults) -> int:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return 0
-    from rich.table import Table
+    from ..render.check_list import check_table, defaults_toml
 
+    if defaults:  # TOML that --config accepts: `gpucheck list --defaults > config.toml`
+        click.echo(defaults_toml(rows), nl=False)
+        return 0
     from ..render.console import make_console
 
-    table = Table(header_style="bold")
-    for col in ("id", "level", "needs", "budget", "detects"):
-        table.add_column(col, overflow="fold")
-    for check, r in zip(checks, rows):
-        table.add_row(r["id"], f"{r['level']} {r['level_name']}", ", ".join(r["needs"]) or "-",
-                      f"{r['budget_s']:g} s", r["detects"] or r["title"])
-        if defaults and r["defaults"]:
-            table.add_row("", "", "", "", "  " + ", ".join(f"{k}={v} ({r['ranges'][k]})"
-                                                          for k, v in r["defaults"].items()))
-        names = list(_options_of(check))
-        if defaults and names:
-            table.add_row("", "", "", "", "  options (--option ID:NAME=VALUE): " + ", ".join(names))
-    make_console(sys.stdout).print(table)
+    make_console(sys.stdout).print(check_table(rows))
     return 0
 
 

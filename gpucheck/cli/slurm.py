@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import click
 
 from ..fleet.hook import EXIT_HOOK_UNHEALTHY
+from ..platform.messages import say_error
 from .run import WORKER_COUNT
 from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
 
@@ -202,7 +203,7 @@ def resume_command(nodeset, dry_run, scontrol, as_json, **kw) -> int:
             decisions = resume_nodes(nodes, test=test, scontrol=find_scontrol(scontrol), runner=default_runner,
                                      dry_run=dry_run)
         except RuntimeError as e:
-            click.echo(f"gpucheck slurm resume: {e}", err=True)
+            say_error(str(e), "gpucheck slurm resume")
             return 3
         if as_json:
             click.echo(json.dumps([d.to_dict() for d in decisions], indent=2))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..app import UsageError, _check_writable
+from ..platform.messages import say_error
 from .numbers import FiniteFloat
 from .run import parse_duration
 
@@ -183,7 +184,7 @@ def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
             try:
                 spool = stack.enter_context(VerdictSpool(spool_folder(report_path)))
             except OSError as e:
-                click.echo(f"gpucheck sweep: error: cannot create a temporary file: {e.strerror or e}", err=True)
+                say_error(f"cannot create a temporary file: {e.strerror or e}", "gpucheck sweep")
                 return 3
         with _progress(plan, kw["strict"]) as progress:
             outcomes, report = sweep_report(plan, settings, strict=kw["strict"], thresholds=thresholds, spool=spool,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from ..platform.messages import say_error
 from .numbers import FiniteFloat
 
 
@@ -83,13 +84,13 @@ def import_command(capture: str, output: str | None) -> int:
         text = nvsmi.read_text(capture)
     except (OSError, UnicodeDecodeError) as e:
         why = "no such file" if isinstance(e, FileNotFoundError) else describe_error(e, capture)
-        click.echo(f"gpucheck telemetry import: {where}: cannot read: {why}", err=True)
+        say_error(f"{where}: cannot read: {why}", "gpucheck telemetry import")
         return 2
     try:
         snap = nvsmi.convert(text, where)
         validate_snapshot(snap, where)
     except (nvsmi.CaptureError, SnapshotError) as e:
-        click.echo(f"gpucheck telemetry import: {e}", err=True)
+        say_error(str(e), "gpucheck telemetry import")
         return 2
     for warning in snap["capture"]["warnings"]:
         click.echo(f"gpucheck telemetry import: warning: {where}: {warning}", err=True)
@@ -120,7 +121,7 @@ def show_command(snapshot: str | None, sysfs_root: Path, timeout_s: float) -> in
         try:
             snap = load_snapshot(snapshot)
         except SnapshotError as e:
-            click.echo(f"gpucheck telemetry show: {e}", err=True)
+            say_error(str(e), "gpucheck telemetry show")
             return 2
     print_snapshot(snap, snapshot)
     return 0

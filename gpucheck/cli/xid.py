@@ -21,6 +21,8 @@ from typing import Any
 
 import click
 
+from ..platform.messages import command, say_error
+
 SCHEMA_ID = "gpucheck.xid"
 SCHEMA_VERSION = "1.0"
 
@@ -125,8 +127,7 @@ def _ack(state: Any) -> int:
     except OSError as e:
         from ..platform.safeio import describe_error
 
-        click.echo(f"gpucheck: error: cannot write the last-pass cursor in {state.root}: "
-                   f"{describe_error(e, str(state.root))}", err=True)
+        say_error(f"cannot write the last-pass cursor in {state.root}: {describe_error(e, str(state.root))}")
         return 2
     click.echo(f"last-pass cursor set to {iso_utc(now)} in {state.root}: "
                "the xid check now judges only errors logged after this moment")
@@ -342,12 +343,27 @@ def _print_table(doc: dict[str, Any]) -> None:
     if not groups and not doc["sxid_events"] and read["ok"]:
         out(f"No Xid or SXid events {window['label']}.")
     out("")
-    for r in doc["results"]:
-        if r["status"] == "pass" and r["subject"] != "node" and not doc["events"]:
+    for text in _finding_lines(doc["results"]):
+        out(text)
+    out(_verdict_line(doc))
+
+
+def _finding_lines(results: list[dict[str, Any]]) -> list[str]:
+    """What is not a pass, one line each; its action once (an Xid's summary names it already)."""
+    lines = []
+    for r in results:
+        if r["status"] == "pass":
             continue
-        act = f" -> {r['action']}" if r["action"] != "none" else ""
-        out(f"{r['status'].upper():5}  {r['subject']}: {r['summary']}{act}")
-    out(f"\nVerdict: {doc['status'].upper()} (exit {doc['exit_code']})")
+        act = f" -> {r['action']}" if r["action"] != "none" and r["action"] not in r["summary"] else ""
+        lines.append(f"{r['status'].upper():5}  {r['subject']}: {r['summary']}{act}")
+    return lines
+
+
+def _verdict_line(doc: dict[str, Any]) -> str:
+    """One summary after the findings: 'Verdict: FAIL (exit 1): 1 Xid event(s), ...; action: reboot'."""
+    what = "; ".join(r["summary"] for r in doc["results"] if r["status"] == "pass" and r["subject"] == "node")
+    action = f"; action: {doc['action']}" if doc["action"] != "none" else ""
+    return f"\nVerdict: {doc['status'].upper()} (exit {doc['exit_code']})" + (f": {what}" if what else "") + action
 
 
 # -- --follow -------------------------------------------------------------------------------------
@@ -387,7 +403,7 @@ def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -
 
     def note(msg: str) -> None:
         with lock:
-            click.echo(f"gpucheck: note: {msg}", err=True)
+            click.echo(f"{command()}: note: {msg}", err=True)
 
     stop = threading.Event()
     if not as_json:
@@ -402,6 +418,6 @@ def _follow(source: str, files: tuple[str, ...], as_json: bool, no_nvml: bool) -
         from ..platform.kernlog.sources.base import DEFAULT_PATHS, oserror_text
 
         msg = oserror_text(e, what, DEFAULT_PATHS) if isinstance(e, OSError) else str(e)
-        click.echo(f"gpucheck: error: cannot follow {msg}", err=True)
+        say_error(f"cannot follow {msg}")
         return 3
     return 0

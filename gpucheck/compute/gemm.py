@@ -198,6 +198,9 @@ class BurnConfig:
     hang_after_s: float | None = None
     max_events: int = 8
     distributions: tuple[str, ...] = DISTRIBUTIONS  # the benchmark isolates verification with ("normal",)
+    # A fixed amount of work: each dtype stops after this many sets (the duration still bounds it);
+    # None: the duration alone. Tests that count work set it, so a loaded machine does the same work.
+    sets: int | None = None
 
     @classmethod
     def from_args(cls, args: BurnArgs) -> "BurnConfig":
@@ -372,7 +375,7 @@ class Burner:
         now = t0
         while True:
             now = time.monotonic()
-            if now >= end or self.chan.should_stop():
+            if now >= end or self.chan.should_stop() or (cfg.sets is not None and s >= cfg.sets):
                 break
             set_start = now
             dist = cfg.distributions[s % len(cfg.distributions)]

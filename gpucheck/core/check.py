@@ -336,14 +336,14 @@ def missing_need(need: Need, ctx: Context) -> str | None:
     if need is Need.TORCH:
         spec = importlib.util.find_spec("torch")
         if spec is None:
-            return "PyTorch not installed (pip install 'gpucheck[torch]')"
+            return "PyTorch not installed (pip install 'gpucheck-cluster[torch]')"
         if ctx.device != "cpu" and not _torch_has_cuda(spec):
             return "PyTorch is a CPU-only build (no libtorch_cuda); install a CUDA build, or use --device cpu"
         return None
     if need is Need.CUPY:  # the CUDA kernels; CPU workers run their NumPy/torch stand-ins
         if ctx.device == "cpu" or importlib.util.find_spec("cupy"):
             return None
-        return "CuPy not installed (pip install 'gpucheck[cupy]'; or --device cpu)"
+        return "CuPy not installed (pip install 'gpucheck-cluster[cupy]'; or --device cpu)"
     if need is Need.ROOT:
         return None if os.geteuid() == 0 else "needs root"
     if need is Need.GPU:

@@ -46,6 +46,7 @@ from ..core.reason import hook_reason
 from ..core.result import Status
 from ..core.verdict import Verdict, unjudged_verdict
 from ..platform.argv import option_value
+from ..platform.messages import error_text
 from .slurm import JobEnv, Logger, Runner, default_runner, drain, find_scontrol, job_env, syslog_logger
 
 JOBS_CURSOR = "slurm-jobs"
@@ -298,10 +299,11 @@ class _StderrTail:
         return getattr(self._stream, name)
 
     def error_line(self) -> str:
-        """The last `gpucheck: error: ...` line, without that prefix ("" if none)."""
+        """The message of the last `gpucheck <command>: error: ...` line ("" if none)."""
         for line in reversed(self.text.splitlines()):
-            if line.startswith("gpucheck: error: "):
-                return line[len("gpucheck: error: "):].strip()
+            message = error_text(line)
+            if message is not None:
+                return message
         return ""
 
 

@@ -55,7 +55,7 @@ def node_name(explicit: str | None = None) -> str:
 def _dump_refusal(py_spy: str | None, scope: int | None) -> str | None:
     """Why no process can be dumped here, before trying."""
     if py_spy is None:
-        return "py-spy not found (pip install 'gpucheck[hang]', or --py-spy PATH)"
+        return "py-spy not found (pip install 'gpucheck-cluster[hang]', or --py-spy PATH)"
     if scope == 3:
         return "kernel.yama.ptrace_scope=3: no process may be read, not even by root"
     if scope in (1, 2) and os.geteuid() != 0:

@@ -472,7 +472,7 @@ def _setup(st: _Rank) -> _Env | RankReport:
         import torch
         import torch.distributed as dist
     except ImportError:
-        return st.finish("error", "PyTorch not installed (pip install 'gpucheck[torch]')",
+        return st.finish("error", "PyTorch not installed (pip install 'gpucheck-cluster[torch]')",
                          {"kind": "error", "detail": "import torch failed"}) or st.report
     if not dist.is_available():
         return st.finish("error", "this PyTorch build has no torch.distributed", {"kind": "error"}) or st.report

@@ -4,7 +4,7 @@
 the options (`--rank/--world-size`, `--node-rank/--nnodes` with `--nproc-per-node`), else
 torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), else Slurm's
 (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the first node of the step's node list, a port from
-the job id). A setting that does not fit is a TopologyError naming the option or variable.
+the job id), else this node alone: a rank per local GPU, or `--nproc-per-node` ranks. A setting that does not fit is a TopologyError naming the option or variable.
 
 `pick_interface(...)`: without `--ifname`, the interface whose address routes to the other
 hosts of the job (rank 0: a peer's address; the others: the rendezvous address), so that gloo
@@ -90,7 +90,23 @@ def resolve_topology(opts: Mapping[str, Any], env: Mapping[str, str]) -> Topolog
                                  port, agent, "torchrun"))
     if env.get("SLURM_PROCID") is not None and env.get("SLURM_NTASKS") is not None:
         return _checked(_from_slurm(env, nproc, addr, port))
+    if callable(opts.get("local_gpus")):
+        return _checked(_one_node(opts, nproc, addr, port))
     raise TopologyError("no rank given: use --rank/--world-size (or --node-rank/--nnodes), or run under torchrun or srun")
+
+
+def _one_node(opts: Mapping[str, Any], nproc: int, addr: str | None, port: Any) -> Topology:
+    """Nothing said about ranks, no launcher: this node alone, one rank per local GPU (what
+    nccl-tests' `-g N` gives), or `--nproc-per-node` ranks when it is given. `opts["local_gpus"]`
+    counts the GPUs (called only here); `opts["nproc_given"]`: --nproc-per-node was given."""
+    if opts.get("nproc_given"):
+        ranks = nproc
+    else:
+        ranks, why = opts["local_gpus"]()
+        if ranks < 2:
+            raise TopologyError(f"{why}: a test on this node alone needs 2 or more; give --nproc-per-node N "
+                                "(with --backend gloo: N CPU ranks), or --node-rank/--nnodes for several nodes")
+    return Topology(list(range(ranks)), list(range(ranks)), ranks, addr or "127.0.0.1", port, source="one node")
 
 
 def _from_rank_options(opts: Mapping[str, Any], nproc: int, addr: str | None, port: Any) -> Topology:

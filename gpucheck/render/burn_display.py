@@ -86,10 +86,11 @@ class BurnDisplay:
             self._live.update(self._render())
 
     def finished(self, run: Any) -> None:
-        from rich.text import Text
+        from .live import finished_line
 
-        status = getattr(getattr(run, "status", None), "value", "")
-        self.console.print(Text(f"{status:5} {getattr(run, 'check_id', '')} ({getattr(run, 'duration_s', 0.0):.1f} s)"))
+        text = finished_line(run)  # only a check that did not pass leaves a line above the grid
+        if text is not None:
+            self.console.print(text)
 
     def close(self) -> None:
         if self._started:

@@ -14,14 +14,21 @@ directly, and the console itself for everything it prints (strings, Texts, table
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, TextIO
 
-# Short marks of the grids, as dcgmi diag prints one test x GPU grid. A plain skip is lower
-# case; a skip of something the run was asked to examine (unexamined: exit 3) is upper case.
-MARKS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "error": "ERR", "skip": "skip", "unexamined": "SKIP",
+# Short marks of the grids, as dcgmi diag prints one test x GPU grid. Each says a different
+# thing, not the same word in another case: `skip` a check that does not apply here (or was left
+# out), `MISS` something the run was asked to examine and did not (could not judge: exit 3).
+MARKS = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "error": "ERR", "skip": "skip", "unexamined": "MISS",
          "unreachable": "UNRCH", "timeout": "TIME"}
 NO_RESULT = "."
+# What the marks that do not say it themselves mean (ok, WARN and FAIL do): the legend under a grid.
+MEANINGS = {"error": "could not judge", "unexamined": "not examined (exit 3)",
+            "unreachable": "node not reached", "timeout": "node out of time",
+            "skip": "does not apply here (why below)", NO_RESULT: "no result here"}
+_LEGEND_ORDER = ("error", "unexamined", "unreachable", "timeout", "skip", NO_RESULT)
 STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "error": "magenta", "skip": "dim",
           "unexamined": "bold magenta", "unreachable": "bold magenta", "timeout": "bold magenta",
           "ok": "green", "slow": "yellow", "bad": "bold red", "suspect": "yellow"}
@@ -65,15 +72,35 @@ class _Visible:
             yield seg if seg.control else Segment(plain(seg.text), seg.style, seg.control)
 
 
+# The width of output that is not a terminal: wide enough that no line is ever wrapped (a table
+# row, a word, a TOML key stay whole in a cron mail, an ssh capture or a Slurm log).
+UNWRAPPED_WIDTH = 1_000_000
+
+
+def output_width(file: TextIO, width: int | None = None) -> int | None:
+    """The width to lay `file`'s text out in: `width` when given; else COLUMNS when set; else the
+    terminal's (None: rich asks it); else, not a terminal, UNWRAPPED_WIDTH: never wrapped."""
+    if width is not None:
+        return width
+    if os.environ.get("COLUMNS", "").strip().isdecimal() and int(os.environ["COLUMNS"]) > 0:
+        return int(os.environ["COLUMNS"])
+    try:
+        return None if file.isatty() else UNWRAPPED_WIDTH
+    except (AttributeError, ValueError, OSError):  # no isatty, or a closed file: not a terminal
+        return UNWRAPPED_WIDTH
+
+
 def make_console(file: TextIO | None = None, *, width: int | None = None, color: bool | None = None,
                  record: bool = False) -> Any:
     """A rich Console that never interprets data: no markup, no emoji, no highlighting, no soft
     wrap of long lines into the next. `color`: None decides by the terminal (NO_COLOR,
-    FORCE_COLOR, TERM honoured), False never, True always. `width`: the terminal's otherwise
-    (COLUMNS, else 80 when not a terminal)."""
+    FORCE_COLOR, TERM honoured), False never, True always. `width`: COLUMNS when set, else the
+    terminal's; output that is not a terminal is never wrapped (`output_width`)."""
     from rich.console import Console
 
+    file = file if file is not None else sys.stdout
     kw: dict[str, Any] = {}
+    width = output_width(file, width)
     if width is not None:
         kw["width"] = width
     if color is False:
@@ -85,7 +112,7 @@ def make_console(file: TextIO | None = None, *, width: int | None = None, color:
         def print(self, *objects: Any, **kwargs: Any) -> None:  # noqa: A003 - rich's name
             super().print(*(_safe(o) for o in objects), **kwargs)
 
-    return DataConsole(file=file if file is not None else sys.stdout, markup=False, emoji=False, highlight=False,
+    return DataConsole(file=file, markup=False, emoji=False, highlight=False,
                        soft_wrap=False, record=record, **kw)
 
 
@@ -99,6 +126,22 @@ def styled(text: str, style: str | None = None) -> Any:
 def mark(status: str) -> Any:
     """The grid mark of a status (pass, warn, fail, error, skip, unexamined, ...), styled."""
     return styled(MARKS.get(status, status), STYLES.get(status))
+
+
+def legend(shown: set[str]) -> Any | None:
+    """One line under a grid: what each mark in it that is not a plain word means ('marks: skip
+    does not apply here (why below); . no result here'); None when there is none.
+    `shown`: the statuses in its cells, and NO_RESULT when a cell is empty."""
+    explained = [s for s in _LEGEND_ORDER if s in shown]
+    if not explained:
+        return None
+    out = line(styled("marks: ", "dim"))
+    for i, status in enumerate(explained):
+        if i:
+            out.append("; ", style="dim")
+        out.append(mark(status) if status != NO_RESULT else styled(NO_RESULT, "dim"))
+        out.append(f" {MEANINGS[status]}")
+    return out
 
 
 def line(*parts: Any) -> Any:

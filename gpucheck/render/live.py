@@ -34,18 +34,30 @@ class LiveStatus:
             self._status.update(self._show(f"running {check.id} ..."))
 
     def progress(self, check_id: str, subject: str, info: dict[str, Any]) -> None:
-        parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items()]
-        self._detail[subject] = " ".join(parts)
+        from .progress import describe
+
+        self._detail[subject] = describe(info)  # words, as the progress lines print them
         if self._status is not None:
             body = "  ".join(f"{s}: {d}" for s, d in sorted(self._detail.items()))
             self._status.update(self._show(f"running {check_id} ...  {body}"))
 
     def finished(self, run) -> None:
-        text = styled(f"{run.status.value:5}", _STYLE.get(run.status.value, ""))
-        text.append(f" {run.check_id} ({run.duration_s:.1f} s)")
-        self.console.print(text)
+        text = finished_line(run)
+        if text is not None:
+            self.console.print(text)
 
     def close(self) -> None:
         if self._status is not None:
             self._status.stop()
             self._status = None
+
+
+def finished_line(run: Any) -> Any | None:
+    """What stays above the grid when a check ends: 'FAIL  burn.gemm (31.0 s)' for a check that
+    did not pass; None for a pass or a skip (the grid under it shows those, one row per check)."""
+    status = str(getattr(getattr(run, "status", None), "value", ""))
+    if status in ("pass", "skip", ""):
+        return None
+    text = styled(f"{status.upper():5}", _STYLE.get(status, ""))
+    text.append(f" {getattr(run, 'check_id', '')} ({float(getattr(run, 'duration_s', 0.0)):.1f} s)")
+    return text

@@ -3,7 +3,8 @@
 A long check (a burn, POET, the memtest, copy bandwidth, ...) reports progress per GPU through
 ctx.progress. On a terminal the live table shows it; without one, `ProgressLines` prints one line
 per GPU when its first report arrives and then at least every `interval_s` (10 s) while the check
-runs, with the GPU's latest report (and its age when the GPU has gone quiet). A check that
+runs, with the GPU's latest report (and, when it is older than the interval, how old: a worker that
+stops answering is the worker pool's to call hung, not this display's). A check that
 reports nothing gets a "running" line every interval. Short checks print nothing: a run that is
 over within the interval adds no line. The lines are plain text (no rich), one per write.
 
@@ -138,8 +139,8 @@ class ProgressLines:
     def _subject_line(self, subject: str, now: float) -> str:
         info, at = self._latest[subject]
         text = f"gpucheck: {self._check} {subject} ({now - self._check_t0:.0f} s): {describe(info)}"
-        if now - at >= self.interval_s:
-            text += f" (no report for {now - at:.0f} s)"
+        if now - at >= self.interval_s:  # the figures are the GPU's last report: say how old, not "no report"
+            text += f" (as of {now - at:.0f} s ago: its last report)"
         return text
 
     def _emit(self, text: str, subject: str, now: float) -> None:

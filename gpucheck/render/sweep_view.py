@@ -9,6 +9,7 @@ from typing import Any, Iterable
 
 from ..core.documents import SweepReport
 from .console import MARKS, NO_RESULT, STYLES, line, make_console, mark, plain, styled
+from .console import legend as mark_legend
 from .grid import RANK, sweep_grid
 from .terminal import joined, wrapped
 
@@ -70,7 +71,9 @@ def grid_lines(outcomes: Iterable[Any], width: int) -> list[Any]:
             row.append(" " * (w - len(MARKS.get(got, got) if got else NO_RESULT)))
         row.rstrip()
         out.append(row)
-    return out + legend
+    shown = {marks.get(c) or NO_RESULT for _, _, marks in grid.rows for c in grid.checks}
+    marks_key = mark_legend(shown)
+    return out + legend + (joined([marks_key], width, indent=2) if marks_key is not None else [])
 
 
 def failing_text(failing: list[str]) -> str:

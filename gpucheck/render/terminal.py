@@ -2,8 +2,8 @@
 action (one line per cause), the nccl-tests table of `nccl.intra`, and the node line. `-v`
 prints the full table (one row per result) instead of the grid.
 
-A healthy 8-GPU node at level 1 fits 15 lines at 80 columns: the title, the grid's header and
-one row per check, the skipped checks as one paragraph, the node line.
+A healthy 8-GPU node at level 1 fits 16 lines at 80 columns: the title, the grid's header and
+one row per check, the legend of its marks, the skipped checks as one paragraph, the node line.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.result import Action, Status
 from ..core.verdict import Verdict
-from .console import MARKS, NO_RESULT, STYLES, line, make_console, mark, styled
+from .console import MARKS, NO_RESULT, STYLES, legend, line, make_console, mark, styled
 from .grid import NODE_COLUMN, Cause, causes, status_key, verdict_grid
 
 CAUSE_INDENT = 6
@@ -63,6 +63,7 @@ def grid_lines(verdict: Verdict, width: int) -> list[Any]:
     per_block = max(1, (width - check_w) // (cell_w + 1))
     blocks = [grid.columns[i:i + per_block] for i in range(0, len(grid.columns), per_block)]
     out = []
+    shown = {grid.cell(c, col) or NO_RESULT for c in grid.checks for col in grid.columns}
     for block in blocks:
         out.append(styled(f"{'check':<{check_w}}" + "".join(f" {c:<{cell_w}}" for c in block), "bold"))
         for check in grid.checks:
@@ -74,7 +75,8 @@ def grid_lines(verdict: Verdict, width: int) -> list[Any]:
                 row.append(" " * (cell_w - len(MARKS.get(status, status) if status else NO_RESULT)))
             row.rstrip()
             out.append(row)
-    return out
+    key = legend(shown)
+    return out + (wrapped(key, width, indent=2) if key is not None else [])
 
 
 def cause_lines(verdict: Verdict, width: int) -> list[Any]:
@@ -193,7 +195,7 @@ def full_table(console: Any, verdict: Verdict) -> None:
         if r.injected:
             summary += f"  [injected: {', '.join(r.injected)}]"
         status = status_key(r)
-        label = "SKIP (unexamined)" if status == "unexamined" else status.upper()
+        label = "MISS (not examined)" if status == "unexamined" else status.upper()
         table.add_row(styled(label, STYLES.get(status)), styled(gpu), styled(r.check), styled(summary),
                       styled(r.action.value if r.action is not Action.NONE else ""))
     console.print(table)

@@ -2,7 +2,7 @@
 from gpucheck's JSON documents: a verdict, a history file, a sweep report, an `nccl pairs`
 result or a bisect result, detected from their content.
 
-The plots are plotly.js figures (the optional extra `report`: `pip install 'gpucheck[report]'`),
+The plots are plotly.js figures (the optional extra `report`: `pip install 'gpucheck-cluster[report]'`),
 with plotly.js itself embedded in the page. Every piece of data is escaped for HTML and for
 plotly's own text markup: a node name or a log line is shown as it is, never interpreted.
 

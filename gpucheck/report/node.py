@@ -65,7 +65,7 @@ def grid_table(v: Verdict) -> str:
                 continue
             tip = h("\n".join(summaries.get((check, col), [])))
             color = STATUS_COLORS.get(status, "#616161")
-            mark = {"pass": "ok", "skip": "skip", "unexamined": "SKIP"}.get(status, status.upper())
+            mark = {"pass": "ok", "skip": "skip", "unexamined": "MISS"}.get(status, status.upper())
             cells.append(f'<td style="background:{color}" title="{tip}">{h(mark)}</td>')
         rows.append("".join(cells))
     head = "".join(f"<th>{h(c)}</th>" for c in ["check", *grid.columns])
@@ -81,7 +81,7 @@ def _cause_list(v: Verdict, found: list[Cause]) -> str:
         evidence.setdefault((status_key(r), r.summary, r.action.value), []).extend(r.evidence)
     items = []
     for c in found:
-        text = f"{badge(c.status, 'SKIP' if c.status == 'unexamined' else c.status.upper())} <b>{h(c.where())}</b>: " \
+        text = f"{badge(c.status, 'MISS' if c.status == 'unexamined' else c.status.upper())} <b>{h(c.where())}</b>: " \
                f"{h(c.summary)}"
         if c.action != "none":
             text += f" &rarr; <b>{h(c.action)}</b>"

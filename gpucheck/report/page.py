@@ -158,7 +158,7 @@ def _plotly_js() -> str:
     try:
         from plotly.offline import get_plotlyjs
     except ImportError:
-        raise ReportError("the report needs plotly: pip install 'gpucheck[report]'") from None
+        raise ReportError("the report needs plotly: pip install 'gpucheck-cluster[report]'") from None
     js = get_plotlyjs()
     if re.search(r"</script|<!--", js, re.IGNORECASE):  # it would end the script element early
         raise ReportError("this plotly.js cannot be embedded (it contains '</script' or '<!--')")

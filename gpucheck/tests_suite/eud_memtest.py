@@ -311,7 +311,7 @@ def memtest(ctx: Context) -> list[Result]:
     except (ValueError, PatternError) as e:
         return [Result(CHECK_ID, Status.ERROR, f"bad memtest options: {e}")]
     if device == "cuda" and importlib.util.find_spec("cupy") is None:
-        return [compute_skip(ctx, CHECK_ID, "CuPy not installed (pip install 'gpucheck[cupy]'; "
+        return [compute_skip(ctx, CHECK_ID, "CuPy not installed (pip install 'gpucheck-cluster[cupy]'; "
                                             "or --device cpu for the NumPy path)")]
     notes: list[str] = []
     duration = pl["duration_s"]

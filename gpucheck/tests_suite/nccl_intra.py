@@ -102,6 +102,35 @@ def _budget(ctx: Context) -> float:
         return 120.0
 
 
+class RankProgress:
+    """The ranks' events as words for the live status and the progress lines ('3 of 8 ranks
+    joined'), never as internal events (`event=ready rank=1`)."""
+
+    def __init__(self, ctx: Context, ranks: int):
+        self.ctx, self.ranks = ctx, ranks
+        self.joined: set[int] = set()
+        self.finished: set[int] = set()
+
+    def words(self, event: Any) -> str | None:
+        kind, rank = event.get("event"), event.get("rank")
+        if kind == "listening":
+            return f"rank 0 waits for {self.ranks - 1} other rank(s) on port {event.get('port')}"
+        if kind == "ready" and isinstance(rank, int):
+            self.joined.add(rank)
+            return f"{len(self.joined)} of {self.ranks} ranks joined"
+        if kind == "warning":
+            return f"rank {rank}: {event.get('step')}: {event.get('detail')}"
+        if kind == "result" and isinstance(rank, int):
+            self.finished.add(rank)
+            return f"{len(self.finished)} of {self.ranks} ranks finished"
+        return None
+
+    def event(self, event: Any) -> None:
+        text = self.words(event)
+        if text is not None:
+            self.ctx.report(CHECK_ID, "node", {"what": text})
+
+
 @define(
     CHECK_ID,
     title="Intra-node collectives (all-reduce, all-gather, all-to-all): bandwidth and data verification",
@@ -164,7 +193,7 @@ def intra_check(ctx: Context) -> list[Result]:
         warmup=plan.warmup, timeout_s=plan.timeout_s, deadline_s=estimate,
         backend=backend, device="cpu" if plan.cpu else "cuda", devices=plan.devices,
         corrupt=corrupt, cancel=ctx.cancel,
-        on_event=lambda e: ctx.report(CHECK_ID, "node", {"event": e.get("event"), "rank": e.get("rank")}),
+        on_event=RankProgress(ctx, plan.ranks).event,
     )
     gpu_name = outcome.get("gpu_name") or _snapshot_name(ctx)
     largest_size = align_size(max(plan.sizes), plan.ranks)
