@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .app import EXIT_USAGE, RunRequest, execute
+from .platform.messages import say_error
 from .platform.captures import Capture, CaptureReadError, Step, assemble, detect_kind, kinds, plan_steps
 from .platform.telemetry.source import CaptureTelemetry, ReplayTelemetry, is_capture
 
@@ -108,7 +109,7 @@ def judge(req: JudgeRequest) -> int:
     try:
         captures = read_captures(req.paths)
     except JudgeInputError as e:
-        print(f"gpucheck: error: {e}", file=sys.stderr)
+        say_error(str(e))
         return EXIT_USAGE
     plan, notes = plan_steps(captures)
     steps = [assemble(s) for s in plan]

@@ -212,7 +212,7 @@ def test_real_gpucheck_judged_fault_drains_and_exits_1(hooks, tmp_path):
     r = hooks.run()
     assert r.returncode == 1, r.stderr
     (call,) = hooks.calls("scontrol")  # gpucheck found the fake scontrol on the wrapper's PATH
-    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: ecc gpu3: uncorrectable")
+    assert call == "update NodeName=n1 State=DRAIN Reason=gpucheck: gpu3 ecc-dbe -> reset-gpu"  # NHC-style, <= 60
     assert [v["status"] for v in history(tmp_path / "state")] == ["fail"]
 
 
@@ -233,8 +233,8 @@ def test_real_gpucheck_usage_error_fails_closed_with_a_gpucheck_reason(hooks, tm
     r = hooks.run()
     assert r.returncode == 1, r.stderr
     (call,) = hooks.calls("scontrol")  # drained by gpucheck itself (it exited 42), once
-    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: usage error in the "
-                           "hook's arguments: Invalid value for '--workers'")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: usage error in the ")
+    assert len(call.split("Reason=", 1)[1]) <= 60 and "Invalid value for '--workers'" in r.stderr  # the full cause
 
 
 # -- on-error from the config, even a broken one, when gpucheck cannot start ------------------------
@@ -413,7 +413,7 @@ def test_sigterm_while_the_real_gpucheck_drains_still_fails_the_job(hooks, tmp_p
         p.wait()
     assert p.returncode == 1, err
     (call,) = hooks.calls("scontrol")
-    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: ecc gpu3")
+    assert call.startswith("update NodeName=n1 State=DRAIN Reason=gpucheck: gpu3 ecc")
     assert "UNHEALTHY" in err and "-> drained, exit 42" in err
     assert hooks.calls("logger") == []  # no could-not-judge line from the wrapper
 

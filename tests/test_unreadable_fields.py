@@ -26,7 +26,7 @@ from gpucheck.core.result import Result, Status
 from gpucheck.platform.telemetry.fields import judged_view
 from gpucheck.platform.telemetry.reader import empty_gpu, read_gpu
 from gpucheck.platform.telemetry.snapshot import load_snapshot
-from gpucheck.tests_suite import clocks, ecc, inventory, memory_remap, nvlink, pcie, recovery_action
+from gpucheck.tests_suite import clocks, ecc, fabric_nvswitch, inventory, memory_remap, nvlink, pcie, recovery_action
 from gpucheck.sdk import status_if_unreadable
 
 from snapshot_nvml import CallLog, SnapshotNvml
@@ -35,7 +35,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 SNAPSHOTS = ("h100-healthy.json", "v100-retired-pages.json")
 GPU = 2  # the GPU whose field is broken; a GPU of each fixture that is healthy
 LEVEL1 = [c for c in all_checks() if c.id in {"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink",
-                                               "recovery-action"}]
+                                               "recovery-action", "fabric.nvswitch"}]
 
 # What each per-GPU result reads: field or group -> the status an unreadable one gives.
 PER_GPU_READS: dict[str, Callable[[dict[str, Any]], dict[str, Status]]] = {
@@ -46,6 +46,7 @@ PER_GPU_READS: dict[str, Callable[[dict[str, Any]], dict[str, Status]]] = {
     "pcie": lambda g: pcie.READS,
     "nvlink": lambda g: nvlink.READS,
     "recovery-action": lambda g: recovery_action.READS,
+    "fabric.nvswitch": lambda g: fabric_nvswitch.READS,
 }
 # Derived from another field (the check judges that one), and the entry's bookkeeping.
 NOT_FIELDS = {"index", "state", "error", "errors", "clocks.throttle_reason_names", "recovery_action_name"}

@@ -113,7 +113,8 @@ def _fabric_gpus(ctx: Context) -> tuple[list[Result], bool, list[str]]:
         fabric = g.get("fabric")
         if kind == NOT_IN_CAPTURE:
             not_in_capture.append(str(g.get("index")))
-        elif kind is not None or (isinstance(fabric, dict) and fabric.get("state") not in (None, "not_supported")):
+        elif (kind is not None or any(k.split(".")[0] == "fabric" for k in g.get("invalid") or {})
+              or (isinstance(fabric, dict) and fabric.get("state") not in (None, "not_supported"))):
             out.append(judge_gpu(g))
     return out, bool(out), not_in_capture
 

@@ -96,6 +96,10 @@ GROUP_FIELDS: dict[str, dict[str, FieldKind]] = {
         "link_width_max": FieldKind("int", 1, 64),
         "replay_counter": COUNT,
     },
+    # NVML GPU fabric info (gpucheck.platform.fabric.nvmlfabric, in its words); `health` is judged
+    # by fabric.nvswitch word by word
+    "fabric": {"state": TEXT, "status": TEXT, "clique_id": FieldKind("int", 0, 2**32 - 1), "cluster_uuid": TEXT,
+               "health_summary": TEXT},
 }
 
 LINK_FIELDS: dict[str, FieldKind] = {
