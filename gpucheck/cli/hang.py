@@ -241,6 +241,7 @@ def _local(match, job, node_name, dump_timeout_s, native, py_spy, flight_prefix,
     from ..hang import local as L
     from ..hang.collect import from_doc, on_signals
     from ..hang.pyspy import Children
+    from ..platform.interrupts import INTERRUPTS
 
     opts = L.LocalOptions(match=match, job=job, node=node_name, dump_timeout_s=dump_timeout_s, native=native,
                           py_spy=py_spy, flight=not no_flight, flight_prefix=flight_prefix)
@@ -253,6 +254,8 @@ def _local(match, job, node_name, dump_timeout_s, native, py_spy, flight_prefix,
         children.stop_all()
 
     with on_signals(stop):
+        if early := INTERRUPTS.take():  # arrived while the command started
+            stop(signal.Signals[early])
         doc = L.collect_node(opts, children)
     if as_json:
         sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")

@@ -18,6 +18,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, cast
 
+from ..platform.interrupts import INTERRUPTS
 from ..platform.safeio import loads_json
 from ..platform.snippets import SNIPPET, last_line, snippet
 from .local import NODE_SCHEMA
@@ -223,6 +224,8 @@ def collect_nodes(plan: FanoutPlan, *, runner: Callable[..., Mapping[str, Any]],
     interrupted = None
     runs: Mapping[str, Any] = {}
     try:
+        if early := INTERRUPTS.take():  # arrived while the command started and planned
+            raise Interrupted(early)
         runs = runner(plan.commands(), mode=plan.mode, fanout=plan.fanout, timeout_s=plan.timeout_s,
                       on_done=done, **runner_kw)
     except (Interrupted, KeyboardInterrupt) as e:
