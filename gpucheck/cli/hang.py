@@ -24,6 +24,7 @@ import click
 from ..app import UsageError, _check_writable
 from ..core.state import atomic_write_text
 from ..platform.safeio import describe_error, read_input
+from .numbers import DURATION, MAX_NODES, Count
 from .run import parse_duration
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,7 +107,7 @@ def _local_args(match, job, dump_timeout_s, native, py_spy, flight_prefix, no_fl
               help="Flight-recorder dump prefix on the nodes (<PREFIX><rank>); default: each process's "
                    "TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE, else /tmp/nccl_trace_rank_.")
 @click.option("--no-flight-recorder", "no_flight", is_flag=True, help="Do not read flight-recorder dumps.")
-@click.option("--dump-timeout", "dump_timeout_text", default=DEFAULT_DUMP_TIMEOUT, show_default=True,
+@click.option("--dump-timeout", "dump_timeout_text", type=DURATION, default=DEFAULT_DUMP_TIMEOUT, show_default=True,
               metavar="DURATION", help="Per-process limit for one py-spy dump.")
 @click.option("--native", is_flag=True,
               help="Also C/C++ frames (py-spy --native): PAUSES each process while it is read; off by default.")
@@ -115,14 +116,14 @@ def _local_args(match, job, dump_timeout_s, native, py_spy, flight_prefix, no_fl
 @click.option("--node", "node_name", metavar="NAME", help="--local: this node's name in the document.")
 @click.option("--remote-cmd", default="gpucheck", show_default=True, metavar="CMD",
               help="How to start gpucheck on the nodes (shell text).")
-@click.option("--fanout", type=click.IntRange(min=1), default=None, help="Nodes at once (default: clush.conf's, else 64).")
-@click.option("--timeout", "timeout_text", default=DEFAULT_NODE_TIMEOUT, show_default=True, metavar="DURATION",
+@click.option("--fanout", type=Count(1, MAX_NODES), default=None, help="Nodes at once (default: clush.conf's, else 64).")
+@click.option("--timeout", "timeout_text", type=DURATION, default=DEFAULT_NODE_TIMEOUT, show_default=True, metavar="DURATION",
               help="Per-node time limit; a node past it is 'timeout'.")
 @click.option("--srun", "use_srun", is_flag=True, help="Run with srun (with --job: inside the job's allocation).")
 @click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG", help="Extra srun argument (repeatable).")
 @click.option("--ssh-options", metavar="OPTS", help="Extra ssh options (before clush.conf's).")
 @click.option("--ssh-user", metavar="USER", help="ssh user.")
-@click.option("--connect-timeout", "connect_timeout_text", metavar="DURATION", help="ssh connect timeout.")
+@click.option("--connect-timeout", "connect_timeout_text", type=DURATION, metavar="DURATION", help="ssh connect timeout.")
 @click.option("--scontrol", metavar="PATH", help="scontrol for --job (default: PATH and the usual places).")
 def hang_command(**kw) -> int:
     """Which rank hung the job? Dump every rank's Python stacks (py-spy), group ranks by stack,

@@ -13,6 +13,7 @@ from ..core.config import limit_of
 from ..core.levels import Level
 from ..core.options import declared
 from ..core.verdict import SCHEMA
+from .numbers import DURATION
 
 # --workers: CPU worker processes standing in for GPUs, bounded like --gpus (checked when parsed,
 # before a list of that many indices is built or a process started).
@@ -53,7 +54,7 @@ def common_run_options(f):
                           "live NVML (- is standard input)."),
         click.option("--state-dir", metavar="DIR", help="State directory (history, cursors)."),
         click.option("--no-history", is_flag=True, help="Do not read or append the verdict history."),
-        click.option("--timeout", "timeout_text", metavar="DURATION",
+        click.option("--timeout", "timeout_text", type=DURATION, metavar="DURATION",
                      help="Whole-run time limit (e.g. 15s), hard: the run ends within it (+1 s). What it "
                           "cuts, or a check it cannot hold, makes the verdict partial, exit 3."),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,

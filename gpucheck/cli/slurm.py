@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import click
 
+from .numbers import DURATION
 from .run import WORKER_COUNT
 from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
 
@@ -37,7 +38,7 @@ def hook_options(kind: str):
             click.option("--check", "-c", "checks", multiple=True, metavar="ID",
                          help="Checks to run" + (" (default: xid, ecc, memory-remap)." if kind == "epilog" else ".")),
             click.option("--skip", "skips", multiple=True, metavar="ID", help="Skip these checks."),
-            click.option("--budget", "budget_text", default=budget_default, show_default=True, metavar="DURATION",
+            click.option("--budget", "budget_text", type=DURATION, default=budget_default, show_default=True, metavar="DURATION",
                          help="Time budget of the run; past it the verdict is partial (could not judge)."),
             click.option("--on-error", type=click.Choice(["pass", "fail"]), default=None,
                          help="Could not judge: pass (log, do not drain) or fail (drain, exit 42). Default: "
@@ -61,7 +62,7 @@ def hook_options(kind: str):
             opts += [
                 click.option("--failed-level", default="2", show_default=True, metavar="LEVEL",
                              help="Level to run after a failed job (all its checks)."),
-                click.option("--failed-budget", "failed_budget_text", default="10m", show_default=True,
+                click.option("--failed-budget", "failed_budget_text", type=DURATION, default="10m", show_default=True,
                              metavar="DURATION", help="Time budget after a failed job."),
                 click.option("--failed-check", "failed_checks", multiple=True, metavar="ID",
                              help="Only these checks after a failed job (default: all of --failed-level)."),
