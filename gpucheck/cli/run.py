@@ -13,6 +13,7 @@ from ..core.config import limit_of
 from ..core.levels import Level
 from ..core.options import declared
 from ..core.verdict import SCHEMA
+from .level_option import LEVEL
 from .numbers import DURATION
 
 # --workers: CPU worker processes standing in for GPUs, bounded like --gpus (checked when parsed,
@@ -106,7 +107,7 @@ def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, str
 
 
 @click.command("run")
-@click.option("--level", "-l", metavar="LEVEL",
+@click.option("--level", "-l", type=LEVEL, metavar="LEVEL",
               help="1|2|3|4 or quick|standard|extended|burn-in (default 1, or the config's run.level).")
 @click.option("--check", "-c", "checks", multiple=True, metavar="ID",
               help="Run only these checks (ids or globs like 'burn.*'; repeatable or comma-separated).")
@@ -137,7 +138,7 @@ def _listed_budget(check) -> float:
 
 
 @click.command("list")
-@click.option("--level", "-l", metavar="LEVEL", help="Only checks that run at this level.")
+@click.option("--level", "-l", type=LEVEL, metavar="LEVEL", help="Only checks that run at this level.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @click.option("--defaults", is_flag=True, help="Also show each check's thresholds and their defaults.")
 def list_command(level, as_json, defaults) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import click
 
+from .level_option import LEVEL
 from .numbers import DURATION
 from .run import WORKER_COUNT
 from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
@@ -33,7 +34,7 @@ def hook_options(kind: str):
     def deco(f):
         budget_default = "15s" if kind == "prolog" else "60s"
         opts = [
-            click.option("--level", "-l", metavar="LEVEL",
+            click.option("--level", "-l", type=LEVEL, metavar="LEVEL",
                          help="Level to run (prolog default 1; epilog: the config's, for the checks below)."),
             click.option("--check", "-c", "checks", multiple=True, metavar="ID",
                          help="Checks to run" + (" (default: xid, ecc, memory-remap)." if kind == "epilog" else ".")),

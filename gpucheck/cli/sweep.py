@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..app import UsageError, _check_writable
+from .level_option import LEVEL
 from .numbers import DURATION, MAX_NODES, Count, FiniteFloat
 from .run import parse_duration
 
@@ -46,7 +47,7 @@ def _duration(text: str | None, param: str) -> float | None:
 def remote_options(f):
     """How to run `gpucheck run --json` on the nodes, and with what arguments."""
     opts = [
-        click.option("--level", "-l", metavar="LEVEL",
+        click.option("--level", "-l", type=LEVEL, metavar="LEVEL",
                      help="Level of the run on each node (default: the node's config)."),
         click.option("--check", "-c", "checks", multiple=True, metavar="ID",
                      help="Run only these checks (passed through)."),
