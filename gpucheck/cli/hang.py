@@ -258,12 +258,11 @@ def _local(match, job, node_name, dump_timeout_s, native, py_spy, flight_prefix,
         if early := INTERRUPTS.take():  # arrived while the command started
             stop(signal.Signals[early])
         doc = L.collect_node(opts, children)
-    if as_json:
+    if as_json:  # the node document (what a fan-out reads); the exit code is the judged one all the same
         sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-        return int(doc["exit_code"])
     interrupted = (caught or ["signal"])[0] if doc["status"] == "interrupted" else None
     return _finish([from_doc(doc["node"], doc, doc["duration_s"])], interrupted, make_topology,
-                   {"local": doc["node"], "match": match, "job": job}, False, "local", started)
+                   {"local": doc["node"], "match": match, "job": job}, None if as_json else False, "local", started)
 
 
 def _load_files(paths) -> list:
@@ -309,7 +308,9 @@ def _record(path: str, results) -> None:
         click.echo(f"gpucheck hang: --record {path}: {e.strerror or e}", err=True)
 
 
-def _finish(results, interrupted, make_topology, source, as_json, scope, started) -> int:
+def _finish(results, interrupted, make_topology, source, as_json: bool | None, scope, started) -> int:
+    """Judge the ranks of `results`, print the hang document (as_json) or the table (False) or
+    nothing (None), and return the judged exit code."""
     from ..hang.analysis import analyze, document
     from ..hang.topology import TopologyError
 
@@ -322,7 +323,9 @@ def _finish(results, interrupted, make_topology, source, as_json, scope, started
             raise click.BadParameter(str(e), param_hint="--topology/--groups") from None
     report = analyze(ranks, [r.outline() for r in results], topology=topo, scope=scope or "job")
     doc = document(report, source=source, started=started, interrupted=interrupted)
-    if as_json:
+    if as_json is None:  # judged only: `--local --json` printed its node document
+        pass
+    elif as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
     else:
         from ..hang.render import print_report

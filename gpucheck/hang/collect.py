@@ -245,6 +245,8 @@ def load_recorded(path: str, text: str) -> list[NodeResult]:
     """Node documents saved earlier (`--record`, or `gpucheck hang --local --json` output): one
     document, a list of them, or one per line. ValueError naming the file when one is not valid."""
     s = text.strip()
+    if not s:
+        raise ValueError(f"{path}: empty: no node document")
     try:
         docs = loads_json(s)
         docs = docs if isinstance(docs, list) else [docs]
@@ -253,6 +255,8 @@ def load_recorded(path: str, text: str) -> list[NodeResult]:
             docs = [loads_json(line) for line in s.splitlines() if line.strip()]
         except ValueError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
+    if not docs:
+        raise ValueError(f"{path}: no node document (an empty list)")
     out = []
     for i, d in enumerate(docs):
         doc, why = validate_node_doc(d)
