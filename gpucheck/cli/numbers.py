@@ -24,7 +24,7 @@ from ..platform.durations import MAX_DURATION_S, parse_duration
 MAX_NODES = 65536  # a node set, a group, nodes at once
 MAX_RANKS = 1 << 20  # ranks of one collective
 MAX_LOCAL_RANKS = 1024  # ranks (GPUs) on one node, as --workers
-MAX_ITERS = 100_000  # iterations of one collective measurement
+MAX_ITERS = 10_000_000  # iterations of one collective measurement (tests keep ranks busy with 10**6)
 MAX_PAIR_ROUNDS = 100  # rounds of pairings of `nccl pairs`
 MAX_BOOTS = 10_000  # journal boots back (`xid --boot -N`)
 MAX_BUSBW_GBS = 100_000.0  # a bus bandwidth floor, GB/s

@@ -34,11 +34,6 @@ def _is_one_of(argv: list[str], commands: tuple[str, ...]) -> bool:
     return bool(words) and (words[0] in commands or " ".join(words[:2]) in commands)
 
 
-def writes_verdict(argv: list[str]) -> bool:
-    """Whether `gpucheck <argv>` is one of VERDICT_COMMANDS."""
-    return _is_one_of(argv, VERDICT_COMMANDS)
-
-
 def handles_signals(argv: list[str]) -> bool:
     """Whether `gpucheck <argv>` acts on a signal itself: VERDICT_COMMANDS and STOPPING_COMMANDS."""
     return _is_one_of(argv, VERDICT_COMMANDS + STOPPING_COMMANDS)
