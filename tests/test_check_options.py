@@ -57,7 +57,7 @@ def test_an_option_added_to_a_check_reaches_its_command_with_no_other_edit():
 
     @dataclasses.dataclass(frozen=True)
     class More:
-        size: int | None = option("--size", "int", low=16, help="n")
+        size: int | None = option("--size", "int", low=16, high=1024, help="n")
         shape: str | None = option("--shape", "choice", choices=("square", "tall"), help="operand shape")
 
     check = define("t.more", title="t", level=1, detects="t", options=More)(lambda ctx: [])
@@ -80,7 +80,7 @@ def test_an_option_added_to_a_check_reaches_its_command_with_no_other_edit():
 def test_two_checks_of_one_command_may_not_share_a_flag():
     @dataclasses.dataclass(frozen=True)
     class Same:
-        size: int | None = option("--size", "int", help="n")
+        size: int | None = option("--size", "int", high=1024, help="n")
 
     other = define("t.other", title="t", level=1, detects="t", options=Same)(lambda ctx: [])
     with pytest.raises(TypeError, match="--size"):
@@ -98,14 +98,16 @@ def test_what_is_not_an_options_dataclass_is_a_programming_error():
 
     @dataclasses.dataclass(frozen=True)
     class Twice:
-        a: int | None = option("--n", "int", help="a")
-        b: int | None = option("--n", "int", help="b")
+        a: int | None = option("--n", "int", high=9, help="a")
+        b: int | None = option("--n", "int", high=9, help="b")
 
     for bad in (dict, Plain, Twice, {"size": 1}):
         with pytest.raises(TypeError):
             define("t.bad", title="t", level=1, options=bad)
     with pytest.raises(TypeError):
-        Option("size", "int", help="no dashes")
+        Option("size", "int", help="no dashes", high=9)
+    with pytest.raises(TypeError, match="high bound"):
+        Option("--size", "int", help="a count without a maximum")  # issue 26: 10**400 was taken
     with pytest.raises(TypeError):
         Option("--n", "number", help="no such kind")  # type: ignore[arg-type]
     with pytest.raises(TypeError):

@@ -63,7 +63,7 @@ def test_a_float_option_refuses_what_is_not_a_finite_number(target, option, cmd,
 def test_a_nan_threshold_is_one_usage_line_naming_the_option(capsys):
     assert main(["nccl", "pairs", "n[1-4]", "--min-busbw", "nan"]) == 2
     err = capsys.readouterr().err
-    assert err == "gpucheck nccl pairs: error: Invalid value for '--min-busbw': 'nan' is not a finite number.\n"
+    assert err == "gpucheck nccl pairs: error: Invalid value for '--min-busbw': 'nan' is not a finite number in the range 0.0<x<=100000.0.\n"
 
 
 @pytest.mark.parametrize("spec", ["slow:gpu=1,factor=nan", "slow:gpu=1,factor=inf", "hang:after=-inf",

@@ -187,7 +187,7 @@ def test_run_sweep_with_a_fake_fanout_and_report():
 
     def runner(commands, *, mode, fanout, timeout_s, on_done):
         assert mode == "ssh" and fanout == 8 and timeout_s == 60
-        assert commands["n2"] == one_line(die_with_session("gpucheck run --json --level 2 --strict", 60))
+        assert commands["n2"] == one_line(die_with_session("gpucheck run --json --level 2 --strict --timeout 55s", 60))
         runs.update({n: NodeRun(n, 0, json.dumps(verdicts["n1"])) if n == "n1" else NodeRun(n, 255, "", "No route")
                      for n in commands})
         for r in runs.values():
@@ -522,3 +522,28 @@ def test_a_full_spool_never_masks_the_sweep_result_nor_replaces_an_old_report(tm
     assert rc == 1 and report.read_text() == '{"old": true}\n'
     assert "the report lacks those verdicts; --report not written" in err
     assert real_add is not add
+
+
+@pytest.mark.parametrize("sweep_s, args, extra, run_s", [
+    (600, [], "", 595), (60, [], "", 55), (3, [], "", 2), (1, [], "", 1), (600, ["--timeout", "30s"], "", 30),
+    (600, ["--timeout", "2h"], "", 595), (600, [], "--timeout=10", 10), (600, ["--timeout", "bogus"], "", 595),
+    (None, [], "", None),
+])
+def test_every_node_run_carries_a_deadline_inside_the_sweeps(sweep_s, args, extra, run_s):
+    """Issue 26: a node's `gpucheck run` whose limit died with it (a stop at the wrong moment, a
+    node without coreutils `timeout`) ran on with no time limit. Every node run now has its own
+    --timeout, last on its command line (the one the run reads), within the sweep's limit and
+    never longer than one the user asked for; `gpucheck run` itself accepts the line."""
+    import shlex
+
+    from gpucheck.cli.run import run_command
+
+    plan = SweepPlan(nodes=["n1"], run_args=args, node_args={"n1": extra} if extra else {}, timeout_s=sweep_s)
+    words = shlex.split(remote_command(plan.remote_cmd, plan.run_args, extra, plan.timeout_s))
+    if run_s is None:
+        assert "--timeout" not in words
+        return
+    assert words[-2:] == ["--timeout", f"{run_s}s"] and run_s < sweep_s + 1
+    assert "--timeout" in plan.commands()["n1"]
+    ctx = run_command.make_context("run", words[2:])
+    assert ctx.params["timeout_text"] == f"{run_s}s"

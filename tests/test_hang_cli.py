@@ -86,7 +86,7 @@ def test_topology_on_recorded_documents(capsys, tmp_path):
     (["n1", "--match", "x", "--topology", "tp=8,ep=2"], "unknown dimension 'ep'"),
     (["n1", "--match", "x", "--topology", "tp=2", "--groups", "g.json"], "give --topology or --groups, not both"),
     (["n1", "--match", "x", "--groups", "/nonexistent/g.json"], "Invalid value for --groups: /nonexistent/g.json: "),
-    (["n1", "--match", "x", "--dump-timeout", "soon"], "Invalid value for --dump-timeout: bad duration 'soon'"),
+    (["n1", "--match", "x", "--dump-timeout", "soon"], "Invalid value for '--dump-timeout': bad duration 'soon'"),
     (["--local", "--match", "x", "--record", "/tmp/r.json"], "--record saves what a fan-out collected"),
     (["n1", "--match", "x", "--record", "/nonexistent/dir/r.json"], "folder /nonexistent does not exist"),
     (["--from", "/nonexistent.json"], "Invalid value for --from: /nonexistent.json: No such file or directory"),
@@ -208,7 +208,9 @@ def test_local_json_is_the_node_document(local_ranks):
     marker, procs = local_ranks
     r = subprocess.run([sys.executable, "-m", "gpucheck", "hang", "--local", "--json", "--match", marker,
                         "--node", "nodeA"], capture_output=True, text=True, env=ENV, timeout=120)
-    assert r.returncode == 0, r.stderr
+    # issue 26: the node document, and the exit code of the judged verdict (rank 2 is stuck: 1, as
+    # the table's, test_local_table_names_the_stuck_rank), never the document's own 0
+    assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
     assert doc["schema"] == "gpucheck.hang.node" and doc["node"] == "nodeA" and doc["status"] == "ok"
     assert doc["py_spy"]["mode"] == "nonblocking" and doc["selector"] == {"match": marker, "job": None, "by": "cmdline"}
@@ -298,3 +300,14 @@ def test_an_internal_error_is_could_not_judge_never_a_suspect(capsys, monkeypatc
     monkeypatch.setattr("gpucheck.platform.fanout.run_nodes", broken)
     rc, out, err = hang(capsys, "n[1-2]", "--match", "x")
     assert rc == 3 and err == "gpucheck hang: error: could not judge: internal error: OSError: [Errno 24] Too many open files\n"
+
+
+@pytest.mark.parametrize("text", ["", "  \n\n", "[]"])
+def test_an_empty_from_file_is_a_usage_error(tmp_path, text):
+    """issue 26: `hang --from <empty file>` was exit 3 where every other empty input is exit 2."""
+    path = tmp_path / "empty.json"
+    path.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "gpucheck", "hang", "--from", str(path)], capture_output=True,
+                       text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert "--from" in r.stderr and "no node document" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -230,8 +230,8 @@ def poet_cli(monkeypatch, tmp_path):
     (("--duration", "5x"), "bad duration"),
     (("--inject", "nosuchfault:gpu=1"), "no selected check honours 'nosuchfault'"),
     (("--backend", "cupy"), "cupy runs the CUDA kernels on GPUs, not on CPU workers"),
-    (("--rows", "0"), "0 is not in the range x>=1"),
-    (("--size", "16"), "16 is not in the range x>=32"),
+    (("--rows", "0"), "0 is not in the range 1<=x<=1099511627776"),
+    (("--size", "16"), "16 is not in the range 32<=x<=1099511627776"),
     (("--backend", "tpu"), "'tpu' is not one of 'auto', 'cupy', 'torch'"),
 ])
 def test_cli_usage_errors_exit_2_with_one_line(poet_cli, capsys, args, message):

@@ -68,3 +68,68 @@ def test_a_session_that_ends_at_once_stops_the_node_command(tmp_path):
     """The worst moment: the session ends before the watcher has even started."""
     rc, finished = run_node_command(tmp_path, "sleep 5; touch {marker}", end_session_after_s=0, wait_s=30)
     assert rc == 143 and not finished  # stopped by SIGTERM before its end
+
+def _pid_in(pid_file) -> int | None:
+    """The PID the node command wrote (None when it never started; it writes it first thing)."""
+    import time
+
+    for _ in range(100):
+        if not pid_file.exists():
+            return None
+        text = pid_file.read_text()
+        if text.endswith("\n"):
+            return int(text)
+        time.sleep(0.01)  # being written
+    return None
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead: its parent (init) has not reaped it yet
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_session_that_ends_while_the_limit_starts_leaves_no_orphan(tmp_path):
+    """The node's `timeout` forks its command a few microseconds after it starts; a SIGTERM for
+    timeout alone in that moment (coreutils 9.1: before it has recorded its child's PID) ends
+    timeout and leaves the command running with no limit at all (issue 26: 8 of 44 stops). The
+    watcher signals timeout's process group, which holds the command from its fork on. Stops at
+    random early moments (0-3 ms after the start), many times over: the command never outlives
+    its session."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import time
+
+    from gpucheck.fleet.sweep import die_with_session
+
+    rng = random.Random(26)
+    orphans, started = [], 0
+    for trial in range(400):
+        pid_file = tmp_path / f"pid{trial}"
+        command = die_with_session(f"echo $$ > {pid_file}; exec sleep 30", 600)
+        p = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(rng.uniform(0, 0.003))
+        p.stdin.close()  # the ssh session ends
+        p.wait(timeout=30)
+        pid = _pid_in(pid_file)
+        deadline = time.monotonic() + 2.0  # the command's own SIGTERM takes a moment
+        while pid is not None and _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if pid is not None and _alive(pid):
+            orphans.append(pid)
+            os.kill(pid, signal.SIGKILL)
+        started += pid is not None
+    assert not orphans, f"{len(orphans)} of 400 commands outlived their session"
+    assert started  # the moments cover commands that had started

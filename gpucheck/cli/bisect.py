@@ -15,7 +15,7 @@ import sys
 import click
 
 from ..render.console import plain
-from .numbers import FiniteFloat
+from .numbers import DURATION, MAX_BUSBW_GBS, MAX_ITERS, MAX_NODES, SIZES, Count, FiniteFloat
 from .sweep import _duration, _nodes
 
 
@@ -30,17 +30,17 @@ def bisect_options(f):
         click.option("--strategy", type=click.Choice(["binary", "grid"]), default="binary", show_default=True,
                      help="binary: the whole set, then split (fewest rounds; with --parallel 1 fewest tests); "
                           "grid: rows then columns."),
-        click.option("--group-size", type=click.IntRange(min=1), default=None,
+        click.option("--group-size", type=Count(1, MAX_NODES), default=None,
                      help="Nodes one replay needs (grid rows, confirm groups); default sqrt(N) for the grid."),
-        click.option("--max-bad", type=click.IntRange(min=1), default=None, help="At most this many bad nodes (if known)."),
-        click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True,
+        click.option("--max-bad", type=Count(1, MAX_NODES), default=None, help="At most this many bad nodes (if known)."),
+        click.option("--repeats", type=Count(1, 100), default=1, show_default=True,
                      help="Re-test each suspect this many times (and vote), for flaky tests."),
         click.option("--flake-rate", type=FiniteFloat(0.0, 0.5, max_open=True), default=0.05, show_default=True,
                      help="Assumed rate of wrong test results, for the confidence figure."),
-        click.option("--parallel", type=click.IntRange(min=0), default=0, show_default=True,
+        click.option("--parallel", type=Count(0, MAX_NODES), default=0, show_default=True,
                      help="Most tests at once (0: every disjoint group of a round; 1: one test a round, "
                           "generalized binary splitting)."),
-        click.option("--test-timeout", "test_timeout_text", default="30m", show_default=True, metavar="DURATION",
+        click.option("--test-timeout", "test_timeout_text", type=DURATION, default="30m", show_default=True, metavar="DURATION",
                      help="Per-test time limit; a test past it fails (every test past it: the test is broken)."),
         click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (rounds go to stderr)."),
         click.option("--dry-run", is_flag=True, help="Show the plan; run nothing."),
@@ -58,17 +58,17 @@ def builtin_options(f):
         click.option("--program", default="gpucheck", show_default=True, help="builtin: how hosts start gpucheck."),
         click.option("--ops", default="all_gather,all_reduce", show_default=True,
                      help="builtin: collectives, each verified and judged by its busbw."),
-        click.option("--sizes", "sizes_text", default="16M", show_default=True, help="builtin: message sizes."),
-        click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True),
-        click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True),
-        click.option("--timeout", "coll_timeout_text", default="30s", show_default=True, metavar="DURATION",
+        click.option("--sizes", "sizes_text", type=SIZES, default="16M", show_default=True, help="builtin: message sizes."),
+        click.option("--iters", type=Count(1, MAX_ITERS), default=5, show_default=True),
+        click.option("--warmup", type=Count(0, MAX_ITERS), default=1, show_default=True),
+        click.option("--timeout", "coll_timeout_text", type=DURATION, default="30s", show_default=True, metavar="DURATION",
                      help="builtin: per-collective timeout (a hang past it fails the group)."),
         click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True),
         click.option("--ifname", default=None, metavar="IFACE",
                      help="builtin: network interface (default: the one that routes to the other hosts)."),
         click.option("--slow-limit", type=FiniteFloat(0.0, 1.0, min_open=True), default=0.5, show_default=True,
                      help="builtin: a pair below this fraction of its round's reference busbw is slow."),
-        click.option("--min-busbw", type=FiniteFloat(min=0.0, min_open=True), default=None,
+        click.option("--min-busbw", type=FiniteFloat(min=0.0, max=MAX_BUSBW_GBS, min_open=True), default=None,
                      help="builtin: every measurement below this bus bandwidth (GB/s) fails."),
         click.option("--bitwise/--no-bitwise", default=True, show_default=True,
                      help="builtin: also run the bitwise reproducibility check on every node."),

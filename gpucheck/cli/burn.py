@@ -15,12 +15,13 @@ import click
 
 from ..tests_suite.burn_gemm import BurnOptions, burn_gemm
 from .check_options import check_options, chosen, chosen_options
+from .level_option import LEVEL
 from .run import build_request, common_run_options
 
 
 @click.command("burn")
 @check_options(burn_gemm)
-@click.option("--level", "-l", default="2", show_default=True, help="Level whose burn defaults apply (2, 3, 4).")
+@click.option("--level", "-l", type=LEVEL, default="2", show_default=True, help="Level whose burn defaults apply (2, 3, 4).")
 @common_run_options
 def burn_command(level: str, **kw) -> int:
     """Burn-in GEMMs on every GPU at once, verified bitwise and against float64, compared with

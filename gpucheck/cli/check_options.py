@@ -21,7 +21,8 @@ import click
 
 from ..core.check import Check
 from ..core.options import Option, declared
-from .numbers import FiniteFloat
+from ..platform.durations import parse_duration
+from .numbers import DURATION, FiniteFloat
 
 # click.Context.meta key: options class -> {field name: value} of what the command line gave.
 _META_KEY = "gpucheck.check_options"
@@ -66,6 +67,8 @@ def _click_args(field: str, decl: Option, options_class: type) -> tuple[list[str
         attrs["type"] = click.Choice(list(decl.choices))
     elif decl.kind == "list":
         attrs["multiple"] = True
+    elif decl.parse is parse_duration:
+        attrs["type"] = DURATION  # checked as any duration option: finite, within its range
     return [decl.flag, f"{options_class.__name__}_{field}"], attrs
 
 

@@ -19,6 +19,7 @@ import click
 from ..core.levels import Level
 from ..tests_suite.registry import all_checks
 from .check_options import check_options, chosen_options
+from .level_option import LEVEL
 from .run import build_request, common_run_options
 
 # In this order: their options in `gpucheck eud --help`.
@@ -36,7 +37,7 @@ def _eud_checks() -> list:
 
 
 @click.command("eud")
-@click.option("--level", "-l", default="3", show_default=True,
+@click.option("--level", "-l", type=LEVEL, default="3", show_default=True,
               help="2: memtest on a fraction of memory + copy bandwidth; 3: also full memtest, power "
                    "and clock stability, DCGM diag; 4: memtest loops for --duration.")
 @click.option("--check", "checks", multiple=True, metavar="ID",

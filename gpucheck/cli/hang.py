@@ -25,6 +25,7 @@ from ..app import UsageError, _check_writable
 from ..core.state import atomic_write_text
 from ..platform.messages import say_error
 from ..platform.safeio import describe_error, read_input
+from .numbers import DURATION, MAX_NODES, Count
 from .run import parse_duration
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,7 +108,7 @@ def _local_args(match, job, dump_timeout_s, native, py_spy, flight_prefix, no_fl
               help="Flight-recorder dump prefix on the nodes (<PREFIX><rank>); default: each process's "
                    "TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE, else /tmp/nccl_trace_rank_.")
 @click.option("--no-flight-recorder", "no_flight", is_flag=True, help="Do not read flight-recorder dumps.")
-@click.option("--dump-timeout", "dump_timeout_text", default=DEFAULT_DUMP_TIMEOUT, show_default=True,
+@click.option("--dump-timeout", "dump_timeout_text", type=DURATION, default=DEFAULT_DUMP_TIMEOUT, show_default=True,
               metavar="DURATION", help="Per-process limit for one py-spy dump.")
 @click.option("--native", is_flag=True,
               help="Also C/C++ frames (py-spy --native): PAUSES each process while it is read; off by default.")
@@ -116,14 +117,14 @@ def _local_args(match, job, dump_timeout_s, native, py_spy, flight_prefix, no_fl
 @click.option("--node", "node_name", metavar="NAME", help="--local: this node's name in the document.")
 @click.option("--remote-cmd", default="gpucheck", show_default=True, metavar="CMD",
               help="How to start gpucheck on the nodes (shell text).")
-@click.option("--fanout", type=click.IntRange(min=1), default=None, help="Nodes at once (default: clush.conf's, else 64).")
-@click.option("--timeout", "timeout_text", default=DEFAULT_NODE_TIMEOUT, show_default=True, metavar="DURATION",
+@click.option("--fanout", type=Count(1, MAX_NODES), default=None, help="Nodes at once (default: clush.conf's, else 64).")
+@click.option("--timeout", "timeout_text", type=DURATION, default=DEFAULT_NODE_TIMEOUT, show_default=True, metavar="DURATION",
               help="Per-node time limit; a node past it is 'timeout'.")
 @click.option("--srun", "use_srun", is_flag=True, help="Run with srun (with --job: inside the job's allocation).")
 @click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG", help="Extra srun argument (repeatable).")
 @click.option("--ssh-options", metavar="OPTS", help="Extra ssh options (before clush.conf's).")
 @click.option("--ssh-user", metavar="USER", help="ssh user.")
-@click.option("--connect-timeout", "connect_timeout_text", metavar="DURATION", help="ssh connect timeout.")
+@click.option("--connect-timeout", "connect_timeout_text", type=DURATION, metavar="DURATION", help="ssh connect timeout.")
 @click.option("--scontrol", metavar="PATH", help="scontrol for --job (default: PATH and the usual places).")
 def hang_command(**kw) -> int:
     """Which rank hung the job? Dump every rank's Python stacks (py-spy), group ranks by stack,
@@ -242,6 +243,7 @@ def _local(match, job, node_name, dump_timeout_s, native, py_spy, flight_prefix,
     from ..hang import local as L
     from ..hang.collect import from_doc, on_signals
     from ..hang.pyspy import Children
+    from ..platform.interrupts import INTERRUPTS
 
     opts = L.LocalOptions(match=match, job=job, node=node_name, dump_timeout_s=dump_timeout_s, native=native,
                           py_spy=py_spy, flight=not no_flight, flight_prefix=flight_prefix)
@@ -254,13 +256,14 @@ def _local(match, job, node_name, dump_timeout_s, native, py_spy, flight_prefix,
         children.stop_all()
 
     with on_signals(stop):
+        if early := INTERRUPTS.take():  # arrived while the command started
+            stop(signal.Signals[early])
         doc = L.collect_node(opts, children)
-    if as_json:
+    if as_json:  # the node document (what a fan-out reads); the exit code is the judged one all the same
         sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-        return int(doc["exit_code"])
     interrupted = (caught or ["signal"])[0] if doc["status"] == "interrupted" else None
     return _finish([from_doc(doc["node"], doc, doc["duration_s"])], interrupted, make_topology,
-                   {"local": doc["node"], "match": match, "job": job}, False, "local", started)
+                   {"local": doc["node"], "match": match, "job": job}, None if as_json else False, "local", started)
 
 
 def _load_files(paths) -> list:
@@ -306,7 +309,9 @@ def _record(path: str, results) -> None:
         say_error(f"--record {path}: {e.strerror or e}", "gpucheck hang")
 
 
-def _finish(results, interrupted, make_topology, source, as_json, scope, started) -> int:
+def _finish(results, interrupted, make_topology, source, as_json: bool | None, scope, started) -> int:
+    """Judge the ranks of `results`, print the hang document (as_json) or the table (False) or
+    nothing (None), and return the judged exit code."""
     from ..hang.analysis import analyze, document
     from ..hang.topology import TopologyError
 
@@ -319,7 +324,9 @@ def _finish(results, interrupted, make_topology, source, as_json, scope, started
             raise click.BadParameter(str(e), param_hint="--topology/--groups") from None
     report = analyze(ranks, [r.outline() for r in results], topology=topo, scope=scope or "job")
     doc = document(report, source=source, started=started, interrupted=interrupted)
-    if as_json:
+    if as_json is None:  # judged only: `--local --json` printed its node document
+        pass
+    elif as_json:
         sys.stdout.write(json.dumps(doc) + "\n")
     else:
         from ..hang.render import print_report

@@ -15,7 +15,8 @@ from typing import Any
 import click
 
 from ..core.inject import InjectionError, parse_injection
-from .numbers import FiniteFloat
+from .numbers import (DURATION, MAX_BUSBW_GBS, MAX_ITERS, MAX_LOCAL_RANKS, MAX_NODES, MAX_PAIR_ROUNDS, MAX_RANKS,
+                      SIZES, Count, FiniteFloat)
 from .run import parse_duration
 
 def _usage(msg: str, hint: str | None = None) -> click.BadParameter:
@@ -67,22 +68,22 @@ def _sweep_options(default_ops: str):
         opts = [
             click.option("--ops", default=default_ops, show_default=True,
                          help="Collectives, comma-separated: all_reduce, all_gather, all_to_all."),
-            click.option("--sizes", "sizes_text", default=None,
+            click.option("--sizes", "sizes_text", type=SIZES, default=None,
                          help="Sizes per rank buffer, e.g. 1M,16M or 1M-1G (doubling). Default for run: "
                               "1M-256M on GPUs, 64K,1M on CPUs; for pairs: 64M,256M (nccl), 1M,16M (gloo), "
                               "16M,64M (auto)."),
-            click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True,
+            click.option("--iters", type=Count(1, MAX_ITERS), default=5, show_default=True,
                          help="Timed iterations per size."),
-            click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+            click.option("--warmup", type=Count(0, MAX_ITERS), default=1, show_default=True,
                          help="Untimed (but verified) iterations per size."),
-            click.option("--timeout", "timeout_text", default="30s", show_default=True,
+            click.option("--timeout", "timeout_text", type=DURATION, default="30s", show_default=True,
                          help="Per collective: past it the rank waited for is named and the test fails."),
             click.option("--backend", type=click.Choice(["auto", "gloo", "nccl"]), default="auto", show_default=True,
                          help="auto: NCCL where CUDA works, else gloo."),
             click.option("--ifname", default=None, metavar="IFACE",
                          help="Network interface for gloo/NCCL sockets (sets GLOO_SOCKET_IFNAME); default: the "
                               "interface that routes to the other hosts."),
-            click.option("--nproc-per-node", type=click.IntRange(min=1), default=1, show_default=True,
+            click.option("--nproc-per-node", type=Count(1, MAX_LOCAL_RANKS), default=1, show_default=True,
                          help="Ranks per node (one per GPU)."),
         ]
         for o in reversed(opts):
@@ -124,11 +125,11 @@ def nccl_group() -> None:
 
 
 @nccl_group.command("run")
-@click.option("--rank", type=int, default=None, help="This process's rank (else RANK or SLURM_PROCID).")
-@click.option("--world-size", type=int, default=None, help="Number of ranks (else WORLD_SIZE or SLURM_NTASKS).")
-@click.option("--local-rank", type=int, default=None, help="GPU index of this rank (else LOCAL_RANK/SLURM_LOCALID).")
-@click.option("--node-rank", type=int, default=None, help="With --nproc-per-node: this node's index.")
-@click.option("--nnodes", type=int, default=None, help="With --nproc-per-node: number of nodes.")
+@click.option("--rank", type=Count(0, MAX_RANKS - 1), default=None, help="This process's rank (else RANK or SLURM_PROCID).")
+@click.option("--world-size", type=Count(1, MAX_RANKS), default=None, help="Number of ranks (else WORLD_SIZE or SLURM_NTASKS).")
+@click.option("--local-rank", type=Count(0, MAX_LOCAL_RANKS - 1), default=None, help="GPU index of this rank (else LOCAL_RANK/SLURM_LOCALID).")
+@click.option("--node-rank", type=Count(0, MAX_NODES - 1), default=None, help="With --nproc-per-node: this node's index.")
+@click.option("--nnodes", type=Count(1, MAX_NODES), default=None, help="With --nproc-per-node: number of nodes.")
 @click.option("--master-addr", default=None, help="Rendezvous host (rank 0's node; else MASTER_ADDR or the "
                                                   "first node of SLURM_NODELIST).")
 @click.option("--master-port", default=None,
@@ -275,9 +276,9 @@ def launcher_of(nodes: list[str], launcher: str | None, addrs: tuple[str, ...], 
 @nccl_group.command("pairs")
 @click.argument("nodeset")
 @click.option("--strategy", type=click.Choice(["ring", "random", "suspects"]), default="random", show_default=True)
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--rounds", type=Count(1, MAX_PAIR_ROUNDS), default=3, show_default=True,
               help="random: rounds of pairings; suspects: good partners per suspect.")
-@click.option("--seed", type=int, default=None, help="Seed of the random pairings (reproducible runs).")
+@click.option("--seed", type=Count(0, 2**32 - 1), default=None, help="Seed of the random pairings (reproducible runs).")
 @click.option("--good", "good_text", default=None, help="Known-good nodes (suspects strategy).")
 @click.option("--suspects", "suspects_text", default=None, help="Nodes to confirm (suspects strategy; default: "
                                                                "NODESET minus --good).")
@@ -288,13 +289,13 @@ def launcher_of(nodes: list[str], launcher: str | None, addrs: tuple[str, ...], 
               help="Rendezvous address of a host (repeatable; default: the host name).")
 @click.option("--program", default="gpucheck", show_default=True,
               help="How the hosts start gpucheck, e.g. 'python3 -m gpucheck.cli.main'.")
-@click.option("--pair-timeout", "pair_timeout_text", default=None,
+@click.option("--pair-timeout", "pair_timeout_text", type=DURATION, default=None,
               help="Hard limit for one pair's test (default: estimated from the sweep).")
 @click.option("--slow-limit", type=FiniteFloat(0.0, 1.0, min_open=True), default=0.7, show_default=True,
               help="A pair is slow below this fraction of the reference busbw.")
-@click.option("--min-busbw", type=FiniteFloat(min=0.0, min_open=True), default=None,
+@click.option("--min-busbw", type=FiniteFloat(min=0.0, max=MAX_BUSBW_GBS, min_open=True), default=None,
               help="Expected busbw in GB/s (default reference: the median of the pairs measured as many at once).")
-@click.option("--fanout", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--fanout", type=Count(1, MAX_NODES), default=64, show_default=True,
               help="Pairs running at once.")
 @click.option("--inject", "injections", multiple=True, metavar="SPEC",
               help="corrupt:host=H[,op=..]: H's rank corrupts one element in each of its pairs.")

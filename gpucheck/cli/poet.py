@@ -16,12 +16,13 @@ import click
 
 from ..tests_suite.poet_ortho import PoetOptions, poet_ortho
 from .check_options import check_options, chosen, chosen_options
+from .level_option import LEVEL
 from .run import build_request, common_run_options
 
 
 @click.command("poet")
 @check_options(poet_ortho)
-@click.option("--level", "-l", default="2", show_default=True, help="Level whose defaults apply (2, 3, 4).")
+@click.option("--level", "-l", type=LEVEL, default="2", show_default=True, help="Level whose defaults apply (2, 3, 4).")
 @common_run_options
 def poet_command(level: str, **kw) -> int:
     """POET-style orthogonal matmuls on every GPU at once, verified by invariants that hold in

@@ -28,6 +28,7 @@ from ..app import UsageError, parse_gpu_list
 from ..repro_record import CHECK_ID, RecordRequest, RecordUsageError, record_references
 from ..tests_suite.repro_bitwise import ReproOptions, repro_bitwise
 from .check_options import check_options, chosen, chosen_options
+from .level_option import LEVEL
 from .run import WORKER_COUNT, common_run_options, build_request
 
 
@@ -38,7 +39,7 @@ def repro_group() -> None:
 
 @repro_group.command("check")
 @check_options(repro_bitwise, only=("reference",))
-@click.option("--level", "-l", default="1", show_default=True,
+@click.option("--level", "-l", type=LEVEL, default="1", show_default=True,
               help="1: the fast subset; 2 and above: every workload.")
 @check_options(repro_bitwise, exclude=("reference",))
 @common_run_options
@@ -55,7 +56,7 @@ def check_command(level: str, **kw: Any) -> int:
 @click.option("--out", "out", metavar="FILE",
               help="Reference file to add to (default: the check's `reference` parameter, "
                    "/etc/gpucheck/repro-refs.json). Created when missing.")
-@click.option("--level", "-l", default="2", show_default=True,
+@click.option("--level", "-l", type=LEVEL, default="2", show_default=True,
               help="2 and above: every workload; 1: only the fast subset.")
 @check_options(repro_bitwise, only=("workloads",))
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,

@@ -13,6 +13,8 @@ from ..core.config import limit_of
 from ..core.levels import Level
 from ..core.options import declared
 from ..core.verdict import SCHEMA
+from .level_option import LEVEL
+from .numbers import DURATION
 
 # --workers: CPU worker processes standing in for GPUs, bounded like --gpus (checked when parsed,
 # before a list of that many indices is built or a process started).
@@ -53,7 +55,7 @@ def common_run_options(f):
                           "live NVML (- is standard input)."),
         click.option("--state-dir", metavar="DIR", help="State directory (history, cursors)."),
         click.option("--no-history", is_flag=True, help="Do not read or append the verdict history."),
-        click.option("--timeout", "timeout_text", metavar="DURATION",
+        click.option("--timeout", "timeout_text", type=DURATION, metavar="DURATION",
                      help="Whole-run time limit (e.g. 15s), hard: the run ends within it (+1 s). What it "
                           "cuts, or a check it cannot hold, makes the verdict partial, exit 3."),
         click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
@@ -105,7 +107,7 @@ def build_request(*, level, checks, skips, gpus_text, as_json, output, prom, str
 
 
 @click.command("run")
-@click.option("--level", "-l", metavar="LEVEL",
+@click.option("--level", "-l", type=LEVEL, metavar="LEVEL",
               help="1|2|3|4 or quick|standard|extended|burn-in (default 1, or the config's run.level).")
 @click.option("--check", "-c", "checks", multiple=True, metavar="ID",
               help="Run only these checks (ids or globs like 'burn.*'; repeatable or comma-separated).")
@@ -136,7 +138,7 @@ def _listed_budget(check) -> float:
 
 
 @click.command("list")
-@click.option("--level", "-l", metavar="LEVEL", help="Only checks that run at this level.")
+@click.option("--level", "-l", type=LEVEL, metavar="LEVEL", help="Only checks that run at this level.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list.")
 @click.option("--defaults", is_flag=True,
               help="Every check's thresholds and parameters at their defaults, as TOML that --config accepts.")

@@ -18,6 +18,8 @@ import click
 
 from ..fleet.hook import EXIT_HOOK_UNHEALTHY
 from ..platform.messages import say_error
+from .level_option import LEVEL
+from .numbers import DURATION
 from .run import WORKER_COUNT
 from .sweep import _duration, _nodes, build_plan, progress_sweep, remote_options, remote_settings, runner_settings
 
@@ -34,12 +36,12 @@ def hook_options(kind: str):
     def deco(f):
         budget_default = "15s" if kind == "prolog" else "60s"
         opts = [
-            click.option("--level", "-l", metavar="LEVEL",
+            click.option("--level", "-l", type=LEVEL, metavar="LEVEL",
                          help="Level to run (prolog default 1; epilog: the config's, for the checks below)."),
             click.option("--check", "-c", "checks", multiple=True, metavar="ID",
                          help="Checks to run" + (" (default: xid, ecc, memory-remap)." if kind == "epilog" else ".")),
             click.option("--skip", "skips", multiple=True, metavar="ID", help="Skip these checks."),
-            click.option("--budget", "budget_text", default=budget_default, show_default=True, metavar="DURATION",
+            click.option("--budget", "budget_text", type=DURATION, default=budget_default, show_default=True, metavar="DURATION",
                          help="Time budget of the run; past it the verdict is partial (could not judge). Shrunk "
                               "(and said so) to end before Slurm's PrologEpilogTimeout, past which Slurm kills "
                               "the hook with SIGKILL and drains the node."),
@@ -68,7 +70,7 @@ def hook_options(kind: str):
             opts += [
                 click.option("--failed-level", default="2", show_default=True, metavar="LEVEL",
                              help="Level to run after a failed job (all its checks)."),
-                click.option("--failed-budget", "failed_budget_text", default="10m", show_default=True,
+                click.option("--failed-budget", "failed_budget_text", type=DURATION, default="10m", show_default=True,
                              metavar="DURATION", help="Time budget after a failed job."),
                 click.option("--failed-check", "failed_checks", multiple=True, metavar="ID",
                              help="Only these checks after a failed job (default: all of --failed-level)."),

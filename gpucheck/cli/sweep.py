@@ -16,7 +16,8 @@ import click
 
 from ..app import UsageError, _check_writable
 from ..platform.messages import say_error
-from .numbers import FiniteFloat
+from .level_option import LEVEL
+from .numbers import DURATION, MAX_NODES, Count, FiniteFloat
 from .run import parse_duration
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +48,7 @@ def _duration(text: str | None, param: str) -> float | None:
 def remote_options(f):
     """How to run `gpucheck run --json` on the nodes, and with what arguments."""
     opts = [
-        click.option("--level", "-l", metavar="LEVEL",
+        click.option("--level", "-l", type=LEVEL, metavar="LEVEL",
                      help="Level of the run on each node (default: the node's config)."),
         click.option("--check", "-c", "checks", multiple=True, metavar="ID",
                      help="Run only these checks (passed through)."),
@@ -68,16 +69,16 @@ def remote_options(f):
                      help="Extra `gpucheck run` arguments for some nodes, e.g. 'n2=--snapshot /x/bad.json'."),
         click.option("--remote-cmd", default="gpucheck", show_default=True, metavar="CMD",
                      help="How to start gpucheck on the nodes (shell text: a path, or 'env X=1 python3 -m gpucheck')."),
-        click.option("--fanout", type=click.IntRange(min=1), default=None,
+        click.option("--fanout", type=Count(1, MAX_NODES), default=None,
                      help="Nodes at once (default: clush.conf's fanout, else 64)."),
-        click.option("--timeout", "timeout_text", default=DEFAULT_NODE_TIMEOUT, show_default=True, metavar="DURATION",
+        click.option("--timeout", "timeout_text", type=DURATION, default=DEFAULT_NODE_TIMEOUT, show_default=True, metavar="DURATION",
                      help="Per-node time limit; a node past it is 'timeout'."),
         click.option("--srun", "use_srun", is_flag=True, help="Run with srun (inside an allocation) instead of ssh."),
         click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG", help="Extra srun argument (repeatable)."),
         click.option("--ssh-options", metavar="OPTS",
                      help="Extra ssh options (before clush.conf's ssh_options, so they win)."),
         click.option("--ssh-user", metavar="USER", help="ssh user (default: clush.conf's, else ssh's)."),
-        click.option("--connect-timeout", "connect_timeout_text", metavar="DURATION",
+        click.option("--connect-timeout", "connect_timeout_text", type=DURATION, metavar="DURATION",
                      help="ssh connect timeout (default: clush.conf's connect_timeout)."),
     ]
     for o in reversed(opts):
@@ -153,9 +154,9 @@ def _print_sweep(outcomes, report: "SweepReport", strict: bool) -> None:
 @remote_options
 @click.option("--report", "report_path", metavar="FILE", help="Write the whole report (JSON) to FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report JSON on stdout instead of the table.")
-@click.option("--mad-z", type=FiniteFloat(min=0, min_open=True), default=None,
+@click.option("--mad-z", type=FiniteFloat(min=0, max=1000, min_open=True), default=None,
               help="Robust z-score for throughput outliers (default 3.5).")
-@click.option("--rel-floor", type=FiniteFloat(min=0), default=None,
+@click.option("--rel-floor", type=FiniteFloat(min=0, max=1), default=None,
               help="A throughput outlier is also at least this fraction below the median (default 0.05).")
 def sweep_command(nodeset, report_path, as_json, mad_z, rel_floor, **kw) -> int:
     """Run `gpucheck run --json` on every node of NODESET, compare them, list the bad ones.

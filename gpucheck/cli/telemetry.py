@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from ..platform.messages import say_error
-from .numbers import FiniteFloat
+from .numbers import MAX_DURATION_S, FiniteFloat
 
 
 @click.group("telemetry")
@@ -30,7 +30,7 @@ def telemetry_group() -> None:
               help="Write the snapshot to FILE (atomically; - is standard output) instead of standard output.")
 @click.option("--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/sys"),
               show_default=True, help="Where sysfs is mounted (for reading a copied tree).")
-@click.option("--timeout", "timeout_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloat(min=0.1, max=MAX_DURATION_S), default=60.0, show_default=True,
               help="Give up on a driver that does not answer within this many seconds.")
 @click.option("--kernel-log/--no-kernel-log", "kernel_log", default=True, show_default=True,
               help="Record this boot's NVRM/NVSwitch/PCIe AER kernel-log lines (judged by xid and pcie.aer on replay).")
@@ -105,7 +105,7 @@ def import_command(capture: str, output: str | None) -> int:
 @click.argument("snapshot", required=False, metavar="[SNAPSHOT]")
 @click.option("--sysfs-root", type=click.Path(file_okay=False, path_type=Path), default=Path("/sys"),
               show_default=True, help="Where sysfs is mounted (live read only).")
-@click.option("--timeout", "timeout_s", type=FiniteFloat(min=0.1), default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloat(min=0.1, max=MAX_DURATION_S), default=60.0, show_default=True,
               help="Give up on a driver that does not answer within this many seconds (live read only).")
 def show_command(snapshot: str | None, sysfs_root: Path, timeout_s: float) -> int:
     """Print a snapshot file (or, without one, this node's live telemetry) per GPU, unjudged.

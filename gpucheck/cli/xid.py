@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from ..platform.messages import command, say_error
+from .numbers import MAX_BOOTS, Count
 
 SCHEMA_ID = "gpucheck.xid"
 SCHEMA_VERSION = "1.0"
@@ -43,7 +44,7 @@ def _since_param(ctx: click.Context, param: click.Parameter, value: str | None) 
               show_default=True, help="Where to read the kernel log (auto tries them in this order).")
 @click.option("--file", "files", multiple=True, metavar="FILE",
               help="Read FILE instead (.gz is fine; - reads stdin). May be repeated, oldest first.")
-@click.option("--boot", type=int, default=0, show_default=True,
+@click.option("--boot", type=click.IntRange(-MAX_BOOTS, 0), default=0, show_default=True,
               help="Journal boot: 0 this boot, -1 the previous one (Xid 79 history often survives there).")
 @click.option("--since", callback=_since_param, metavar="WHEN",
               help="Window: a duration (2h), a timestamp, boot, all or last-pass. "
@@ -57,7 +58,7 @@ def _since_param(ctx: click.Context, param: click.Parameter, value: str | None) 
 @click.option("--on-error", type=click.Choice(["pass", "fail"]), default="pass", show_default=True,
               help="Exit code when the log cannot be read: pass -> 3, fail -> 1.")
 @click.option("--no-nvml", is_flag=True, help="Do not ask NVML for GPU indices (or, with --follow, events).")
-@click.option("--repeat-limit", type=click.IntRange(min=0), default=None,
+@click.option("--repeat-limit", type=Count(0, 1_000_000), default=None,
               help="Warn when one application-class Xid repeats more than this on one GPU (default 2).")
 def xid_command(source: str, files: tuple[str, ...], boot: int, since: str | None, as_json: bool,
                 follow: bool, ack: bool, state_dir: str | None, strict: bool, on_error: str,

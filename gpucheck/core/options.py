@@ -6,7 +6,7 @@ names the class in its `define(..., options=...)`:
 
     @dataclass(frozen=True)
     class BurnOptions:
-        size: int | None = option("--size", "int", low=16, help="n of the n x n operands ...")
+        size: int | None = option("--size", "int", low=16, high=MAX_DIMENSION, help="n of the n x n operands ...")
 
     size = ctx.options_for(BurnOptions).size  # None: not given, the check's default applies
 
@@ -18,7 +18,9 @@ check's but the run's (a recorded snapshot, the peer nodes, the Slurm epilog's j
 gpucheck.core.check.RunOptions.
 
 Kinds, and how the command line reads them:
-- "int": an integer, within [low, high] where given;
+- "int": an integer, within [low, high]: `high` must be given (a count or a size that planning
+  and allocation can hold; MAX_DIMENSION for a matrix's side, whose real limit, the memory, is
+  judged when the check runs);
 - "real": a finite number (never NaN or infinite), within low / high, open where low_open /
   high_open say;
 - "choice": one of `choices`;
@@ -36,6 +38,10 @@ from typing import Any, Callable, Literal
 
 Kind = Literal["int", "real", "choice", "list", "text"]
 KINDS: tuple[str, ...] = ("int", "real", "choice", "list", "text")
+
+# The highest `high` of a matrix side: far above any GPU's memory (what does not fit is the run's
+# `error`), low enough that no size computation overflows a float.
+MAX_DIMENSION = 1 << 40
 
 # The dataclass field metadata key that holds a field's Option.
 METADATA_KEY = "gpucheck.option"
@@ -64,6 +70,8 @@ class Option:
             raise TypeError(f"option flag {self.flag!r} does not start with --")
         if self.kind == "choice" and not self.choices:
             raise TypeError(f"option {self.flag}: a choice needs its choices")
+        if self.kind == "int" and self.high is None:
+            raise TypeError(f"option {self.flag}: an int needs its high bound")
         if self.kind == "list" and self.parse is None:
             raise TypeError(f"option {self.flag}: a list needs its parse function")
 

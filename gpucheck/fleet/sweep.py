@@ -29,6 +29,8 @@ from ..core.documents import FleetInputs, NodeEntry, SweepReport, fleet_inputs
 from ..core.result import ResultEntry, Status
 from ..core.verdict import SCHEMA_ID, Verdict, VerdictError, iso_utc, supported_version
 from ..platform import fanout
+from ..platform.argv import option_value
+from ..platform.durations import parse_duration
 from ..platform.fanout import MAX_OUTPUT_BYTES, NodeRun, session_stdin
 from ..platform.nodeset import fold
 from ..platform.processes import Interrupted
@@ -78,19 +80,46 @@ class NodeOutcome:
         }
 
 
-def remote_command(remote_cmd: str, run_args: list[str], extra: str = "") -> str:
-    """The shell text run on a node: `<remote_cmd> run --json <args> <extra>`.
+def remote_command(remote_cmd: str, run_args: list[str], extra: str = "", timeout_s: float | None = None) -> str:
+    """The shell text run on a node: `<remote_cmd> run --json <args> <extra> [--timeout S]`.
 
     remote_cmd is shell text on purpose (`/opt/gpucheck/bin/gpucheck`, `env X=1 python3 -m
     gpucheck`); run_args are quoted; extra (per-node arguments) is re-quoted after shell
-    splitting, so a malformed quote is a ValueError here and not a surprise on the node.
+    splitting, so a malformed quote is a ValueError here and not a surprise on the node. With
+    the sweep's `timeout_s`, the run gets its own deadline last (node_run_timeout_s), so that it
+    stops by itself even where nothing on the node stops it (no coreutils `timeout`, a limit
+    that died).
     """
     parts = [remote_cmd.strip(), "run", "--json"]
+    extra_args = shlex.split(extra) if extra.strip() else []
     if run_args:
         parts.append(shlex.join(run_args))
-    if extra.strip():
-        parts.append(shlex.join(shlex.split(extra)))
+    if extra_args:
+        parts.append(shlex.join(extra_args))
+    deadline_s = node_run_timeout_s(timeout_s, [*run_args, *extra_args])
+    if deadline_s is not None:
+        parts.append(f"--timeout {deadline_s:g}s")
     return " ".join(parts)
+
+
+# The node run's own deadline ends this long (a tenth of the sweep's limit at most) before the
+# sweep's, so that its partial verdict still comes back.
+NODE_RUN_MARGIN_S = 5.0
+
+
+def node_run_timeout_s(timeout_s: float | None, run_args: list[str]) -> float | None:
+    """The `--timeout` (whole seconds) a node's `gpucheck run` gets under a sweep limit of
+    `timeout_s`: that limit less NODE_RUN_MARGIN_S (a tenth of it at most), at least 1 s, or the
+    run's own `--timeout` among `run_args` where that is shorter. None without a limit."""
+    if not timeout_s:
+        return None
+    limit = max(1, math.floor(timeout_s - min(NODE_RUN_MARGIN_S, timeout_s / 10)))
+    asked = option_value(run_args, "--timeout")  # the last one: the one the run reads
+    try:
+        asked_s = parse_duration(asked) if asked is not None else None
+    except ValueError:
+        asked_s = None  # replaced by this deadline
+    return float(limit if asked_s is None else min(limit, max(1, math.ceil(asked_s))))
 
 
 # The node-side limit's SIGKILL follows its SIGTERM after twice the runner's cancel grace
@@ -115,13 +144,24 @@ def die_with_session(command: str, timeout_s: float | None, session_stdin: bool 
     limit = ""
     if timeout_s:
         limit = (f"command -v timeout >/dev/null 2>&1 && "
-                 f"set -- timeout -k {NODE_KILL_AFTER_S} {max(1, math.ceil(timeout_s))}; ")
+                 f"set -- timeout -k {NODE_KILL_AFTER_S} {max(1, math.ceil(timeout_s))} && g=-; ")
     if not session_stdin:
         return "exec </dev/null; set --; " + limit + f'exec "$@" sh -c {shlex.quote(command)}'
-    return ("exec 3<&0 </dev/null; set --; " + limit
+    return ("exec 3<&0 </dev/null; set --; g=; " + limit
             + f'"$@" sh -c {shlex.quote(command)} & p=$!; '
-            + '{ IFS= read -r _ <&3; kill -TERM "$p"; } >/dev/null 2>&1 & w=$!; '
+            + '{ IFS= read -r _ <&3; ' + _STOP_COMMAND + '; } >/dev/null 2>&1 & w=$!; '
             + 'exec 3<&-; wait "$p"; r=$?; kill "$w" 2>/dev/null; exit "$r"')
+
+
+# The watcher's stop. Under `timeout` ($g is "-") the SIGTERM goes to timeout's process group,
+# never to timeout alone: timeout forks its command a few microseconds after it starts, and
+# coreutils (9.1) ends itself without passing the signal on when one arrives before it has
+# recorded its child's PID, leaving the command running with no limit at all (issue 26). The
+# group (timeout calls setpgid first thing, the command is forked into it) holds the command from
+# its fork on; until timeout has made the group, the signal is retried while timeout lives.
+# Without `timeout` ($g is empty) the command itself is signalled, once.
+_STOP_COMMAND = ('until kill -s TERM -- "$g$p"; do [ -n "$g" ] && kill -0 "$p" || break; '
+                 'sleep 0.01 || sleep 1; done')
 
 
 def one_line(command: str) -> str:
@@ -251,8 +291,8 @@ class SweepPlan:
     def commands(self, session_stdin: bool = True) -> dict[str, str]:
         """Each node's shell text (`session_stdin`: see die_with_session)."""
         return {n: one_line(die_with_session(remote_command(self.remote_cmd, self.run_args,
-                                                            self.node_args.get(n, "")), self.timeout_s,
-                                             session_stdin))
+                                                            self.node_args.get(n, ""), self.timeout_s),
+                                             self.timeout_s, session_stdin))
                 for n in self.nodes}
 
 

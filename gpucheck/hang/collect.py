@@ -18,6 +18,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, cast
 
+from ..platform.interrupts import INTERRUPTS
 from ..platform.safeio import loads_json
 from ..platform.snippets import SNIPPET, last_line, snippet
 from .local import NODE_SCHEMA
@@ -223,6 +224,8 @@ def collect_nodes(plan: FanoutPlan, *, runner: Callable[..., Mapping[str, Any]],
     interrupted = None
     runs: Mapping[str, Any] = {}
     try:
+        if early := INTERRUPTS.take():  # arrived while the command started and planned
+            raise Interrupted(early)
         runs = runner(plan.commands(), mode=plan.mode, fanout=plan.fanout, timeout_s=plan.timeout_s,
                       on_done=done, **runner_kw)
     except (Interrupted, KeyboardInterrupt) as e:
@@ -242,6 +245,8 @@ def load_recorded(path: str, text: str) -> list[NodeResult]:
     """Node documents saved earlier (`--record`, or `gpucheck hang --local --json` output): one
     document, a list of them, or one per line. ValueError naming the file when one is not valid."""
     s = text.strip()
+    if not s:
+        raise ValueError(f"{path}: empty: no node document")
     try:
         docs = loads_json(s)
         docs = docs if isinstance(docs, list) else [docs]
@@ -250,6 +255,8 @@ def load_recorded(path: str, text: str) -> list[NodeResult]:
             docs = [loads_json(line) for line in s.splitlines() if line.strip()]
         except ValueError as e:
             raise ValueError(f"{path}: not JSON ({e})") from None
+    if not docs:
+        raise ValueError(f"{path}: no node document (an empty list)")
     out = []
     for i, d in enumerate(docs):
         doc, why = validate_node_doc(d)

@@ -13,6 +13,7 @@ Pure functions: no torch, no I/O.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Iterable, Sequence
 
@@ -91,14 +92,18 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
+MAX_SIZE_BYTES = 1 << 40  # 1 TiB: far above any GPU's memory, and no float rounding below it
+
+
 def parse_size(text: str) -> int:
     """'64K', '1M', '1MiB', '1G', '4096' -> bytes (binary multiples, as nccl-tests' -b/-e)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"bad size {text!r} (want e.g. 64K, 1M, 1G)")
     v = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if v < 1 or v != int(v):
-        raise ValueError(f"bad size {text!r}: must be a positive whole number of bytes")
+    if not math.isfinite(v) or v < 1 or v > MAX_SIZE_BYTES or v != int(v):
+        shown = text if len(str(text)) <= 30 else f"{str(text)[:20]}... ({len(str(text))} characters)"
+        raise ValueError(f"bad size {shown!r}: must be a whole number of bytes from 1 to 1024G")
     return int(v)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
+
+MAX_DURATION_S = 366 * 86400.0  # a year: no time limit, window or test of gpucheck's is longer
 
 _UNITS = {"": 1.0, "ms": 0.001, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0,
           "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "d": 86400.0, "day": 86400.0, "days": 86400.0,
@@ -29,5 +32,13 @@ def parse_duration(text: str | float | int, *, require_unit: bool = False) -> fl
     if pos != len(s):
         raise ValueError(f"bad duration {text!r} (want e.g. 30s, 5m, 1h or seconds)")
     if total <= 0:
-        raise ValueError(f"duration must be positive, not {text!r}")
+        raise ValueError(f"duration must be positive, not {_shown(text)} (want more than 0 and at most 366 days)")
+    if not math.isfinite(total) or total > MAX_DURATION_S:
+        raise ValueError(f"duration {_shown(text)} is out of range (want more than 0 and at most 366 days)")
     return total
+
+
+def _shown(text: str | float | int) -> str:
+    """`text` for a message: a number of 400 digits is cut."""
+    s = repr(str(text))
+    return s if len(s) <= 40 else s[:30] + "...' (" + str(len(str(text))) + " characters)"

@@ -8,9 +8,11 @@ pipeline looks at the record at its own safe points and turns it into a partial 
 is raised from a handler, so no half-done step (a list append, a file write) is ever torn; while
 the final verdict is written the signals are held (blocked), so no write is cut short either.
 
-`INTERRUPTS` is the process's recorder. `gpucheck.cli.start.entry` arms it before anything else
-for the commands that produce a verdict; `app.execute` arms it when a caller in-process has not
-(and restores the previous handlers when it is done).
+`INTERRUPTS` is the process's recorder. `gpucheck.cli.start.entry` arms it before anything else,
+for every command: the commands that produce a verdict keep it (`app.execute` arms it when a
+caller in-process has not, and restores the previous handlers when it is done); the fleet
+commands and `hang` take what it recorded when their own handling starts (`take`), and every
+other command gets Python's handlers back before it begins (`hand_back`), or does not begin.
 """
 
 from __future__ import annotations
@@ -45,8 +47,12 @@ class Interrupts:
             return False
         self.reason, self.count, self._listeners = None, 0, []
         self.armed_at = time.monotonic()
-        for sig in SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, set(SIGNALS))  # both at once: no SIGINT
+        try:  # between the two finds Python's KeyboardInterrupt
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return True
 
     def disarm(self) -> None:
@@ -76,9 +82,33 @@ class Interrupts:
         verdict is written and its exit code decided; Python's finalization would put the default
         action back on every signal it handles, and a signal in those last milliseconds would
         then kill the process and replace its exit code with "killed by SIGTERM"."""
-        if self.armed and threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
+
+    def take(self) -> str | None:
+        """For a command that installs its own SIGTERM/SIGINT handling once it has started (a fleet
+        command's stop_on_signals, hang's): the signal that arrived before (while Python imported
+        the command, parsed and planned), now that command's to act on; the record is cleared.
+        None when none came."""
+        reason, self.reason, self.count = self.reason, None, 0
+        return reason
+
+    def hand_back(self) -> str | None:
+        """For a command that keeps Python's default handling (a SIGINT is KeyboardInterrupt,
+        which gpucheck.cli.main turns into exit 3): restore the previous handlers and return the
+        signal that arrived since `arm()`, if any (the command must then not begin). Signals are
+        blocked meanwhile, so that none falls between the look and the restore: one that does is
+        delivered to the restored handler."""
+        if not self.armed or threading.current_thread() is not threading.main_thread():
+            return self.reason
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, set(SIGNALS))
+        try:
+            reason = self.reason
+            self.disarm()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return reason
 
     def listen(self, event: threading.Event) -> None:
         """Set `event` on every signal (at once when one already arrived)."""

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from .interrupts import INTERRUPTS
+
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 GRACE_S = 1.0  # SIGTERM -> SIGKILL: ssh and srun clients, shells and ranks end well within it
 _POLL_S = 0.05
@@ -215,6 +217,8 @@ def stop_on_signals(grace_s: float = GRACE_S) -> Iterator[None]:
 
             for sig in STOP_SIGNALS:
                 old[sig] = signal.signal(sig, handler)
+            if early := INTERRUPTS.take():  # arrived while the command started and planned
+                stop.request(early)
         stop.thread.start()
         yield
     finally:

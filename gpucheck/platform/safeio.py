@@ -15,6 +15,9 @@ Writing a user-named output (`--output`, `--prom`, `--report`, `telemetry dump -
   by root or by the caller and not writable by group or others (or sticky, like /tmp, where only
   a link's owner can replace it). Anything else is refused. The path is walked one component at
   a time with openat(O_NOFOLLOW), so nothing can be swapped in between the check and the use.
+- never in the kernel's and the devices' file systems (`/proc`, `/sys`, `/dev` but `/dev/shm`,
+  and any folder on a PSEUDO_FILESYSTEMS mount): a "file" there is a kernel setting or a device,
+  and even root's write to it is no output (`-o /proc/version` ran every check, then warned).
 
 State and reference files (history, cursors, the repro reference file and its lock): opened with
 O_NOFOLLOW and O_NONBLOCK and used only when fstat says they are regular files; replaced
@@ -65,6 +68,15 @@ LIMITS: dict[str, int] = {
 _PATH_FLAG = getattr(os, "O_PATH", os.O_RDONLY)
 _DIR_FLAGS = _PATH_FLAG | os.O_DIRECTORY | os.O_CLOEXEC
 _NULL_DEVICE = (1, 3)
+
+# File systems whose files are the kernel's or the devices', never an output (by the mount's type
+# in /proc/self/mountinfo), and the folders that hold them wherever the mount's type is another.
+PSEUDO_FILESYSTEMS = frozenset({
+    "proc", "sysfs", "devtmpfs", "devpts", "debugfs", "tracefs", "securityfs", "cgroup", "cgroup2",
+    "configfs", "pstore", "bpf", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "selinuxfs", "autofs",
+    "hugetlbfs", "rpc_pipefs", "nsfs"})
+_KERNEL_FOLDERS = ("/proc", "/sys", "/dev")
+_WRITABLE_UNDER_DEV = ("/dev/shm",)
 
 
 class RefusedPath(OSError):
@@ -403,11 +415,13 @@ def _plan_output(path: str) -> _Target:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
+            _refuse_or_close(path, dfd, real)
             return _Target(dfd, real, name, "new")
         except BaseException:
             os.close(dfd)
             raise
         if stat.S_ISREG(st.st_mode):
+            _refuse_or_close(path, dfd, real)
             return _Target(dfd, real, name, "regular", stat.S_IMODE(st.st_mode) & 0o777)
         if stat.S_ISFIFO(st.st_mode) or _writable_device(st):
             return _Target(dfd, real, name, "through")
@@ -426,15 +440,53 @@ def _plan_output(path: str) -> _Target:
     raise RefusedPath(path, "too many levels of symbolic links", errno.ELOOP)
 
 
+def _refuse_or_close(path: str, dfd: int, folder: str) -> None:
+    try:
+        _refuse_kernel_folder(path, dfd, folder)
+    except BaseException:
+        os.close(dfd)
+        raise
+
+
 def check_output(path: str) -> None:
     """Raise RefusedPath/OSError when `path` could not be written as an output (see the module);
-    a missing or not writable folder included. Nothing is created."""
+    a missing or not writable folder included, and a kernel or device file system. Nothing is
+    created."""
     t = _plan_output(path)
     try:
         if t.kind != "through" and not os.access(t.folder, os.W_OK | os.X_OK):
             raise RefusedPath(path, f"folder {t.folder} is not writable", errno.EACCES)
     finally:
         os.close(t.dfd)
+
+
+def _refuse_kernel_folder(path: str, dfd: int, folder: str) -> None:
+    """RefusedPath when `folder` (open as `dfd`) is the kernel's or the devices': under /proc,
+    /sys or /dev (but /dev/shm), or on a PSEUDO_FILESYSTEMS mount."""
+    under = [top for top in _KERNEL_FOLDERS if folder == top or folder.startswith(top + "/")]
+    if under and not any(folder == ok or folder.startswith(ok + "/") for ok in _WRITABLE_UNDER_DEV):
+        raise RefusedPath(path, f"is in {under[0]}, the kernel's or the devices' files: never an output",
+                          errno.EPERM)
+    fs_type = _mount_type(os.fstat(dfd).st_dev)
+    if fs_type in PSEUDO_FILESYSTEMS:
+        raise RefusedPath(path, f"is on a {fs_type} file system, the kernel's or the devices' files: never an output",
+                          errno.EPERM)
+
+
+def _mount_type(device: int) -> str | None:
+    """The type of the file system mounted from `device` (/proc/self/mountinfo), None where it
+    cannot be told."""
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == wanted and "-" in fields:
+                    after = fields[fields.index("-") + 1:]
+                    return after[0] if after else None
+    except OSError:
+        pass
+    return None
 
 
 def _write_through(t: _Target, data: "bytes | str | Iterable[bytes | str]") -> None:

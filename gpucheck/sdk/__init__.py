@@ -26,7 +26,7 @@ from ..core.check import Check, CheckSpec, Context, Need, RunOptions, Slice, com
 from ..core.config import Limit
 from ..core.inject import InjectionArgs, choice, fraction, injections_for_gpu
 from ..core.levels import Level
-from ..core.options import Option, flag_of, option
+from ..core.options import MAX_DIMENSION, Option, flag_of, option
 from ..core.result import Action, Basis, Key, Result, Rule, Status, Threshold, evaluate, settle
 from ..platform.telemetry.nvml import NOT_IN_FORMAT
 from .snapshot import (NOT_IN_CAPTURE, apply_unreadable, counter_growth, each_gpu, format_gaps, get, gpu_state_result,
@@ -36,7 +36,7 @@ from .snapshot import (NOT_IN_CAPTURE, apply_unreadable, counter_growth, each_gp
 __all__ = [
     "Check", "CheckSpec", "Context", "Level", "Need", "RunOptions", "Slice", "compute_skip", "define",
     "Limit",
-    "Option", "flag_of", "option",
+    "MAX_DIMENSION", "Option", "flag_of", "option",
     "InjectionArgs", "choice", "fraction", "injections_for_gpu",
     "Action", "Basis", "Key", "Result", "Rule", "Status", "Threshold", "evaluate", "settle",
     "NOT_IN_CAPTURE", "NOT_IN_FORMAT", "apply_unreadable", "counter_growth", "each_gpu", "format_gaps", "get", "gpu_state_result",

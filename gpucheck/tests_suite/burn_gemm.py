@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from ..compute.gemm import DTYPES, DtypeError, parse_dtypes
 from ..data.sku import Sku, lookup
 from ..platform.durations import parse_duration
-from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status, define, evaluate,
-                   fraction, injections_for_gpu, option, settle)
+from ..sdk import (MAX_DIMENSION, Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Status,
+                   define, evaluate, fraction, injections_for_gpu, option, settle)
 from ..sdk.workers import (LoadParams, LoadTime, finish_result, guarded_targets, job_gpu, progress_evidence,
                            returned_data, run_per_gpu, stopped_early, telemetry_summary, unfinished_result, worker_data)
 
@@ -109,7 +109,7 @@ class BurnOptions:
         help=f"Comma list of {','.join(DTYPES)} (repeatable; default by level: bf16 at 2, all at 3 and 4). "
              "fp8 runs on GPUs with compute capability >= 8.9 only; elsewhere it is skipped, "
              "and the result says why.")
-    size: int | None = option("--size", "int", low=16,
+    size: int | None = option("--size", "int", low=16, high=MAX_DIMENSION,
                               help="n of the n x n operands (default 8192 on GPUs, 256 on CPU workers).")
 
 

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, cast
 from ..eud.power_judge import CHECK_ID, HW_REASONS, PowerLoad, PowerParams, judge_power, load_window
 from ..platform.durations import parse_duration
 from ..platform.telemetry.throttle import bit
-from ..sdk import (Context, InjectionArgs, Level, Limit, Need, Result, Slice, Status, choice, define, flag_of,
-                   fraction, injections_for_gpu, option)
+from ..sdk import (MAX_DIMENSION, Context, InjectionArgs, Level, Limit, Need, Result, Slice, Status, choice, define,
+                   flag_of, fraction, injections_for_gpu, option)
 from ..sdk.workers import (CANCELLED, OVER_BUDGET, Promise, cut_short, deadline_problem, duration_slice,
                            guarded_targets, job_gpu, level_duration, promised, returned_data, run_per_gpu,
                            unfinished_result)
@@ -82,7 +82,7 @@ class PowerOptions:
 
     duration_s: float | None = option("--power-duration", parse=parse_duration,
                                       help="How long eud.power sustains its GEMM load (default by level).")
-    size: int | None = option("--power-size", "int", low=16, metavar="N",
+    size: int | None = option("--power-size", "int", low=16, high=MAX_DIMENSION, metavar="N",
                               help="n of the n x n operands of eud.power's GEMM load (default 8192 on GPUs, "
                                    "128 on CPU workers).")
 

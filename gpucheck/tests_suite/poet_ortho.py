@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..platform.durations import parse_duration
 from ..poet.bounds import PoetInputError, parse_blocks, parse_dtypes
-from ..sdk import (Action, Context, InjectionArgs, Level, Limit, Need, Result, Rule, Status, choice, define, evaluate,
-                   injections_for_gpu, option)
+from ..sdk import (MAX_DIMENSION, Action, Context, InjectionArgs, Level, Limit, Need, Result, Rule, Status, choice,
+                   define, evaluate, injections_for_gpu, option)
 from ..sdk.workers import (LoadParams, LoadTime, Promise, finish_result, guarded_targets, job_gpu, progress_evidence,
                            returned_data, run_per_gpu, stopped_early, telemetry_summary, unfinished_result)
 
@@ -117,10 +117,10 @@ class PoetOptions:
         "--dtype", "list", parse=parse_dtypes, error=PoetInputError,
         help="Comma list of fp32,bf16,fp16 (repeatable; default all).")
     size: int | None = option(
-        "--size", "int", low=32,
+        "--size", "int", low=32, high=MAX_DIMENSION,
         help="n, the features of x and W: a multiple of every block size (default 4096 on GPUs, "
              "2 blocks on CPU workers).")
-    rows: int | None = option("--rows", "int", low=1,
+    rows: int | None = option("--rows", "int", low=1, high=MAX_DIMENSION,
                               help="m, the rows of x (default 4096 on GPUs, 64 on CPU workers).")
     backend: str | None = option(
         "--backend", "choice", choices=LIMITS["backend"].choices,
