@@ -23,6 +23,7 @@ TABLE: dict[str, int] = {
     "nvlink": 1,
     "recovery_action": 1,
     "xid": 1,
+    "net_ports": 1,
     "burn_gemm": 2,
     "repro_bitwise": 1,
     "poet_ortho": 2,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from ..net.model import NetRecord
+
 # -- a snapshot (docs/snapshot.md) ------------------------------------------------------------------
 
 KIND = "gpucheck.snapshot"  # a snapshot document's "kind"
@@ -142,6 +144,7 @@ class JudgedGpu(GpuEntry):
 class _SnapshotExtras(TypedDict, total=False):
     gpucheck_version: str
     kernel_log: dict[str, Any] | None  # the kernel-log excerpt `gpucheck telemetry dump` records
+    net: NetRecord  # the RDMA ports and kernel modules (gpucheck.platform.net.record)
 
 
 class Snapshot(_SnapshotExtras):

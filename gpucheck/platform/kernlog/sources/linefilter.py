@@ -1,13 +1,19 @@
 """The fast line filter: only lines holding ``NVRM`` (every GPU driver line) or ``SXid`` (every
-NVSwitch error line) are kept, found with bytes.find over big buffers before any decoding."""
+NVSwitch error line), or a needle of the network events (link and carrier changes, the GPUDirect
+RDMA module: platform/kernlog/netevents.py owns that list) are kept, found with bytes.find over
+big buffers before any decoding."""
 
 from __future__ import annotations
 
 from typing import IO, Any, Iterator
 
+from ..netevents import NET_NEEDLES
+
 # A relevant line holds one of these (bytes test before any decoding or regex): every GPU
-# driver line says NVRM, every NVSwitch error line SXid.
-NEEDLES: tuple[bytes, ...] = (b"NVRM", b"SXid")
+# driver line says NVRM, every NVSwitch error line SXid; the network checks' lines (net.flaps,
+# gdr.peermem) hold one of NET_NEEDLES.
+XID_NEEDLES: tuple[bytes, ...] = (b"NVRM", b"SXid")
+NEEDLES: tuple[bytes, ...] = XID_NEEDLES + NET_NEEDLES
 # In big buffers a needle is found through its rarest byte (bytes.find of one byte is memchr),
 # each hit then checked in place. The rarest byte is picked per buffer from a sample of it.
 ANCHOR_SAMPLE = 1 << 16
