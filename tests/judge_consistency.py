@@ -25,7 +25,7 @@ from gpucheck.core.result import Action, Basis, Result, Status
 # The checks whose every result must follow its thresholds (the judges on the rule engine).
 CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action", "xid",
                     "burn.gemm", "poet.ortho", "eud.bandwidth", "eud.power", "eud.memtest", "eud.dcgm",
-                    "nccl.intra", "repro.bitwise"})
+                    "nccl.intra", "repro.bitwise", "net.ports", "net.flaps", "gdr.peermem"})
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.core.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left

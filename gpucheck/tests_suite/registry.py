@@ -24,6 +24,8 @@ TABLE: dict[str, int] = {
     "recovery_action": 1,
     "xid": 1,
     "net_ports": 1,
+    "gdr_peermem": 1,
+    "net_flaps": 1,
     "burn_gemm": 2,
     "repro_bitwise": 1,
     "poet_ortho": 2,
