@@ -143,6 +143,8 @@ def judge_rail(port: NetPort, exp: Expected, p: NetPortsParams, prev: Any, now: 
                  units={"rate_gbps": "Gb/s", "width_lanes": "lanes", "error_counter_growth": "count"},
                  ok_summary=f"rail {port['key']}: {port['state']}/{port['phys_state'] or '-'} ({what})")
     r.evidence += [f"{n}" for n in notes if "+" not in n]
+    if exp.rate_gbps is not None:
+        r.evidence.append(f"expected rate {exp.rate_gbps:g} Gb/s: {exp.rate_from}")
     if growth is None and port["counters"]:
         r.evidence.append(f"error counters since driver load; no delta ({why_no_interval})")
     for problem in port["problems"]:
@@ -166,8 +168,12 @@ def _others(ports: list[NetPort], rails: Rails) -> Result | None:
     words = [f"{q['key']} {q['state'] or '?'}/{q['phys_state'] or '?'}" for q in others]
     down = [q["key"] for q in others if q["state"] not in ACTIVE_STATES]
     text = f"{len(others)} port(s) not rails, not judged: {', '.join(words)}"
-    return Result(ID, Status.PASS, text + (f" ({len(down)} not active)" if down else ""), subject="other ports",
-                  evidence=[f"rails: {rails.how}"])
+    r = Result(ID, Status.PASS, text + (f" ({len(down)} not active)" if down else ""), subject="other ports",
+               evidence=[f"rails: {rails.how}"])
+    for q in others:  # a state that does not parse is never read as healthy, rail or not
+        for problem in q["problems"]:
+            mark_unjudged(r, f"{q['key']} {problem.split()[0]}", Status.WARN, f"{q['key']}: {problem} does not parse")
+    return r
 
 
 NOT_IN_CAPTURE = ("RDMA ports not in this capture (record with `gpucheck telemetry dump`, or add ibstat, "
