@@ -66,8 +66,8 @@ def judge_peermem(net: NetRecord | None, has_gpus: bool | None, scan: NetScan, p
     loaded_list = mods.get("loaded")
     loaded = None if loaded_list is None else [m for m in PEERMEM_MODULES if m in loaded_list]
     module = errors[0].module if errors else "the GPUDirect RDMA module"
-    metrics = {"peermem_loaded": None if loaded is None else int(bool(loaded)), "load_errors": len(errors),
-               "runtime_errors": len(runtime), "loaded_module": (loaded or [None])[0]}
+    metrics: dict[str, Any] = {"peermem_loaded": None if loaded is None else int(bool(loaded)), "load_errors": len(errors),
+               "runtime_errors": len(runtime), "loaded_module": loaded[0] if loaded else None}
     limits = {"peermem_required": 1 if p["require_peermem"] else None, "load_errors_fail": None if loaded else 0}
     facts = {"module": module, "unloaded": " (module state not in this capture)" if loaded is None else ""}
     r = evaluate_peermem(metrics, limits, facts, loaded)

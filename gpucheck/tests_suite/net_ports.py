@@ -182,8 +182,9 @@ NOT_IN_CAPTURE = ("RDMA ports not in this capture (record with `gpucheck telemet
 
 def net_of(ctx: Context) -> NetRecord | None:
     """The snapshot's `net` key, or None when the snapshot does not hold it."""
-    net = (ctx.snapshot or {}).get("net")
-    return net if isinstance(net, dict) else None  # type: ignore[return-value]
+    snap: Any = ctx.snapshot or {}
+    net: NetRecord | None = snap.get("net") if isinstance(snap.get("net"), dict) else None
+    return net
 
 
 def _absent(rails: Rails, net: NetRecord) -> list[Result]:
