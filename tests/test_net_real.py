@@ -149,7 +149,7 @@ def test_flaps_outside_the_window_are_not_counted_and_unknown_times_are():
 
 # -- gdr.peermem on real kernel logs -----------------------------------------------------------------
 PEERMEM = {
-    "kernlog/gpud-h100-peermem-invalid-context-xid48-63-94.log": (P, 0),
+    "kernlog/gpud-h100-peermem-invalid-context-xid48-63-94.log": (S, 0),
     "kernlog/nv-peer-memory-8-unknown-symbol-err22.log": (F, 14),
     "kernlog/nv-peer-memory-84-modprobe-unknown-symbol-ctime.log": (F, 5),
     "kernlog/gpu-operator-2868-gb300-nvidia-peermem-unknown-symbol-ctime.log": (F, 10),
@@ -170,5 +170,10 @@ def test_peermem_on_real_logs(name):
 def test_peermem_runtime_errors_are_reported_not_judged():
     lines = (FIX / "kernlog/gpud-h100-peermem-invalid-context-xid48-63-94.log").read_text().splitlines()
     scan = scan_recorded({"source": "file", "lines": lines, "error": None, "boot_time": None}, time.time())
-    r = gdr_peermem.judge_peermem(None, None, scan, dict(gdr_peermem.DEFAULTS))
-    assert r.metrics["runtime_errors"] == 30 and "30 other nvidia_peermem error line(s)" in r.summary
+    alone = gdr_peermem.judge_peermem(None, None, scan, dict(gdr_peermem.DEFAULTS))
+    assert alone.status == S and "30 nvidia_peermem error line(s) (reported, not judged)" in alone.evidence
+    net = read_capture(FIX / "ibstat/gpud-h100-ib-ndr-400-all-active.txt")
+    net["modules"] = {"loaded": ["nvidia_peermem"], "error": None}
+    r = gdr_peermem.judge_peermem(net, True, scan, dict(gdr_peermem.DEFAULTS))
+    assert r.status == P and r.metrics["runtime_errors"] == 30
+    assert "30 other nvidia_peermem error line(s) (reported, not judged)" in r.summary

@@ -18,7 +18,7 @@ from ..platform.kernlog.netscan import NetScan, scan_live, scan_recorded
 from ..platform.net.model import NetRecord
 from ..platform.net.modules import PEERMEM_MODULES
 from ..platform.net.rails import hardware_ports
-from ..sdk import (Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, settle,
+from ..sdk import (nvml_unjudged, Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, settle,
                    snapshot_time)
 
 ID = "gdr.peermem"
@@ -53,8 +53,7 @@ def judge_peermem(net: NetRecord | None, has_gpus: bool | None, scan: NetScan, p
     errors = [e for e in scan.events.peermem if e.load_error]
     runtime = [e for e in scan.events.peermem if not e.load_error]
     if net is None and not scan.events.peermem:
-        return Result(ID, Status.SKIP, "RDMA ports and kernel modules not in this capture "
-                                       "(record with `gpucheck telemetry dump`)")
+        return Result(ID, Status.SKIP, "kernel modules not in this capture (add /proc/modules)")
     if net is not None and not hardware_ports({"source": "", "error": None, "ports": net.get("ports") or [],
                                                "notes": [], "gpu_pci_chains": {}}) and not net.get("error"):
         return Result(ID, Status.SKIP, "no RDMA hardware on this node: GPUDirect RDMA does not apply")
@@ -65,6 +64,9 @@ def judge_peermem(net: NetRecord | None, has_gpus: bool | None, scan: NetScan, p
         return Result(ID, Status.ERROR, f"could not judge: {mods['error']}")
     loaded_list = mods.get("loaded")
     loaded = None if loaded_list is None else [m for m in PEERMEM_MODULES if m in loaded_list]
+    if loaded is None and not errors:  # nothing says whether it is loaded or failed to load
+        return Result(ID, Status.SKIP, "kernel modules not in this capture (add /proc/modules)",
+                      evidence=[f"{len(runtime)} {runtime[0].module} error line(s) (reported, not judged)"] if runtime else [])
     module = errors[0].module if errors else "the GPUDirect RDMA module"
     metrics: dict[str, Any] = {"peermem_loaded": None if loaded is None else int(bool(loaded)), "load_errors": len(errors),
                "runtime_errors": len(runtime), "loaded_module": loaded[0] if loaded else None}
@@ -92,6 +94,9 @@ def evaluate_peermem(metrics: dict[str, Any], limits: dict[str, Any], facts: dic
         budget_s=10.0, detects="GPUDirect RDMA unavailable: peer-memory module missing or failing to load",
         defaults=DEFAULTS, limits=LIMITS)
 def gdr_peermem(ctx: Context) -> list[Result]:
+    unjudged = nvml_unjudged(ID, ctx.snapshot or {})  # the snapshot itself could not be read
+    if unjudged is not None:
+        return [unjudged]
     snap: Any = ctx.snapshot or {}
     net = snap.get("net") if isinstance(snap.get("net"), dict) else None
     p = ctx.params(ID, DEFAULTS)

@@ -25,7 +25,7 @@ from ..platform.kernlog.netevents import LinkEvent
 from ..platform.kernlog.netscan import NetScan, scan_live, scan_recorded
 from ..platform.net.model import NetPort, NetPorts
 from ..platform.net.rails import hardware_ports, select_rails
-from ..sdk import (Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, latest_metrics_by,
+from ..sdk import (nvml_unjudged, Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, latest_metrics_by,
                    previous_interval, settle, snapshot_time)
 
 ID = "net.flaps"
@@ -164,8 +164,7 @@ def _nothing(net: Any, ports: list[NetPort], scan: NetScan, quiet: list[str], p:
     if scan.error:
         return Result(ID, Status.ERROR, f"could not judge: {scan.error}")
     if scan.absent:
-        return Result(ID, Status.SKIP, "no kernel log and no link_downed delta in this capture (record with "
-                                       "`gpucheck telemetry dump`, or add the kernel log: dmesg, journalctl -k)")
+        return Result(ID, Status.SKIP, "kernel log not in this capture (add dmesg)")
     if net is not None and not ports and not quiet:
         return Result(ID, Status.SKIP, "no RDMA hardware and no link events")
     r = evaluate(ID, RULES, {"flaps": 0}, limits={"flaps_warn": p["flaps_warn"], "flaps_fail": None, "recovery_warn": None},
@@ -179,6 +178,9 @@ def _nothing(net: Any, ports: list[NetPort], scan: NetScan, quiet: list[str], p:
         budget_s=10.0, detects="network links going down and up (cables, transceivers, switch ports)",
         defaults=DEFAULTS, limits=LIMITS)
 def net_flaps(ctx: Context) -> list[Result]:
+    unjudged = nvml_unjudged(ID, ctx.snapshot or {})  # the snapshot itself could not be read
+    if unjudged is not None:
+        return [unjudged]
     snap: Any = ctx.snapshot or {}
     net = snap.get("net") if isinstance(snap.get("net"), dict) else None
     p = ctx.params(ID, DEFAULTS)

@@ -24,7 +24,7 @@ from typing import Any, TypedDict
 
 from ..platform.net.model import UNKNOWN, NetPort, NetRecord
 from ..platform.net.rails import Rails, hardware_ports, select_rails
-from ..sdk import (Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, latest_metrics_by,
+from ..sdk import (nvml_unjudged, Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, latest_metrics_by,
                    previous_interval, settle, snapshot_time)
 
 ID = "net.ports"
@@ -176,8 +176,7 @@ def _others(ports: list[NetPort], rails: Rails) -> Result | None:
     return r
 
 
-NOT_IN_CAPTURE = ("RDMA ports not in this capture (record with `gpucheck telemetry dump`, or add ibstat, "
-                  "ibv_devinfo -v or a copy of /sys/class/infiniband)")
+NOT_IN_CAPTURE = "RDMA ports not in this capture (add ibstat or /sys/class/infiniband)"
 
 
 def net_of(ctx: Context) -> NetRecord | None:
@@ -236,6 +235,9 @@ def judge_net(net: NetRecord, p: NetPortsParams, history: dict[Any, Any], now: f
         budget_s=5.0, detects="rail ports down, polling or initializing; rails at a lower rate or width; "
                               "error counters rising", defaults=DEFAULTS, limits=LIMITS)
 def net_ports(ctx: Context) -> list[Result]:
+    unjudged = nvml_unjudged(ID, ctx.snapshot or {})  # the snapshot itself could not be read
+    if unjudged is not None:
+        return [unjudged]
     net = net_of(ctx)
     if net is None:
         return [Result(ID, Status.SKIP, NOT_IN_CAPTURE)]
