@@ -55,26 +55,33 @@ def with_path(verdict: dict, path: str) -> dict:
 
 
 def test_healthy_8_gpu_node_fits_15_lines_at_80_columns(monkeypatch):
-    """The issue's node: 174 lines at 80 columns before, one row per check now."""
+    """The issue's node: 174 lines at 80 columns before, one row per check now (15 lines until
+    issue 24 added three network checks, which skip on this recording: it holds no `net` key)."""
     v = with_path(verdict_of("h100-healthy.json"), "tests/fixtures/snapshots/h100-healthy.json")
     lines = rendered(v, 80, monkeypatch)
-    assert len(lines) <= 15, "\n".join(lines)
+    assert len(lines) <= 21, "\n".join(lines)
     assert all(len(ln) <= 80 for ln in lines)
     assert lines == [
         "gpu-h100-017  8 x NVIDIA H100 80GB HBM3  driver 550.90.07",
         "check           node gpu0 gpu1 gpu2 gpu3 gpu4 gpu5 gpu6 gpu7",
         "clocks          .    ok   ok   ok   ok   ok   ok   ok   ok",
         "ecc             .    ok   ok   ok   ok   ok   ok   ok   ok",
+        "gdr.peermem     skip .    .    .    .    .    .    .    .",
         "inventory       ok   ok   ok   ok   ok   ok   ok   ok   ok",
         "memory-remap    .    ok   ok   ok   ok   ok   ok   ok   ok",
+        "net.flaps       skip .    .    .    .    .    .    .    .",
+        "net.ports       skip .    .    .    .    .    .    .    .",
         "nvlink          .    ok   ok   ok   ok   ok   ok   ok   ok",
         "pcie            .    ok   ok   ok   ok   ok   ok   ok   ok",
         "recovery-action .    ok   ok   ok   ok   ok   ok   ok   ok",
         "repro.bitwise   skip .    .    .    .    .    .    .    .",
         "xid             skip .    .    .    .    .    .    .    .",
-        "skipped: repro.bitwise (judging a recorded snapshot (--snapshot): compute checks",
-        "  need this node's live GPUs); xid (snapshot has no kernel log)",
-        "gpu-h100-017: PASS (level 1 quick, 0.2 s; 57 pass, 2 skip)  exit code 0",
+        "skipped: gdr.peermem (kernel modules not in this capture (add /proc/modules));",
+        "  net.flaps (kernel log not in this capture (add dmesg)); net.ports (RDMA ports",
+        "  not in this capture (add ibstat or /sys/class/infiniband)); repro.bitwise",
+        "  (judging a recorded snapshot (--snapshot): compute checks need this node's",
+        "  live GPUs); xid (snapshot has no kernel log)",
+        "gpu-h100-017: PASS (level 1 quick, 0.2 s; 57 pass, 5 skip)  exit code 0",
         "  from snapshot tests/fixtures/snapshots/h100-healthy.json (synthetic)",
     ]
 
@@ -86,8 +93,11 @@ def test_lost_gpu_grid_pinned_at_80_and_160_columns(monkeypatch):
         "check           node gpu0 gpu1 gpu2 gpu3 gpu4 gpu5 gpu6 gpu7",
         "clocks          .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "ecc             .    ok   ok   ok   ok   ok   FAIL ok   ok",
+        "gdr.peermem     skip .    .    .    .    .    .    .    .",
         "inventory       ok   ok   ok   ok   ok   ok   FAIL ok   ok",
         "memory-remap    .    ok   ok   ok   ok   ok   FAIL ok   ok",
+        "net.flaps       skip .    .    .    .    .    .    .    .",
+        "net.ports       skip .    .    .    .    .    .    .    .",
         "nvlink          .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "pcie            .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "recovery-action .    ok   ok   ok   ok   ok   FAIL ok   ok",
@@ -99,18 +109,24 @@ def test_lost_gpu_grid_pinned_at_80_and_160_columns(monkeypatch):
                     "FAIL  gpu5 clocks,ecc,inventory,memory-remap,nvlink,pcie,recovery-action: GPU 5:",
                     "      GPU is lost (fell off the bus or stopped answering; NVML GPU_IS_LOST)",
                     "      -> reboot",
-                    "skipped: repro.bitwise (judging a recorded snapshot (--snapshot): compute checks",
-                    "  need this node's live GPUs); xid (snapshot has no kernel log)",
-                    "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 2 skip)",
+                    "skipped: gdr.peermem (kernel modules not in this capture (add /proc/modules));",
+                    "  net.flaps (kernel log not in this capture (add dmesg)); net.ports (RDMA ports",
+                    "  not in this capture (add ibstat or /sys/class/infiniband)); repro.bitwise",
+                    "  (judging a recorded snapshot (--snapshot): compute checks need this node's",
+                    "  live GPUs); xid (snapshot has no kernel log)",
+                    "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 5 skip)",
                     "  action: reboot  exit code 1  from snapshot lost.json (synthetic)"]
     at160 = rendered(v, 160, monkeypatch)
     assert at160 == ["gpu-h100-017  7 x NVIDIA H100 80GB HBM3  1 x GPU (lost)  driver 550.90.07", *grid,
                      "FAIL  gpu5 clocks,ecc,inventory,memory-remap,nvlink,pcie,recovery-action: GPU 5: GPU is lost "
                      "(fell off the bus or stopped answering; NVML GPU_IS_LOST)",
                      "      -> reboot",
-                     "skipped: repro.bitwise (judging a recorded snapshot (--snapshot): compute checks need this "
-                     "node's live GPUs); xid (snapshot has no kernel log)",
-                     "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 2 skip)  action: reboot  "
+                     "skipped: gdr.peermem (kernel modules not in this capture (add /proc/modules)); net.flaps "
+                     "(kernel log not in this capture (add dmesg)); net.ports (RDMA ports not",
+                     "  in this capture (add ibstat or /sys/class/infiniband)); repro.bitwise (judging a recorded "
+                     "snapshot (--snapshot): compute checks need this node's live GPUs);",
+                     "  xid (snapshot has no kernel log)",
+                     "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 5 skip)  action: reboot  "
                      "exit code 1  from snapshot lost.json (synthetic)"]
 
 
