@@ -41,6 +41,9 @@ ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.nccl.intra", "judge", ("gpucheck.tests_suite.nccl_intra",)),
     ("gpucheck.repro.judge", "judge_node", ()),
     ("gpucheck.xid.judge", "judge", ()),
+    ("gpucheck.tests_suite.net_ports", "judge_net", ()),
+    ("gpucheck.tests_suite.net_flaps", "judge_flaps", ()),
+    ("gpucheck.tests_suite.gdr_peermem", "judge_peermem", ()),
 )
 
 FOUND: list[str] = []  # disagreements seen since the last reset (conftest fails the test on any)

@@ -55,6 +55,8 @@ RULES = (
          "rail {port}: error counters rising since the previous run ({grown})", "count"),
 )
 
+ABSENT_RULES = (Rule("present", "<", 1, Status.FAIL, Action.DRAIN, "configured rail {rail} is not on this node"),)
+
 
 @dataclass(frozen=True)
 class Expected:
@@ -192,8 +194,10 @@ def _absent(rails: Rails, net: NetRecord) -> list[Result]:
     out = []
     for name in rails.absent:
         if net.get("source") == "sysfs":
-            out.append(Result(ID, Status.FAIL, f"configured rail {name} is not on this node", subject=name,
-                              action=Action.DRAIN, evidence=[f"rails: {rails.how}"]))
+            r = evaluate(ID, ABSENT_RULES, {"rail": name, "present": 0}, facts={"rail": name}, subject=name,
+                         ok_summary="")
+            r.evidence.append(f"rails: {rails.how}")
+            out.append(r)
         else:
             out.append(Result(ID, Status.ERROR, f"configured rail {name} not in this capture", subject=name))
     return out
