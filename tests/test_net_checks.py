@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from gpucheck.core.check import Context
-from gpucheck.core.config import Config
 from gpucheck.core.levels import Level
 from gpucheck.core.result import Action, Status
 from gpucheck.core.runner import run_checks
@@ -22,7 +21,6 @@ from gpucheck.core.state import State
 from gpucheck.platform.kernlog.netevents import parse_net_line
 from gpucheck.platform.kernlog.netscan import NetScan
 from gpucheck.platform.kernlog.sources.linefilter import iter_relevant_lines
-from gpucheck.platform.net.model import empty_ports
 from gpucheck.platform.net.ports import read_ib_ports
 from gpucheck.platform.net.record import collect_net, from_text, replay_net
 from gpucheck.platform.net.tree import DirTree, Unreadable

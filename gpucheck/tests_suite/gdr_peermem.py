@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from ..platform.kernlog.netscan import NetScan, scan_live, scan_recorded
+from ..platform.kernlog.netscan import NetScan, scan_for
 from ..platform.net.model import NetRecord
+from ..platform.net.record import net_in
 from ..platform.net.modules import PEERMEM_MODULES
 from ..platform.net.rails import hardware_ports
 from ..sdk import (nvml_unjudged, Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, settle,
@@ -98,15 +99,8 @@ def gdr_peermem(ctx: Context) -> list[Result]:
     if unjudged is not None:
         return [unjudged]
     snap: Any = ctx.snapshot or {}
-    net = snap.get("net") if isinstance(snap.get("net"), dict) else None
-    p = ctx.params(ID, DEFAULTS)
-    if ctx.options.snapshot_path:
-        scan = scan_recorded(snap.get("kernel_log"), snapshot_time(ctx))
-    elif net is not None and (net.get("ports") or net.get("error")):
-        scan = scan_live(None)
-    else:
-        scan = NetScan()
-    r = judge_peermem(net, _has_gpus(snap), scan, p)
+    scan = scan_for(snap, replayed=bool(ctx.options.snapshot_path), since=None, captured_at=snapshot_time(ctx))
+    r = judge_peermem(net_in(snap), _has_gpus(snap), scan, ctx.params(ID, DEFAULTS))
     if scan.error and r.status != Status.SKIP and not ctx.options.snapshot_path:
         # Live, on a node with the hardware: the load errors could not be looked for.
         r.unjudged["kernel log"] = Status.ERROR

@@ -22,8 +22,9 @@ from typing import Any, TypedDict
 
 from ..platform.durations import parse_duration
 from ..platform.kernlog.netevents import LinkEvent
-from ..platform.kernlog.netscan import NetScan, scan_live, scan_recorded
+from ..platform.kernlog.netscan import NetScan, scan_for
 from ..platform.net.model import NetPort, NetPorts
+from ..platform.net.record import net_in
 from ..platform.net.rails import hardware_ports, select_rails
 from ..sdk import (nvml_unjudged, Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, latest_metrics_by,
                    previous_interval, settle, snapshot_time)
@@ -181,16 +182,10 @@ def net_flaps(ctx: Context) -> list[Result]:
     unjudged = nvml_unjudged(ID, ctx.snapshot or {})  # the snapshot itself could not be read
     if unjudged is not None:
         return [unjudged]
-    snap: Any = ctx.snapshot or {}
-    net = snap.get("net") if isinstance(snap.get("net"), dict) else None
-    p = ctx.params(ID, DEFAULTS)
+    net, p = net_in(ctx.snapshot), ctx.params(ID, DEFAULTS)
     now = snapshot_time(ctx) if ctx.options.snapshot_path else time.time()
-    if ctx.options.snapshot_path:
-        scan = scan_recorded(snap.get("kernel_log"), now)
-    elif net is not None and (net.get("ports") or net.get("error")):
-        scan = scan_live(None if now is None else now - parse_duration(p["window"]))
-    else:
-        scan = NetScan()
+    scan = scan_for(ctx.snapshot or {}, replayed=bool(ctx.options.snapshot_path), captured_at=now,
+                    since=None if now is None else now - parse_duration(p["window"]))
     if net is not None and net.get("error"):
         return [Result(ID, Status.ERROR, f"could not judge: {net['error']}")]
     return judge_flaps(net, scan, p, latest_metrics_by(ctx, ID, "port"), now)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from ..platform.net.model import UNKNOWN, NetPort, NetRecord
+from ..platform.net.record import net_in
 from ..platform.net.rails import Rails, hardware_ports, select_rails
 from ..sdk import (nvml_unjudged, Action, Context, Key, Level, Limit, Result, Rule, Status, define, evaluate, latest_metrics_by,
                    previous_interval, settle, snapshot_time)
@@ -181,13 +182,6 @@ def _others(ports: list[NetPort], rails: Rails) -> Result | None:
 NOT_IN_CAPTURE = "RDMA ports not in this capture (add ibstat or /sys/class/infiniband)"
 
 
-def net_of(ctx: Context) -> NetRecord | None:
-    """The snapshot's `net` key, or None when the snapshot does not hold it."""
-    snap: Any = ctx.snapshot or {}
-    net: NetRecord | None = snap.get("net") if isinstance(snap.get("net"), dict) else None
-    return net
-
-
 def _absent(rails: Rails, net: NetRecord) -> list[Result]:
     """Configured rails the source does not show: on a live node the NIC is gone (fail); in a
     capture it may just not be in it (error)."""
@@ -242,7 +236,7 @@ def net_ports(ctx: Context) -> list[Result]:
     unjudged = nvml_unjudged(ID, ctx.snapshot or {})  # the snapshot itself could not be read
     if unjudged is not None:
         return [unjudged]
-    net = net_of(ctx)
+    net = net_in(ctx.snapshot)
     if net is None:
         return [Result(ID, Status.SKIP, NOT_IN_CAPTURE)]
     p = ctx.params(ID, DEFAULTS)

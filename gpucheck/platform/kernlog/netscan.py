@@ -45,3 +45,16 @@ def scan_recorded(kernel_log: Mapping[str, Any] | None, captured_at: float | Non
     if not isinstance(kernel_log, Mapping):
         return NetScan(absent=True)
     return events_of(read_from_snapshot(dict(kernel_log), captured_at if captured_at is not None else time.time()))
+
+
+def scan_for(snapshot: Mapping[str, Any], *, replayed: bool, since: float | None,
+             captured_at: float | None) -> NetScan:
+    """The network events a check judges: a replayed snapshot's recorded kernel log; live, this
+    node's log since `since` when the snapshot shows RDMA ports (or could not read them); else
+    nothing read (no RDMA hardware: nothing to look for)."""
+    if replayed:
+        return scan_recorded(snapshot.get("kernel_log"), captured_at)
+    net = snapshot.get("net")
+    if isinstance(net, Mapping) and (net.get("ports") or net.get("error")):
+        return scan_live(since)
+    return NetScan()

@@ -80,3 +80,10 @@ def validate_net(net: Any, where: str) -> str | None:
     if mods is not None and (not isinstance(mods, dict) or not isinstance(mods.get("loaded"), (list, type(None)))):
         return f"{where}: net.modules must be {{loaded: [names] | null, error}}"
     return None
+
+
+def net_in(snapshot: Mapping[str, Any] | None) -> NetRecord | None:
+    """A snapshot's `net` key, or None when it does not hold one (a recording from before issue 24,
+    a converted nvidia-smi capture)."""
+    net: Any = (snapshot or {}).get("net")
+    return net if isinstance(net, dict) else None

@@ -26,6 +26,18 @@ def _finish(out: NetPorts, fields: dict[str, list[str]]) -> NetPorts:
     return out
 
 
+def _fill(out: NetPorts, fields: dict[str, dict[str, str]], phys_key: str, layer_key: str) -> NetPorts:
+    """Each port's state, physical state, rate and link layer from the lines read under it
+    (ibstat and ibstatus spell the keys differently)."""
+    for p in out["ports"]:
+        f = fields[p["key"]]
+        set_states(p, f.get("state"), f.get(phys_key))
+        if "rate" in f:
+            set_rate(p, f["rate"])
+        p["link_layer"] = f.get(layer_key) or None
+    return _finish(out, {k: ["state", "phys_state", "rate_gbps", "link_layer"] for k in fields})
+
+
 def _clean(text: str) -> list[str]:
     return [ln.replace("\r", "").rstrip() for ln in text.replace("```", "").splitlines()]
 
@@ -60,13 +72,7 @@ def parse_ibstat(text: str) -> NetPorts:
             ca_type = value or None
         elif port is not None:
             raw[port["key"]][key] = value
-    for p in out["ports"]:
-        fields = raw[p["key"]]
-        set_states(p, fields.get("state"), fields.get("physical state"))
-        if "rate" in fields:
-            set_rate(p, fields["rate"])
-        p["link_layer"] = fields.get("link layer") or None
-    return _finish(out, {k: ["state", "phys_state", "rate_gbps", "link_layer"] for k in raw})
+    return _fill(out, raw, "physical state", "link layer")
 
 
 def parse_ibstatus(text: str) -> NetPorts:
@@ -84,13 +90,7 @@ def parse_ibstatus(text: str) -> NetPorts:
         kv = _KV.match(line)
         if kv and port is not None:
             fields[port["key"]][kv.group(1).lower()] = kv.group(2)
-    for p in out["ports"]:
-        f = fields[p["key"]]
-        set_states(p, f.get("state"), f.get("phys state"))
-        if "rate" in f:
-            set_rate(p, f["rate"])
-        p["link_layer"] = f.get("link_layer") or None
-    return _finish(out, {k: ["state", "phys_state", "rate_gbps", "link_layer"] for k in fields})
+    return _fill(out, fields, "phys state", "link_layer")
 
 
 def parse_ibv_devinfo(text: str) -> NetPorts:
