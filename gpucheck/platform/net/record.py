@@ -86,4 +86,5 @@ def net_in(snapshot: Mapping[str, Any] | None) -> NetRecord | None:
     """A snapshot's `net` key, or None when it does not hold one (a recording from before issue 24,
     a converted nvidia-smi capture)."""
     net: Any = (snapshot or {}).get("net")
-    return net if isinstance(net, dict) else None
+    found: NetRecord | None = net if isinstance(net, dict) else None
+    return found
