@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 from .model import NetPorts, NetRecord
 from .modules import read_modules
@@ -86,5 +86,4 @@ def net_in(snapshot: Mapping[str, Any] | None) -> NetRecord | None:
     """A snapshot's `net` key, or None when it does not hold one (a recording from before issue 24,
     a converted nvidia-smi capture)."""
     net: Any = (snapshot or {}).get("net")
-    found: NetRecord | None = net if isinstance(net, dict) else None
-    return found
+    return cast(NetRecord, net) if isinstance(net, dict) else None
