@@ -278,3 +278,18 @@ def test_link_lines(line, expected):
 def test_a_line_whose_time_cannot_be_placed_has_no_time():
     assert parse_net_line("[  +0.000844] mlx5_core 0000:01:00.0 ib0: Link down").time is None
     assert parse_net_line("[100.5] mlx5_core 0000:01:00.0 ib0: Link down", boot_time=1000.0).time == 1100.5
+
+
+def test_a_sysfs_folder_is_read_whatever_level_of_it_was_copied(node):
+    from gpucheck.platform.net.captures import NET_CAPTURE_KINDS
+
+    for folder in (node / "sys", node, node / "sys" / "class", node / "sys" / "class" / "infiniband"):
+        kinds = [(name, read) for name, detect, read in NET_CAPTURE_KINDS if detect(b"", folder)]
+        assert [k for k, _ in kinds] == ["sysfs folder"], folder
+        net = kinds[0][1](folder)["net"]
+        assert [p["key"] for p in net["ports"]] == ["mlx5_0/1", "mlx5_1/1", "mlx5_2/1"], folder
+    # the whole tree: the PCI topology too, so the rails are the NICs under the GPUs' switches
+    net = NET_CAPTURE_KINDS[4][2](node / "sys")["net"]
+    assert {r.subject for r in net_ports.judge_net(net, dict(net_ports.DEFAULTS), {}, None)} == {
+        "mlx5_0/1", "mlx5_1/1", "other ports"}
+    assert not any(detect(b"", node / "proc") for _, detect, _ in NET_CAPTURE_KINDS)
