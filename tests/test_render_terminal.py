@@ -225,12 +225,14 @@ def test_sweep_grid_for_a_few_nodes():
     buf = io.StringIO()
     print_sweep(outcomes, report, False, buf, width=160, color=False)
     lines = buf.getvalue().splitlines()
-    assert lines[0].split() == ["node", "status", "clocks", "ecc", "inventory", "memory-remap", "nvlink", "pcie",
-                                "recovery-action", "repro.bitwise", "xid", "burn.gemm"]
-    assert lines[1].split() == ["gpu0001", "PASS", *["ok"] * 7, "skip", "skip", "ok"]
-    assert lines[3].split() == ["gpu0003", "FAIL", *["ok"] * 7, "skip", "skip", "WARN"]  # a fleet outlier
+    assert lines[0].split() == ["node", "status", "clocks", "ecc", "gdr.peermem", "inventory", "memory-remap",
+                                "net.flaps", "net.ports", "nvlink", "pcie", "recovery-action", "repro.bitwise", "xid",
+                                "burn.gemm"]
+    healthy = ["ok", "ok", "skip", "ok", "ok", "skip", "skip", "ok", "ok", "ok", "skip", "skip"]
+    assert lines[1].split() == ["gpu0001", "PASS", *healthy, "ok"]
+    assert lines[3].split() == ["gpu0003", "FAIL", *healthy, "WARN"]  # a fleet outlier
     assert lines[4].split()[:4] == ["gpu0004", "FAIL", "ok", "FAIL"]  # the ECC node
-    assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 10]
+    assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 13]
     text = buf.getvalue()
     assert "FAIL        gpu0004 ecc[gpu3]: ecc gpu3: uncorrectable" in text and "-> reset-gpu" in text
     assert "FAIL        gpu0003 fleet: burn.gemm gpu3: slow GPU" in text
@@ -240,9 +242,12 @@ def test_sweep_grid_for_a_few_nodes():
     narrow = io.StringIO()
     print_sweep(outcomes, report, False, narrow, width=80, color=False)
     head = narrow.getvalue().splitlines()
-    assert head[0].split() == ["node", "status", *"ABCDEFGHIJ"] and all(len(x) <= 80 for x in head[:9])
-    assert head[7:9] == ["checks: A clocks  B ecc  C inventory  D memory-remap  E nvlink  F pcie",
-                         "  G recovery-action  H repro.bitwise  I xid  J burn.gemm"]
+    # 13 lettered columns do not fit 80 columns beside node and status: two blocks of columns
+    assert head[0].split() == ["node", "status", *"ABCDEFGHIJKL"] and all(len(x) <= 80 for x in head[:17])
+    assert head[7].split() == ["node", "status", "M"] and head[8].split() == ["gpu0001", "PASS", "ok"]
+    assert head[14:17] == ["checks: A clocks  B ecc  C gdr.peermem  D inventory  E memory-remap  F net.flaps",
+                           "  G net.ports  H nvlink  I pcie  J recovery-action  K repro.bitwise  L xid",
+                           "  M burn.gemm"]
 
 
 @pytest.mark.slow
