@@ -293,3 +293,31 @@ def test_a_sysfs_folder_is_read_whatever_level_of_it_was_copied(node):
     assert {r.subject for r in net_ports.judge_net(net, dict(net_ports.DEFAULTS), {}, None)} == {
         "mlx5_0/1", "mlx5_1/1", "other ports"}
     assert not any(detect(b"", node / "proc") for _, detect, _ in NET_CAPTURE_KINDS)
+
+
+def test_earlier_peermem_load_errors_warn_once_the_module_is_loaded(node):
+    from gpucheck.platform.kernlog.netscan import events_of
+    from gpucheck.platform.kernlog.sources.base import Chunk, ReadResult
+
+    lines = ["[10.0] nvidia_peermem: disagrees about version of symbol ib_register_peer_memory_client",
+             "[10.0] nvidia_peermem: Unknown symbol ib_register_peer_memory_client (err -22)"]
+    scan = events_of(ReadResult(source="file", chunks=[Chunk("file", lines)]))
+    r = gdr_peermem.judge_peermem(net_of(node), True, scan, dict(gdr_peermem.DEFAULTS))  # loaded now
+    assert (r.status, r.action, r.metrics["load_errors"]) == (W, Action.INVESTIGATE, 2)
+    assert "earlier load error(s) of nvidia_peermem" in r.summary
+    net = net_of(node)
+    net["modules"]["loaded"] = ["mlx5_ib"]
+    r = gdr_peermem.judge_peermem(net, True, scan, dict(gdr_peermem.DEFAULTS))
+    assert r.status == F and "not loaded" in r.summary and "2 load error(s) of nvidia_peermem" in r.summary
+
+
+def test_link_error_recoveries_rising_warn(node):
+    net = net_of(node)
+    net["ports"][0]["counters"]["link_error_recovery"] = 4
+    first = net_flaps.judge_flaps(net, NetScan(), dict(net_flaps.DEFAULTS), {}, 1000.0)
+    history = {r.metrics["port"]: (r.metrics, None) for r in first}
+    later = copy.deepcopy(net)
+    later["ports"][0]["counters"]["link_error_recovery"] = 6
+    (r0,) = [r for r in net_flaps.judge_flaps(later, NetScan(), dict(net_flaps.DEFAULTS), history, 1600.0)
+             if r.subject == "mlx5_0/1"]
+    assert (r0.status, r0.metrics["link_error_recovery_growth"]) == (W, 2) and "recoveries rising" in r0.summary
