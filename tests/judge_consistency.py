@@ -25,7 +25,8 @@ from gpucheck.core.result import Action, Basis, Result, Status
 # The checks whose every result must follow its thresholds (the judges on the rule engine).
 CHECKS = frozenset({"inventory", "ecc", "memory-remap", "clocks", "pcie", "nvlink", "recovery-action", "xid",
                     "burn.gemm", "poet.ortho", "eud.bandwidth", "eud.power", "eud.memtest", "eud.dcgm",
-                    "nccl.intra", "repro.bitwise", "pcie.aer", "fabric.nvswitch"})
+                    "nccl.intra", "repro.bitwise", "pcie.aer", "fabric.nvswitch", "net.ports", "net.flaps",
+                    "gdr.peermem"})
 # Pure judges that tests call directly: (module, function, modules that imported it by name).
 ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.core.runner", "run_checks", ()),  # what the runner adds: hangs, checks not run, no time left
@@ -41,6 +42,9 @@ ENTRY_POINTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("gpucheck.nccl.intra", "judge", ("gpucheck.tests_suite.nccl_intra",)),
     ("gpucheck.repro.judge", "judge_node", ()),
     ("gpucheck.xid.judge", "judge", ()),
+    ("gpucheck.tests_suite.net_ports", "judge_net", ()),
+    ("gpucheck.tests_suite.net_flaps", "judge_flaps", ()),
+    ("gpucheck.tests_suite.gdr_peermem", "judge_peermem", ()),
 )
 
 FOUND: list[str] = []  # disagreements seen since the last reset (conftest fails the test on any)

@@ -166,7 +166,7 @@ def test_two_captures_with_gpu_telemetry_judge_the_first_and_say_so(capsys, tmp_
 # -- files that cannot be judged: exit 2, named -------------------------------------------------------
 def test_a_file_of_no_known_kind_an_empty_one_a_missing_one_exit_2_named(capsys, tmp_path):
     junk, empty = tmp_path / "ibstat.txt", tmp_path / "empty.txt"
-    junk.write_text("CA 'mlx5_0'\n\tCA type: MT4129\n")
+    junk.write_text("Port 1 is fine, said the operator\n")
     empty.write_text("")
     for path, words in ((junk, "not a capture of a known kind"), (empty, "empty file"),
                         (tmp_path / "missing.txt", "no such file")):
@@ -264,3 +264,30 @@ def test_a_fabric_manager_log_and_its_service_state_add_up(capsys, tmp_path):
     rc, v, _ = judge(capsys, str(service), str(log))
     got = {r["subject"]: r["status"] for r in v["results"] if r["check"] == "fabric.nvswitch"}
     assert got == {"fabric manager service": "pass", "fabric manager log": "fail"} and rc == 1
+
+
+# -- the network kinds (gpucheck.platform.net.captures), wired into the table ------------------------
+NET = FIX / "net"
+
+
+@pytest.mark.parametrize("path,kind_name,rc_expected", [
+    (NET / "ibstat" / "gpud-h100-ib-some-down.txt", "ibstat", 0),  # frontend Ethernet ports down: not rails
+    (NET / "ibstat" / "gpud-h100-roce-some-down.txt", "ibstat", 1),  # 2 of 8 rails down
+    (NET / "ibstatus" / "nccl-1935-ib-rails-down-disabled-tabs.txt", "ibstatus", 1),
+    (NET / "ibv_devinfo" / "deepep-60-cx7-port-down-partial.txt", "ibv_devinfo", 1),
+    (NET / "rdma_link" / "3fs-283-cx6dx-roce-healthy.txt", "rdma link", 0),
+    (NET / "sysfs" / "gcm-learn_stuck_ib_intf.json", "sysfs json", 1),
+])
+def test_each_network_kind_is_detected_and_judged_through_the_table(capsys, path, kind_name, rc_expected):
+    assert C.detect_kind(path).name == kind_name
+    rc, v, _ = judge(capsys, str(path))
+    assert rc == rc_expected
+    assert {r["check"] for r in v["results"] if r["status"] == "fail"} <= {"net.ports"}
+
+
+def test_an_ibstat_cut_before_its_ports_is_never_no_rdma_hardware(capsys, tmp_path):
+    cut = tmp_path / "ibstat.txt"
+    cut.write_text("CA 'mlx5_0'\n\tCA type: MT4129\n")
+    rc, v, _ = judge(capsys, str(cut))
+    (r,) = [r for r in v["results"] if r["check"] == "net.ports"]
+    assert rc == 3 and r["status"] == "error" and "mlx5_0" in r["summary"] and "no port" in r["summary"]

@@ -54,12 +54,14 @@ def with_path(verdict: dict, path: str) -> dict:
     return v
 
 
-def test_healthy_8_gpu_node_fits_19_lines_at_80_columns(monkeypatch):
-    """The issue's node: 174 lines at 80 columns before, one row per check now (issue 24 added the
-    rows of pcie.aer and fabric.nvswitch and their skip), and the marks' legend (issue 26)."""
+def test_healthy_8_gpu_node_fits_26_lines_at_80_columns(monkeypatch):
+    """The issue's node: 174 lines at 80 columns before, one row per check now (15 lines until
+    issue 24 added five level-1 checks (pcie.aer, fabric.nvswitch, net.ports, net.flaps,
+    gdr.peermem), which skip on this recording, made before they existed, each naming what to add),
+    and the marks' legend (issue 26)."""
     v = with_path(verdict_of("h100-healthy.json"), "tests/fixtures/snapshots/h100-healthy.json")
     lines = rendered(v, 80, monkeypatch)
-    assert len(lines) <= 19, "\n".join(lines)
+    assert len(lines) <= 26, "\n".join(lines)
     assert all(len(ln) <= 80 for ln in lines)
     assert lines == [
         "gpu-h100-017  8 x NVIDIA H100 80GB HBM3  driver 550.90.07",
@@ -67,8 +69,11 @@ def test_healthy_8_gpu_node_fits_19_lines_at_80_columns(monkeypatch):
         "clocks          .    ok   ok   ok   ok   ok   ok   ok   ok",
         "ecc             .    ok   ok   ok   ok   ok   ok   ok   ok",
         "fabric.nvswitch skip .    .    .    .    .    .    .    .",
+        "gdr.peermem     skip .    .    .    .    .    .    .    .",
         "inventory       ok   ok   ok   ok   ok   ok   ok   ok   ok",
         "memory-remap    .    ok   ok   ok   ok   ok   ok   ok   ok",
+        "net.flaps       skip .    .    .    .    .    .    .    .",
+        "net.ports       skip .    .    .    .    .    .    .    .",
         "nvlink          .    ok   ok   ok   ok   ok   ok   ok   ok",
         "pcie            .    ok   ok   ok   ok   ok   ok   ok   ok",
         "pcie.aer        skip .    .    .    .    .    .    .    .",
@@ -77,9 +82,13 @@ def test_healthy_8_gpu_node_fits_19_lines_at_80_columns(monkeypatch):
         "xid             skip .    .    .    .    .    .    .    .",
         "marks: skip does not apply here (why below); . no result here",
         "skipped: fabric.nvswitch,pcie.aer (not in this capture (record with gpucheck",
-        "  telemetry dump)); repro.bitwise (judging a recorded snapshot (--snapshot):",
-        "  compute checks need this node's live GPUs); xid (snapshot has no kernel log)",
-        "gpu-h100-017: PASS (level 1 quick, 0.2 s; 57 pass, 4 skip)  exit code 0",
+        "  telemetry dump)); gdr.peermem (kernel modules not in this capture (add",
+        "  /proc/modules)); net.flaps (kernel log not in this capture (add dmesg));",
+        "  net.ports (RDMA ports not in this capture (add ibstat or",
+        "  /sys/class/infiniband)); repro.bitwise (judging a recorded snapshot",
+        "  (--snapshot): compute checks need this node's live GPUs); xid (snapshot has no",
+        "  kernel log)",
+        "gpu-h100-017: PASS (level 1 quick, 0.2 s; 57 pass, 7 skip)  exit code 0",
         "  from snapshot tests/fixtures/snapshots/h100-healthy.json (synthetic)",
     ]
 
@@ -91,8 +100,11 @@ def test_lost_gpu_grid_pinned_at_80_and_160_columns(monkeypatch):
         "check           node gpu0 gpu1 gpu2 gpu3 gpu4 gpu5 gpu6 gpu7",
         "clocks          .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "ecc             .    ok   ok   ok   ok   ok   FAIL ok   ok",
+        "gdr.peermem     skip .    .    .    .    .    .    .    .",
         "inventory       ok   ok   ok   ok   ok   ok   FAIL ok   ok",
         "memory-remap    .    ok   ok   ok   ok   ok   FAIL ok   ok",
+        "net.flaps       skip .    .    .    .    .    .    .    .",
+        "net.ports       skip .    .    .    .    .    .    .    .",
         "nvlink          .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "pcie            .    ok   ok   ok   ok   ok   FAIL ok   ok",
         "recovery-action .    ok   ok   ok   ok   ok   FAIL ok   ok",
@@ -105,18 +117,24 @@ def test_lost_gpu_grid_pinned_at_80_and_160_columns(monkeypatch):
                     "FAIL  gpu5 clocks,ecc,inventory,memory-remap,nvlink,pcie,recovery-action: GPU 5:",
                     "      GPU is lost (fell off the bus or stopped answering; NVML GPU_IS_LOST)",
                     "      -> reboot",
-                    "skipped: repro.bitwise (judging a recorded snapshot (--snapshot): compute checks",
-                    "  need this node's live GPUs); xid (snapshot has no kernel log)",
-                    "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 2 skip)",
+                    "skipped: gdr.peermem (kernel modules not in this capture (add /proc/modules));",
+                    "  net.flaps (kernel log not in this capture (add dmesg)); net.ports (RDMA ports",
+                    "  not in this capture (add ibstat or /sys/class/infiniband)); repro.bitwise",
+                    "  (judging a recorded snapshot (--snapshot): compute checks need this node's",
+                    "  live GPUs); xid (snapshot has no kernel log)",
+                    "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 5 skip)",
                     "  action: reboot  exit code 1  from snapshot lost.json (synthetic)"]
     at160 = rendered(v, 160, monkeypatch)
     assert at160 == ["gpu-h100-017  7 x NVIDIA H100 80GB HBM3  1 x GPU (lost)  driver 550.90.07", *grid,
                      "FAIL  gpu5 clocks,ecc,inventory,memory-remap,nvlink,pcie,recovery-action: GPU 5: GPU is lost "
                      "(fell off the bus or stopped answering; NVML GPU_IS_LOST)",
                      "      -> reboot",
-                     "skipped: repro.bitwise (judging a recorded snapshot (--snapshot): compute checks need this "
-                     "node's live GPUs); xid (snapshot has no kernel log)",
-                     "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 2 skip)  action: reboot  "
+                     "skipped: gdr.peermem (kernel modules not in this capture (add /proc/modules)); net.flaps "
+                     "(kernel log not in this capture (add dmesg)); net.ports (RDMA ports not",
+                     "  in this capture (add ibstat or /sys/class/infiniband)); repro.bitwise (judging a recorded "
+                     "snapshot (--snapshot): compute checks need this node's live GPUs);",
+                     "  xid (snapshot has no kernel log)",
+                     "gpu-h100-017: FAIL (level 1 quick, 0.2 s; 7 fail, 50 pass, 5 skip)  action: reboot  "
                      "exit code 1  from snapshot lost.json (synthetic)"]
 
 
@@ -217,14 +235,18 @@ def test_sweep_grid_for_a_few_nodes():
     buf = io.StringIO()
     print_sweep(outcomes, report, False, buf, width=160, color=False)
     lines = buf.getvalue().splitlines()
-    assert lines[0].split() == ["node", "status", "clocks", "ecc", "fabric.nvswitch", "inventory", "memory-remap",
-                                "nvlink", "pcie", "pcie.aer", "recovery-action", "repro.bitwise", "xid", "burn.gemm"]
-    ok = ["ok", "ok", "skip", "ok", "ok", "ok", "ok", "skip", "ok"]  # fabric.nvswitch, pcie.aer: nothing to judge
+    # 15 checks: lettered columns with their key (issue 24 added five level-1 checks)
+    assert lines[0].split() == ["node", "status", *"ABCDEFGHIJKLMNO"]
+    assert lines[7:9] == ["checks: A clocks  B ecc  C fabric.nvswitch  D gdr.peermem  E inventory  F memory-remap  "
+                          "G net.flaps  H net.ports  I nvlink  J pcie  K pcie.aer",
+                          "  L recovery-action  M repro.bitwise  N xid  O burn.gemm"]
+    # fabric.nvswitch, gdr.peermem, net.*, pcie.aer: nothing of theirs in these verdicts
+    ok = ["ok", "ok", "skip", "skip", "ok", "ok", "skip", "skip", "ok", "ok", "skip", "ok"]
     assert lines[1].split() == ["gpu0001", "PASS", *ok, "skip", "skip", "ok"]
     assert lines[3].split() == ["gpu0003", "FAIL", *ok, "skip", "skip", "FAIL"]  # a fleet outlier (was WARN)
     assert lines[4].split()[:4] == ["gpu0004", "FAIL", "ok", "FAIL"]  # the ECC node
-    assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 12]
-    assert lines[7] == "marks: skip does not apply here (why below); . no result here"  # issue 26: a legend
+    assert lines[6].split() == ["gpu0006", "UNREACHABLE", *["."] * 15]
+    assert lines[9] == "marks: skip does not apply here (why below); . no result here"  # issue 26: a legend
     text = buf.getvalue()
     assert "FAIL        gpu0004 ecc[gpu3]: ecc gpu3: uncorrectable" in text and "-> reset-gpu" in text
     assert "FAIL        gpu0003 burn.gemm[gpu3]: fleet: slow burn.gemm.tflops_bf16 gpu3: 600 TFLOP/s" in text
@@ -234,11 +256,14 @@ def test_sweep_grid_for_a_few_nodes():
     narrow = io.StringIO()
     print_sweep(outcomes, report, False, narrow, width=80, color=False)
     head = narrow.getvalue().splitlines()
-    assert head[0].split() == ["node", "status", *"ABCDEFGHIJKL"] and all(len(x) <= 80 for x in head[:10])
-    assert head[7:10] == ["checks: A clocks  B ecc  C fabric.nvswitch  D inventory  E memory-remap",
-                          "  F nvlink  G pcie  H pcie.aer  I recovery-action  J repro.bitwise  K xid",
-                          "  L burn.gemm"]
-    assert head[10] == "marks: skip does not apply here (why below); . no result here"
+    # 15 lettered columns do not fit 80 columns beside node and status: two blocks of columns
+    assert head[0].split() == ["node", "status", *"ABCDEFGHIJKL"] and all(len(x) <= 80 for x in head[:18])
+    assert head[7].split() == ["node", "status", "M", "N", "O"] and head[8].split() == ["gpu0001", "PASS", "skip",
+                                                                                     "skip", "ok"]
+    assert head[14:18] == ["checks: A clocks  B ecc  C fabric.nvswitch  D gdr.peermem  E inventory",
+                           "  F memory-remap  G net.flaps  H net.ports  I nvlink  J pcie  K pcie.aer",
+                           "  L recovery-action  M repro.bitwise  N xid  O burn.gemm",
+                           "marks: skip does not apply here (why below); . no result here"]
 
 
 @pytest.mark.slow

@@ -444,6 +444,12 @@ def _fabric_kinds() -> list[tuple[Any, ...]]:
     return list(FABRIC_CAPTURE_KINDS)
 
 
+def _net_kinds() -> list[tuple[Any, ...]]:
+    from .net.captures import NET_CAPTURE_KINDS
+
+    return list(NET_CAPTURE_KINDS)
+
+
 def assemble(step: list[Capture]) -> Step:
     """One document from the captures of one step: the GPU part from the first capture that has
     GPU telemetry (a second one is named in a warning and not used for it), every other key of
@@ -488,4 +494,4 @@ CAPTURE_KINDS: tuple[CaptureKind, ...] = (
 
 register_all(CAPTURE_KINDS)
 # Other modules' kinds, one line each: (name, detect, read) rows, specific kinds, a time series each.
-register_all([CaptureKind(*row) for row in _fabric_kinds()])
+register_all([CaptureKind(*row) for row in _fabric_kinds() + _net_kinds()])

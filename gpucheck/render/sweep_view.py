@@ -55,25 +55,36 @@ def _letters(i: int) -> str:
 
 def grid_lines(outcomes: Iterable[Any], width: int) -> list[Any]:
     """node | status | one column per check (its folded status on that node; '.' where the
-    node ran no such check or gave no verdict)."""
+    node ran no such check or gave no verdict). Lettered columns that still do not fit `width`
+    are split into blocks of columns, each with the node and status columns."""
     grid = sweep_grid(outcomes)
     node_w = max(4, *(len(n) for n, _, _ in grid.rows)) if grid.rows else 4
-    headers, legend = _columns(grid.checks, node_w + 1 + STATUS_W, width)
+    fixed = node_w + 1 + STATUS_W
+    headers, legend = _columns(grid.checks, fixed, width)
+    per_block = max(1, (width - fixed) // 5) if legend else max(1, len(headers))
+    out: list[Any] = []
+    for start in range(0, len(headers), per_block):
+        out += _block(grid, node_w, headers[start:start + per_block], grid.checks[start:start + per_block])
+    shown = {marks.get(c) or NO_RESULT for _, _, marks in grid.rows for c in grid.checks}
+    marks_key = mark_legend(shown)
+    return out + legend + (joined([marks_key], width, indent=2) if marks_key is not None else [])
+
+
+def _block(grid: Any, node_w: int, headers: list[str], checks: list[str]) -> list[Any]:
+    """The header and one row per node for these check columns."""
     widths = [max(4, len(h)) for h in headers]
     head = f"{'node':<{node_w}} {'status':<{STATUS_W}}" + "".join(f" {h:<{w}}" for h, w in zip(headers, widths))
     out = [styled(head.rstrip(), "bold")]
     for node, status, marks in grid.rows:
         row = line(f"{node:<{node_w}} ", styled(f"{status.upper():<{STATUS_W}}", STYLES.get(status)))
-        for check, w in zip(grid.checks, widths):
+        for check, w in zip(checks, widths):
             got = marks.get(check)
             row.append(" ")
             row.append(mark(got) if got else styled(NO_RESULT, "dim"))
             row.append(" " * (w - len(MARKS.get(got, got) if got else NO_RESULT)))
         row.rstrip()
         out.append(row)
-    shown = {marks.get(c) or NO_RESULT for _, _, marks in grid.rows for c in grid.checks}
-    marks_key = mark_legend(shown)
-    return out + legend + (joined([marks_key], width, indent=2) if marks_key is not None else [])
+    return out
 
 
 def failing_text(failing: list[str]) -> str:

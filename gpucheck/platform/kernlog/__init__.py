@@ -21,7 +21,8 @@ from typing import Any
 
 def capture_for_snapshot(max_lines: int = 20000, *, source: str = "auto",
                          paths: Any = None, timeout_s: float = 8.0) -> dict[str, Any]:
-    """The NVRM / NVSwitch / PCIe AER lines of this boot's kernel log, for `gpucheck telemetry dump`.
+    """The NVRM / NVSwitch / PCIe AER lines (and the network checks' lines: platform/kernlog/netevents.NET_NEEDLES)
+    of this boot's kernel log, for `gpucheck telemetry dump`.
 
     Returns {"source", "lines", "error", "boot_time", "captured_at", "records", "notes"}: the
     newest `max_lines` relevant lines with their original prefixes (kmsg records keep theirs, so

@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..fabric.nvmlfabric import GpuFabric
     from ..fabric.fabricmanager import FabricManagerRecord
 
+from ..net.model import NetRecord
+
 # -- a snapshot (docs/snapshot.md) ------------------------------------------------------------------
 
 KIND = "gpucheck.snapshot"  # a snapshot document's "kind"
@@ -153,6 +155,7 @@ class _SnapshotExtras(TypedDict, total=False):
     kernel_log: dict[str, Any] | None  # the kernel-log excerpt `gpucheck telemetry dump` records
     pcie_aer: PcieAerRecord | None  # AER files of GPUs, NICs, NVSwitches and their ports (platform.fabric.aer)
     fabric_manager: FabricManagerRecord | None  # Fabric Manager service state and log (platform.fabric.fabricmanager)
+    net: NetRecord  # the RDMA ports and kernel modules (gpucheck.platform.net.record)
 
 
 class Snapshot(_SnapshotExtras):

@@ -42,6 +42,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from ..fabric import nvmlfabric
+from ..net.record import replay_net
 from . import enums
 from . import nvml as N
 from .model import Snapshot
@@ -655,6 +656,8 @@ def replay_snapshot(doc: Snapshot | Mapping[str, Any], library: N.Library | None
     """The snapshot the checks judge for recording `doc` (validated): its own facts, and its NVML
     part read back through the reader (see the module)."""
     snap = recorded_facts(doc)
+    if isinstance(doc.get("net"), Mapping):  # the RDMA ports: read again through their reader
+        snap["net"] = replay_net(doc["net"])  # type: ignore[arg-type]
     recorded = sorted((int(g["index"]), g) for g in doc.get("gpus") or [])
     with N.NvmlSession(library or replay_library(doc)) as s:
         read_nvml(snap, s, [i for i, _ in recorded])

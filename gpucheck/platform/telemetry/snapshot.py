@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
+from ..net.record import collect_net, validate_net
 from . import nvml as N
 from .model import GPU_STATES, KIND, VERSION, Snapshot
 from .reader import read_gpu
@@ -114,6 +115,7 @@ def unread(snap: Snapshot, kind: str, message: str) -> Snapshot:
 
 
 def _base(sysfs_root: str | os.PathLike[str]) -> Snapshot:
+    pci = nvidia_pci_devices(sysfs_root)
     return {
         "kind": KIND,
         "version": VERSION,
@@ -126,8 +128,9 @@ def _base(sysfs_root: str | os.PathLike[str]) -> Snapshot:
         "driver_version": None,
         "cuda_driver_version": None,
         "nvml_version": None,
-        "pci_nvidia_devices": nvidia_pci_devices(sysfs_root),
+        "pci_nvidia_devices": pci,
         "gpus": [],
+        "net": collect_net(sysfs_root, [d["bus_id"] for d in pci]),
     }
 
 
@@ -223,6 +226,8 @@ def validate_snapshot(doc: Any, where: str = "snapshot") -> None:
     if "kernel_log" in doc and not isinstance(doc["kernel_log"], (dict, type(None))):
         raise SnapshotError(f"{where}: kernel_log must be an object or null")
     _validate_fabric_keys(doc, where)
+    if "net" in doc and (why := validate_net(doc["net"], where)):
+        raise SnapshotError(why)
     for i, d in enumerate(doc["pci_nvidia_devices"]):
         if not isinstance(d, dict) or not isinstance(d.get("bus_id"), str):
             raise SnapshotError(f"{where}: pci_nvidia_devices[{i}] needs a bus_id")

@@ -1,7 +1,7 @@
 """Reading the kernel log: /dev/kmsg, journalctl -k, dmesg, log files, any file or stdin.
 
 A reader returns plain data (`ReadResult`): the relevant lines with their prefixes (prefiltered
-cheaply: only lines holding ``NVRM`` or ``SXid`` survive), the source that gave them, and every
+cheaply: only lines holding ``NVRM`` or ``SXid``, or a network event's needle, survive), the source that gave them, and every
 source tried with why it failed. Nothing here parses events or judges anything.
 
 Every path and command is injectable (`LogPaths`) so that the real readers run in tests on
@@ -12,6 +12,6 @@ Failure is data, never silence: when nothing could be read, `ReadResult.ok` is F
 kernel.dmesg_restrict hint, command not found, no entries, ...).
 
 One module per seam: base (the result, the paths, boot time, permission hints), linefilter (the
-NVRM/SXid prefilter), kmsg, command (running journalctl/dmesg), journal, dmesg, files, and
+NVRM/SXid/network prefilter), kmsg, command (running journalctl/dmesg), journal, dmesg, files, and
 selection (which source, read_kernel_log).
 """

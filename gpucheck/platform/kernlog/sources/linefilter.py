@@ -1,17 +1,22 @@
 """The fast line filter: only lines holding ``NVRM`` (every GPU driver line), ``SXid`` (every
-NVSwitch error line) or a needle of another kernel-log parser (PCIe AER: platform/kernlog/aer.py)
-are kept, found with bytes.find over big buffers before any decoding."""
+NVSwitch error line) or a needle of another kernel-log parser (PCIe AER: platform/kernlog/aer.py;
+the network events, link and carrier changes and the GPUDirect RDMA module:
+platform/kernlog/netevents.py) are kept, found with bytes.find over big buffers before any
+decoding."""
 
 from __future__ import annotations
 
 from typing import IO, Any, Iterator
 
 from ..aer import AER_NEEDLES
+from ..netevents import NET_NEEDLES
 
 # A relevant line holds one of these (bytes test before any decoding or regex): every GPU
 # driver line says NVRM, every NVSwitch error line SXid; each other parser's list is kept in the
-# module that owns it (PCIe AER lines: kernlog.aer.AER_NEEDLES).
-NEEDLES: tuple[bytes, ...] = (b"NVRM", b"SXid") + AER_NEEDLES
+# module that owns it (PCIe AER lines: kernlog.aer.AER_NEEDLES; the network checks' lines,
+# net.flaps and gdr.peermem: kernlog.netevents.NET_NEEDLES).
+XID_NEEDLES: tuple[bytes, ...] = (b"NVRM", b"SXid")
+NEEDLES: tuple[bytes, ...] = XID_NEEDLES + AER_NEEDLES + NET_NEEDLES
 # In big buffers a needle is found through its rarest byte (bytes.find of one byte is memchr),
 # each hit then checked in place. The rarest byte is picked per buffer from a sample of it.
 ANCHOR_SAMPLE = 1 << 16
