@@ -116,7 +116,11 @@ def test_bisect_a_test_failing_only_for_large_groups_blames_no_node():
     assert "bad nodes:" not in p.stdout and "no single bad node explains the failure" in p.stdout
 
 
-def test_bisect_a_huge_test_timeout_is_accepted_and_waits_normally():
-    """A timeout of 1e20 days overflows no wait (select, Popen.wait): the test runs and is judged."""
-    p = gpucheck("bisect", "--test", "sleep 0.2; true {nodes}", "--test-timeout", "99999999999999999999d", "n[1-2]")
+def test_bisect_the_longest_test_timeout_waits_normally_and_a_huge_one_is_refused():
+    """A timeout of 366 days (the most a duration may be, issue 26) overflows no wait (select,
+    Popen.wait): the test runs and is judged. 1e20 days is refused before anything runs (it was
+    accepted, then became inf)."""
+    p = gpucheck("bisect", "--test", "sleep 0.2; true {nodes}", "--test-timeout", "366d", "n[1-2]")
     assert p.returncode == 0 and "no bad node: the group test passes" in p.stdout, p.stdout + p.stderr
+    p = gpucheck("bisect", "--test", "sleep 0.2; true {nodes}", "--test-timeout", "99999999999999999999d", "n[1-2]")
+    assert p.returncode == 2 and "--test-timeout" in p.stderr and "out of range" in p.stderr, p.stdout + p.stderr

@@ -117,5 +117,5 @@ def test_bitwise_outlier_found_only_by_the_fleet(cfg, capsys, tmp_path):
     assert [st[n]["status"] for n in ("b1", "b2", "b3")] == ["pass", "fail", "pass"]
     assert doc["fleet"]["bitwise"]["compared"] and doc["fleet"]["bitwise"]["by_node"].keys() == {"b2"}
     assert st["b2"]["fleet"][0].startswith("bitwise: digests differ from the fleet majority (2 of 3 nodes")
-    assert st["b2"]["action"] == "investigate"
+    assert st["b2"]["action"] == "drain"  # issue 26: corruption's action, as burn's verdict says (was investigate)
     assert rc == 1 and "bad nodes: b2" in out

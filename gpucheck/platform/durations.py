@@ -34,8 +34,12 @@ def parse_duration(text: str | float | int, *, require_unit: bool = False) -> fl
     if total <= 0:
         raise ValueError(f"duration must be positive, not {_shown(text)} (want more than 0 and at most 366 days)")
     if not math.isfinite(total) or total > MAX_DURATION_S:
-        raise ValueError(f"duration {_shown(text)} is out of range (want more than 0 and at most 366 days)")
+        raise DurationRangeError(f"duration {_shown(text)} is out of range (want more than 0 and at most 366 days)")
     return total
+
+
+class DurationRangeError(ValueError):
+    """A well-formed duration longer than MAX_DURATION_S (or infinite)."""
 
 
 def _shown(text: str | float | int) -> str:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from ..durations import parse_duration as _parse_duration
+from ..durations import DurationRangeError, parse_duration as _parse_duration
 
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), start=1)}
@@ -226,6 +226,8 @@ def parse_duration(text: str) -> float | None:
     number is not one here: it is an epoch timestamp)."""
     try:
         return _parse_duration(text, require_unit=True)
+    except DurationRangeError:  # longer than any log (a year and more): the whole log, never a number
+        return math.inf
     except ValueError:
         return None
 
