@@ -138,7 +138,9 @@ drain_node() {  # $1: the cause; prints what was done
   if [ -z "$scontrol" ]; then
     printf 'not drained (scontrol not found on PATH=%s)' "$PATH"; return
   fi
-  reason=$(one_line "gpucheck: $1" 200)
+  # NHC-style, as gpucheck's own (gpucheck.core.reason): printable ASCII, at most 60 characters
+  # (`sinfo -R` shows few); the whole cause is in the log line
+  reason=$(printf '%s' "gpucheck: $1" | tr '\n\r\t' '   ' | LC_ALL=C tr -cd ' -~' | tr -s ' ' | cut -c 1-60)
   if command -v timeout >/dev/null 2>&1; then
     out=$(timeout 30 "$scontrol" update "NodeName=$node" State=DRAIN "Reason=$reason" 2>&1)
   else
