@@ -142,7 +142,8 @@ def test_gpucheck_failure_fails_closed_with_a_gpucheck_reason(hooks, rc, meaning
     assert r.returncode == 1
     (call,) = hooks.calls("scontrol")
     cause = f"could not judge: gpucheck exited {rc} ({meaning}): boom"
-    assert call == "update NodeName=n1 State=DRAIN Reason=" + f"gpucheck: {cause}"[:60]  # NHC-style: <= 60
+    # NHC-style: the cause's head (<= 60 characters), its detail in the log line
+    assert call == f"update NodeName=n1 State=DRAIN Reason=gpucheck: could not judge: gpucheck exited {rc} ({meaning})"[:98]
     (line,) = hooks.calls("logger")
     assert cause in line  # the whole cause in the log
     assert "-p daemon.err" in line and line.endswith("-> drained (on-error fail), exit 1")

@@ -160,7 +160,7 @@ could_not_judge() {  # $1: why (gpucheck itself failed): log, then on-error; exi
     if [ -n "${opt_no_drain:-}" ]; then
       action="not drained (--no-drain)"
     else
-      action=$(drain_node "could not judge: $1")
+      action=$(drain_node "could not judge: ${1%%: *}")  # the cause's head; its detail is in the log line
     fi
     say err "$what: could not judge: $1 -> $action (on-error fail), exit 1"
     exit 1
