@@ -4,25 +4,16 @@ sweep reported "bad nodes: n[1-2]", exit 1). The commands are found by walking t
 
 from __future__ import annotations
 
-import click
 import pytest
 
 from gpucheck.cli.main import cli, main
 
+from cli_commands import leaf_commands
+
 HOOKS = (("slurm", "prolog"), ("slurm", "epilog"))  # a hook's usage error is "could not judge": exit 0
 
 
-def _commands(group: click.Group, path: tuple[str, ...] = ()):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if isinstance(command, click.Group):
-            yield from _commands(command, (*path, name))
-        elif command is not None:
-            yield (*path, name), command
-
-
-WITH_LEVEL = [path for path, command in _commands(cli) if any("--level" in p.opts for p in command.params)]
+WITH_LEVEL = [path for path, command in leaf_commands(cli) if any("--level" in p.opts for p in command.params)]
 
 
 def test_the_walk_finds_the_commands_with_a_level():

@@ -15,6 +15,8 @@ import click
 import pytest
 
 from gpucheck.cli.main import cli, main
+
+from cli_commands import leaf_commands
 from gpucheck.cli.numbers import Duration, Sizes
 
 BAD_VALUES = ("9" * 400, "inf", "nan", "-1", "1e999")
@@ -22,21 +24,11 @@ HOOKS = ("prolog", "epilog")  # docs/exit-codes.md: their usage errors exit 0 (o
 NEGATIVE_ALLOWED = {("xid", "--boot")}  # journal boots back: -1 is the previous boot
 
 
-def _commands(group: click.Group, path: tuple[str, ...] = ()):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if isinstance(command, click.Group):
-            yield from _commands(command, (*path, name))
-        elif command is not None:
-            yield (*path, name), command
-
-
 def _is_numeric(param: click.Parameter) -> bool:
     return isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType, Duration, Sizes))
 
 
-NUMERIC = [(path, param.opts[0]) for path, command in _commands(cli) for param in command.params
+NUMERIC = [(path, param.opts[0]) for path, command in leaf_commands(cli) for param in command.params
            if isinstance(param, click.Option) and _is_numeric(param)]
 
 
@@ -53,7 +45,7 @@ def test_the_walk_finds_the_options_of_issue_26():
 @pytest.mark.parametrize("path, flag", NUMERIC, ids=[f"{' '.join(p)} {f}" for p, f in NUMERIC])
 def test_every_numeric_option_has_bounds(path, flag):
     """A count's maximum is what keeps planning finite; a float's, what keeps it comparable."""
-    command = dict(_commands(cli))[path]
+    command = dict(leaf_commands(cli))[path]
     param = next(p for p in command.params if p.opts[0] == flag)
     if isinstance(param.type, (click.types.IntParamType, click.types.FloatParamType)):
         assert isinstance(param.type, click.types._NumberRangeBase), f"{flag}: a plain {param.type.name}"

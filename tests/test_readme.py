@@ -19,7 +19,6 @@ import re
 import unicodedata
 from pathlib import Path
 
-import click
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,19 +103,9 @@ def command_paths() -> list[str]:
     """Every leaf command of the click group: 'run', 'nccl pairs', 'slurm prolog', ..."""
     from gpucheck.cli.main import cli
 
-    def walk(group: click.Group, prefix: tuple[str, ...]) -> list[str]:
-        ctx = click.Context(group)
-        out: list[str] = []
-        for name in group.list_commands(ctx):
-            cmd = group.get_command(ctx, name)
-            assert cmd is not None, name
-            if isinstance(cmd, click.Group):
-                out += walk(cmd, (*prefix, name))
-            else:
-                out.append(" ".join((*prefix, name)))
-        return out
+    from cli_commands import leaf_commands
 
-    return walk(cli, ())
+    return [" ".join(path) for path, _ in leaf_commands(cli)]
 
 
 def names_in_a_heading(text: str, command: str) -> bool:

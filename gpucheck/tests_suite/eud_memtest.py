@@ -43,14 +43,14 @@ from ..eud.patterns import NAMES, PatternError, describe_error, histogram_text, 
 from ..platform.durations import parse_duration
 from ..sdk import (Action, Context, InjectionArgs, Key, Level, Limit, Need, Result, Rule, Slice, Status, compute_skip,
                    define, evaluate, flag_of, injections_for_gpu, option, settle)
-from ..sdk.workers import (CANCELLED, OVER_BUDGET, PoolParams, Promise, cut_short, deadline_problem, duration_slice,
+from ..sdk.workers import (CANCELLED, OVER_BUDGET, MemtestErrors, PoolParams, Promise, cut_short, deadline_problem, duration_slice,
                            guarded_targets, job_gpu, progress_evidence, returned_data, run_per_gpu, telemetry_summary,
                            unfinished_result)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..eud.memtest_worker import MemtestArgs
     from ..platform.telemetry.model import TelemetrySummary
-    from ..sdk.workers import (MemtestConfirmation, MemtestCopy, MemtestErrorRecord, MemtestProgress, MemtestResult, MemtestStall,
+    from ..sdk.workers import (MemtestCopy, MemtestProgress, MemtestResult, MemtestStall,
                                PerGpuRun, SetupError, WorkerOutcome)
 
 CHECK_ID = "eud.memtest"
@@ -96,24 +96,10 @@ class MemtestPlan(TypedDict):
     headroom_round: bool
 
 
-class ErrorsView(TypedDict):
+class ErrorsView(MemtestErrors):
     """Both rounds' error summaries as one (_errors_view): MemtestErrors, and the headroom round's count."""
 
-    errors: int
     headroom_errors: int
-    steps_with_errors: int
-    records: "list[MemtestErrorRecord]"
-    records_kept: int
-    distinct_words_recorded: int
-    first_offset: int | None
-    last_offset: int | None
-    up: list[int]
-    down: list[int]
-    bits: list[int]
-    patterns: list[str]
-    persistent_words: int
-    persistent_offsets: list[int]
-    confirmations: "list[MemtestConfirmation]"
 
 
 # A metric of the pattern test: a count, a rate, an offset (None: none), or per-bit flip counts.
